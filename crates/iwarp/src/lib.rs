@@ -1,0 +1,16 @@
+//! # iwarp: the software iWARP RNIC of softrdma
+//!
+//! Where this crate sits in the stack:
+//!
+//! ```text
+//!   upper layers (rpcrdma, smc, ipoib, your program)
+//!   verbs API (crate `verbs`)          <- the provider trait this crate implements
+//!   iwarp: RDMAP (RFC 5040, 7306) / DDP (RFC 5041) / MPA (RFC 5044, 6581)   <- here
+//!   kernel TCP
+//! ```
+//!
+//! * [`wire`]: sans-I/O parse/emit of every MPA, DDP and RDMAP message.
+//! * [`crc`]: CRC32c for MPA, hardware accelerated.
+
+pub mod crc;
+pub mod wire;

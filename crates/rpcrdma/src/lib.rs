@@ -1,0 +1,1 @@
+//! # rpcrdma: ONC RPC over TCP and over RDMA (RFC 8166)
