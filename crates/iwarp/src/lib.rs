@@ -13,4 +13,5 @@
 //! * [`crc`]: CRC32c for MPA, hardware accelerated.
 
 pub mod crc;
+pub mod proto;
 pub mod wire;
