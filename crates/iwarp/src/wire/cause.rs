@@ -50,7 +50,11 @@ pub struct TermCause {
 
 impl TermCause {
     pub const fn new(layer: Layer, etype: u8, code: u8) -> Self {
-        TermCause { layer, etype: etype & 0xF, code }
+        TermCause {
+            layer,
+            etype: etype & 0xF,
+            code,
+        }
     }
 
     /// Whether RFC 5040 Fig. 10 says a Terminate for this cause carries the
@@ -72,15 +76,23 @@ impl TermCause {
         match (self.layer, self.etype, self.code) {
             (Layer::Rdmap, RDMAP_LOCAL_CATASTROPHIC, _) => "RDMAP local catastrophic error",
             (Layer::Rdmap, RDMAP_REMOTE_PROTECTION, RDMAP_INVALID_STAG) => "RDMAP remote protection: invalid STag",
-            (Layer::Rdmap, RDMAP_REMOTE_PROTECTION, RDMAP_BASE_BOUNDS) => "RDMAP remote protection: base or bounds violation",
-            (Layer::Rdmap, RDMAP_REMOTE_PROTECTION, RDMAP_ACCESS_RIGHTS) => "RDMAP remote protection: access rights violation",
+            (Layer::Rdmap, RDMAP_REMOTE_PROTECTION, RDMAP_BASE_BOUNDS) => {
+                "RDMAP remote protection: base or bounds violation"
+            }
+            (Layer::Rdmap, RDMAP_REMOTE_PROTECTION, RDMAP_ACCESS_RIGHTS) => {
+                "RDMAP remote protection: access rights violation"
+            }
             (Layer::Rdmap, RDMAP_REMOTE_PROTECTION, RDMAP_STAG_NOT_ASSOCIATED) => {
                 "RDMAP remote protection: STag not associated with RDMAP stream"
             }
             (Layer::Rdmap, RDMAP_REMOTE_PROTECTION, RDMAP_TO_WRAP) => "RDMAP remote protection: TO wrap",
             (Layer::Rdmap, _, RDMAP_STAG_CANNOT_INVALIDATE) => "RDMAP: STag cannot be invalidated",
-            (Layer::Rdmap, RDMAP_REMOTE_OPERATION, RDMAP_INVALID_VERSION) => "RDMAP remote operation: invalid RDMAP version",
-            (Layer::Rdmap, RDMAP_REMOTE_OPERATION, RDMAP_UNEXPECTED_OPCODE) => "RDMAP remote operation: unexpected opcode",
+            (Layer::Rdmap, RDMAP_REMOTE_OPERATION, RDMAP_INVALID_VERSION) => {
+                "RDMAP remote operation: invalid RDMAP version"
+            }
+            (Layer::Rdmap, RDMAP_REMOTE_OPERATION, RDMAP_UNEXPECTED_OPCODE) => {
+                "RDMAP remote operation: unexpected opcode"
+            }
             (Layer::Rdmap, RDMAP_REMOTE_OPERATION, RDMAP_CATASTROPHIC_STREAM) => {
                 "RDMAP remote operation: catastrophic error, localized to RDMAP stream"
             }
@@ -91,7 +103,9 @@ impl TermCause {
             (Layer::Ddp, DDP_LOCAL_CATASTROPHIC, _) => "DDP local catastrophic error",
             (Layer::Ddp, DDP_TAGGED, DDP_T_INVALID_STAG) => "DDP tagged buffer: invalid STag",
             (Layer::Ddp, DDP_TAGGED, DDP_T_BASE_BOUNDS) => "DDP tagged buffer: base or bounds violation",
-            (Layer::Ddp, DDP_TAGGED, DDP_T_STAG_NOT_ASSOCIATED) => "DDP tagged buffer: STag not associated with DDP stream",
+            (Layer::Ddp, DDP_TAGGED, DDP_T_STAG_NOT_ASSOCIATED) => {
+                "DDP tagged buffer: STag not associated with DDP stream"
+            }
             (Layer::Ddp, DDP_TAGGED, DDP_T_TO_WRAP) => "DDP tagged buffer: TO wrap",
             (Layer::Ddp, DDP_TAGGED, DDP_T_INVALID_VERSION) => "DDP tagged buffer: invalid DDP version",
             (Layer::Ddp, DDP_UNTAGGED, DDP_U_INVALID_QN) => "DDP untagged buffer: invalid QN",

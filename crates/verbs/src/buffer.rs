@@ -1,0 +1,214 @@
+//! The only module of `verbs` with `unsafe` code: the byte storage behind
+//! memory regions.
+//!
+//! A [`Buffer`] is an anonymous, page-aligned, zero-initialised mapping that
+//! lives as long as any `Arc<Buffer>` does. The engine keeps an `Arc` for every
+//! operation in flight, so deregistering a region while a peer's Write is
+//! being placed can never free memory under it.
+//!
+//! Registered memory is shared with "the NIC" — here the engine and the
+//! kernel's socket calls — exactly as DMA memory is shared with hardware.
+//! Therefore no `&[u8]`/`&mut [u8]` to it is ever formed inside this crate or
+//! the providers: all access goes through raw-pointer copies in this module,
+//! bounds-checked against the mapping, or through the kernel (`recv` into
+//! place, `writev` from place). What the application observes while a remote
+//! peer writes the same bytes is unspecified, as RFC 5040 §5.5 rules 3-5 say
+//! for any RNIC; it is never out-of-bounds and never frees memory.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Page-aligned, zeroed, owned storage of a memory region.
+pub struct Buffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    map_len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this struct; all access goes
+// through the methods below, which copy through raw pointers (no references
+// are handed out except by the explicitly `unsafe` accessors).
+unsafe impl Send for Buffer {}
+// SAFETY: as above; concurrent copies are the RNIC-style sharing documented at
+// the module level.
+unsafe impl Sync for Buffer {}
+
+/// An access outside the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfBounds;
+
+impl Buffer {
+    /// Maps `len` zeroed bytes (at least one page is mapped even for `len == 0`).
+    pub fn new(len: usize) -> std::io::Result<Buffer> {
+        let page = page_size();
+        let map_len = len
+            .max(1)
+            .div_ceil(page)
+            .checked_mul(page)
+            .ok_or_else(|| std::io::Error::other("size overflow"))?;
+        // SAFETY: an anonymous private mapping with no address hint has no
+        // preconditions; the result is checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let ptr = NonNull::new(p as *mut u8).ok_or_else(|| std::io::Error::other("mmap returned null"))?;
+        Ok(Buffer { ptr, len, map_len })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The address of the first byte, the natural iWARP tagged offset base.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    fn range(&self, off: usize, len: usize) -> Result<*mut u8, OutOfBounds> {
+        let end = off.checked_add(len).ok_or(OutOfBounds)?;
+        if end > self.len {
+            return Err(OutOfBounds);
+        }
+        // SAFETY: off <= len <= map_len, so the offset stays inside the mapping.
+        Ok(unsafe { self.ptr.as_ptr().add(off) })
+    }
+
+    /// Copies `src` into the buffer at `off`.
+    pub fn write(&self, off: usize, src: &[u8]) -> Result<(), OutOfBounds> {
+        let dst = self.range(off, src.len())?;
+        // SAFETY: dst..dst+len is inside the mapping (checked above); src is a
+        // valid slice that cannot overlap the mapping because no reference to
+        // the mapping is ever handed out safely.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes at `off` into `dst`.
+    pub fn read(&self, off: usize, dst: &mut [u8]) -> Result<(), OutOfBounds> {
+        let src = self.range(off, dst.len())?;
+        // SAFETY: as in `write`, with the roles swapped.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `self[src_off..]` to `dst[dst_off..]` (regions may be the same buffer).
+    pub fn copy_to(&self, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<(), OutOfBounds> {
+        let s = self.range(src_off, len)?;
+        let d = dst.range(dst_off, len)?;
+        // SAFETY: both ranges are inside their mappings; `copy` tolerates overlap.
+        unsafe { std::ptr::copy(s, d, len) };
+        Ok(())
+    }
+
+    /// Fills `len` bytes at `off` with `byte`.
+    pub fn fill(&self, off: usize, len: usize, byte: u8) -> Result<(), OutOfBounds> {
+        let d = self.range(off, len)?;
+        // SAFETY: inside the mapping (checked).
+        unsafe { std::ptr::write_bytes(d, byte, len) };
+        Ok(())
+    }
+
+    /// Raw pointer and length of a checked range, for handing to the kernel
+    /// (`recv` into place, `writev` from place) or to CRC code.
+    pub fn raw_range(&self, off: usize, len: usize) -> Result<(*mut u8, usize), OutOfBounds> {
+        Ok((self.range(off, len)?, len))
+    }
+
+    /// Runs `f` over an immutable view of a range. The view is only valid for
+    /// the closure; bytes a remote peer writes concurrently may change under it
+    /// (as with DMA memory), which is why this is not exposed to applications.
+    ///
+    /// # Safety
+    /// The caller must ensure nothing writes the range while `f` runs
+    /// (e.g. the range is the source of a Send the application must not modify
+    /// until completion, RFC 5040 §5.5 rule 5).
+    pub unsafe fn with_slice<R>(&self, off: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> Result<R, OutOfBounds> {
+        let p = self.range(off, len)?;
+        // SAFETY: in bounds (checked); absence of concurrent writers is the
+        // caller's obligation stated above.
+        Ok(f(unsafe { std::slice::from_raw_parts(p, len) }))
+    }
+
+    /// Atomic 64-bit read-modify-write at an 8-byte aligned offset (RFC 7306
+    /// §5: atomics must be atomic against other atomics on this RNIC).
+    /// `f` maps the old value (native endian, the "endian format of the
+    /// target memory") to the new one; returns the old value.
+    pub fn atomic_rmw(&self, off: usize, f: impl Fn(u64) -> u64) -> Result<u64, OutOfBounds> {
+        let p = self.range(off, 8)?;
+        if !(p as usize).is_multiple_of(8) {
+            return Err(OutOfBounds);
+        }
+        // SAFETY: p is in bounds, 8-byte aligned and points into memory that
+        // lives as long as `self`; all atomic accesses to it go through here.
+        let a = unsafe { AtomicU64::from_ptr(p as *mut u64) };
+        let mut old = a.load(Ordering::SeqCst);
+        loop {
+            match a.compare_exchange_weak(old, f(old), Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) => return Ok(v),
+                Err(v) => old = v,
+            }
+        }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: ptr/map_len are exactly what mmap returned; this is the only unmap.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.map_len);
+        }
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({:#x}, {} bytes)", self.addr(), self.len)
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { 4096 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_checked() {
+        let b = Buffer::new(100).unwrap();
+        assert!(b.write(96, &[1, 2, 3, 4]).is_ok());
+        assert_eq!(b.write(97, &[1, 2, 3, 4]), Err(OutOfBounds));
+        assert_eq!(b.write(usize::MAX, &[1]), Err(OutOfBounds));
+        let mut out = [0u8; 4];
+        b.read(96, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3, 4]);
+        assert_eq!(b.addr() % 4096, 0);
+    }
+
+    #[test]
+    fn atomics() {
+        let b = Buffer::new(16).unwrap();
+        b.write(8, &5u64.to_ne_bytes()).unwrap();
+        assert_eq!(b.atomic_rmw(8, |v| v + 3), Ok(5));
+        assert_eq!(b.atomic_rmw(8, |v| v), Ok(8));
+        assert_eq!(b.atomic_rmw(4, |v| v), Err(OutOfBounds), "unaligned");
+        assert_eq!(b.atomic_rmw(16, |v| v), Err(OutOfBounds));
+    }
+}

@@ -1,0 +1,329 @@
+//! Completion queues: poll, blocking wait, async wait, and completion events
+//! (`ibv_req_notify_cq` / `ibv_get_cq_event`).
+//!
+//! Progress model: a provider pushes completions from whichever thread made
+//! progress (the caller of `post_send`, a `poll` that drove receive progress,
+//! or the provider's background thread). `poll` first drains what is there;
+//! if nothing is, it asks every QP attached to this CQ to make non-blocking
+//! progress once (run-to-completion, so a busy-polling application gets
+//! TCP-like latency without a thread hop) and looks again. Blocking waits
+//! sleep on a condition variable: an idle CQ costs no CPU.
+
+use crate::types::{WcStatus, WorkCompletion};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// Implemented by providers' QPs: make whatever progress is possible without blocking.
+pub trait Progress: Send + Sync {
+    /// Returns true if anything happened.
+    fn progress(&self) -> bool;
+}
+
+/// The CQ had no room: the provider must move the QP that produced the
+/// completion to the error state (RDMAP-SEC-10: only streams on this CQ suffer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqOverflow;
+
+#[derive(Default)]
+struct State {
+    entries: VecDeque<WorkCompletion>,
+    overflowed: bool,
+    /// Armed for the next completion (`Some(false)`) or next solicited/error one (`Some(true)`).
+    armed: Option<bool>,
+    events: u32,
+    wakers: Vec<Waker>,
+}
+
+struct Inner {
+    id: u32,
+    capacity: usize,
+    state: Mutex<State>,
+    cond: Condvar,
+    attached: Mutex<Vec<Weak<dyn Progress>>>,
+}
+
+/// A completion queue (`ibv_cq`). Cheap to clone; clones share the queue.
+#[derive(Clone)]
+pub struct CompletionQueue {
+    inner: Arc<Inner>,
+}
+
+static NEXT_CQ: AtomicU32 = AtomicU32::new(1);
+
+impl CompletionQueue {
+    /// Creates a CQ holding up to `cqe` completions (`ibv_create_cq`).
+    pub fn new(cqe: usize) -> Self {
+        CompletionQueue {
+            inner: Arc::new(Inner {
+                id: NEXT_CQ.fetch_add(1, Ordering::Relaxed),
+                capacity: cqe.max(1),
+                state: Mutex::new(State::default()),
+                cond: Condvar::new(),
+                attached: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    pub fn id(&self) -> u32 {
+        self.inner.id
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.inner.capacity
+    }
+
+    /// For providers: attach a QP so that `poll` can drive its progress.
+    pub fn attach(&self, p: Weak<dyn Progress>) {
+        let mut a = self.inner.attached.lock().unwrap();
+        a.retain(|w| w.strong_count() > 0);
+        a.push(p);
+    }
+
+    /// For providers: deliver a completion. Wakes blocking and async waiters.
+    pub fn push(&self, wc: WorkCompletion) -> Result<(), CqOverflow> {
+        let wakers;
+        {
+            let mut s = self.inner.state.lock().unwrap();
+            if s.entries.len() >= self.inner.capacity {
+                s.overflowed = true;
+                return Err(CqOverflow);
+            }
+            if let Some(solicited_only) = s.armed
+                && (!solicited_only || wc.solicited || wc.status != WcStatus::Success)
+            {
+                s.armed = None;
+                s.events += 1;
+            }
+            s.entries.push_back(wc);
+            wakers = std::mem::take(&mut s.wakers);
+        }
+        self.inner.cond.notify_all();
+        wakers.into_iter().for_each(Waker::wake);
+        Ok(())
+    }
+
+    /// True once a completion was dropped for lack of room.
+    pub fn overflowed(&self) -> bool {
+        self.inner.state.lock().unwrap().overflowed
+    }
+
+    fn drive_progress(&self) -> bool {
+        let qps: Vec<_> = self
+            .inner
+            .attached
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let mut any = false;
+        for q in qps {
+            any |= q.progress();
+        }
+        any
+    }
+
+    fn take(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
+        let mut s = self.inner.state.lock().unwrap();
+        let n = max.min(s.entries.len());
+        out.extend(s.entries.drain(..n));
+        n
+    }
+
+    /// Moves up to `max` completions into `out` (`ibv_poll_cq`); returns how many.
+    pub fn poll(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
+        let n = self.take(out, max);
+        if n > 0 {
+            return n;
+        }
+        if self.drive_progress() {
+            return self.take(out, max);
+        }
+        0
+    }
+
+    /// One completion if there is one.
+    pub fn poll_one(&self) -> Option<WorkCompletion> {
+        let mut v = Vec::with_capacity(1);
+        self.poll(&mut v, 1);
+        v.pop()
+    }
+
+    /// Busy-polls (driving progress inline) for up to `spin`, then sleeps until a
+    /// completion arrives or `timeout` passes. `None` on timeout.
+    pub fn wait(&self, timeout: Option<Duration>) -> Option<WorkCompletion> {
+        self.wait_spin(Duration::from_micros(50), timeout)
+    }
+
+    /// Like [`wait`](Self::wait) with an explicit busy-poll budget (zero: sleep at once).
+    pub fn wait_spin(&self, spin: Duration, timeout: Option<Duration>) -> Option<WorkCompletion> {
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        loop {
+            if let Some(wc) = self.poll_one() {
+                return Some(wc);
+            }
+            if start.elapsed() >= spin {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let mut s = self.inner.state.lock().unwrap();
+        loop {
+            if let Some(wc) = s.entries.pop_front() {
+                return Some(wc);
+            }
+            // Sleep in short slices so progress that only `poll` can drive
+            // (none today: providers have a background thread) is not starved.
+            let slice = Duration::from_millis(100);
+            let wait = match deadline {
+                None => slice,
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    slice.min(d - now)
+                }
+            };
+            s = self.inner.cond.wait_timeout(s, wait).unwrap().0;
+        }
+    }
+
+    /// Async wait for the next completion (usable from tokio or any executor).
+    pub fn next_async(&self) -> NextCompletion<'_> {
+        NextCompletion { cq: self }
+    }
+
+    /// Arms the CQ (`ibv_req_notify_cq`): the next completion (or with
+    /// `solicited_only`, the next solicited or failed one) raises an event.
+    pub fn req_notify(&self, solicited_only: bool) {
+        let mut s = self.inner.state.lock().unwrap();
+        s.armed = Some(solicited_only);
+    }
+
+    /// Waits for a completion event raised after `req_notify` (`ibv_get_cq_event`).
+    pub fn get_event(&self, timeout: Option<Duration>) -> bool {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut s = self.inner.state.lock().unwrap();
+        loop {
+            if s.events > 0 {
+                s.events -= 1;
+                return true;
+            }
+            match deadline {
+                None => s = self.inner.cond.wait(s).unwrap(),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return false;
+                    }
+                    s = self.inner.cond.wait_timeout(s, d - now).unwrap().0;
+                }
+            }
+        }
+    }
+
+    /// Number of completions waiting.
+    pub fn len(&self) -> usize {
+        self.inner.state.lock().unwrap().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "CompletionQueue(id {}, {} entries)",
+            self.inner.id, self.inner.capacity
+        )
+    }
+}
+
+/// Future returned by [`CompletionQueue::next_async`].
+pub struct NextCompletion<'a> {
+    cq: &'a CompletionQueue,
+}
+
+impl Future for NextCompletion<'_> {
+    type Output = WorkCompletion;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<WorkCompletion> {
+        if let Some(wc) = self.cq.poll_one() {
+            return Poll::Ready(wc);
+        }
+        let mut s = self.cq.inner.state.lock().unwrap();
+        if let Some(wc) = s.entries.pop_front() {
+            return Poll::Ready(wc);
+        }
+        if !s.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            s.wakers.push(cx.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::WcOpcode;
+
+    fn wc(id: u64, solicited: bool) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: id,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            qp_num: 1,
+            imm_data: None,
+            invalidated_rkey: None,
+            solicited,
+            vendor_err: 0,
+        }
+    }
+
+    #[test]
+    fn fifo_and_overflow() {
+        // RDMAP-SEC-10: overflow is reported to the producer, the queue keeps what it had.
+        let cq = CompletionQueue::new(2);
+        cq.push(wc(1, false)).unwrap();
+        cq.push(wc(2, false)).unwrap();
+        assert_eq!(cq.push(wc(3, false)), Err(CqOverflow));
+        assert!(cq.overflowed());
+        assert_eq!(cq.poll_one().unwrap().wr_id, 1);
+        assert_eq!(cq.poll_one().unwrap().wr_id, 2);
+        assert!(cq.poll_one().is_none());
+    }
+
+    #[test]
+    fn solicited_events() {
+        let cq = CompletionQueue::new(8);
+        cq.req_notify(true);
+        cq.push(wc(1, false)).unwrap();
+        assert!(!cq.get_event(Some(Duration::from_millis(1))));
+        cq.push(wc(2, true)).unwrap();
+        assert!(cq.get_event(Some(Duration::from_millis(1))));
+        // Disarmed after one event.
+        cq.push(wc(3, true)).unwrap();
+        assert!(!cq.get_event(Some(Duration::from_millis(1))));
+    }
+
+    #[test]
+    fn blocking_wait_wakes() {
+        let cq = CompletionQueue::new(8);
+        let c2 = cq.clone();
+        let t = std::thread::spawn(move || c2.wait(Some(Duration::from_secs(5))));
+        std::thread::sleep(Duration::from_millis(20));
+        cq.push(wc(7, false)).unwrap();
+        assert_eq!(t.join().unwrap().unwrap().wr_id, 7);
+        assert!(cq.wait_spin(Duration::ZERO, Some(Duration::from_millis(5))).is_none());
+    }
+}

@@ -1,0 +1,44 @@
+//! Typed errors of the verbs API. Work-request failures that happen after a
+//! post are reported as [`crate::WcStatus`] in completions, not here.
+
+use crate::types::QpState;
+
+/// Errors returned by verbs calls.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// `post_send`/`post_recv`: work request number `index` of the list was refused
+    /// (rdma-core's `bad_wr`); the ones before it were posted.
+    #[error("work request {index} refused: {reason}")]
+    BadWr { index: usize, reason: String },
+    #[error("queue full")]
+    QueueFull,
+    #[error("operation not allowed in QP state {0:?}")]
+    InvalidState(QpState),
+    #[error("out of resources: {0}")]
+    OutOfResources(String),
+    #[error("not supported: {0}")]
+    NotSupported(String),
+    #[error("connection rejected by peer ({} bytes of private data)", private_data.len())]
+    Rejected { private_data: Vec<u8> },
+    #[error("timed out")]
+    Timeout,
+    #[error("connection refused")]
+    ConnectionRefused,
+    /// The peer violated the protocol during connection setup (e.g. a bad MPA frame).
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("closed")]
+    Closed,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<crate::buffer::OutOfBounds> for Error {
+    fn from(_: crate::buffer::OutOfBounds) -> Self {
+        Error::InvalidArgument("range outside the memory region".into())
+    }
+}

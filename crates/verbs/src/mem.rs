@@ -1,0 +1,368 @@
+//! The device's memory table: STag -> region, and every access check.
+//!
+//! An iWARP STag is a 24-bit index and an 8-bit key (RFC 5040 §4.4, RFC 5042
+//! §5.1). The index is drawn at random from the whole 24-bit space and the key
+//! at random, so STags are hard to predict (RDMAP-SEC-08); a freed index gets a
+//! new key when reused. Every remote or local use goes through
+//! [`MemTable::check`], which checks validity, key, protection domain, stream
+//! scope, access rights, bounds and 64-bit wrap (RDMAP-SEC-01..06,
+//! RDMAP-ERR-07), in that order, and returns the first failure.
+
+use crate::buffer::Buffer;
+use crate::types::Access;
+use rand::Rng;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+/// Why an access was refused. Providers map this to their wire error
+/// (iWARP: a DDP tagged-buffer or RDMAP remote-protection Terminate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessError {
+    /// No region under this index, wrong key, or invalidated.
+    InvalidStag,
+    /// The range is not inside the region.
+    BaseBounds,
+    /// The region lacks the needed right.
+    AccessRights,
+    /// The region belongs to another protection domain, or is bound to another stream.
+    NotAssociated,
+    /// `to + len` wraps 2^64.
+    ToWrap,
+}
+
+/// What kind of registration an STag names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MrKind {
+    /// `reg_mr`: valid from registration to deregistration; cannot be
+    /// invalidated by a peer.
+    Regular,
+    /// `alloc_mr` + fast-register work request: valid between a fast-register
+    /// and a (local or remote) invalidate.
+    FastReg,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub key: u8,
+    pub pd: u32,
+    pub kind: MrKind,
+    pub valid: bool,
+    /// Tagged-offset base (the "virtual address" of the first byte).
+    pub iova: u64,
+    pub len: u64,
+    pub access: Access,
+    /// Storage and the offset of `iova` inside it (None for an unbound fast-reg MR).
+    pub buffer: Option<(Arc<Buffer>, usize)>,
+    /// The stream (QP number) an STag is scoped to, if any (RDMAP-SEC-02).
+    pub bound_qp: Option<u32>,
+    /// Maximum length a fast-reg MR may cover.
+    pub max_len: u64,
+}
+
+/// The result of a successful check: where the bytes are.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub buffer: Arc<Buffer>,
+    /// Offset inside `buffer` of the first byte addressed.
+    pub offset: usize,
+}
+
+/// Why an invalidation was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvalidateError {
+    /// Unknown index or key.
+    InvalidStag,
+    /// Belongs to another PD or stream (RDMAP-SND-06).
+    NotAssociated,
+    /// A regular registration: only its owner can end it (RDMAP-SEC-07).
+    NotInvalidatable,
+}
+
+/// The per-device table of registrations.
+#[derive(Default)]
+pub struct MemTable {
+    inner: RwLock<HashMap<u32, Entry>>,
+}
+
+impl MemTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn fresh_index(map: &HashMap<u32, Entry>) -> u32 {
+        let mut rng = rand::rng();
+        loop {
+            // Index 0 is never used: STag 0 is special to some hardware, and
+            // siw's RTR uses STag 1 (peers file §1.2).
+            let idx = rng.random_range(1..(1u32 << 24));
+            if !map.contains_key(&idx) {
+                return idx;
+            }
+        }
+    }
+
+    fn fresh_key(old: Option<u8>) -> u8 {
+        let mut rng = rand::rng();
+        loop {
+            let k: u8 = rng.random();
+            if Some(k) != old {
+                return k;
+            }
+        }
+    }
+
+    /// Registers a region and returns its STag.
+    pub(crate) fn insert(&self, mut e: Entry) -> u32 {
+        let mut map = self.inner.write().unwrap();
+        let idx = Self::fresh_index(&map);
+        e.key = Self::fresh_key(None);
+        let stag = (idx << 8) | e.key as u32;
+        map.insert(idx, e);
+        stag
+    }
+
+    /// Removes a registration (deregister). In-flight operations keep their
+    /// `Arc<Buffer>`; new ones fail with `InvalidStag`.
+    pub(crate) fn remove(&self, stag: u32) {
+        self.inner.write().unwrap().remove(&(stag >> 8));
+    }
+
+    /// Checks an access of `len` bytes at tagged offset `to` through `stag`,
+    /// by a stream in protection domain `pd` with QP number `qp`.
+    pub fn check(&self, stag: u32, pd: u32, qp: u32, to: u64, len: u64, need: Access) -> Result<Resolved, AccessError> {
+        let map = self.inner.read().unwrap();
+        let e = map.get(&(stag >> 8)).ok_or(AccessError::InvalidStag)?;
+        if e.key != (stag & 0xFF) as u8 || !e.valid {
+            return Err(AccessError::InvalidStag);
+        }
+        if e.pd != pd || e.bound_qp.is_some_and(|b| b != qp) {
+            return Err(AccessError::NotAssociated);
+        }
+        if !e.access.contains(need) {
+            return Err(AccessError::AccessRights);
+        }
+        let end = to.checked_add(len).ok_or(AccessError::ToWrap)?;
+        let region_end = e.iova.checked_add(e.len).ok_or(AccessError::BaseBounds)?;
+        if to < e.iova || end > region_end {
+            return Err(AccessError::BaseBounds);
+        }
+        let (buffer, base) = e.buffer.as_ref().ok_or(AccessError::InvalidStag)?;
+        let offset = base + (to - e.iova) as usize;
+        Ok(Resolved {
+            buffer: buffer.clone(),
+            offset,
+        })
+    }
+
+    /// Invalidates a fast-registered STag on behalf of a remote Send with
+    /// Invalidate (RDMAP-SND-06) arriving on stream `qp` in `pd`.
+    pub fn remote_invalidate(&self, stag: u32, pd: u32, qp: u32) -> Result<(), InvalidateError> {
+        let mut map = self.inner.write().unwrap();
+        let e = map.get_mut(&(stag >> 8)).ok_or(InvalidateError::InvalidStag)?;
+        if e.key != (stag & 0xFF) as u8 || !e.valid {
+            return Err(InvalidateError::InvalidStag);
+        }
+        if e.pd != pd || e.bound_qp.is_some_and(|b| b != qp) {
+            return Err(InvalidateError::NotAssociated);
+        }
+        if e.kind != MrKind::FastReg {
+            return Err(InvalidateError::NotInvalidatable);
+        }
+        e.valid = false;
+        Ok(())
+    }
+
+    /// Local invalidate work request: the owner (same PD) ends a fast-reg STag.
+    pub fn local_invalidate(&self, stag: u32, pd: u32) -> Result<(), InvalidateError> {
+        let mut map = self.inner.write().unwrap();
+        let e = map.get_mut(&(stag >> 8)).ok_or(InvalidateError::InvalidStag)?;
+        if e.key != (stag & 0xFF) as u8 {
+            return Err(InvalidateError::InvalidStag);
+        }
+        if e.pd != pd {
+            return Err(InvalidateError::NotAssociated);
+        }
+        if e.kind != MrKind::FastReg {
+            return Err(InvalidateError::NotInvalidatable);
+        }
+        e.valid = false;
+        Ok(())
+    }
+
+    /// Fast-register work request: binds an allocated (fast-reg) STag to
+    /// `len` bytes of `buffer` starting at `offset`, at tagged offset `iova`,
+    /// with `access`, and a new key. Returns the new STag.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fast_register(
+        &self,
+        stag: u32,
+        pd: u32,
+        key: u8,
+        buffer: Arc<Buffer>,
+        offset: usize,
+        iova: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<u32, InvalidateError> {
+        let mut map = self.inner.write().unwrap();
+        let e = map.get_mut(&(stag >> 8)).ok_or(InvalidateError::InvalidStag)?;
+        if e.kind != MrKind::FastReg || e.pd != pd {
+            return Err(InvalidateError::NotAssociated);
+        }
+        if len > e.max_len || offset.checked_add(len as usize).is_none_or(|end| end > buffer.len()) {
+            return Err(InvalidateError::InvalidStag);
+        }
+        e.key = key;
+        e.valid = true;
+        e.iova = iova;
+        e.len = len;
+        e.access = access;
+        e.buffer = Some((buffer, offset));
+        Ok((stag & !0xFF) | key as u32)
+    }
+
+    /// Number of live registrations.
+    pub fn len(&self) -> usize {
+        self.inner.read().unwrap().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Access;
+
+    fn table_with(access: Access, kind: MrKind, bound: Option<u32>) -> (MemTable, u32, u64) {
+        let t = MemTable::new();
+        let buf = Arc::new(Buffer::new(4096).unwrap());
+        let iova = 0x1000_0000;
+        let stag = t.insert(Entry {
+            key: 0,
+            pd: 1,
+            kind,
+            valid: true,
+            iova,
+            len: 4096,
+            access: access | Access::LOCAL_READ,
+            buffer: Some((buf, 0)),
+            bound_qp: bound,
+            max_len: 4096,
+        });
+        (t, stag, iova)
+    }
+
+    #[test]
+    fn bounds_rdmap_sec_03() {
+        let (t, s, base) = table_with(Access::REMOTE_WRITE, MrKind::Regular, None);
+        let w = Access::REMOTE_WRITE;
+        assert!(t.check(s, 1, 9, base, 4096, w).is_ok());
+        assert_eq!(t.check(s, 1, 9, base + 4095, 1, w).unwrap().offset, 4095);
+        assert_eq!(t.check(s, 1, 9, base - 1, 1, w).unwrap_err(), AccessError::BaseBounds);
+        assert_eq!(
+            t.check(s, 1, 9, base + 4096, 1, w).unwrap_err(),
+            AccessError::BaseBounds
+        );
+        assert_eq!(
+            t.check(s, 1, 9, base + 1, 4096, w).unwrap_err(),
+            AccessError::BaseBounds
+        );
+        assert_eq!(t.check(s, 1, 9, u64::MAX, 2, w).unwrap_err(), AccessError::ToWrap);
+        // Zero-length at the end is in bounds.
+        assert!(t.check(s, 1, 9, base + 4096, 0, w).is_ok());
+    }
+
+    #[test]
+    fn key_pd_rights_scope_rdmap_sec_01_02_05() {
+        let (t, s, base) = table_with(Access::REMOTE_READ, MrKind::Regular, None);
+        assert_eq!(
+            t.check(s ^ 1, 1, 9, base, 1, Access::REMOTE_READ).unwrap_err(),
+            AccessError::InvalidStag
+        );
+        assert_eq!(
+            t.check(s, 2, 9, base, 1, Access::REMOTE_READ).unwrap_err(),
+            AccessError::NotAssociated
+        );
+        assert_eq!(
+            t.check(s, 1, 9, base, 1, Access::REMOTE_WRITE).unwrap_err(),
+            AccessError::AccessRights
+        );
+        let (t2, s2, b2) = table_with(Access::REMOTE_READ, MrKind::Regular, Some(5));
+        assert!(t2.check(s2, 1, 5, b2, 1, Access::REMOTE_READ).is_ok());
+        assert_eq!(
+            t2.check(s2, 1, 6, b2, 1, Access::REMOTE_READ).unwrap_err(),
+            AccessError::NotAssociated
+        );
+    }
+
+    #[test]
+    fn invalidate_rules_rdmap_snd_06_sec_07() {
+        let (t, s, base) = table_with(Access::REMOTE_WRITE, MrKind::Regular, None);
+        assert_eq!(t.remote_invalidate(s, 1, 9), Err(InvalidateError::NotInvalidatable));
+        let (t, s, _) = table_with(Access::REMOTE_WRITE, MrKind::FastReg, None);
+        assert_eq!(t.remote_invalidate(s, 2, 9), Err(InvalidateError::NotAssociated));
+        assert_eq!(t.remote_invalidate(s, 1, 9), Ok(()));
+        assert_eq!(
+            t.check(s, 1, 9, base, 1, Access::REMOTE_WRITE).unwrap_err(),
+            AccessError::InvalidStag
+        );
+        assert_eq!(t.remote_invalidate(s, 1, 9), Err(InvalidateError::InvalidStag));
+        // Re-register with a new key: old STag stays dead, new one works.
+        let buf = Arc::new(Buffer::new(100).unwrap());
+        let new = t
+            .fast_register(
+                s,
+                1,
+                (s as u8).wrapping_add(1),
+                buf,
+                0,
+                0x5000,
+                100,
+                Access::REMOTE_WRITE,
+            )
+            .unwrap();
+        assert_ne!(new, s);
+        assert!(t.check(new, 1, 9, 0x5000, 100, Access::REMOTE_WRITE).is_ok());
+        assert_eq!(
+            t.check(s, 1, 9, 0x5000, 1, Access::REMOTE_WRITE).unwrap_err(),
+            AccessError::InvalidStag
+        );
+    }
+
+    #[test]
+    fn stags_are_sparse_rdmap_sec_08() {
+        let t = MemTable::new();
+        let mut stags = Vec::new();
+        for _ in 0..2000 {
+            stags.push(t.insert(Entry {
+                key: 0,
+                pd: 1,
+                kind: MrKind::Regular,
+                valid: true,
+                iova: 0,
+                len: 0,
+                access: Access::empty(),
+                buffer: None,
+                bound_qp: None,
+                max_len: 0,
+            }));
+        }
+        let mut sorted = stags.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), stags.len(), "unique");
+        // No arithmetic progression between consecutive allocations.
+        let diffs: std::collections::HashSet<i64> = stags.windows(2).map(|w| w[1] as i64 - w[0] as i64).collect();
+        assert!(diffs.len() > 1900);
+        // Keys vary.
+        let keys: std::collections::HashSet<u8> = stags.iter().map(|s| *s as u8).collect();
+        assert!(keys.len() > 200);
+        // Reuse after free gets a different value.
+        let s = stags[0];
+        t.remove(s);
+        assert!(stags.iter().all(|x| *x != 0));
+    }
+}

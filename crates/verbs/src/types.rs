@@ -1,0 +1,318 @@
+//! Work requests, work completions, access flags and attributes, named as in
+//! rdma-core's `<infiniband/verbs.h>` so RDMA programmers find their way.
+
+use bitflags::bitflags;
+
+bitflags! {
+    /// Memory access rights (`IBV_ACCESS_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub struct Access: u32 {
+        const LOCAL_WRITE = 1;
+        const REMOTE_WRITE = 1 << 1;
+        const REMOTE_READ = 1 << 2;
+        const REMOTE_ATOMIC = 1 << 3;
+        /// Not an rdma-core flag: a local read is always allowed. Used
+        /// internally as the right a local gather needs.
+        const LOCAL_READ = 1 << 31;
+    }
+}
+
+impl Access {
+    /// Every right: what `reg_mr` callers usually want in tests.
+    pub fn all_remote() -> Access {
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
+    }
+}
+
+bitflags! {
+    /// Send work request flags (`IBV_SEND_*`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct SendFlags: u32 {
+        /// Generate a completion for this work request (needed unless the QP
+        /// was created with `sq_sig_all`).
+        const SIGNALED = 1;
+        /// Ask the peer to raise a solicited event (Send with SE, Immediate with SE).
+        const SOLICITED = 1 << 1;
+        /// Copy the payload at post time; the SGEs need no valid lkey.
+        const INLINE = 1 << 2;
+        /// Wait for earlier RDMA Reads/atomics to complete before this one starts (read fence).
+        const FENCE = 1 << 3;
+    }
+}
+
+/// One scatter/gather element: `length` bytes at `addr` in the region named by `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// A remote buffer: tagged offset and STag (rkey).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteAddr {
+    pub addr: u64,
+    pub rkey: u32,
+}
+
+/// What a send-queue work request does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WrOpcode {
+    /// Send (RFC 5040 opcode 0x3, or 0x5 with `SOLICITED`).
+    Send,
+    /// Send with Invalidate of the peer's STag `invalidate_rkey` (0x4 / 0x6).
+    SendWithInv { invalidate_rkey: u32 },
+    /// Immediate data only (RFC 7306 Immediate Data, 0x8 / 0x9 with
+    /// `SOLICITED`). RFC 7306 Immediate Data carries no payload: the sg list
+    /// must be empty.
+    SendWithImm { imm_data: u32 },
+    /// RDMA Write (0x0).
+    RdmaWrite { remote: RemoteAddr },
+    /// RDMA Write followed by an RFC 7306 Immediate Data message: the peer
+    /// consumes a receive and sees `RecvRdmaWithImm`.
+    RdmaWriteWithImm { remote: RemoteAddr, imm_data: u32 },
+    /// RDMA Read (Read Request 0x1 / Read Response 0x2) into the local sg list.
+    RdmaRead { remote: RemoteAddr },
+    /// RFC 7306 FetchAdd on the 8 aligned bytes at `remote`; the original
+    /// value lands in the (8-byte) local sg list.
+    AtomicFetchAdd { remote: RemoteAddr, add: u64 },
+    /// RFC 7306 CmpSwap.
+    AtomicCmpSwap {
+        remote: RemoteAddr,
+        compare: u64,
+        swap: u64,
+    },
+    /// Invalidate a local fast-registered STag.
+    LocalInv { rkey: u32 },
+    /// Fast-register: bind the allocated MR `mr_stag` (from `alloc_mr`) with a
+    /// new `key` to `length` bytes of the region `source_lkey` starting at
+    /// `source_addr`, reachable at tagged offset `iova` with `access`.
+    RegMr {
+        mr_stag: u32,
+        key: u8,
+        source_lkey: u32,
+        source_addr: u64,
+        length: u64,
+        iova: u64,
+        access: Access,
+    },
+}
+
+/// A send-queue work request (`ibv_send_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    pub wr_id: u64,
+    pub opcode: WrOpcode,
+    pub sg_list: Vec<Sge>,
+    pub flags: SendFlags,
+}
+
+impl SendWr {
+    pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: Vec<Sge>) -> Self {
+        SendWr {
+            wr_id,
+            opcode,
+            sg_list,
+            flags: SendFlags::SIGNALED,
+        }
+    }
+    pub fn flags(mut self, flags: SendFlags) -> Self {
+        self.flags = flags;
+        self
+    }
+    /// Total payload length of the sg list.
+    pub fn len(&self) -> u64 {
+        self.sg_list.iter().map(|s| s.length as u64).sum()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A receive-queue work request (`ibv_recv_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvWr {
+    pub wr_id: u64,
+    pub sg_list: Vec<Sge>,
+}
+
+/// Work completion status (`ibv_wc_status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    Success,
+    /// Local length error: a received message did not fit, or an sg list is too long.
+    LocLenErr,
+    /// Local QP operation error: an internal consistency error.
+    LocQpOpErr,
+    /// Local protection error: an lkey did not cover the sg element or lacked the right.
+    LocProtErr,
+    /// Work request flushed: the QP went to the error state before it ran.
+    WrFlushErr,
+    /// Memory window bind error.
+    MwBindErr,
+    /// Bad response: the peer answered with something unexpected.
+    BadRespErr,
+    /// Local access error: a remote peer's access to our memory failed (e.g. bad STag in a Send with Invalidate).
+    LocAccessErr,
+    /// Remote invalid request: the peer could not make sense of our request.
+    RemInvReqErr,
+    /// Remote access error: the peer refused our Read/Write/atomic (protection).
+    RemAccessErr,
+    /// Remote operation error: the peer failed to complete the operation.
+    RemOpErr,
+    /// Transport retry exceeded (the connection was lost).
+    RetryExcErr,
+    /// Receiver not ready retries exceeded.
+    RnrRetryExcErr,
+    /// Fatal error.
+    FatalErr,
+    /// Response timeout.
+    RespTimeoutErr,
+    /// Other error.
+    GeneralErr,
+}
+
+impl WcStatus {
+    /// The string `ibv_wc_status_str` prints.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
+            WcStatus::BadRespErr => "bad response error",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+            WcStatus::FatalErr => "fatal error",
+            WcStatus::RespTimeoutErr => "response timeout error",
+            WcStatus::GeneralErr => "general error",
+        }
+    }
+}
+
+impl std::fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What completed (`ibv_wc_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    Send,
+    RdmaWrite,
+    RdmaRead,
+    CompSwap,
+    FetchAdd,
+    LocalInv,
+    RegMr,
+    Recv,
+    RecvRdmaWithImm,
+}
+
+/// A work completion (`ibv_wc`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkCompletion {
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    /// Bytes received (receive completions) or transferred (Read).
+    pub byte_len: u32,
+    pub qp_num: u32,
+    /// Immediate data, for `Recv`/`RecvRdmaWithImm` of an Immediate Data message.
+    pub imm_data: Option<u32>,
+    /// The local STag a peer's Send with Invalidate invalidated.
+    pub invalidated_rkey: Option<u32>,
+    /// Whether the message that completed a receive asked for a solicited event.
+    pub solicited: bool,
+    /// Provider detail for errors (for iWARP: the Terminate layer/type/code
+    /// packed as `layer << 16 | etype << 8 | code`), 0 on success.
+    pub vendor_err: u32,
+}
+
+impl WorkCompletion {
+    pub fn is_ok(&self) -> bool {
+        self.status == WcStatus::Success
+    }
+}
+
+/// Queue pair states (`ibv_qp_state`). With the connection manager a QP goes
+/// Init -> Rtr -> Rts on establishment and to Err on failure or Terminate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QpState {
+    Reset,
+    Init,
+    Rtr,
+    Rts,
+    /// Send queue drained (graceful disconnect in progress).
+    Sqd,
+    Sqe,
+    Err,
+}
+
+/// Device limits (`ibv_device_attr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceAttr {
+    pub fw_ver: String,
+    pub vendor_id: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_sge_rd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_mr_size: u64,
+    pub max_pd: u32,
+    /// Max inbound outstanding Reads/atomics per QP (IRD).
+    pub max_qp_rd_atom: u32,
+    /// Max outbound outstanding Reads/atomics per QP (ORD).
+    pub max_qp_init_rd_atom: u32,
+    pub max_msg_sz: u64,
+    pub max_inline_data: u32,
+    pub max_fast_reg_page_list_len: u32,
+    pub atomic_cap: bool,
+}
+
+/// Queue pair creation attributes (`ibv_qp_init_attr` for RC).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QpInitAttr {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+    /// Every send WR generates a completion, as if SIGNALED were set.
+    pub sq_sig_all: bool,
+}
+
+impl Default for QpInitAttr {
+    fn default() -> Self {
+        QpInitAttr {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_send_sge: 6,
+            max_recv_sge: 6,
+            max_inline_data: 256,
+            sq_sig_all: false,
+        }
+    }
+}
+
+/// Connection parameters (`rdma_conn_param`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConnParam {
+    /// Up to 252 bytes for interop with Linux siw (MPA private data also
+    /// carries 4 bytes of IRD/ORD), 508 by RFC 5044.
+    pub private_data: Vec<u8>,
+    /// Inbound RDMA Reads/atomics we accept at once (IRD).
+    pub responder_resources: u8,
+    /// Outbound RDMA Reads/atomics we issue at once (ORD).
+    pub initiator_depth: u8,
+}
