@@ -1,1 +1,4 @@
 //! # rpcrdma: ONC RPC over TCP and over RDMA (RFC 8166)
+#![forbid(unsafe_code)]
+
+pub mod xdr;
