@@ -1,4 +1,6 @@
 //! # rpcrdma: ONC RPC over TCP and over RDMA (RFC 8166)
 #![forbid(unsafe_code)]
 
+pub mod record;
+pub mod rpc;
 pub mod xdr;
