@@ -3,4 +3,5 @@
 
 pub mod record;
 pub mod rpc;
+pub mod wire;
 pub mod xdr;
