@@ -6,5 +6,6 @@ pub mod inline;
 pub mod private_data;
 pub mod record;
 pub mod rpc;
+pub mod validate;
 pub mod wire;
 pub mod xdr;
