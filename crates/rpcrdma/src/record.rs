@@ -30,10 +30,18 @@ pub const DEFAULT_MAX_FRAGMENTS: usize = 1024;
 pub enum RecordError {
     /// The record would exceed the configured maximum size.
     #[error("RPC record of at least {size} bytes exceeds the maximum {max}")]
-    RecordTooLarge { size: u64, max: usize },
+    RecordTooLarge {
+        /// Record size so far, including the announced fragment.
+        size: u64,
+        /// Configured maximum.
+        max: usize,
+    },
     /// The record has more fragments than allowed.
     #[error("RPC record has more than {max} fragments")]
-    TooManyFragments { max: usize },
+    TooManyFragments {
+        /// Configured maximum.
+        max: usize,
+    },
     /// The stream ended in the middle of a record.
     #[error("stream ended inside an RPC record")]
     TruncatedAtEof,

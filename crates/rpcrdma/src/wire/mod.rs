@@ -269,7 +269,12 @@ pub enum HeaderError {
     UnknownErrCode(u32),
     /// A list is longer than [`Limits`] allows.
     #[error("{what} has more than {max} entries")]
-    TooMany { what: &'static str, max: usize },
+    TooMany {
+        /// Which list.
+        what: &'static str,
+        /// The limit.
+        max: usize,
+    },
     /// XDR error (truncation, optional-data discriminator not 0/1, ...).
     #[error("XDR error in the transport header: {0}")]
     Xdr(#[from] XdrError),

@@ -96,16 +96,31 @@ impl DdpItem {
 pub enum XdrError {
     /// The stream ended before the item did.
     #[error("XDR stream truncated: needed {needed} bytes, {remaining} left")]
-    Truncated { needed: usize, remaining: usize },
+    Truncated {
+        /// Bytes needed.
+        needed: usize,
+        /// Bytes left.
+        remaining: usize,
+    },
     /// A variable-length item is longer than its declared or configured maximum.
     #[error("XDR length {len} exceeds the limit {max}")]
-    TooLong { len: usize, max: usize },
+    TooLong {
+        /// Length found.
+        len: usize,
+        /// Limit.
+        max: usize,
+    },
     /// A bool or optional-data discriminator was not 0 or 1.
     #[error("XDR boolean/optional-data discriminator {0} is not 0 or 1")]
     BadBool(u32),
     /// An enum or union discriminant the caller does not know.
     #[error("XDR discriminant {value} is not valid for {what}")]
-    BadDiscriminant { what: &'static str, value: u32 },
+    BadDiscriminant {
+        /// The enum or union.
+        what: &'static str,
+        /// The value found.
+        value: u32,
+    },
     /// A roundup pad byte was not zero ([`PadPolicy::Strict`] only).
     #[error("XDR pad byte is not zero")]
     NonZeroPad,
@@ -121,15 +136,26 @@ pub enum XdrError {
     /// A chunk sits at a position where a non-DDP-eligible item is being decoded,
     /// or inside another item (RFC 8166 §6.1: a non-eligible item was reduced).
     #[error("chunk at position {position} overlaps a non-DDP-eligible item")]
-    ChunkMisplaced { position: u32 },
+    ChunkMisplaced {
+        /// The chunk's Position.
+        position: u32,
+    },
     /// Chunk length disagrees with the XDR length word of its item
     /// (RFC 8166 §4.5.2 "mismatches between chunk sizes ... and the Payload stream").
     #[error("chunk length {chunk} does not match the item length {item}")]
-    ChunkLengthMismatch { chunk: usize, item: usize },
+    ChunkLengthMismatch {
+        /// Chunk length.
+        chunk: usize,
+        /// Item length from the XDR stream.
+        item: usize,
+    },
     /// Chunk data was left unconsumed when decoding finished: a chunk beyond the
     /// end of the stream, or a chunk that no DDP-eligible item claimed.
     #[error("{count} chunk(s) not consumed by any DDP-eligible item")]
-    UnconsumedChunk { count: usize },
+    UnconsumedChunk {
+        /// Chunks left.
+        count: usize,
+    },
     /// Arithmetic on a peer-supplied value overflowed.
     #[error("length arithmetic overflow")]
     Overflow,
