@@ -109,13 +109,26 @@ fn fits(len: usize, threshold: u32) -> bool {
 /// Header size of a message with `read_segments` read segments and the given
 /// Write list and Reply chunk.
 pub fn header_len(read_segments: usize, writes: &[WriteChunk], reply: Option<&WriteChunk>) -> usize {
-    FIXED_HEADER_LEN
-        + 4
-        + (4 + READ_SEGMENT_LEN) * read_segments
-        + 4
-        + writes.iter().map(|w| 4 + w.encoded_len()).sum::<usize>()
-        + 4
-        + reply.map_or(0, WriteChunk::encoded_len)
+    let writes: usize = writes
+        .iter()
+        .fold(0usize, |acc, w| acc.saturating_add(4 + w.encoded_len()));
+    (FIXED_HEADER_LEN + 12)
+        .saturating_add((4 + READ_SEGMENT_LEN).saturating_mul(read_segments))
+        .saturating_add(writes)
+        .saturating_add(reply.map_or(0, WriteChunk::encoded_len))
+}
+
+/// [`header_len`] from segment counts alone: `write_segments[i]` segments in the
+/// i-th Write chunk, `reply_segments` in the Reply chunk (if any).
+pub fn header_len_for_counts(read_segments: usize, write_segments: &[usize], reply_segments: Option<usize>) -> usize {
+    let chunk = |n: usize| 4usize.saturating_add(SEGMENT_LEN.saturating_mul(n));
+    let writes = write_segments
+        .iter()
+        .fold(0usize, |acc, &n| acc.saturating_add(4).saturating_add(chunk(n)));
+    (FIXED_HEADER_LEN + 12)
+        .saturating_add((4 + READ_SEGMENT_LEN).saturating_mul(read_segments))
+        .saturating_add(writes)
+        .saturating_add(reply_segments.map_or(0, chunk))
 }
 
 /// Choose the form of a Call (Requester). `stream` is the encoded RPC Call and
@@ -143,7 +156,10 @@ pub fn plan_call(
         }
         if !opts.no_reduction && items.iter().any(|i| i.len > 0) {
             let reduced = reduce(stream, items)?;
-            let segs: usize = reduced.items.iter().map(|i| segments_for(i.range.len()).max(1)).sum();
+            let segs = reduced
+                .items
+                .iter()
+                .fold(0usize, |acc, i| acc.saturating_add(segments_for(i.range.len()).max(1)));
             let h = hdr(segs);
             let send_len = h + reduced.payload.len();
             if fits(send_len, th.call) {
@@ -201,14 +217,11 @@ pub fn plan_reply_resources(
     if fits(header_len(0, &[], None) + max_payload, th.reply) {
         return ReplyResources::default();
     }
-    let chunk_of = |len: usize| WriteChunk {
-        segments: vec![Default::default(); segments_for(len).max(1)],
-    };
-    let mut writes = Vec::new();
+    let mut write_segs = Vec::new();
     let mut reduced = max_payload;
     if !opts.no_reduction {
         for &r in ddp_results {
-            writes.push(chunk_of(r as usize));
+            write_segs.push(segments_for(r as usize).max(1));
             let padded = crate::xdr::roundup(r as usize).unwrap_or(usize::MAX);
             reduced = reduced.saturating_sub(padded);
         }
@@ -218,7 +231,7 @@ pub fn plan_reply_resources(
     } else {
         ddp_results.to_vec()
     };
-    if !writes.is_empty() && fits(header_len(0, &writes, None) + reduced, th.reply) {
+    if !write_segs.is_empty() && fits(header_len_for_counts(0, &write_segs, None) + reduced, th.reply) {
         return ReplyResources {
             write_chunks,
             reply_chunk: None,
@@ -332,11 +345,6 @@ pub fn plan_reply(
         item_writes: red.writes,
         payload_writes,
     })
-}
-
-/// Size of a Write chunk or Reply chunk header entry with `n` segments.
-pub fn chunk_encoded_len(n: usize) -> usize {
-    4 + SEGMENT_LEN * n
 }
 
 #[cfg(test)]

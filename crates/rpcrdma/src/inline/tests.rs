@@ -303,3 +303,30 @@ fn responder_write_chunks_echoed_and_counted() {
     // header = 16 + 4 + (4+4+16) + (4+4) + (4+4+32) + 4 = 100
     assert_eq!(p.send_len(), 100 + 8);
 }
+
+/// The two header-size helpers agree with the encoder (RFC 8166 §4.7 formula).
+#[test]
+fn header_len_helpers_agree_with_encoding() {
+    let writes = vec![
+        WriteChunk {
+            segments: vec![seg(1, 1), seg(2, 2), seg(3, 3)],
+        },
+        WriteChunk::default(),
+    ];
+    let reply = WriteChunk {
+        segments: vec![seg(4, 4)],
+    };
+    let h = Header::new(
+        1,
+        1,
+        Body::Msg(ChunkLists {
+            reads: vec![Default::default(); 2],
+            writes: writes.clone(),
+            reply: Some(reply.clone()),
+        }),
+    );
+    assert_eq!(header_len(2, &writes, Some(&reply)), h.encoded_len());
+    assert_eq!(header_len_for_counts(2, &[3, 0], Some(1)), h.encoded_len());
+    assert_eq!(header_len(0, &[], None), crate::wire::MIN_HEADER_LEN);
+    assert_eq!(header_len(usize::MAX, &[], None), usize::MAX);
+}
