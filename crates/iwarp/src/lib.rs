@@ -13,5 +13,8 @@
 //! * [`crc`]: CRC32c for MPA, hardware accelerated.
 
 pub mod crc;
+pub mod engine;
 pub mod proto;
 pub mod wire;
+
+pub use engine::{IwarpConfig, open_device};

@@ -73,6 +73,11 @@ impl CompletionQueue {
         self.inner.id
     }
 
+    /// Whether two handles name the same CQ.
+    pub fn same(&self, other: &CompletionQueue) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     pub fn capacity(&self) -> usize {
         self.inner.capacity
     }

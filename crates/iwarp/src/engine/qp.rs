@@ -1,0 +1,1903 @@
+//! One iWARP queue pair over one TCP connection: transmit (segmentation and
+//! framing), receive (deframing, checks, placement), the send/receive queues,
+//! the outbound and inbound Read/atomic queues (ORD/IRD), completions in
+//! posting order, and Terminate handling (RFC 5040 §5-§7, RFC 5041, RFC 7306).
+//!
+//! The protocol state lives in [`Proto`]; it does no I/O. [`IwarpQp`] owns the
+//! socket and moves bytes between it and `Proto` in `pump_tx` / `pump_rx`.
+
+use super::driver::{Driver, Poke, Pollable};
+use crate::wire::cause::{self, TermCause};
+use crate::wire::ddp::{self, Addr, Header};
+use crate::wire::fpdu::{Deframer, DeframerConfig, Framer};
+use crate::wire::rdmap::{AtomicOp, AtomicRequest, AtomicResponse, ReadRequest};
+use crate::wire::terminate::{self, Offending};
+use std::collections::VecDeque;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use verbs::buffer::Buffer;
+use verbs::cm::{CmEvent, ConnInfo, QpOps, TerminateInfo};
+use verbs::cq::Progress;
+use verbs::mem::AccessError;
+use verbs::notify::EventQueue;
+use verbs::{
+    Access, CompletionQueue, Device, Error, QpInitAttr, QpState, RecvWr, Result, SendFlags, SendWr, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
+};
+
+/// RDMAP opcodes (RFC 5040 §4.2 Fig. 4, RFC 7306 §4.1 Fig. 2).
+pub(crate) mod op {
+    pub const WRITE: u8 = 0x0;
+    pub const READ_REQUEST: u8 = 0x1;
+    pub const READ_RESPONSE: u8 = 0x2;
+    pub const SEND: u8 = 0x3;
+    pub const SEND_INV: u8 = 0x4;
+    pub const SEND_SE: u8 = 0x5;
+    pub const SEND_SE_INV: u8 = 0x6;
+    pub const TERMINATE: u8 = 0x7;
+    pub const IMM: u8 = 0x8;
+    pub const IMM_SE: u8 = 0x9;
+    pub const ATOMIC_REQUEST: u8 = 0xA;
+    pub const ATOMIC_RESPONSE: u8 = 0xB;
+}
+
+/// Untagged queue numbers (RFC 5040 §5, RFC 7306 §5.2).
+pub(crate) mod qn {
+    pub const SEND: u32 = 0;
+    pub const READ_REQUEST: u32 = 1;
+    pub const TERMINATE: u32 = 2;
+    pub const ATOMIC_RESPONSE: u32 = 3;
+}
+
+/// RDMAP control octet: RV = 01b (RFC 5040 §4.1) and the opcode.
+const fn rdmap_ctrl(opcode: u8) -> u8 {
+    0x40 | (opcode & 0x0F)
+}
+
+/// Bytes staged for the socket before a `write` is attempted.
+const TX_HIGH_WATER: usize = 256 * 1024;
+/// Receive buffer: large enough for several maximum FPDUs per `read`.
+const RX_BUF: usize = 256 * 1024;
+
+/// RTR duty of this side in peer-to-peer mode (RFC 6581 §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RtrRole {
+    Send(crate::wire::mpa::Rtr),
+    Expect(crate::wire::mpa::Rtr),
+}
+
+/// What MPA negotiated, as the data path needs it.
+#[derive(Debug, Clone)]
+pub(crate) struct Negotiated {
+    pub crc: bool,
+    pub markers_tx: bool,
+    pub markers_rx: bool,
+    pub ird: u32,
+    pub ord: u32,
+    pub rtr: Option<RtrRole>,
+    pub info: ConnInfo,
+}
+
+/// A resolved piece of local memory.
+#[derive(Clone)]
+struct Piece {
+    buf: Arc<Buffer>,
+    off: usize,
+    len: usize,
+}
+
+enum Source {
+    None,
+    Owned(Vec<u8>),
+    Pieces(Vec<Piece>),
+}
+
+impl Source {
+    /// Copies `out.len()` bytes starting at message offset `at`.
+    fn copy_out(&self, mut at: usize, out: &mut [u8]) {
+        match self {
+            Source::None => {}
+            Source::Owned(v) => out.copy_from_slice(&v[at..at + out.len()]),
+            Source::Pieces(ps) => {
+                let mut done = 0;
+                for p in ps {
+                    if done == out.len() {
+                        break;
+                    }
+                    if at >= p.len {
+                        at -= p.len;
+                        continue;
+                    }
+                    let n = (p.len - at).min(out.len() - done);
+                    // In bounds: pieces were checked against their region.
+                    let _ = p.buf.read(p.off + at, &mut out[done..done + n]);
+                    done += n;
+                    at = 0;
+                }
+            }
+        }
+    }
+}
+
+/// A message being segmented onto the wire.
+struct TxMsg {
+    /// Completion slot finished when the last byte is written (Send, Write, ...).
+    completes: Option<u64>,
+    opcode: u8,
+    tagged: Option<(u32, u64)>,
+    qn: u32,
+    msn: u32,
+    inv_stag: u32,
+    /// RDMAP header after the DDP header (Read Request, atomics, immediate).
+    rdmap_hdr: Vec<u8>,
+    src: Source,
+    total: usize,
+    off: usize,
+}
+
+struct Slot {
+    id: u64,
+    wr_id: u64,
+    opcode: WcOpcode,
+    signaled: bool,
+    status: Option<WcStatus>,
+    byte_len: u32,
+    vendor_err: u32,
+}
+
+enum OrqKind {
+    Read {
+        sink: Piece,
+    },
+    Atomic {
+        sink: Piece,
+        request_id: u32,
+    },
+    /// A zero-length Read RTR of our own (RFC 6581): consumed silently.
+    Rtr,
+}
+
+struct Orq {
+    slot: Option<u64>,
+    kind: OrqKind,
+    received: usize,
+}
+
+enum Irq {
+    ReadResponse {
+        src: Option<Piece>,
+        len: usize,
+        sink_stag: u32,
+        sink_to: u64,
+    },
+    AtomicResponse {
+        request_id: u32,
+        orig: u64,
+    },
+}
+
+struct RecvWqe {
+    wr_id: u64,
+    pieces: Vec<Piece>,
+    cap: usize,
+}
+
+/// The untagged Send-family message being received (QN 0).
+struct RxSend {
+    wqe: RecvWqe,
+    msn: u32,
+    got: usize,
+}
+
+/// Protocol state of one QP. No I/O.
+pub(crate) struct Proto {
+    qpn: u32,
+    pd: u32,
+    dev: Device,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    events: Arc<EventQueue<CmEvent>>,
+    attr: QpInitAttr,
+    siw_term_form: bool,
+    max_ulpdu: usize,
+    state: QpState,
+
+    // transmit
+    sq: VecDeque<(u64, SendWr, Option<Vec<u8>>)>,
+    slots: VecDeque<Slot>,
+    next_slot: u64,
+    framer: Framer,
+    out: Vec<u8>,
+    out_pos: usize,
+    out_marks: VecDeque<(usize, u64)>,
+    cur: Option<TxMsg>,
+    follow: Option<TxMsg>,
+    tx_msn: [u32; 4],
+    prefer_irq: bool,
+    orq: VecDeque<Orq>,
+    ord: u32,
+    irq: VecDeque<Irq>,
+    ird: u32,
+    next_atomic_id: u32,
+    rtr: Option<RtrRole>,
+
+    // receive
+    rq: VecDeque<RecvWqe>,
+    rx_msn: [u32; 4],
+    rx_send: Option<RxSend>,
+    last_was_write: bool,
+
+    // teardown
+    term_sent: bool,
+    term_received: bool,
+    /// Shut the socket's write side once `out` is drained.
+    shutdown_when_drained: bool,
+    shut: bool,
+    disconnected_event: bool,
+}
+
+fn wc(slot_or_wr: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: slot_or_wr,
+        status,
+        opcode,
+        byte_len: 0,
+        qp_num,
+        imm_data: None,
+        invalidated_rkey: None,
+        solicited: false,
+        vendor_err: 0,
+    }
+}
+
+fn pack_cause(c: &TermCause) -> u32 {
+    (c.layer.to_nibble() as u32) << 16 | (c.etype as u32) << 8 | c.code as u32
+}
+
+fn term_info(c: &TermCause) -> TerminateInfo {
+    TerminateInfo {
+        layer: c.layer.to_nibble(),
+        etype: c.etype,
+        code: c.code,
+        description: c.describe().to_string(),
+    }
+}
+
+/// The completion status a peer's Terminate means for the work request it names.
+fn status_for_peer_terminate(c: &TermCause) -> WcStatus {
+    use crate::wire::cause::{Layer, etype};
+    match (c.layer, c.etype) {
+        (Layer::Rdmap, etype::RDMAP_REMOTE_PROTECTION) => WcStatus::RemAccessErr,
+        (Layer::Rdmap, etype::RDMAP_REMOTE_OPERATION) => WcStatus::RemOpErr,
+        (Layer::Ddp, etype::DDP_TAGGED) => WcStatus::RemAccessErr,
+        (Layer::Ddp, etype::DDP_UNTAGGED) => WcStatus::RemInvReqErr,
+        _ => WcStatus::RemOpErr,
+    }
+}
+
+/// A peer access failure on a tagged (DDP) buffer: RFC 5041 §7.2 / matrix rows 8-12.
+fn ddp_tagged_cause(e: AccessError) -> TermCause {
+    match e {
+        AccessError::InvalidStag | AccessError::AccessRights => cause::DDP_ERR_T_INVALID_STAG,
+        AccessError::BaseBounds => cause::DDP_ERR_T_BASE_BOUNDS,
+        AccessError::NotAssociated => cause::DDP_ERR_T_STAG_NOT_ASSOCIATED,
+        AccessError::ToWrap => cause::DDP_ERR_T_TO_WRAP,
+    }
+}
+
+/// A Read Request source failure: RFC 5040 §7.2 / matrix rows 13-17.
+fn rdmap_read_cause(e: AccessError) -> TermCause {
+    match e {
+        AccessError::InvalidStag => cause::RDMAP_ERR_INVALID_STAG,
+        AccessError::BaseBounds => cause::RDMAP_ERR_BASE_BOUNDS,
+        AccessError::AccessRights => cause::RDMAP_ERR_ACCESS_RIGHTS,
+        AccessError::NotAssociated => cause::RDMAP_ERR_STAG_NOT_ASSOCIATED,
+        AccessError::ToWrap => cause::RDMAP_ERR_TO_WRAP,
+    }
+}
+
+/// Outcome of handling one received ULPDU.
+type RxResult = std::result::Result<(), Fatal>;
+
+/// A peer protocol violation: the Terminate to send.
+struct Fatal {
+    cause: TermCause,
+    echo: bool,
+    rreq: Option<ReadRequest>,
+}
+
+impl Fatal {
+    fn new(cause: TermCause) -> Fatal {
+        Fatal {
+            cause,
+            echo: true,
+            rreq: None,
+        }
+    }
+    fn bare(cause: TermCause) -> Fatal {
+        Fatal {
+            cause,
+            echo: false,
+            rreq: None,
+        }
+    }
+}
+
+impl Proto {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        qpn: u32,
+        pd: u32,
+        dev: Device,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        events: Arc<EventQueue<CmEvent>>,
+        attr: QpInitAttr,
+        neg: &Negotiated,
+        siw_term_form: bool,
+        max_ulpdu: usize,
+    ) -> Proto {
+        Proto {
+            qpn,
+            pd,
+            dev,
+            send_cq,
+            recv_cq,
+            events,
+            attr,
+            siw_term_form,
+            max_ulpdu: max_ulpdu.clamp(128, 65_535),
+            state: QpState::Rts,
+            sq: VecDeque::new(),
+            slots: VecDeque::new(),
+            next_slot: 0,
+            framer: Framer::new(neg.crc, neg.markers_tx),
+            out: Vec::with_capacity(TX_HIGH_WATER + 70_000),
+            out_pos: 0,
+            out_marks: VecDeque::new(),
+            cur: None,
+            follow: None,
+            tx_msn: [0; 4],
+            prefer_irq: true,
+            orq: VecDeque::new(),
+            ord: neg.ord.max(1),
+            irq: VecDeque::new(),
+            ird: neg.ird,
+            next_atomic_id: 1,
+            rtr: neg.rtr,
+            rq: VecDeque::new(),
+            rx_msn: [1; 4],
+            rx_send: None,
+            last_was_write: false,
+            term_sent: false,
+            term_received: false,
+            shutdown_when_drained: false,
+            shut: false,
+            disconnected_event: false,
+        }
+    }
+
+    fn resolve(&self, sges: &[verbs::Sge], need: Access) -> std::result::Result<(Vec<Piece>, usize), String> {
+        let mut pieces = Vec::with_capacity(sges.len());
+        let mut total = 0usize;
+        for s in sges {
+            if s.length == 0 {
+                continue;
+            }
+            let r = self
+                .dev
+                .mem()
+                .check(s.lkey, self.pd, self.qpn, s.addr, s.length as u64, need)
+                .map_err(|e| format!("local protection error on lkey {:#010x}: {e:?}", s.lkey))?;
+            total = total.checked_add(s.length as usize).ok_or("sg list too long")?;
+            pieces.push(Piece {
+                buf: r.buffer,
+                off: r.offset,
+                len: s.length as usize,
+            });
+        }
+        Ok((pieces, total))
+    }
+
+    fn outstanding_send_wrs(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub(crate) fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
+        for (index, wr) in wrs.iter().enumerate() {
+            let bad = |reason: String| Error::BadWr { index, reason };
+            if self.state != QpState::Rts {
+                return Err(bad(format!("QP is in state {:?}", self.state)));
+            }
+            if self.outstanding_send_wrs() >= self.attr.max_send_wr as usize {
+                return Err(bad("send queue full".into()));
+            }
+            if wr.sg_list.len() > self.attr.max_send_sge.max(1) as usize {
+                return Err(bad(format!(
+                    "{} SGEs exceed max_send_sge {}",
+                    wr.sg_list.len(),
+                    self.attr.max_send_sge
+                )));
+            }
+            let total = wr.len();
+            let (need, opcode) = match &wr.opcode {
+                WrOpcode::Send | WrOpcode::SendWithInv { .. } => (Access::LOCAL_READ, WcOpcode::Send),
+                WrOpcode::SendWithImm { .. } => {
+                    if total != 0 {
+                        return Err(bad(
+                            "RFC 7306 Immediate Data carries no payload: use an empty sg list".into()
+                        ));
+                    }
+                    (Access::LOCAL_READ, WcOpcode::Send)
+                }
+                WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => {
+                    (Access::LOCAL_READ, WcOpcode::RdmaWrite)
+                }
+                WrOpcode::RdmaRead { .. } => {
+                    if wr.sg_list.len() > 1 {
+                        return Err(bad("RDMA Read takes one sink SGE (max_sge_rd = 1)".into()));
+                    }
+                    (Access::LOCAL_WRITE, WcOpcode::RdmaRead)
+                }
+                WrOpcode::AtomicFetchAdd { .. } | WrOpcode::AtomicCmpSwap { .. } => {
+                    if wr.sg_list.len() != 1 || wr.sg_list[0].length != 8 {
+                        return Err(bad("atomics need exactly one 8-byte sink SGE".into()));
+                    }
+                    let op = if matches!(wr.opcode, WrOpcode::AtomicFetchAdd { .. }) {
+                        WcOpcode::FetchAdd
+                    } else {
+                        WcOpcode::CompSwap
+                    };
+                    (Access::LOCAL_WRITE, op)
+                }
+                WrOpcode::LocalInv { .. } => (Access::empty(), WcOpcode::LocalInv),
+                WrOpcode::RegMr { .. } => (Access::empty(), WcOpcode::RegMr),
+            };
+            if total > u32::MAX as u64 {
+                return Err(bad("message longer than 2^32-1".into()));
+            }
+            let inline = if wr.flags.contains(SendFlags::INLINE) && need == Access::LOCAL_READ {
+                if total > self.attr.max_inline_data as u64 {
+                    return Err(bad(format!(
+                        "{total} bytes exceed max_inline_data {}",
+                        self.attr.max_inline_data
+                    )));
+                }
+                let (pieces, len) = self.resolve(&wr.sg_list, need).map_err(bad)?;
+                let mut v = vec![0u8; len];
+                Source::Pieces(pieces).copy_out(0, &mut v);
+                Some(v)
+            } else {
+                if !need.is_empty() {
+                    self.resolve(&wr.sg_list, need).map_err(bad)?;
+                }
+                None
+            };
+            let id = self.next_slot;
+            self.next_slot += 1;
+            let signaled = self.attr.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+            self.slots.push_back(Slot {
+                id,
+                wr_id: wr.wr_id,
+                opcode,
+                signaled,
+                status: None,
+                byte_len: total as u32,
+                vendor_err: 0,
+            });
+            self.sq.push_back((id, wr.clone(), inline));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()> {
+        for (index, wr) in wrs.iter().enumerate() {
+            let bad = |reason: String| Error::BadWr { index, reason };
+            if matches!(self.state, QpState::Err | QpState::Reset) {
+                return Err(bad(format!("QP is in state {:?}", self.state)));
+            }
+            if self.rq.len() >= self.attr.max_recv_wr as usize {
+                return Err(bad("receive queue full".into()));
+            }
+            if wr.sg_list.len() > self.attr.max_recv_sge.max(1) as usize {
+                return Err(bad(format!("{} SGEs exceed max_recv_sge", wr.sg_list.len())));
+            }
+            let (pieces, cap) = self.resolve(&wr.sg_list, Access::LOCAL_WRITE).map_err(bad)?;
+            self.rq.push_back(RecvWqe {
+                wr_id: wr.wr_id,
+                pieces,
+                cap,
+            });
+        }
+        Ok(())
+    }
+
+    fn slot_mut(&mut self, id: u64) -> Option<&mut Slot> {
+        let first = self.slots.front()?.id;
+        self.slots.get_mut(id.checked_sub(first)? as usize)
+    }
+
+    fn finish_slot(&mut self, id: u64, status: WcStatus) {
+        if let Some(s) = self.slot_mut(id)
+            && s.status.is_none()
+        {
+            s.status = Some(status);
+        }
+    }
+
+    /// Reports finished send work requests in posting order (RFC 5040 §5.5 rule 15).
+    fn deliver_send_completions(&mut self) {
+        while self.slots.front().is_some_and(|s| s.status.is_some()) {
+            let s = self.slots.pop_front().expect("checked");
+            let status = s.status.expect("checked");
+            if s.signaled || status != WcStatus::Success {
+                let mut w = wc(s.wr_id, status, s.opcode, self.qpn);
+                w.byte_len = if matches!(s.opcode, WcOpcode::RdmaRead | WcOpcode::FetchAdd | WcOpcode::CompSwap) {
+                    s.byte_len
+                } else {
+                    0
+                };
+                w.vendor_err = s.vendor_err;
+                if self.send_cq.push(w).is_err() {
+                    self.cq_overflow();
+                }
+            }
+        }
+    }
+
+    fn cq_overflow(&mut self) {
+        tracing::warn!(qp = self.qpn, "completion queue overflow: QP to error");
+        if self.state != QpState::Err {
+            self.enter_error();
+        }
+    }
+
+    fn push_recv_completion(&mut self, w: WorkCompletion) {
+        if self.recv_cq.push(w).is_err() {
+            self.cq_overflow();
+        }
+    }
+
+    /// Moves to the error state: every outstanding work request completes
+    /// with `WrFlushErr` (in order), nothing new is accepted.
+    fn enter_error(&mut self) {
+        self.state = QpState::Err;
+        self.sq.clear();
+        self.cur = None;
+        self.follow = None;
+        self.orq.clear();
+        self.irq.clear();
+        for s in self.slots.iter_mut() {
+            if s.status.is_none() {
+                s.status = Some(WcStatus::WrFlushErr);
+            }
+        }
+        self.deliver_send_completions();
+        if let Some(rs) = self.rx_send.take() {
+            self.rq.push_front(rs.wqe);
+        }
+        while let Some(r) = self.rq.pop_front() {
+            let w = wc(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+            if self.recv_cq.push(w).is_err() {
+                break;
+            }
+        }
+    }
+
+    /// Sends one Terminate for `f` (at most one per stream, RDMAP-TRM-02),
+    /// then nothing else (RDMAP-TRM-06); flushes and closes gracefully.
+    fn terminate(&mut self, f: Fatal, offending: Option<&[u8]>) {
+        if self.term_sent || self.term_received {
+            return;
+        }
+        self.term_sent = true;
+        tracing::info!(qp = self.qpn, "sending Terminate: {}", f.cause);
+        let off = if f.echo {
+            offending.and_then(Offending::from_ulpdu)
+        } else {
+            None
+        };
+        let mut repr = terminate::Repr::for_error(f.cause, off, f.rreq.as_ref());
+        if self.siw_term_form {
+            repr.form = terminate::TermWireForm::LinuxSiw;
+        }
+        self.tx_msn[qn::TERMINATE as usize] = self.tx_msn[qn::TERMINATE as usize].wrapping_add(1);
+        let msn = self.tx_msn[qn::TERMINATE as usize];
+        let len = repr.ulpdu_len();
+        let start = self.out.len();
+        if let Ok(w) = self.framer.wire_len(len) {
+            self.out.resize(start + w, 0);
+            let res = self.framer.emit(len, &mut self.out[start..], |u| {
+                let _ = repr.emit_ulpdu(u, msn);
+            });
+            if res.is_err() {
+                self.out.truncate(start);
+            }
+        }
+        self.events.push(CmEvent::TerminateSent(term_info(&f.cause)));
+        // The failing work request (if ours) gets the local status.
+        self.enter_error();
+        self.shutdown_when_drained = true;
+    }
+
+    // ---------------------------------------------------------------- transmit
+
+    fn next_msn(&mut self, q: u32) -> u32 {
+        let m = &mut self.tx_msn[q as usize];
+        *m = m.wrapping_add(1);
+        *m
+    }
+
+    /// Builds the next message to transmit, if any is ready.
+    fn next_message(&mut self) -> Option<TxMsg> {
+        if let Some(f) = self.follow.take() {
+            return Some(f);
+        }
+        if let Some(RtrRole::Send(rtr)) = self.rtr {
+            self.rtr = None;
+            return Some(self.rtr_message(rtr));
+        }
+        if matches!(self.rtr, Some(RtrRole::Expect(_))) {
+            // The responder sends nothing before the initiator's RTR (RFC 6581 §4).
+            return None;
+        }
+        let take_irq = !self.irq.is_empty() && (self.prefer_irq || self.sq.is_empty());
+        self.prefer_irq = !self.prefer_irq;
+        if take_irq {
+            let r = self.irq.pop_front()?;
+            return Some(self.response_message(r));
+        }
+        loop {
+            let (id, wr, _) = self.sq.front()?;
+            let (id, is_rd) = (
+                *id,
+                matches!(
+                    wr.opcode,
+                    WrOpcode::RdmaRead { .. } | WrOpcode::AtomicFetchAdd { .. } | WrOpcode::AtomicCmpSwap { .. }
+                ),
+            );
+            if is_rd && self.orq.len() >= self.ord as usize {
+                return None; // ORD reached (RDMAP-STR-03): later WRs wait too.
+            }
+            if wr.flags.contains(SendFlags::FENCE) && !self.orq.is_empty() {
+                return None;
+            }
+            let (_, wr, inline) = self.sq.pop_front().expect("checked");
+            match self.build(id, wr, inline) {
+                Some(m) => return Some(m),
+                None => {
+                    self.deliver_send_completions();
+                    continue;
+                }
+            }
+        }
+    }
+
+    fn rtr_message(&mut self, rtr: crate::wire::mpa::Rtr) -> TxMsg {
+        use crate::wire::mpa::Rtr;
+        match rtr {
+            // siw uses STag 1, TO 0 for the zero-length Write RTR (peers file §1.2).
+            Rtr::Write => TxMsg {
+                completes: None,
+                opcode: op::WRITE,
+                tagged: Some((1, 0)),
+                qn: 0,
+                msn: 0,
+                inv_stag: 0,
+                rdmap_hdr: Vec::new(),
+                src: Source::None,
+                total: 0,
+                off: 0,
+            },
+            Rtr::Read => {
+                let rr = ReadRequest {
+                    sink_stag: 1,
+                    sink_to: 0,
+                    size: 0,
+                    src_stag: 1,
+                    src_to: 0,
+                };
+                self.orq.push_back(Orq {
+                    slot: None,
+                    kind: OrqKind::Rtr,
+                    received: 0,
+                });
+                let mut h = vec![0u8; rr.buffer_len()];
+                let _ = rr.emit(&mut h);
+                let msn = self.next_msn(qn::READ_REQUEST);
+                TxMsg {
+                    completes: None,
+                    opcode: op::READ_REQUEST,
+                    tagged: None,
+                    qn: qn::READ_REQUEST,
+                    msn,
+                    inv_stag: 0,
+                    rdmap_hdr: h,
+                    src: Source::None,
+                    total: 0,
+                    off: 0,
+                }
+            }
+            Rtr::Send => {
+                let msn = self.next_msn(qn::SEND);
+                TxMsg {
+                    completes: None,
+                    opcode: op::SEND,
+                    tagged: None,
+                    qn: qn::SEND,
+                    msn,
+                    inv_stag: 0,
+                    rdmap_hdr: Vec::new(),
+                    src: Source::None,
+                    total: 0,
+                    off: 0,
+                }
+            }
+        }
+    }
+
+    fn response_message(&mut self, r: Irq) -> TxMsg {
+        match r {
+            Irq::ReadResponse {
+                src,
+                len,
+                sink_stag,
+                sink_to,
+            } => TxMsg {
+                completes: None,
+                opcode: op::READ_RESPONSE,
+                tagged: Some((sink_stag, sink_to)),
+                qn: 0,
+                msn: 0,
+                inv_stag: 0,
+                rdmap_hdr: Vec::new(),
+                src: src.map_or(Source::None, |p| Source::Pieces(vec![p])),
+                total: len,
+                off: 0,
+            },
+            Irq::AtomicResponse { request_id, orig } => {
+                let resp = AtomicResponse {
+                    orig_request_id: request_id,
+                    orig_value: orig,
+                };
+                let mut h = vec![0u8; resp.buffer_len()];
+                let _ = resp.emit(&mut h);
+                let msn = self.next_msn(qn::ATOMIC_RESPONSE);
+                TxMsg {
+                    completes: None,
+                    opcode: op::ATOMIC_RESPONSE,
+                    tagged: None,
+                    qn: qn::ATOMIC_RESPONSE,
+                    msn,
+                    inv_stag: 0,
+                    rdmap_hdr: h,
+                    src: Source::None,
+                    total: 0,
+                    off: 0,
+                }
+            }
+        }
+    }
+
+    /// Turns a work request into a message, or executes it locally (returns None).
+    fn build(&mut self, id: u64, wr: SendWr, inline: Option<Vec<u8>>) -> Option<TxMsg> {
+        let se = wr.flags.contains(SendFlags::SOLICITED);
+        let need = if matches!(
+            wr.opcode,
+            WrOpcode::RdmaRead { .. } | WrOpcode::AtomicFetchAdd { .. } | WrOpcode::AtomicCmpSwap { .. }
+        ) {
+            Access::LOCAL_WRITE
+        } else {
+            Access::LOCAL_READ
+        };
+        let (src, total) = match inline {
+            Some(v) => {
+                let n = v.len();
+                (Source::Owned(v), n)
+            }
+            None if matches!(wr.opcode, WrOpcode::LocalInv { .. } | WrOpcode::RegMr { .. }) => (Source::None, 0),
+            None => match self.resolve(&wr.sg_list, need) {
+                Ok((p, n)) => (Source::Pieces(p), n),
+                Err(e) => {
+                    // The region went away between post and execution.
+                    tracing::warn!(qp = self.qpn, "{e}");
+                    self.finish_slot(id, WcStatus::LocProtErr);
+                    return None;
+                }
+            },
+        };
+        let untagged = |s: &mut Proto,
+                        opcode: u8,
+                        q: u32,
+                        inv: u32,
+                        hdr: Vec<u8>,
+                        src: Source,
+                        total: usize,
+                        completes: Option<u64>| {
+            let msn = s.next_msn(q);
+            TxMsg {
+                completes,
+                opcode,
+                tagged: None,
+                qn: q,
+                msn,
+                inv_stag: inv,
+                rdmap_hdr: hdr,
+                src,
+                total,
+                off: 0,
+            }
+        };
+        match wr.opcode {
+            WrOpcode::Send => Some(untagged(
+                self,
+                if se { op::SEND_SE } else { op::SEND },
+                qn::SEND,
+                0,
+                vec![],
+                src,
+                total,
+                Some(id),
+            )),
+            WrOpcode::SendWithInv { invalidate_rkey } => Some(untagged(
+                self,
+                if se { op::SEND_SE_INV } else { op::SEND_INV },
+                qn::SEND,
+                invalidate_rkey,
+                vec![],
+                src,
+                total,
+                Some(id),
+            )),
+            WrOpcode::SendWithImm { imm_data } => Some(untagged(
+                self,
+                if se { op::IMM_SE } else { op::IMM },
+                qn::SEND,
+                0,
+                imm_bytes(imm_data),
+                Source::None,
+                0,
+                Some(id),
+            )),
+            WrOpcode::RdmaWrite { remote } => Some(TxMsg {
+                completes: Some(id),
+                opcode: op::WRITE,
+                tagged: Some((remote.rkey, remote.addr)),
+                qn: 0,
+                msn: 0,
+                inv_stag: 0,
+                rdmap_hdr: vec![],
+                src,
+                total,
+                off: 0,
+            }),
+            WrOpcode::RdmaWriteWithImm { remote, imm_data } => {
+                // RFC 7306 §6: an RDMA Write followed by an Immediate Data message.
+                let imm = untagged(
+                    self,
+                    if se { op::IMM_SE } else { op::IMM },
+                    qn::SEND,
+                    0,
+                    imm_bytes(imm_data),
+                    Source::None,
+                    0,
+                    Some(id),
+                );
+                self.follow = Some(imm);
+                Some(TxMsg {
+                    completes: None,
+                    opcode: op::WRITE,
+                    tagged: Some((remote.rkey, remote.addr)),
+                    qn: 0,
+                    msn: 0,
+                    inv_stag: 0,
+                    rdmap_hdr: vec![],
+                    src,
+                    total,
+                    off: 0,
+                })
+            }
+            WrOpcode::RdmaRead { remote } => {
+                let (sink, sink_stag, sink_to) = match src {
+                    Source::Pieces(mut p) if !p.is_empty() => (p.remove(0), wr.sg_list[0].lkey, wr.sg_list[0].addr),
+                    // Zero-length Read: no sink bytes.
+                    _ => (
+                        Piece {
+                            buf: Arc::new(Buffer::new(0).ok()?),
+                            off: 0,
+                            len: 0,
+                        },
+                        wr.sg_list.first().map_or(0, |s| s.lkey),
+                        wr.sg_list.first().map_or(0, |s| s.addr),
+                    ),
+                };
+                let rr = ReadRequest {
+                    sink_stag,
+                    sink_to,
+                    size: total as u32,
+                    src_stag: remote.rkey,
+                    src_to: remote.addr,
+                };
+                let mut h = vec![0u8; rr.buffer_len()];
+                let _ = rr.emit(&mut h);
+                self.orq.push_back(Orq {
+                    slot: Some(id),
+                    kind: OrqKind::Read { sink },
+                    received: 0,
+                });
+                Some(untagged(
+                    self,
+                    op::READ_REQUEST,
+                    qn::READ_REQUEST,
+                    0,
+                    h,
+                    Source::None,
+                    0,
+                    None,
+                ))
+            }
+            WrOpcode::AtomicFetchAdd { remote, add } => self.atomic(id, src, AtomicOp::FetchAdd, remote, add, 0, 0, 0),
+            WrOpcode::AtomicCmpSwap { remote, compare, swap } => {
+                self.atomic(id, src, AtomicOp::CmpSwap, remote, swap, u64::MAX, compare, u64::MAX)
+            }
+            WrOpcode::LocalInv { rkey } => {
+                let st = match self.dev.mem().local_invalidate(rkey, self.pd) {
+                    Ok(()) => WcStatus::Success,
+                    Err(_) => WcStatus::MwBindErr,
+                };
+                self.finish_slot(id, st);
+                None
+            }
+            WrOpcode::RegMr {
+                mr_stag,
+                key,
+                source_lkey,
+                source_addr,
+                length,
+                iova,
+                access,
+            } => {
+                let st =
+                    match self
+                        .dev
+                        .mem()
+                        .check(source_lkey, self.pd, self.qpn, source_addr, length, Access::LOCAL_READ)
+                    {
+                        Ok(r) => match self
+                            .dev
+                            .mem()
+                            .fast_register(mr_stag, self.pd, key, r.buffer, r.offset, iova, length, access)
+                        {
+                            Ok(_) => WcStatus::Success,
+                            Err(_) => WcStatus::MwBindErr,
+                        },
+                        Err(_) => WcStatus::LocProtErr,
+                    };
+                self.finish_slot(id, st);
+                None
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn atomic(
+        &mut self,
+        id: u64,
+        src: Source,
+        aop: AtomicOp,
+        remote: verbs::RemoteAddr,
+        data: u64,
+        mask: u64,
+        cmp: u64,
+        cmp_mask: u64,
+    ) -> Option<TxMsg> {
+        let Source::Pieces(mut p) = src else { return None };
+        let sink = p.remove(0);
+        let request_id = self.next_atomic_id;
+        self.next_atomic_id = self.next_atomic_id.wrapping_add(1);
+        let ar = AtomicRequest {
+            op: aop,
+            request_id,
+            remote_stag: remote.rkey,
+            remote_to: remote.addr,
+            add_swap_data: data,
+            // FetchAdd with mask 0 = plain 64-bit add (RFC 7306 §5.1.1).
+            add_swap_mask: mask,
+            compare_data: cmp,
+            compare_mask: cmp_mask,
+        };
+        let mut h = vec![0u8; ar.buffer_len()];
+        let _ = ar.emit(&mut h);
+        self.orq.push_back(Orq {
+            slot: Some(id),
+            kind: OrqKind::Atomic { sink, request_id },
+            received: 0,
+        });
+        let msn = self.next_msn(qn::READ_REQUEST);
+        Some(TxMsg {
+            completes: None,
+            opcode: op::ATOMIC_REQUEST,
+            tagged: None,
+            qn: qn::READ_REQUEST,
+            msn,
+            inv_stag: 0,
+            rdmap_hdr: h,
+            src: Source::None,
+            total: 0,
+            off: 0,
+        })
+    }
+
+    /// Frames DDP segments into `out` until the high-water mark or no work.
+    pub(crate) fn fill_tx(&mut self) -> bool {
+        if self.term_sent || self.term_received || self.state == QpState::Err {
+            return false;
+        }
+        let mut any = false;
+        while self.out.len() - self.out_pos < TX_HIGH_WATER {
+            if self.cur.is_none() {
+                self.cur = self.next_message();
+                if self.cur.is_none() {
+                    break;
+                }
+            }
+            let m = self.cur.as_mut().expect("checked");
+            let ddp_len = if m.tagged.is_some() {
+                ddp::TAGGED_HEADER_LEN
+            } else {
+                ddp::UNTAGGED_HEADER_LEN
+            };
+            let hdr_len = ddp_len + m.rdmap_hdr.len();
+            let room = self.max_ulpdu - hdr_len;
+            let seg = (m.total - m.off).min(room);
+            let last = m.off + seg == m.total;
+            let addr = match m.tagged {
+                Some((stag, to)) => Addr::Tagged {
+                    stag,
+                    to: to.wrapping_add(m.off as u64),
+                },
+                None => Addr::Untagged {
+                    qn: m.qn,
+                    msn: m.msn,
+                    mo: m.off as u32,
+                    inv_stag: m.inv_stag,
+                },
+            };
+            let h = Header {
+                last,
+                rdmap_ctrl: rdmap_ctrl(m.opcode),
+                addr,
+            };
+            let ulpdu_len = hdr_len + seg;
+            let start = self.out.len();
+            let Ok(w) = self.framer.wire_len(ulpdu_len) else { break };
+            self.out.resize(start + w, 0);
+            let (off, rh, src) = (m.off, &m.rdmap_hdr, &m.src);
+            let r = self.framer.emit(ulpdu_len, &mut self.out[start..], |u| {
+                let _ = h.emit(u);
+                u[ddp_len..hdr_len].copy_from_slice(rh);
+                src.copy_out(off, &mut u[hdr_len..]);
+            });
+            if r.is_err() {
+                self.out.truncate(start);
+                break;
+            }
+            any = true;
+            m.off += seg;
+            if last {
+                let m = self.cur.take().expect("checked");
+                if let Some(id) = m.completes {
+                    self.out_marks.push_back((self.out.len(), id));
+                }
+            }
+        }
+        any
+    }
+
+    /// Bytes that still have to reach the socket.
+    pub(crate) fn pending_out(&self) -> &[u8] {
+        &self.out[self.out_pos..]
+    }
+
+    /// `n` bytes of `pending_out` were written: complete what fully left.
+    pub(crate) fn consumed_out(&mut self, n: usize) {
+        self.out_pos += n;
+        while let Some(&(end, id)) = self.out_marks.front() {
+            if end > self.out_pos {
+                break;
+            }
+            self.out_marks.pop_front();
+            // RDMAP-ORD-14: complete once handed to the LLP in full.
+            self.finish_slot(id, WcStatus::Success);
+        }
+        if self.out_pos == self.out.len() {
+            self.out.clear();
+            self.out_pos = 0;
+        } else if self.out_pos > TX_HIGH_WATER {
+            self.out.drain(..self.out_pos);
+            for m in self.out_marks.iter_mut() {
+                m.0 -= self.out_pos;
+            }
+            self.out_pos = 0;
+        }
+        self.deliver_send_completions();
+    }
+
+    // ---------------------------------------------------------------- receive
+
+    /// Handles one whole, CRC-checked ULPDU.
+    pub(crate) fn on_ulpdu(&mut self, u: &[u8]) {
+        if self.term_sent || self.term_received {
+            return;
+        }
+        if let Err(f) = self.dispatch(u) {
+            self.terminate(f, Some(u));
+        }
+    }
+
+    fn dispatch(&mut self, u: &[u8]) -> RxResult {
+        let seg = ddp::Segment::parse(u).map_err(|e| {
+            if e.layout_known() {
+                Fatal::new(e.term_cause())
+            } else {
+                Fatal::bare(e.term_cause())
+            }
+        })?;
+        let h = seg.header;
+        let rv = h.rdmap_ctrl >> 6;
+        let opcode = h.rdmap_ctrl & 0x0F;
+        if rv != 1 {
+            return Err(Fatal::new(cause::RDMAP_ERR_INVALID_VERSION));
+        }
+        if let Some(RtrRole::Expect(rtr)) = self.rtr {
+            return self.on_rtr(rtr, &h, opcode, seg.payload);
+        }
+        match (h.addr, opcode) {
+            (Addr::Tagged { stag, to }, op::WRITE) => self.on_write(stag, to, seg.payload, h.last),
+            (Addr::Tagged { stag, to }, op::READ_RESPONSE) => self.on_read_response(stag, to, seg.payload, h.last),
+            (Addr::Untagged { qn, msn, mo, inv_stag }, o)
+                if matches!(
+                    o,
+                    op::SEND | op::SEND_INV | op::SEND_SE | op::SEND_SE_INV | op::IMM | op::IMM_SE
+                ) =>
+            {
+                if qn != qn::SEND {
+                    return Err(Fatal::new(cause::DDP_ERR_U_INVALID_QN));
+                }
+                self.on_send(o, msn, mo, inv_stag, seg.payload, h.last)
+            }
+            (Addr::Untagged { qn, msn, mo, .. }, o) if matches!(o, op::READ_REQUEST | op::ATOMIC_REQUEST) => {
+                if qn != qn::READ_REQUEST {
+                    return Err(Fatal::new(cause::DDP_ERR_U_INVALID_QN));
+                }
+                self.check_single(qn, msn, mo, h.last)?;
+                if o == op::READ_REQUEST {
+                    self.on_read_request(seg.payload)
+                } else {
+                    self.on_atomic_request(seg.payload)
+                }
+            }
+            (Addr::Untagged { qn, msn, mo, .. }, op::ATOMIC_RESPONSE) => {
+                if qn != qn::ATOMIC_RESPONSE {
+                    return Err(Fatal::new(cause::DDP_ERR_U_INVALID_QN));
+                }
+                self.check_single(qn, msn, mo, h.last)?;
+                self.on_atomic_response(seg.payload)
+            }
+            (Addr::Untagged { qn, .. }, op::TERMINATE) => {
+                if qn != qn::TERMINATE {
+                    return Err(Fatal::new(cause::DDP_ERR_U_INVALID_QN));
+                }
+                self.on_terminate(seg.payload);
+                Ok(())
+            }
+            (Addr::Untagged { qn, .. }, _) if qn > qn::ATOMIC_RESPONSE => Err(Fatal::new(cause::DDP_ERR_U_INVALID_QN)),
+            // Unknown opcode, or a known one with the wrong T flag (matrix rows 22, 24).
+            _ => Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE)),
+        }
+    }
+
+    /// Header-only untagged messages arrive in one segment: MSN in order, MO 0, L set.
+    fn check_single(&mut self, q: u32, msn: u32, mo: u32, last: bool) -> RxResult {
+        let expect = self.rx_msn[q as usize];
+        if msn != expect {
+            return Err(Fatal::new(cause::DDP_ERR_U_MSN_RANGE));
+        }
+        if mo != 0 || !last {
+            return Err(Fatal::new(cause::DDP_ERR_U_INVALID_MO));
+        }
+        self.rx_msn[q as usize] = expect.wrapping_add(1);
+        Ok(())
+    }
+
+    fn on_rtr(&mut self, rtr: crate::wire::mpa::Rtr, h: &Header, opcode: u8, payload: &[u8]) -> RxResult {
+        use crate::wire::mpa::Rtr;
+        let ok = payload.is_empty()
+            && h.last
+            && match (rtr, h.addr) {
+                (Rtr::Write, Addr::Tagged { .. }) => opcode == op::WRITE,
+                (
+                    Rtr::Send,
+                    Addr::Untagged {
+                        qn: 0, msn: 1, mo: 0, ..
+                    },
+                ) => opcode == op::SEND,
+                (
+                    Rtr::Read,
+                    Addr::Untagged {
+                        qn: 1, msn: 1, mo: 0, ..
+                    },
+                ) => opcode == op::READ_REQUEST,
+                _ => false,
+            };
+        if !ok && !(rtr == Rtr::Read && opcode == op::READ_REQUEST) {
+            return Err(Fatal::bare(cause::MPA_ERR_NO_MATCHING_RTR));
+        }
+        self.rtr = None;
+        match rtr {
+            Rtr::Send => self.rx_msn[0] = 2,
+            Rtr::Read => {
+                self.rx_msn[1] = 2;
+                let rr = ReadRequest::parse(payload).map_err(|_| Fatal::bare(cause::MPA_ERR_NO_MATCHING_RTR))?;
+                if rr.size != 0 {
+                    return Err(Fatal::bare(cause::MPA_ERR_NO_MATCHING_RTR));
+                }
+                self.irq.push_back(Irq::ReadResponse {
+                    src: None,
+                    len: 0,
+                    sink_stag: rr.sink_stag,
+                    sink_to: rr.sink_to,
+                });
+            }
+            Rtr::Write => {}
+        }
+        self.events.push(CmEvent::Established);
+        Ok(())
+    }
+
+    fn on_write(&mut self, stag: u32, to: u64, payload: &[u8], _last: bool) -> RxResult {
+        self.last_was_write = true;
+        if payload.is_empty() {
+            // Zero-length Write: no STag validation (catalogue A.5 #6, as siw).
+            return Ok(());
+        }
+        let r = self
+            .dev
+            .mem()
+            .check(stag, self.pd, self.qpn, to, payload.len() as u64, Access::REMOTE_WRITE)
+            .map_err(|e| Fatal::new(ddp_tagged_cause(e)))?;
+        r.buffer
+            .write(r.offset, payload)
+            .map_err(|_| Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS))?;
+        Ok(())
+    }
+
+    fn on_read_response(&mut self, stag: u32, to: u64, payload: &[u8], last: bool) -> RxResult {
+        // Matrix row 23: a Read Response with no Read outstanding.
+        let Some(head) = self.orq.front_mut() else {
+            return Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE));
+        };
+        match &head.kind {
+            OrqKind::Rtr => {
+                if !payload.is_empty() || !last {
+                    return Err(Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS));
+                }
+            }
+            OrqKind::Atomic { .. } => return Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE)),
+            OrqKind::Read { sink } => {
+                // RFC 5040 §5.2.2 MAY: check the response against the request (matrix row 25).
+                let _ = (stag, to);
+                let end = head.received.checked_add(payload.len()).filter(|e| *e <= sink.len);
+                let Some(end) = end else {
+                    return Err(Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS));
+                };
+                sink.buf
+                    .write(sink.off + head.received, payload)
+                    .map_err(|_| Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS))?;
+                head.received = end;
+            }
+        }
+        if last {
+            let done = self.orq.pop_front().expect("checked");
+            if let Some(id) = done.slot {
+                if let Some(s) = self.slot_mut(id) {
+                    s.byte_len = done.received as u32;
+                }
+                self.finish_slot(id, WcStatus::Success);
+                self.deliver_send_completions();
+            }
+        }
+        Ok(())
+    }
+
+    fn on_send(&mut self, opcode: u8, msn: u32, mo: u32, inv_stag: u32, payload: &[u8], last: bool) -> RxResult {
+        let was_write = std::mem::replace(&mut self.last_was_write, false);
+        let is_imm = matches!(opcode, op::IMM | op::IMM_SE);
+        if self.rx_send.is_none() {
+            let expect = self.rx_msn[0];
+            if msn != expect {
+                return Err(Fatal::new(cause::DDP_ERR_U_MSN_RANGE));
+            }
+            if mo != 0 {
+                return Err(Fatal::new(cause::DDP_ERR_U_INVALID_MO));
+            }
+            // Matrix row 1: no receive posted (iWARP has no RNR retry).
+            let Some(wqe) = self.rq.pop_front() else {
+                return Err(Fatal::new(cause::DDP_ERR_U_NO_BUFFER));
+            };
+            self.rx_send = Some(RxSend { wqe, msn, got: 0 });
+        }
+        let rs = self.rx_send.as_mut().expect("set above");
+        if msn != rs.msn {
+            return Err(Fatal::new(cause::DDP_ERR_U_MSN_RANGE));
+        }
+        if mo as usize != rs.got {
+            return Err(Fatal::new(cause::DDP_ERR_U_INVALID_MO));
+        }
+        if is_imm {
+            // RFC 7306 §6.3: exactly 8 bytes of immediate data.
+            if payload.len() != 8 || mo != 0 || !last {
+                return Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE));
+            }
+        } else {
+            let end = rs.got.checked_add(payload.len());
+            if end.is_none_or(|e| e > rs.wqe.cap) {
+                // Matrix row 2 (RFC 5041 code 0x05).
+                return Err(Fatal::new(cause::DDP_ERR_U_TOO_LONG));
+            }
+            scatter(&rs.wqe.pieces, rs.got, payload);
+            rs.got += payload.len();
+        }
+        if !last {
+            return Ok(());
+        }
+        let rs = self.rx_send.take().expect("checked");
+        self.rx_msn[0] = rs.msn.wrapping_add(1);
+        let mut w = wc(rs.wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.qpn);
+        w.byte_len = rs.got as u32;
+        w.solicited = matches!(opcode, op::SEND_SE | op::SEND_SE_INV | op::IMM_SE);
+        if is_imm {
+            let v = u64::from_be_bytes(payload.try_into().unwrap_or([0; 8]));
+            w.imm_data = Some(v as u32);
+            if was_write {
+                w.opcode = WcOpcode::RecvRdmaWithImm;
+            }
+        }
+        if matches!(opcode, op::SEND_INV | op::SEND_SE_INV) {
+            use verbs::mem::InvalidateError;
+            match self.dev.mem().remote_invalidate(inv_stag, self.pd, self.qpn) {
+                Ok(()) => w.invalidated_rkey = Some(inv_stag),
+                Err(e) => {
+                    // RDMAP-SND-06; catalogue A.5 #4 on the error type.
+                    let c = match e {
+                        InvalidateError::InvalidStag => cause::RDMAP_ERR_CANNOT_INVALIDATE_OP,
+                        _ => cause::RDMAP_ERR_CANNOT_INVALIDATE_PROT,
+                    };
+                    self.rq.push_front(rs.wqe);
+                    return Err(Fatal::new(c));
+                }
+            }
+        }
+        self.push_recv_completion(w);
+        Ok(())
+    }
+
+    fn on_read_request(&mut self, payload: &[u8]) -> RxResult {
+        let rr = ReadRequest::parse(payload).map_err(|_| Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE))?;
+        if payload.len() != rr.buffer_len() {
+            // RDMAP-HDR-07: a Read Request carries no payload (0/2/0xFF, documented choice).
+            return Err(Fatal {
+                cause: cause::RDMAP_ERR_UNSPECIFIED_OP,
+                echo: true,
+                rreq: Some(rr),
+            });
+        }
+        if self.irq.len() >= self.ird as usize {
+            // RDMAP-STR-04 / matrix row 19 (siw's choice).
+            return Err(Fatal {
+                cause: cause::RDMAP_ERR_CATASTROPHIC_STREAM,
+                echo: true,
+                rreq: Some(rr),
+            });
+        }
+        if rr.size == 0 {
+            // RDMAP-RD-08: no validation for a zero-length Read.
+            self.irq.push_back(Irq::ReadResponse {
+                src: None,
+                len: 0,
+                sink_stag: rr.sink_stag,
+                sink_to: rr.sink_to,
+            });
+            return Ok(());
+        }
+        let r = self
+            .dev
+            .mem()
+            .check(
+                rr.src_stag,
+                self.pd,
+                self.qpn,
+                rr.src_to,
+                rr.size as u64,
+                Access::REMOTE_READ,
+            )
+            .map_err(|e| Fatal {
+                cause: rdmap_read_cause(e),
+                echo: true,
+                rreq: Some(rr),
+            })?;
+        self.irq.push_back(Irq::ReadResponse {
+            src: Some(Piece {
+                buf: r.buffer,
+                off: r.offset,
+                len: rr.size as usize,
+            }),
+            len: rr.size as usize,
+            sink_stag: rr.sink_stag,
+            sink_to: rr.sink_to,
+        });
+        Ok(())
+    }
+
+    fn on_atomic_request(&mut self, payload: &[u8]) -> RxResult {
+        let ar = AtomicRequest::parse(payload).map_err(|_| Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE))?;
+        if self.irq.len() >= self.ird as usize {
+            return Err(Fatal::new(cause::RDMAP_ERR_CATASTROPHIC_STREAM));
+        }
+        if ar.remote_to % 8 != 0 {
+            // RFC 7306 §8.2: misaligned -> Remote Operation, catastrophic localized.
+            return Err(Fatal::new(cause::RDMAP_ERR_CATASTROPHIC_STREAM));
+        }
+        let r = self
+            .dev
+            .mem()
+            .check(
+                ar.remote_stag,
+                self.pd,
+                self.qpn,
+                ar.remote_to,
+                8,
+                Access::REMOTE_ATOMIC,
+            )
+            .map_err(|e| Fatal::new(rdmap_read_cause(e)))?;
+        let f: Box<dyn Fn(u64) -> u64> = match ar.op {
+            AtomicOp::FetchAdd => {
+                let (add, mask) = (ar.add_swap_data, ar.add_swap_mask);
+                Box::new(move |v| masked_add(v, add, mask))
+            }
+            AtomicOp::CmpSwap => {
+                let (cmp, cmask, swap, smask) = (ar.compare_data, ar.compare_mask, ar.add_swap_data, ar.add_swap_mask);
+                Box::new(move |v| {
+                    if (cmp ^ v) & cmask == 0 {
+                        (v & !smask) | (swap & smask)
+                    } else {
+                        v
+                    }
+                })
+            }
+            AtomicOp::Unknown(_) => return Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE)),
+        };
+        let orig = r
+            .buffer
+            .atomic_rmw(r.offset, f)
+            .map_err(|_| Fatal::new(cause::RDMAP_ERR_CATASTROPHIC_STREAM))?;
+        self.irq.push_back(Irq::AtomicResponse {
+            request_id: ar.request_id,
+            orig,
+        });
+        Ok(())
+    }
+
+    fn on_atomic_response(&mut self, payload: &[u8]) -> RxResult {
+        let resp = AtomicResponse::parse(payload).map_err(|_| Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE))?;
+        let matches = matches!(self.orq.front(), Some(Orq { kind: OrqKind::Atomic { request_id, .. }, .. }) if *request_id == resp.orig_request_id);
+        if !matches {
+            return Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE));
+        }
+        let done = self.orq.pop_front().expect("checked");
+        if let OrqKind::Atomic { sink, .. } = &done.kind {
+            let _ = sink.buf.write(sink.off, &resp.orig_value.to_ne_bytes());
+        }
+        if let Some(id) = done.slot {
+            self.finish_slot(id, WcStatus::Success);
+            self.deliver_send_completions();
+        }
+        Ok(())
+    }
+
+    fn on_terminate(&mut self, payload: &[u8]) {
+        let prefer = if self.siw_term_form {
+            terminate::TermWireForm::LinuxSiw
+        } else {
+            terminate::TermWireForm::Rfc
+        };
+        let c = match terminate::Repr::parse_auto(payload, prefer) {
+            Ok(d) => d.repr.cause,
+            // RDMAP-TRM-04: an invalid Terminate still ends the stream.
+            Err(_) => cause::RDMAP_ERR_UNSPECIFIED_OP,
+        };
+        tracing::info!(qp = self.qpn, "Terminate received: {c}");
+        self.term_received = true;
+        // The oldest outstanding work request is the one the peer refused.
+        let st = status_for_peer_terminate(&c);
+        if let Some(s) = self.slots.iter_mut().find(|s| s.status.is_none()) {
+            s.status = Some(st);
+            s.vendor_err = pack_cause(&c);
+        }
+        self.events.push(CmEvent::TerminateReceived(term_info(&c)));
+        self.enter_error();
+        self.shutdown_when_drained = true;
+    }
+
+    /// The byte stream broke (RFC 5044 framing error, peer FIN or reset).
+    pub(crate) fn on_stream_error(&mut self, fatal_cause: Option<TermCause>, reason: &str) {
+        if let Some(c) = fatal_cause {
+            self.terminate(Fatal::bare(c), None);
+            return;
+        }
+        if self.state != QpState::Err {
+            tracing::info!(qp = self.qpn, "connection closed: {reason}");
+            self.enter_error();
+        }
+        self.shutdown_when_drained = true;
+        if !self.disconnected_event {
+            self.disconnected_event = true;
+            self.events.push(CmEvent::Disconnected);
+        }
+    }
+
+    pub(crate) fn disconnect(&mut self) {
+        if self.state != QpState::Err {
+            self.enter_error();
+        }
+        self.shutdown_when_drained = true;
+    }
+}
+
+fn imm_bytes(imm: u32) -> Vec<u8> {
+    (imm as u64).to_be_bytes().to_vec()
+}
+
+/// RFC 7306 §5.1.1 masked FetchAdd: a set mask bit ends a field (its carry is dropped).
+fn masked_add(orig: u64, add: u64, mask: u64) -> u64 {
+    if mask == 0 {
+        return orig.wrapping_add(add);
+    }
+    let mut out = 0u64;
+    let mut carry = 0u64;
+    for bit in 0..64 {
+        let b = 1u64 << bit;
+        let sum = carry + ((orig & b) >> bit) + ((add & b) >> bit);
+        if sum & 1 != 0 {
+            out |= b;
+        }
+        carry = if mask & b != 0 { 0 } else { sum >> 1 };
+    }
+    out
+}
+
+fn scatter(pieces: &[Piece], mut at: usize, mut data: &[u8]) {
+    for p in pieces {
+        if data.is_empty() {
+            return;
+        }
+        if at >= p.len {
+            at -= p.len;
+            continue;
+        }
+        let n = (p.len - at).min(data.len());
+        let _ = p.buf.write(p.off + at, &data[..n]);
+        data = &data[n..];
+        at = 0;
+    }
+}
+
+/// Receive-side byte handling: the MPA deframer and its input buffer.
+struct RxIo {
+    deframer: Deframer,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    eof: bool,
+}
+
+struct Core {
+    p: Proto,
+    rx: RxIo,
+}
+
+/// A connected iWARP QP.
+pub struct IwarpQp {
+    qpn: u32,
+    sock: TcpStream,
+    driver: Arc<Driver>,
+    token: Mutex<Option<mio::Token>>,
+    core: Mutex<Core>,
+    poke: Poke,
+    state: AtomicU8,
+    info: ConnInfo,
+}
+
+fn state_code(s: QpState) -> u8 {
+    match s {
+        QpState::Reset => 0,
+        QpState::Init => 1,
+        QpState::Rtr => 2,
+        QpState::Rts => 3,
+        QpState::Sqd => 4,
+        QpState::Sqe => 5,
+        QpState::Err => 6,
+    }
+}
+
+fn code_state(c: u8) -> QpState {
+    [
+        QpState::Reset,
+        QpState::Init,
+        QpState::Rtr,
+        QpState::Rts,
+        QpState::Sqd,
+        QpState::Sqe,
+        QpState::Err,
+    ][c.min(6) as usize]
+}
+
+impl IwarpQp {
+    /// Wraps an MPA-negotiated socket. `leftover` are bytes read past the MPA
+    /// frame during the handshake (the peer's first FPDUs).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start(
+        sock: TcpStream,
+        leftover: Vec<u8>,
+        driver: Arc<Driver>,
+        req: verbs::cm::QpRequest,
+        qpn: u32,
+        neg: Negotiated,
+        siw_term_form: bool,
+        max_ulpdu: usize,
+    ) -> std::io::Result<Arc<IwarpQp>> {
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        let mut attr = req.attr.clone();
+        attr.max_send_wr = attr.max_send_wr.max(1);
+        attr.max_recv_wr = attr.max_recv_wr.max(1);
+        let p = Proto::new(
+            qpn,
+            req.pd.id(),
+            req.pd.device().clone(),
+            req.send_cq.clone(),
+            req.recv_cq.clone(),
+            req.events.clone(),
+            attr,
+            &neg,
+            siw_term_form,
+            max_ulpdu,
+        );
+        let mut buf = vec![0u8; RX_BUF + 70_000];
+        let n = leftover.len().min(buf.len());
+        buf[..n].copy_from_slice(&leftover[..n]);
+        let rx = RxIo {
+            deframer: Deframer::new(DeframerConfig {
+                crc: neg.crc,
+                markers: neg.markers_rx,
+                ..Default::default()
+            }),
+            buf,
+            start: 0,
+            end: n,
+            eof: false,
+        };
+        let established_now = !matches!(neg.rtr, Some(RtrRole::Expect(_)));
+        let qp = Arc::new(IwarpQp {
+            qpn,
+            sock,
+            driver: driver.clone(),
+            token: Mutex::new(None),
+            core: Mutex::new(Core { p, rx }),
+            poke: Poke::new(),
+            state: AtomicU8::new(state_code(QpState::Rts)),
+            info: neg.info.clone(),
+        });
+        if established_now {
+            req.events.push(CmEvent::Established);
+        }
+        let weak: Weak<dyn Pollable> = Arc::downgrade(&qp) as Weak<dyn Pollable>;
+        let prog: Weak<dyn Progress> = Arc::downgrade(&qp) as Weak<dyn Progress>;
+        req.send_cq.attach(prog.clone());
+        if !req.recv_cq.same(&req.send_cq) {
+            req.recv_cq.attach(prog);
+        }
+        let t = driver.register(qp.sock.as_raw_fd(), weak)?;
+        *qp.token.lock().unwrap() = Some(t);
+        // Bytes that came with the handshake, and an RTR to send.
+        qp.kick();
+        Ok(qp)
+    }
+
+    /// Runs transmit and receive progress if no other thread is doing it.
+    fn kick(&self) -> bool {
+        self.poke.run(&self.core, |c| self.work(c))
+    }
+
+    fn work(&self, c: &mut Core) -> bool {
+        let mut any = false;
+        loop {
+            let mut round = self.pump_rx(c);
+            round |= self.pump_tx(&mut c.p);
+            any |= round;
+            if !round {
+                break;
+            }
+        }
+        self.state.store(state_code(c.p.state), Ordering::Release);
+        any
+    }
+
+    /// Reads and processes everything the socket has.
+    fn pump_rx(&self, c: &mut Core) -> bool {
+        let mut any = false;
+        let Core { p, rx } = c;
+        loop {
+            // Deliver whole FPDUs already buffered.
+            while rx.start < rx.end && !p.term_sent && !p.term_received {
+                match rx.deframer.next_fpdu(&rx.buf[rx.start..rx.end]) {
+                    Ok((used, ulpdu)) => {
+                        if let Some(u) = ulpdu {
+                            p.on_ulpdu(u);
+                            any = true;
+                        }
+                        rx.start += used;
+                        if used == 0 {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        p.on_stream_error(Some(e.cause()), "MPA framing error");
+                        rx.start = rx.end;
+                        any = true;
+                    }
+                }
+            }
+            if rx.start == rx.end {
+                rx.start = 0;
+                rx.end = 0;
+            }
+            if rx.eof || p.term_sent || p.term_received {
+                break;
+            }
+            if rx.end == rx.buf.len() {
+                // The deframer copied the partial FPDU; start over.
+                rx.start = 0;
+                rx.end = 0;
+            }
+            match (&self.sock).read(&mut rx.buf[rx.end..]) {
+                Ok(0) => {
+                    rx.eof = true;
+                    p.on_stream_error(None, "peer closed the connection");
+                    any = true;
+                    break;
+                }
+                Ok(n) => {
+                    rx.end += n;
+                    any = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    rx.eof = true;
+                    p.on_stream_error(None, &e.to_string());
+                    any = true;
+                    break;
+                }
+            }
+        }
+        any
+    }
+
+    /// Frames pending work and writes it until the socket would block.
+    fn pump_tx(&self, p: &mut Proto) -> bool {
+        let mut any = false;
+        loop {
+            any |= p.fill_tx();
+            let pending = p.pending_out();
+            if pending.is_empty() {
+                break;
+            }
+            match (&self.sock).write(pending) {
+                Ok(n) => {
+                    p.consumed_out(n);
+                    any = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    p.consumed_out(p.pending_out().len());
+                    p.on_stream_error(None, &e.to_string());
+                    break;
+                }
+            }
+        }
+        if p.shutdown_when_drained && !p.shut && p.pending_out().is_empty() {
+            p.shut = true;
+            let _ = self.sock.shutdown(std::net::Shutdown::Write);
+        }
+        any
+    }
+
+    fn with_core<R>(&self, f: impl FnOnce(&mut Proto) -> R) -> R {
+        let mut c = self.core.lock().unwrap();
+        let r = f(&mut c.p);
+        self.work(&mut c);
+        drop(c);
+        // Work that arrived while we held the lock.
+        self.kick();
+        r
+    }
+}
+
+impl Pollable for IwarpQp {
+    fn on_event(&self, _readable: bool, _writable: bool) {
+        self.kick();
+    }
+}
+
+impl Progress for IwarpQp {
+    fn progress(&self) -> bool {
+        self.kick()
+    }
+}
+
+impl QpOps for IwarpQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+    fn state(&self) -> QpState {
+        code_state(self.state.load(Ordering::Acquire))
+    }
+    fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
+        self.with_core(|p| p.post_send(wrs))
+    }
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
+        self.with_core(|p| p.post_recv(wrs))
+    }
+    fn disconnect(&self) {
+        self.with_core(|p| {
+            p.disconnect();
+            if !p.disconnected_event {
+                p.disconnected_event = true;
+                p.events.push(CmEvent::Disconnected);
+            }
+        });
+    }
+    fn set_error(&self) {
+        self.with_core(|p| p.enter_error());
+    }
+    fn conn_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl Drop for IwarpQp {
+    fn drop(&mut self) {
+        if let Some(t) = self.token.lock().unwrap().take() {
+            self.driver.deregister(self.sock.as_raw_fd(), t);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masked_fetch_add_rfc7306_5_1_1() {
+        assert_eq!(masked_add(5, 3, 0), 8);
+        assert_eq!(masked_add(u64::MAX, 1, 0), 0);
+        // Two 32-bit fields: bit 31 ends the low field, so its carry is dropped.
+        let mask = 1u64 << 31 | 1u64 << 63;
+        assert_eq!(masked_add(0x0000_0001_FFFF_FFFF, 1, mask), 0x0000_0001_0000_0000);
+    }
+}

@@ -1,0 +1,243 @@
+//! End-to-end over real loopback TCP sockets: two QPs of our own provider.
+//! Covers RDMAP-SND-01/03, RDMAP-WR-02, RDMAP-RD-01/04/08, RDMAP-ORD-15,
+//! RDMAP-SND-06, RFC 7306 atomics and immediate data, and Terminate on a bad STag.
+
+use std::time::Duration;
+use verbs::*;
+
+const T: Duration = Duration::from_secs(10);
+
+struct Pair {
+    _dev: Device,
+    pd: ProtectionDomain,
+    cq_a: CompletionQueue,
+    cq_b: CompletionQueue,
+    a: QueuePair,
+    b: QueuePair,
+}
+
+fn pair_with(cfg: iwarp::IwarpConfig, pd_b_separate: bool) -> Pair {
+    let dev = iwarp::open_device(cfg).unwrap();
+    let pd = dev.alloc_pd();
+    let pd_b = if pd_b_separate { dev.alloc_pd() } else { pd.clone() };
+    let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr();
+    let cq_a = dev.create_cq(4096).unwrap();
+    let cq_b = dev.create_cq(4096).unwrap();
+    let (cqb2, pdb2) = (cq_b.clone(), pd_b.clone());
+    let server = std::thread::spawn(move || {
+        let req = listener.get_request(Some(T)).unwrap();
+        assert_eq!(req.private_data(), b"hello");
+        req.accept(&pdb2, QpOptions::new(&cqb2).rd_atomic(16, 16).private_data(b"welcome"))
+            .unwrap()
+    });
+    let a = pd
+        .connect(addr, QpOptions::new(&cq_a).rd_atomic(16, 16).private_data(b"hello"), T)
+        .unwrap();
+    let b = server.join().unwrap();
+    assert_eq!(a.conn_info().peer_private_data, b"welcome");
+    assert_eq!(a.get_event(Some(T)), Some(CmEvent::Established));
+    assert_eq!(b.get_event(Some(T)), Some(CmEvent::Established));
+    Pair {
+        _dev: dev,
+        pd,
+        cq_a,
+        cq_b,
+        a,
+        b,
+    }
+}
+
+fn pair() -> Pair {
+    pair_with(iwarp::IwarpConfig::default(), false)
+}
+
+fn wait(cq: &CompletionQueue) -> WorkCompletion {
+    cq.wait(Some(T)).expect("completion within timeout")
+}
+
+#[test]
+fn send_recv_write_read_rdmap_snd_01_wr_02_rd_01() {
+    let p = pair();
+    let ma = p.pd.reg_mr(1 << 16, Access::all_remote()).unwrap();
+    let mb = p.pd.reg_mr(1 << 16, Access::all_remote()).unwrap();
+    // Send -> Recv.
+    p.b.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: vec![mb.sge(0, 1024)],
+    }])
+    .unwrap();
+    ma.write(0, b"ping").unwrap();
+    p.a.post_send_one(SendWr::new(1, WrOpcode::Send, vec![ma.sge(0, 4)]))
+        .unwrap();
+    let wc = wait(&p.cq_a);
+    assert_eq!((wc.wr_id, wc.status, wc.opcode), (1, WcStatus::Success, WcOpcode::Send));
+    let wc = wait(&p.cq_b);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+        (7, WcStatus::Success, WcOpcode::Recv, 4)
+    );
+    assert_eq!(mb.to_vec(0, 4).unwrap(), b"ping");
+    // Zero-length Send consumes a receive (RDMAP-SND-01).
+    p.b.post_recv(&[RecvWr {
+        wr_id: 8,
+        sg_list: vec![mb.sge(0, 16)],
+    }])
+    .unwrap();
+    p.a.post_send_one(SendWr::new(2, WrOpcode::Send, vec![])).unwrap();
+    assert_eq!(wait(&p.cq_a).status, WcStatus::Success);
+    let wc = wait(&p.cq_b);
+    assert_eq!((wc.wr_id, wc.byte_len), (8, 0));
+    // Write: placed, no receive consumed (RDMAP-WR-02).
+    ma.write(100, b"written!").unwrap();
+    let remote = RemoteAddr {
+        addr: mb.addr() + 200,
+        rkey: mb.rkey(),
+    };
+    p.a.post_send_one(SendWr::new(3, WrOpcode::RdmaWrite { remote }, vec![ma.sge(100, 8)]))
+        .unwrap();
+    assert_eq!(wait(&p.cq_a).status, WcStatus::Success);
+    // Read it back from b into a (also orders after the Write, RDMAP-ORD-12).
+    p.a.post_send_one(SendWr::new(4, WrOpcode::RdmaRead { remote }, vec![ma.sge(1000, 8)]))
+        .unwrap();
+    let wc = wait(&p.cq_a);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+        (4, WcStatus::Success, WcOpcode::RdmaRead, 8)
+    );
+    assert_eq!(ma.to_vec(1000, 8).unwrap(), b"written!");
+    assert!(p.cq_b.poll_one().is_none());
+}
+
+#[test]
+fn atomics_and_immediate_rfc7306() {
+    let p = pair();
+    let ma = p.pd.reg_mr(4096, Access::all_remote()).unwrap();
+    let mb = p.pd.reg_mr(4096, Access::all_remote()).unwrap();
+    mb.write(64, &10u64.to_ne_bytes()).unwrap();
+    let remote = RemoteAddr {
+        addr: mb.addr() + 64,
+        rkey: mb.rkey(),
+    };
+    p.a.post_send_one(SendWr::new(
+        1,
+        WrOpcode::AtomicFetchAdd { remote, add: 5 },
+        vec![ma.sge(0, 8)],
+    ))
+    .unwrap();
+    let wc = wait(&p.cq_a);
+    assert_eq!((wc.status, wc.opcode), (WcStatus::Success, WcOpcode::FetchAdd));
+    assert_eq!(ma.to_vec(0, 8).unwrap(), 10u64.to_ne_bytes());
+    assert_eq!(mb.to_vec(64, 8).unwrap(), 15u64.to_ne_bytes());
+    p.a.post_send_one(SendWr::new(
+        2,
+        WrOpcode::AtomicCmpSwap {
+            remote,
+            compare: 15,
+            swap: 99,
+        },
+        vec![ma.sge(8, 8)],
+    ))
+    .unwrap();
+    assert_eq!(wait(&p.cq_a).status, WcStatus::Success);
+    assert_eq!(ma.to_vec(8, 8).unwrap(), 15u64.to_ne_bytes());
+    assert_eq!(mb.to_vec(64, 8).unwrap(), 99u64.to_ne_bytes());
+    // Write with immediate = Write + Immediate Data; the peer sees RecvRdmaWithImm.
+    p.b.post_recv(&[RecvWr {
+        wr_id: 9,
+        sg_list: vec![],
+    }])
+    .unwrap();
+    ma.write(100, b"abc").unwrap();
+    let r2 = RemoteAddr {
+        addr: mb.addr() + 300,
+        rkey: mb.rkey(),
+    };
+    p.a.post_send_one(SendWr::new(
+        3,
+        WrOpcode::RdmaWriteWithImm {
+            remote: r2,
+            imm_data: 0xfeed,
+        },
+        vec![ma.sge(100, 3)],
+    ))
+    .unwrap();
+    assert_eq!(wait(&p.cq_a).status, WcStatus::Success);
+    let wc = wait(&p.cq_b);
+    assert_eq!(
+        (wc.wr_id, wc.opcode, wc.imm_data),
+        (9, WcOpcode::RecvRdmaWithImm, Some(0xfeed))
+    );
+    assert_eq!(mb.to_vec(300, 3).unwrap(), b"abc");
+}
+
+#[test]
+fn read_bad_stag_gets_terminate_and_flush() {
+    let p = pair();
+    let ma = p.pd.reg_mr(4096, Access::all_remote()).unwrap();
+    let bogus = RemoteAddr {
+        addr: 0x1000,
+        rkey: 0xdead_be00,
+    };
+    // Both in one post, so the Send is queued behind the Read (RDMAP-ORD-15).
+    p.a.post_send(&[
+        SendWr::new(1, WrOpcode::RdmaRead { remote: bogus }, vec![ma.sge(0, 8)]),
+        SendWr::new(2, WrOpcode::Send, vec![ma.sge(0, 8)]),
+    ])
+    .unwrap();
+    let wc = wait(&p.cq_a);
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::RemAccessErr));
+    assert_eq!(wc.vendor_err, 0x00_01_00, "RDMAP / remote protection / invalid STag");
+    // The Send completes after the Read (posting order); it already left
+    // before the Terminate came back, so it may have succeeded.
+    let wc = wait(&p.cq_a);
+    assert_eq!(wc.wr_id, 2);
+    assert!(matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr));
+    let ev = p.a.get_event(Some(T)).unwrap();
+    assert!(
+        matches!(ev, CmEvent::TerminateReceived(ref t) if t.layer == 0 && t.etype == 1 && t.code == 0),
+        "{ev:?}"
+    );
+    assert!(matches!(p.b.get_event(Some(T)), Some(CmEvent::TerminateSent(_))));
+    assert_eq!(p.a.state(), QpState::Err);
+}
+
+#[test]
+fn large_write_and_read_verified_with_crc() {
+    for crc in [false, true] {
+        let p = pair_with(
+            iwarp::IwarpConfig {
+                crc,
+                ..Default::default()
+            },
+            false,
+        );
+        let len = 4 << 20;
+        let ma = p.pd.reg_mr(len, Access::all_remote()).unwrap();
+        let mb = p.pd.reg_mr(len, Access::all_remote()).unwrap();
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+        ma.write(0, &data).unwrap();
+        let remote = RemoteAddr {
+            addr: mb.addr(),
+            rkey: mb.rkey(),
+        };
+        p.a.post_send_one(SendWr::new(
+            1,
+            WrOpcode::RdmaWrite { remote },
+            vec![ma.sge(0, len as u32)],
+        ))
+        .unwrap();
+        assert_eq!(wait(&p.cq_a).status, WcStatus::Success);
+        ma.fill(0, len, 0).unwrap();
+        p.a.post_send_one(SendWr::new(
+            2,
+            WrOpcode::RdmaRead { remote },
+            vec![ma.sge(0, len as u32)],
+        ))
+        .unwrap();
+        let wc = wait(&p.cq_a);
+        assert_eq!((wc.status, wc.byte_len as usize), (WcStatus::Success, len));
+        assert!(ma.to_vec(0, len).unwrap() == data, "crc={crc}");
+        assert!(mb.to_vec(0, len).unwrap() == data);
+    }
+}
