@@ -194,8 +194,9 @@ fn every_split_offset() {
 }
 
 #[test]
-fn consumes_exactly_the_frame() {
-    // RFC 5044 §7.1.2: what follows the frame is FPDU data.
+fn rdmap_str_01_consumes_exactly_the_frame() {
+    // RDMAP-STR-01, RFC 5044 §7.1.2: what follows the frame is FPDU data,
+    // left for the deframer.
     let now = t0();
     let mut r = Mpa::responder(now, MpaConfig::default()).unwrap();
     let mut bytes = SIW_REQUEST.to_vec();
@@ -361,7 +362,8 @@ fn initiator_initiator_and_responder_responder() {
 }
 
 #[test]
-fn private_data_too_long_from_peer() {
+fn sec_dos_05_private_data_too_long_from_peer() {
+    // SEC-DOS-05.
     // RFC 5044 §7.1.1 "PD_Length" and §7.1.2 rule 9: refused at the header,
     // before buffering any private data; the siw limit is configurable.
     let now = t0();
@@ -957,6 +959,22 @@ fn timeout_responder_request_10s() {
 }
 
 #[test]
+fn sec_dos_06_stalled_request_times_out() {
+    // SEC-DOS-06: a peer sends 10 octets of a Request and stalls.
+    let now = t0();
+    let mut r = Mpa::responder(now, MpaConfig::default()).unwrap();
+    let later = now + Duration::from_secs(3);
+    feed(&mut r, later, &SIW_REQUEST[..10]).unwrap();
+    // The timer runs from the start of the wait, not from the last octet.
+    assert_eq!(r.poll_timeout(), Some(now + Duration::from_secs(10)));
+    assert_eq!(
+        r.handle_timeout(now + Duration::from_secs(10)),
+        Err(MpaError::TimedOut(Waiting::Request))
+    );
+    assert!(tx(&mut r).is_empty());
+}
+
+#[test]
 fn timeout_responder_decision() {
     let now = t0();
     let cfg = MpaConfig {
@@ -1032,6 +1050,7 @@ fn framing_builds_working_framer_and_deframer() {
 }
 
 proptest! {
+    /// SEC-ROB-01 / SEC-DOS-05: any peer octets, any pieces, either role.
     #[test]
     fn arbitrary_peer_bytes_never_panic(
         bytes in proptest::collection::vec(any::<u8>(), 0..600),

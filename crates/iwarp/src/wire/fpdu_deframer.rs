@@ -641,7 +641,8 @@ mod tests {
     }
 
     #[test]
-    fn largest_fpdu_and_bounded_buffer() {
+    fn sec_dos_05_largest_fpdu_and_bounded_buffer() {
+        // SEC-DOS-05: ULPDU <= 65535 and memory bounded by one ULPDU.
         // siw on lo sends FPDUs near 64 KiB; ULPDU_Length 65535 must work,
         // and the reassembly buffer never exceeds one ULPDU.
         let u: Vec<u8> = (0..65535u32).map(|x| (x % 251) as u8).collect();
@@ -701,6 +702,8 @@ mod tests {
             prop_assert_eq!(deframe_buffered(&mut d, &stream, &cuts).unwrap(), ulpdus);
         }
 
+        /// SEC-ROB-01 / SEC-DOS-05: garbage never panics; the buffer stays
+        /// within the configured limit.
         #[test]
         fn garbage_never_panics(
             bytes in proptest::collection::vec(any::<u8>(), 0..3000),

@@ -961,7 +961,7 @@ mod tests {
     }
 
     #[test]
-    fn private_data_too_long() {
+    fn sec_dos_05_private_data_too_long() {
         // RFC 5044 §7.1.1: more than 512 octets is improperly formatted,
         // whatever the configured limit; and the configured limit holds.
         let mut b = vec![0u8; HEADER_LEN + 513];
@@ -1143,6 +1143,7 @@ mod tests {
             prop_assert_eq!(back, repr);
         }
 
+        /// SEC-ROB-01.
         #[test]
         fn parse_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600), max in 0usize..1000) {
             let _ = Repr::parse(&Frame::new_unchecked(&bytes[..]), max);
