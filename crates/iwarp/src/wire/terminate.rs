@@ -362,6 +362,8 @@ impl EchoedDdpHeader {
     pub const fn is_tagged(&self) -> bool {
         ddp::header_len_for(self.raw[0]) == ddp::TAGGED_HEADER_LEN
     }
+    /// 14 or 18 octets.
+    #[allow(clippy::len_without_is_empty)]
     pub const fn len(&self) -> usize {
         ddp::header_len_for(self.raw[0])
     }
