@@ -212,3 +212,11 @@ mod tests {
         assert_eq!(b.atomic_rmw(16, |v| v), Err(OutOfBounds));
     }
 }
+
+impl std::fmt::Display for OutOfBounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("range outside the memory region")
+    }
+}
+
+impl std::error::Error for OutOfBounds {}
