@@ -32,7 +32,7 @@ mod field {
 
     /// DDP Control field (Fig. 3).
     pub const DDP_CTRL: usize = 0;
-    /// RsvdULP[0:7]: the RDMAP control octet (RFC 5040 §4.1).
+    /// RsvdULP\[0:7\]: the RDMAP control octet (RFC 5040 §4.1).
     pub const RDMAP_CTRL: usize = 1;
 
     // Tagged Buffer Model header (Fig. 4).
@@ -40,7 +40,7 @@ mod field {
     pub const TO: Field = 6..14;
 
     // Untagged Buffer Model header (Fig. 5).
-    /// RsvdULP[8:39]; RDMAP puts the Invalidate STag here.
+    /// RsvdULP\[8:39\]; RDMAP puts the Invalidate STag here.
     pub const RSVDULP: Field = 2..6;
     pub const QN: Field = 6..10;
     pub const MSN: Field = 10..14;
@@ -212,7 +212,7 @@ macro_rules! control_accessors {
             pub fn version(&self) -> u8 {
                 self.buffer.as_ref()[field::DDP_CTRL] & field::DV_MASK
             }
-            /// RsvdULP[0:7], the RDMAP control octet.
+            /// RsvdULP\[0:7\], the RDMAP control octet.
             pub fn rdmap_ctrl(&self) -> u8 {
                 self.buffer.as_ref()[field::RDMAP_CTRL]
             }
@@ -291,7 +291,7 @@ pub struct UntaggedPacket<T: AsRef<[u8]>> {
 control_accessors!(UntaggedPacket, UNTAGGED_HEADER_LEN, false);
 
 impl<T: AsRef<[u8]>> UntaggedPacket<T> {
-    /// RsvdULP[8:39]: RDMAP's Invalidate STag (RFC 5040 §4.1).
+    /// RsvdULP\[8:39\]: RDMAP's Invalidate STag (RFC 5040 §4.1).
     pub fn inv_stag(&self) -> u32 {
         be::u32_at(self.buffer.as_ref(), field::RSVDULP.start)
     }
@@ -326,7 +326,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> UntaggedPacket<T> {
 pub enum Addr {
     /// Tagged Buffer Model (RFC 5041 §4.2).
     Tagged { stag: u32, to: u64 },
-    /// Untagged Buffer Model (RFC 5041 §4.3). `inv_stag` is RsvdULP[8:39].
+    /// Untagged Buffer Model (RFC 5041 §4.3). `inv_stag` is RsvdULP\[8:39\].
     Untagged { qn: u32, msn: u32, mo: u32, inv_stag: u32 },
 }
 
@@ -335,7 +335,7 @@ pub enum Addr {
 pub struct Header {
     /// L flag.
     pub last: bool,
-    /// RsvdULP[0:7], the RDMAP control octet, carried unchanged (RDMAP-LLP-03).
+    /// RsvdULP\[0:7\], the RDMAP control octet, carried unchanged (RDMAP-LLP-03).
     pub rdmap_ctrl: u8,
     pub addr: Addr,
 }

@@ -4,7 +4,7 @@
 //! catalogue `shared/requirements/rdmap-rpcrdma.md` A.1.2-A.1.8, A.4.2,
 //! A.4.6 and A.5.
 //!
-//! The RDMAP control octet is RsvdULP[0:7] of the DDP header: RV(2) Rsv(2)
+//! The RDMAP control octet is RsvdULP\[0:7\] of the DDP header: RV(2) Rsv(2)
 //! OpCode(4). [`Opcode::info`] is the one table of RFC 5040 Figs. 4-5 and
 //! RFC 7306 Figs. 2-3 that both directions use. [`Message`] is the typed
 //! meaning of one DDP segment at the RDMAP layer; [`Message::parse`] runs
