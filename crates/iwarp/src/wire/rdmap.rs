@@ -418,13 +418,13 @@ impl Error {
     /// The Terminate to send for this error; `offending_ulpdu` is the whole
     /// ULPDU that failed (its length becomes the DDP Segment Length).
     pub fn terminate(&self, offending_ulpdu: &[u8]) -> terminate::Repr {
-        let (offending, rreq) = match self.echo() {
-            Echo::Nothing => (None, None),
-            Echo::DdpHeader => (Offending::from_ulpdu(offending_ulpdu), None),
-            Echo::DdpAndRdmaHeader => match self {
-                Error::HeaderLength { rreq, .. } => (Offending::from_ulpdu(offending_ulpdu), rreq.as_ref()),
-                _ => (Offending::from_ulpdu(offending_ulpdu), None),
-            },
+        let offending = match self.echo() {
+            Echo::Nothing => None,
+            Echo::DdpHeader | Echo::DdpAndRdmaHeader => Offending::from_ulpdu(offending_ulpdu),
+        };
+        let rreq = match self {
+            Error::HeaderLength { rreq, .. } => rreq.as_ref(),
+            _ => None,
         };
         terminate::Repr::for_error(self.term_cause(), offending, rreq)
     }
