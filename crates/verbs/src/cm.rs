@@ -204,23 +204,7 @@ impl ConnectRequest {
     }
     /// Accepts (`rdma_accept`) and returns the connected QP.
     pub fn accept(self, pd: &ProtectionDomain, opts: QpOptions) -> Result<QueuePair> {
-        let events = Arc::new(EventQueue::new());
-        let req = QpRequest {
-            pd: pd.clone(),
-            send_cq: opts.send_cq.clone(),
-            recv_cq: opts.recv_cq.clone(),
-            attr: opts.attr,
-            param: opts.param,
-            events: events.clone(),
-        };
-        let ops = self.ops.accept(req)?;
-        Ok(QueuePair {
-            ops,
-            events,
-            pd: pd.clone(),
-            send_cq: opts.send_cq,
-            recv_cq: opts.recv_cq,
-        })
+        QueuePair::open(pd, opts, |req| self.ops.accept(req))
     }
     /// Rejects (`rdma_reject`) with private data for the initiator.
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
@@ -241,23 +225,7 @@ impl ProtectionDomain {
     /// Connects to a listener (`rdma_connect`): returns the QP once the
     /// connection is established, or `Error::Rejected` with the peer's private data.
     pub fn connect(&self, addr: SocketAddr, opts: QpOptions, timeout: Duration) -> Result<QueuePair> {
-        let events = Arc::new(EventQueue::new());
-        let req = QpRequest {
-            pd: self.clone(),
-            send_cq: opts.send_cq.clone(),
-            recv_cq: opts.recv_cq.clone(),
-            attr: opts.attr,
-            param: opts.param,
-            events: events.clone(),
-        };
-        let ops = self.device().provider().connect(addr, req, timeout)?;
-        Ok(QueuePair {
-            ops,
-            events,
-            pd: self.clone(),
-            send_cq: opts.send_cq,
-            recv_cq: opts.recv_cq,
-        })
+        QueuePair::open(self, opts, |req| self.device().provider().connect(addr, req, timeout))
     }
 
     /// Async [`connect`](Self::connect): the handshake runs on a helper thread.
@@ -282,6 +250,32 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
+    /// Builds the provider request for `pd`/`opts`, lets `create` (connect or
+    /// accept) make the provider QP, and wraps it.
+    fn open(
+        pd: &ProtectionDomain,
+        opts: QpOptions,
+        create: impl FnOnce(QpRequest) -> Result<Arc<dyn QpOps>>,
+    ) -> Result<QueuePair> {
+        let events = Arc::new(EventQueue::new());
+        let req = QpRequest {
+            pd: pd.clone(),
+            send_cq: opts.send_cq.clone(),
+            recv_cq: opts.recv_cq.clone(),
+            attr: opts.attr,
+            param: opts.param,
+            events: events.clone(),
+        };
+        let ops = create(req)?;
+        Ok(QueuePair {
+            ops,
+            events,
+            pd: pd.clone(),
+            send_cq: opts.send_cq,
+            recv_cq: opts.recv_cq,
+        })
+    }
+
     pub fn qp_num(&self) -> u32 {
         self.ops.qp_num()
     }
