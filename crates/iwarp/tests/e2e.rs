@@ -241,3 +241,36 @@ fn large_write_and_read_verified_with_crc() {
         assert!(mb.to_vec(0, len).unwrap() == data);
     }
 }
+
+#[test]
+fn peer_to_peer_each_rtr_type_rfc6581() {
+    use iwarp::engine::Rtr;
+    for rtr in [Rtr::Write, Rtr::Read, Rtr::Send] {
+        let p = pair_with(
+            iwarp::IwarpConfig {
+                p2p: Some(vec![rtr]),
+                ..Default::default()
+            },
+            false,
+        );
+        let ma = p.pd.reg_mr(4096, Access::all_remote()).unwrap();
+        let mb = p.pd.reg_mr(4096, Access::all_remote()).unwrap();
+        // The RTR was consumed silently: the first real Send lands in the first receive.
+        p.b.post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: vec![mb.sge(0, 64)],
+        }])
+        .unwrap();
+        ma.write(0, b"after rtr").unwrap();
+        p.a.post_send_one(SendWr::new(1, WrOpcode::Send, vec![ma.sge(0, 9)]))
+            .unwrap();
+        assert_eq!(wait(&p.cq_a).status, WcStatus::Success, "{rtr:?}");
+        let wc = wait(&p.cq_b);
+        assert_eq!((wc.wr_id, wc.byte_len), (1, 9), "{rtr:?}");
+        assert_eq!(mb.to_vec(0, 9).unwrap(), b"after rtr");
+        assert!(
+            p.cq_a.poll_one().is_none(),
+            "the RTR's own completion is not surfaced ({rtr:?})"
+        );
+    }
+}

@@ -138,6 +138,24 @@ struct TxMsg {
     off: usize,
 }
 
+impl TxMsg {
+    /// A tagged message (Write, Read Response) to `stag` at `to`.
+    fn tagged(completes: Option<u64>, opcode: u8, stag: u32, to: u64, src: Source, total: usize) -> TxMsg {
+        TxMsg {
+            completes,
+            opcode,
+            tagged: Some((stag, to)),
+            qn: 0,
+            msn: 0,
+            inv_stag: 0,
+            rdmap_hdr: Vec::new(),
+            src,
+            total,
+            off: 0,
+        }
+    }
+}
+
 struct Slot {
     id: u64,
     wr_id: u64,
@@ -676,22 +694,49 @@ impl Proto {
         }
     }
 
+    /// An untagged message on queue `q`, taking that queue's next MSN.
+    #[allow(clippy::too_many_arguments)]
+    fn untagged(
+        &mut self,
+        completes: Option<u64>,
+        opcode: u8,
+        q: u32,
+        inv_stag: u32,
+        rdmap_hdr: Vec<u8>,
+        src: Source,
+        total: usize,
+    ) -> TxMsg {
+        let msn = self.next_msn(q);
+        TxMsg {
+            completes,
+            opcode,
+            tagged: None,
+            qn: q,
+            msn,
+            inv_stag,
+            rdmap_hdr,
+            src,
+            total,
+            off: 0,
+        }
+    }
+
+    /// A header-only untagged message (Read Request, atomics, immediate data, RTRs).
+    fn header_only(&mut self, completes: Option<u64>, opcode: u8, q: u32, rdmap_hdr: Vec<u8>) -> TxMsg {
+        self.untagged(completes, opcode, q, 0, rdmap_hdr, Source::None, 0)
+    }
+
+    /// RFC 7306 Immediate Data (with SE when `se`).
+    fn immediate(&mut self, completes: Option<u64>, se: bool, imm: u32) -> TxMsg {
+        let opcode = if se { op::IMM_SE } else { op::IMM };
+        self.header_only(completes, opcode, qn::SEND, (imm as u64).to_be_bytes().to_vec())
+    }
+
     fn rtr_message(&mut self, rtr: crate::wire::mpa::Rtr) -> TxMsg {
         use crate::wire::mpa::Rtr;
         match rtr {
             // siw uses STag 1, TO 0 for the zero-length Write RTR (peers file §1.2).
-            Rtr::Write => TxMsg {
-                completes: None,
-                opcode: op::WRITE,
-                tagged: Some((1, 0)),
-                qn: 0,
-                msn: 0,
-                inv_stag: 0,
-                rdmap_hdr: Vec::new(),
-                src: Source::None,
-                total: 0,
-                off: 0,
-            },
+            Rtr::Write => TxMsg::tagged(None, op::WRITE, 1, 0, Source::None, 0),
             Rtr::Read => {
                 let rr = ReadRequest {
                     sink_stag: 1,
@@ -705,37 +750,14 @@ impl Proto {
                     kind: OrqKind::Rtr,
                     received: 0,
                 });
-                let mut h = vec![0u8; rr.buffer_len()];
-                let _ = rr.emit(&mut h);
-                let msn = self.next_msn(qn::READ_REQUEST);
-                TxMsg {
-                    completes: None,
-                    opcode: op::READ_REQUEST,
-                    tagged: None,
-                    qn: qn::READ_REQUEST,
-                    msn,
-                    inv_stag: 0,
-                    rdmap_hdr: h,
-                    src: Source::None,
-                    total: 0,
-                    off: 0,
-                }
+                self.header_only(
+                    None,
+                    op::READ_REQUEST,
+                    qn::READ_REQUEST,
+                    encoded(rr.buffer_len(), |b| rr.emit(b)),
+                )
             }
-            Rtr::Send => {
-                let msn = self.next_msn(qn::SEND);
-                TxMsg {
-                    completes: None,
-                    opcode: op::SEND,
-                    tagged: None,
-                    qn: qn::SEND,
-                    msn,
-                    inv_stag: 0,
-                    rdmap_hdr: Vec::new(),
-                    src: Source::None,
-                    total: 0,
-                    off: 0,
-                }
-            }
+            Rtr::Send => self.header_only(None, op::SEND, qn::SEND, Vec::new()),
         }
     }
 
@@ -746,38 +768,17 @@ impl Proto {
                 len,
                 sink_stag,
                 sink_to,
-            } => TxMsg {
-                completes: None,
-                opcode: op::READ_RESPONSE,
-                tagged: Some((sink_stag, sink_to)),
-                qn: 0,
-                msn: 0,
-                inv_stag: 0,
-                rdmap_hdr: Vec::new(),
-                src: src.map_or(Source::None, |p| Source::Pieces(vec![p])),
-                total: len,
-                off: 0,
-            },
+            } => {
+                let src = src.map_or(Source::None, |p| Source::Pieces(vec![p]));
+                TxMsg::tagged(None, op::READ_RESPONSE, sink_stag, sink_to, src, len)
+            }
             Irq::AtomicResponse { request_id, orig } => {
                 let resp = AtomicResponse {
                     orig_request_id: request_id,
                     orig_value: orig,
                 };
-                let mut h = vec![0u8; resp.buffer_len()];
-                let _ = resp.emit(&mut h);
-                let msn = self.next_msn(qn::ATOMIC_RESPONSE);
-                TxMsg {
-                    completes: None,
-                    opcode: op::ATOMIC_RESPONSE,
-                    tagged: None,
-                    qn: qn::ATOMIC_RESPONSE,
-                    msn,
-                    inv_stag: 0,
-                    rdmap_hdr: h,
-                    src: Source::None,
-                    total: 0,
-                    off: 0,
-                }
+                let h = encoded(resp.buffer_len(), |b| resp.emit(b));
+                self.header_only(None, op::ATOMIC_RESPONSE, qn::ATOMIC_RESPONSE, h)
             }
         }
     }
@@ -809,96 +810,23 @@ impl Proto {
                 }
             },
         };
-        let untagged = |s: &mut Proto,
-                        opcode: u8,
-                        q: u32,
-                        inv: u32,
-                        hdr: Vec<u8>,
-                        src: Source,
-                        total: usize,
-                        completes: Option<u64>| {
-            let msn = s.next_msn(q);
-            TxMsg {
-                completes,
-                opcode,
-                tagged: None,
-                qn: q,
-                msn,
-                inv_stag: inv,
-                rdmap_hdr: hdr,
-                src,
-                total,
-                off: 0,
-            }
-        };
         match wr.opcode {
-            WrOpcode::Send => Some(untagged(
-                self,
-                if se { op::SEND_SE } else { op::SEND },
-                qn::SEND,
-                0,
-                vec![],
-                src,
-                total,
-                Some(id),
-            )),
-            WrOpcode::SendWithInv { invalidate_rkey } => Some(untagged(
-                self,
-                if se { op::SEND_SE_INV } else { op::SEND_INV },
-                qn::SEND,
-                invalidate_rkey,
-                vec![],
-                src,
-                total,
-                Some(id),
-            )),
-            WrOpcode::SendWithImm { imm_data } => Some(untagged(
-                self,
-                if se { op::IMM_SE } else { op::IMM },
-                qn::SEND,
-                0,
-                imm_bytes(imm_data),
-                Source::None,
-                0,
-                Some(id),
-            )),
-            WrOpcode::RdmaWrite { remote } => Some(TxMsg {
-                completes: Some(id),
-                opcode: op::WRITE,
-                tagged: Some((remote.rkey, remote.addr)),
-                qn: 0,
-                msn: 0,
-                inv_stag: 0,
-                rdmap_hdr: vec![],
-                src,
-                total,
-                off: 0,
-            }),
+            WrOpcode::Send => {
+                let opcode = if se { op::SEND_SE } else { op::SEND };
+                Some(self.untagged(Some(id), opcode, qn::SEND, 0, vec![], src, total))
+            }
+            WrOpcode::SendWithInv { invalidate_rkey } => {
+                let opcode = if se { op::SEND_SE_INV } else { op::SEND_INV };
+                Some(self.untagged(Some(id), opcode, qn::SEND, invalidate_rkey, vec![], src, total))
+            }
+            WrOpcode::SendWithImm { imm_data } => Some(self.immediate(Some(id), se, imm_data)),
+            WrOpcode::RdmaWrite { remote } => {
+                Some(TxMsg::tagged(Some(id), op::WRITE, remote.rkey, remote.addr, src, total))
+            }
             WrOpcode::RdmaWriteWithImm { remote, imm_data } => {
                 // RFC 7306 §6: an RDMA Write followed by an Immediate Data message.
-                let imm = untagged(
-                    self,
-                    if se { op::IMM_SE } else { op::IMM },
-                    qn::SEND,
-                    0,
-                    imm_bytes(imm_data),
-                    Source::None,
-                    0,
-                    Some(id),
-                );
-                self.follow = Some(imm);
-                Some(TxMsg {
-                    completes: None,
-                    opcode: op::WRITE,
-                    tagged: Some((remote.rkey, remote.addr)),
-                    qn: 0,
-                    msn: 0,
-                    inv_stag: 0,
-                    rdmap_hdr: vec![],
-                    src,
-                    total,
-                    off: 0,
-                })
+                self.follow = Some(self.immediate(Some(id), se, imm_data));
+                Some(TxMsg::tagged(None, op::WRITE, remote.rkey, remote.addr, src, total))
             }
             WrOpcode::RdmaRead { remote } => {
                 let (sink, sink_stag, sink_to) = match src {
@@ -921,22 +849,16 @@ impl Proto {
                     src_stag: remote.rkey,
                     src_to: remote.addr,
                 };
-                let mut h = vec![0u8; rr.buffer_len()];
-                let _ = rr.emit(&mut h);
                 self.orq.push_back(Orq {
                     slot: Some(id),
                     kind: OrqKind::Read { sink },
                     received: 0,
                 });
-                Some(untagged(
-                    self,
+                Some(self.header_only(
+                    None,
                     op::READ_REQUEST,
                     qn::READ_REQUEST,
-                    0,
-                    h,
-                    Source::None,
-                    0,
-                    None,
+                    encoded(rr.buffer_len(), |b| rr.emit(b)),
                 ))
             }
             WrOpcode::AtomicFetchAdd { remote, add } => self.atomic(id, src, AtomicOp::FetchAdd, remote, add, 0, 0, 0),
@@ -1009,26 +931,17 @@ impl Proto {
             compare_data: cmp,
             compare_mask: cmp_mask,
         };
-        let mut h = vec![0u8; ar.buffer_len()];
-        let _ = ar.emit(&mut h);
         self.orq.push_back(Orq {
             slot: Some(id),
             kind: OrqKind::Atomic { sink, request_id },
             received: 0,
         });
-        let msn = self.next_msn(qn::READ_REQUEST);
-        Some(TxMsg {
-            completes: None,
-            opcode: op::ATOMIC_REQUEST,
-            tagged: None,
-            qn: qn::READ_REQUEST,
-            msn,
-            inv_stag: 0,
-            rdmap_hdr: h,
-            src: Source::None,
-            total: 0,
-            off: 0,
-        })
+        Some(self.header_only(
+            None,
+            op::ATOMIC_REQUEST,
+            qn::READ_REQUEST,
+            encoded(ar.buffer_len(), |b| ar.emit(b)),
+        ))
     }
 
     /// Frames DDP segments into `out` until the high-water mark or no work.
@@ -1215,36 +1128,33 @@ impl Proto {
 
     fn on_rtr(&mut self, rtr: crate::wire::mpa::Rtr, h: &Header, opcode: u8, payload: &[u8]) -> RxResult {
         use crate::wire::mpa::Rtr;
-        let ok = payload.is_empty()
-            && h.last
-            && match (rtr, h.addr) {
-                (Rtr::Write, Addr::Tagged { .. }) => opcode == op::WRITE,
-                (
-                    Rtr::Send,
-                    Addr::Untagged {
-                        qn: 0, msn: 1, mo: 0, ..
-                    },
-                ) => opcode == op::SEND,
-                (
-                    Rtr::Read,
-                    Addr::Untagged {
-                        qn: 1, msn: 1, mo: 0, ..
-                    },
-                ) => opcode == op::READ_REQUEST,
-                _ => false,
+        let no_rtr = || Fatal::bare(cause::MPA_ERR_NO_MATCHING_RTR);
+        // The RTR's message length: a Read RTR's is its RDMA Read size (plus
+        // anything trailing its header), the others' is their payload.
+        let len = if opcode == op::READ_REQUEST {
+            let rr = ReadRequest::parse(payload).map_err(|_| no_rtr())?;
+            rr.size as u64 + (payload.len() - rr.buffer_len()) as u64
+        } else {
+            payload.len() as u64
+        };
+        crate::proto::mpa::check_rtr(rtr, opcode, h.is_tagged(), len).map_err(Fatal::bare)?;
+        // It is the first message on its queue, whole in one segment.
+        let first = h.last
+            && match h.addr {
+                Addr::Tagged { .. } => true,
+                Addr::Untagged { qn: q, msn, mo, .. } => {
+                    msn == 1 && mo == 0 && q == if rtr == Rtr::Read { qn::READ_REQUEST } else { qn::SEND }
+                }
             };
-        if !ok && !(rtr == Rtr::Read && opcode == op::READ_REQUEST) {
-            return Err(Fatal::bare(cause::MPA_ERR_NO_MATCHING_RTR));
+        if !first {
+            return Err(no_rtr());
         }
         self.rtr = None;
         match rtr {
             Rtr::Send => self.rx_msn[0] = 2,
             Rtr::Read => {
                 self.rx_msn[1] = 2;
-                let rr = ReadRequest::parse(payload).map_err(|_| Fatal::bare(cause::MPA_ERR_NO_MATCHING_RTR))?;
-                if rr.size != 0 {
-                    return Err(Fatal::bare(cause::MPA_ERR_NO_MATCHING_RTR));
-                }
+                let rr = ReadRequest::parse(payload).map_err(|_| no_rtr())?;
                 self.irq.push_back(Irq::ReadResponse {
                     src: None,
                     len: 0,
@@ -1557,8 +1467,12 @@ impl Proto {
     }
 }
 
-fn imm_bytes(imm: u32) -> Vec<u8> {
-    (imm as u64).to_be_bytes().to_vec()
+/// A fixed-size RDMAP header encoded into its own buffer.
+fn encoded<E>(len: usize, emit: impl FnOnce(&mut [u8]) -> std::result::Result<usize, E>) -> Vec<u8> {
+    let mut h = vec![0u8; len];
+    // The buffer has exactly the header's length, so emit cannot fail.
+    let _ = emit(&mut h);
+    h
 }
 
 /// RFC 7306 §5.1.1 masked FetchAdd: a set mask bit ends a field (its carry is dropped).
