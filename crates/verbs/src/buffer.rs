@@ -186,6 +186,14 @@ fn page_size() -> usize {
     if p > 0 { p as usize } else { 4096 }
 }
 
+impl std::fmt::Display for OutOfBounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("range outside the memory region")
+    }
+}
+
+impl std::error::Error for OutOfBounds {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,11 +220,3 @@ mod tests {
         assert_eq!(b.atomic_rmw(16, |v| v), Err(OutOfBounds));
     }
 }
-
-impl std::fmt::Display for OutOfBounds {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("range outside the memory region")
-    }
-}
-
-impl std::error::Error for OutOfBounds {}
