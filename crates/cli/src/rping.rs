@@ -1,0 +1,615 @@
+//! `softrdma rping`: librdmacm's `rping` example protocol over softrdma's iWARP
+//! provider, so that it talks to Linux's `rping` (over soft-iWARP) in either role.
+//!
+//! The exchange, per ping (as in rping.c and in a capture of two Linux rpings,
+//! `lab/results/vm-lo-siw-rping.pcap`):
+//!
+//! ```text
+//!  client                                   server
+//!  Send  rping_rdma_info{start buf}  ───▶   (16 bytes: be64 addr, be32 rkey, be32 size)
+//!                                    ◀───   RDMA Read Request of the whole start buffer
+//!  Read Response (size bytes)        ───▶
+//!                                    ◀───   Send "go ahead" (16 bytes, all zero: rping's
+//!                                            server never fills its send buffer)
+//!  Send  rping_rdma_info{sink buf}   ───▶
+//!                                    ◀───   RDMA Write of strlen(data) + 1 bytes to the sink
+//!                                    ◀───   Send "go ahead" (16 zero bytes)
+//! ```
+//!
+//! The ping data is `"rdma-ping-%d: "` followed by ASCII rotating through
+//! `'A'..='z'`, starting one character later on each ping, NUL-terminated at
+//! `size - 1`. Connection parameters: IRD 1, ORD 1, no private data (the
+//! server accepts with the values the client stated). The client disconnects
+//! after `-C` pings; the server serves one connection and exits when it is
+//! disconnected. `-v` prints `ping data: ...` (client) and `server ping data:
+//! ...` (server), `-V` compares the buffer that came back with the one sent.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+use verbs::*;
+
+/// `struct rping_rdma_info`: buf (be64), rkey (be32), size (be32).
+pub const INFO_LEN: usize = 16;
+/// rping.c: `RPING_MSG_FMT`.
+const MSG_FMT_PREFIX: &str = "rdma-ping-";
+/// rping.c: `sizeof(stringify(INT_MAX)) + sizeof(RPING_MSG_FMT)` = 11 + 15.
+pub const MIN_SIZE: usize = 26;
+/// rping.c: `RPING_BUFSIZE - 1`.
+pub const MAX_SIZE: usize = 64 * 1024 - 1;
+/// rping.c: `RPING_SQ_DEPTH`.
+const SQ_DEPTH: u32 = 16;
+
+const WR_SEND: u64 = 1;
+const WR_RDMA: u64 = 2;
+const WR_RECV: u64 = 3;
+
+#[derive(Args, Debug, Clone)]
+#[command(disable_version_flag = true)]
+pub struct RpingArgs {
+    /// Server side.
+    #[arg(short = 's', conflicts_with = "client", required_unless_present = "client")]
+    pub server: bool,
+    /// Client side.
+    #[arg(short = 'c')]
+    pub client: bool,
+    /// Address: the server's to connect to (client) or to bind to (server; default any).
+    #[arg(short = 'a')]
+    pub addr: Option<String>,
+    /// Port.
+    #[arg(short = 'p', default_value_t = 7174)]
+    pub port: u16,
+    /// Ping count (0: forever).
+    #[arg(short = 'C', default_value_t = 0)]
+    pub count: u64,
+    /// Ping data size in bytes (26 to 65535).
+    #[arg(short = 'S', default_value_t = 64)]
+    pub size: usize,
+    /// Display ping data on stdout.
+    #[arg(short = 'v')]
+    pub verbose: bool,
+    /// Validate ping data (client).
+    #[arg(short = 'V')]
+    pub validate: bool,
+    /// Debug output (rping's DEBUG_LOG lines) on stdout.
+    #[arg(short = 'd')]
+    pub debug: bool,
+    /// Ask for MPA CRC32c (the peer may still turn it on when we do not).
+    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    pub crc: String,
+    /// MPA revision to request (1: RFC 5044, 2: RFC 6581 with IRD/ORD).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub mpa_rev: u8,
+    /// Peer-to-peer mode (RFC 6581) with these RTR types offered: none, write, read, send,
+    /// or a comma list such as write,read.
+    #[arg(long, default_value = "none")]
+    pub p2p: String,
+    /// Send Terminates in Linux siw's bit order instead of the RFC's.
+    #[arg(long)]
+    pub siw_terminate: bool,
+    /// Client: wait this many milliseconds between connection establishment and the first
+    /// Send (Linux's own client leaves about 1 ms; see docs/interop-siw.md).
+    #[arg(long, default_value_t = 0)]
+    pub first_send_delay_ms: u64,
+    /// Give up when a step (connect, a completion, a connect request) takes longer than
+    /// this many seconds; 0 waits forever like rping.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+}
+
+impl RpingArgs {
+    fn timeout(&self) -> Option<Duration> {
+        (self.timeout > 0).then(|| Duration::from_secs(self.timeout))
+    }
+
+    fn p2p(&self) -> Result<Option<Vec<iwarp::engine::Rtr>>> {
+        use iwarp::engine::Rtr;
+        if self.p2p == "none" {
+            return Ok(None);
+        }
+        let mut v = Vec::new();
+        for t in self.p2p.split(',') {
+            v.push(match t.trim() {
+                "write" => Rtr::Write,
+                "read" => Rtr::Read,
+                "send" => Rtr::Send,
+                other => bail!("unknown RTR type {other:?} (none, write, read, send)"),
+            });
+        }
+        Ok(Some(v))
+    }
+}
+
+/// The ping data of ping number `ping` (rping_test_client): the text, then
+/// ASCII from `start` rotating through 'A'..='z', NUL at the end.
+pub fn ping_data(ping: u64, size: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; size];
+    let head = format!("{MSG_FMT_PREFIX}{ping}: ");
+    // snprintf truncates at size - 1 and returns the untruncated length.
+    let cc = head.len();
+    let n = cc.min(size.saturating_sub(1));
+    buf[..n].copy_from_slice(&head.as_bytes()[..n]);
+    let mut c = b'A' + (ping % 58) as u8;
+    for b in buf.iter_mut().skip(cc) {
+        *b = c;
+        c += 1;
+        if c > b'z' {
+            c = b'A';
+        }
+    }
+    if let Some(last) = buf.last_mut() {
+        *last = 0;
+    }
+    buf
+}
+
+/// Encodes `struct rping_rdma_info` in network byte order.
+pub fn encode_info(addr: u64, rkey: u32, size: u32) -> [u8; INFO_LEN] {
+    let mut b = [0u8; INFO_LEN];
+    b[..8].copy_from_slice(&addr.to_be_bytes());
+    b[8..12].copy_from_slice(&rkey.to_be_bytes());
+    b[12..].copy_from_slice(&size.to_be_bytes());
+    b
+}
+
+/// Decodes `struct rping_rdma_info`: (buf, rkey, size).
+pub fn decode_info(b: &[u8; INFO_LEN]) -> (u64, u32, u32) {
+    (
+        u64::from_be_bytes(b[..8].try_into().unwrap()),
+        u32::from_be_bytes(b[8..12].try_into().unwrap()),
+        u32::from_be_bytes(b[12..].try_into().unwrap()),
+    )
+}
+
+/// The `enum ibv_wc_status` number rping prints in "cq completion failed status %d".
+fn ibv_status(s: WcStatus) -> u32 {
+    match s {
+        WcStatus::Success => 0,
+        WcStatus::LocLenErr => 1,
+        WcStatus::LocQpOpErr => 2,
+        WcStatus::LocProtErr => 4,
+        WcStatus::WrFlushErr => 5,
+        WcStatus::MwBindErr => 6,
+        WcStatus::BadRespErr => 7,
+        WcStatus::LocAccessErr => 8,
+        WcStatus::RemInvReqErr => 9,
+        WcStatus::RemAccessErr => 10,
+        WcStatus::RemOpErr => 11,
+        WcStatus::RetryExcErr => 12,
+        WcStatus::RnrRetryExcErr => 13,
+        WcStatus::FatalErr => 19,
+        WcStatus::RespTimeoutErr => 20,
+        WcStatus::GeneralErr => 21,
+    }
+}
+
+/// What the completion handler tells the main loop (rping's `cb->state` changes).
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    Recv,
+    ReadComplete,
+    WriteComplete,
+    Disconnected,
+}
+
+/// One connected rping endpoint: QP, CQ and the four buffers of `struct rping_cb`.
+struct Endpoint<'a> {
+    args: &'a RpingArgs,
+    qp: QueuePair,
+    cq: CompletionQueue,
+    recv_mr: MemoryRegion,
+    send_mr: MemoryRegion,
+    rdma_mr: MemoryRegion,
+    role: &'static str,
+    disconnected: bool,
+    /// The rping_rdma_info of the last receive (copied out before the re-post).
+    last_info: [u8; INFO_LEN],
+}
+
+impl Endpoint<'_> {
+    fn debug(&self, msg: impl AsRef<str>) {
+        if self.args.debug {
+            println!("{}", msg.as_ref());
+        }
+    }
+
+    fn post_recv(&self) -> Result<()> {
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id: WR_RECV,
+                sg_list: vec![self.recv_mr.sge(0, INFO_LEN as u32)],
+            }])
+            .context("post recv error")
+    }
+
+    fn post_send_info(&self) -> Result<()> {
+        self.qp
+            .post_send_one(SendWr::new(
+                WR_SEND,
+                WrOpcode::Send,
+                vec![self.send_mr.sge(0, INFO_LEN as u32)],
+            ))
+            .context("post send error")
+    }
+
+    fn received_info(&self) -> Result<[u8; INFO_LEN]> {
+        let mut b = [0u8; INFO_LEN];
+        self.recv_mr.read(0, &mut b).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        Ok(b)
+    }
+
+    /// rping's cq_thread and CM thread folded into one wait: the next receive,
+    /// Read or Write completion, or the disconnect. Send completions are
+    /// consumed on the way; a receive is re-posted at once, as rping does.
+    fn next(&mut self) -> Result<Step> {
+        let deadline = self.args.timeout().map(|t| Instant::now() + t);
+        loop {
+            let wc = match self.cq.poll_one() {
+                Some(wc) => Some(wc),
+                None => {
+                    if self.disconnected {
+                        // Everything that completed before the disconnect was handled.
+                        return Ok(Step::Disconnected);
+                    }
+                    match self.qp.get_event(Some(Duration::ZERO)) {
+                        Some(CmEvent::Disconnected) => {
+                            eprintln!("{} DISCONNECT EVENT...", self.role);
+                            self.disconnected = true;
+                            continue;
+                        }
+                        Some(CmEvent::TerminateReceived(t)) => bail!("Terminate received from the peer: {t}"),
+                        Some(CmEvent::TerminateSent(t)) => bail!("Terminate sent to the peer: {t}"),
+                        Some(CmEvent::ConnectionError(e)) => bail!("connection error: {e}"),
+                        Some(CmEvent::Established) => {
+                            self.debug("ESTABLISHED");
+                            continue;
+                        }
+                        None => {}
+                    }
+                    if let Some(d) = deadline
+                        && Instant::now() >= d
+                    {
+                        bail!("no completion or event for {} s (--timeout)", self.args.timeout);
+                    }
+                    self.cq.wait(Some(Duration::from_millis(20)))
+                }
+            };
+            let Some(wc) = wc else { continue };
+            if wc.status != WcStatus::Success {
+                if wc.status == WcStatus::WrFlushErr {
+                    continue;
+                }
+                bail!(
+                    "cq completion failed status {} ({}, vendor_err {:#08x})",
+                    ibv_status(wc.status),
+                    wc.status,
+                    wc.vendor_err
+                );
+            }
+            match wc.opcode {
+                WcOpcode::Send => self.debug("send completion"),
+                WcOpcode::RdmaWrite => {
+                    self.debug("rdma write completion");
+                    return Ok(Step::WriteComplete);
+                }
+                WcOpcode::RdmaRead => {
+                    self.debug("rdma read completion");
+                    return Ok(Step::ReadComplete);
+                }
+                WcOpcode::Recv => {
+                    self.debug("recv completion");
+                    if wc.byte_len as usize != INFO_LEN {
+                        bail!("Received bogus data, size {}", wc.byte_len);
+                    }
+                    self.last_info = self.received_info()?;
+                    if !self.disconnected {
+                        self.post_recv()?;
+                    }
+                    return Ok(Step::Recv);
+                }
+                other => bail!("unknown!!!!! completion {other:?}"),
+            }
+        }
+    }
+}
+
+/// Runs `softrdma rping`.
+pub fn run(args: RpingArgs) -> Result<()> {
+    if args.size < MIN_SIZE || args.size > MAX_SIZE {
+        bail!(
+            "Invalid size {} (valid range is {} to {})",
+            args.size,
+            MIN_SIZE,
+            MAX_SIZE + 1
+        );
+    }
+    let dev = iwarp::open_device(iwarp::IwarpConfig {
+        crc: args.crc == "on",
+        mpa_revision: args.mpa_rev,
+        p2p: args.p2p()?,
+        terminate_siw_form: args.siw_terminate,
+        ..Default::default()
+    })?;
+    if args.server {
+        server(&dev, &args)
+    } else {
+        client(&dev, &args)
+    }
+}
+
+fn resolve(addr: &str, port: u16) -> Result<SocketAddr> {
+    if let Ok(ip) = addr.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, port));
+    }
+    (addr, port)
+        .to_socket_addrs()
+        .with_context(|| format!("getaddrinfo failed - invalid hostname or IP address {addr:?}"))?
+        .next()
+        .context("no address")
+}
+
+/// rping_create_qp / rping_setup_qp: one CQ of 2 × SQ depth, SQ depth 16,
+/// 2 receives, one SGE each.
+fn qp_options(cq: &CompletionQueue, ird: u8, ord: u8) -> QpOptions {
+    QpOptions::new(cq).rd_atomic(ird, ord).attr(QpInitAttr {
+        max_send_wr: SQ_DEPTH,
+        max_recv_wr: 2,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        ..QpInitAttr::default()
+    })
+}
+
+fn endpoint<'a>(
+    args: &'a RpingArgs,
+    pd: &ProtectionDomain,
+    qp: QueuePair,
+    cq: CompletionQueue,
+    role: &'static str,
+) -> Result<Endpoint<'a>> {
+    let remote = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+    let ep = Endpoint {
+        args,
+        qp,
+        cq,
+        recv_mr: pd
+            .reg_mr(INFO_LEN, Access::LOCAL_WRITE)
+            .context("recv_buf reg_mr failed")?,
+        send_mr: pd.reg_mr(INFO_LEN, Access::empty()).context("send_buf reg_mr failed")?,
+        rdma_mr: pd.reg_mr(args.size, remote).context("rdma_buf reg_mr failed")?,
+        role,
+        disconnected: false,
+        last_info: [0; INFO_LEN],
+    };
+    ep.debug(format!(
+        "allocated & registered buffers: rdma_buf {:#x} rkey {:#x} len {}",
+        ep.rdma_mr.addr(),
+        ep.rdma_mr.rkey(),
+        args.size
+    ));
+    Ok(ep)
+}
+
+fn expect_step(got: Step, want: Step, state_name: &str) -> Result<bool> {
+    if got == want {
+        return Ok(true);
+    }
+    if got == Step::Disconnected {
+        // rping: "wait for ... state 10", and a disconnect is not a failure.
+        eprintln!("wait for {state_name} state 10 (DISCONNECTED)");
+        return Ok(false);
+    }
+    bail!("wait for {state_name}: got {got:?}")
+}
+
+fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
+    let addr = resolve(args.addr.as_deref().context("client needs -a ADDR")?, args.port)?;
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(SQ_DEPTH as usize * 2)?;
+    let start_mr = pd
+        .reg_mr(
+            args.size,
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+        )
+        .context("start_buf reg_mr failed")?;
+    let timeout = args.timeout().unwrap_or(Duration::from_secs(3600));
+    // rping_init_conn_param: responder_resources 1, initiator_depth 1, no private data.
+    let qp = match pd.connect(addr, qp_options(&cq, 1, 1), timeout) {
+        Ok(qp) => qp,
+        Err(Error::Rejected { private_data }) => {
+            bail!("cma event RDMA_CM_EVENT_REJECTED, private data {private_data:02x?}")
+        }
+        Err(e) => return Err(e).context(format!("connect error to {addr}")),
+    };
+    let mut ep = endpoint(args, &pd, qp, cq, "client")?;
+    ep.debug(format!("rdma_connect successful: {}", ep.qp.conn_info().detail));
+    ep.post_recv()?;
+    if args.first_send_delay_ms > 0 {
+        std::thread::sleep(Duration::from_millis(args.first_send_delay_ms));
+    }
+    let size = args.size as u32;
+    let mut ping = 0u64;
+    while args.count == 0 || ping < args.count {
+        let data = ping_data(ping, args.size);
+        start_mr.write(0, &data).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        // Advertise the start buffer; the server RDMA-Reads it.
+        ep.send_mr
+            .write(0, &encode_info(start_mr.addr(), start_mr.rkey(), size))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        ep.debug(format!(
+            "RDMA addr {:x} rkey {:x} len {}",
+            start_mr.addr(),
+            start_mr.rkey(),
+            size
+        ));
+        ep.post_send_info()?;
+        // Wait for the server's go-ahead (its Read completed).
+        if !expect_step(ep.next()?, Step::Recv, "RDMA_WRITE_ADV")? {
+            return Ok(());
+        }
+        // Advertise the sink buffer; the server RDMA-Writes the data back.
+        ep.send_mr
+            .write(0, &encode_info(ep.rdma_mr.addr(), ep.rdma_mr.rkey(), size))
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        ep.debug(format!(
+            "RDMA addr {:x} rkey {:x} len {}",
+            ep.rdma_mr.addr(),
+            ep.rdma_mr.rkey(),
+            size
+        ));
+        ep.post_send_info()?;
+        if !expect_step(ep.next()?, Step::Recv, "RDMA_WRITE_COMPLETE")? {
+            return Ok(());
+        }
+        let got = ep.rdma_mr.to_vec(0, args.size).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        if args.validate && got != data {
+            let at = got.iter().zip(&data).position(|(a, b)| a != b).unwrap_or(0);
+            eprintln!("data mismatch!");
+            bail!(
+                "ping {ping}: data mismatch at byte {at}: got {:?}, sent {:?}",
+                String::from_utf8_lossy(&got[at..(at + 16).min(got.len())]),
+                String::from_utf8_lossy(&data[at..(at + 16).min(data.len())])
+            );
+        }
+        if args.verbose {
+            println!("ping data: {}", cstr(&got));
+        }
+        ping += 1;
+    }
+    ep.debug("rping client done, disconnecting");
+    ep.qp.disconnect();
+    Ok(())
+}
+
+/// The bytes up to the first NUL, as `printf("%s")` shows them.
+fn cstr(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+fn server(dev: &Device, args: &RpingArgs) -> Result<()> {
+    let addr = resolve(args.addr.as_deref().unwrap_or("0.0.0.0"), args.port)?;
+    let listener = dev.listen(addr).with_context(|| format!("rdma_bind_addr {addr}"))?;
+    if args.debug {
+        println!("rdma_bind_addr successful on {}", listener.local_addr());
+    }
+    let req = listener
+        .get_request(args.timeout())
+        .context("wait for CONNECT_REQUEST")?;
+    let p = req.param();
+    if args.debug {
+        println!(
+            "child cma: connect request from {}, IRD {} ORD {}, {} bytes of private data",
+            req.peer_addr(),
+            p.responder_resources,
+            p.initiator_depth,
+            req.private_data().len()
+        );
+    }
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(SQ_DEPTH as usize * 2)?;
+    // rdma_accept(NULL): the IRD/ORD the client stated, seen from our side.
+    let ird = p.initiator_depth.max(1);
+    let ord = p.responder_resources.max(1);
+    let qp = req.accept(&pd, qp_options(&cq, ird, ord)).context("rdma_accept")?;
+    drop(listener);
+    let mut ep = endpoint(args, &pd, qp, cq, "server")?;
+    ep.post_recv()?;
+    ep.debug(format!("accepted: {}", ep.qp.conn_info().detail));
+    let res = server_loop(&mut ep);
+    ep.qp.disconnect();
+    res
+}
+
+/// rping_test_server.
+fn server_loop(ep: &mut Endpoint<'_>) -> Result<()> {
+    let size = ep.args.size;
+    loop {
+        // Wait for the client's start STag/TO/length.
+        if !expect_step(ep.next()?, Step::Recv, "RDMA_READ_ADV")? {
+            return Ok(());
+        }
+        let (addr, rkey, len) = decode_info(&ep.last_info);
+        ep.debug(format!("Received rkey {rkey:x} addr {addr:x} len {len} from peer"));
+        if len as usize > size {
+            bail!("the client's buffer ({len} bytes) is larger than ours (-S {size})");
+        }
+        let remote = RemoteAddr { addr, rkey };
+        ep.qp
+            .post_send_one(SendWr::new(
+                WR_RDMA,
+                WrOpcode::RdmaRead { remote },
+                vec![ep.rdma_mr.sge(0, len)],
+            ))
+            .context("post send error")?;
+        ep.debug("server posted rdma read req");
+        if !expect_step(ep.next()?, Step::ReadComplete, "RDMA_READ_COMPLETE")? {
+            return Ok(());
+        }
+        let data = ep.rdma_mr.to_vec(0, size).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        if ep.args.verbose {
+            println!("server ping data: {}", cstr(&data));
+        }
+        // Go ahead: rping's server sends its send_buf, which it never fills (16 zero bytes).
+        ep.post_send_info()?;
+        ep.debug("server posted go ahead");
+        // Wait for the client's sink STag/TO/length.
+        if !expect_step(ep.next()?, Step::Recv, "RDMA_WRITE_ADV")? {
+            return Ok(());
+        }
+        let (addr, rkey, len) = decode_info(&ep.last_info);
+        ep.debug(format!("Received rkey {rkey:x} addr {addr:x} len {len} from peer"));
+        // RDMA Write of strlen(rdma_buf) + 1 bytes back.
+        let wlen = (cstr(&data).len() + 1).min(size) as u32;
+        let remote = RemoteAddr { addr, rkey };
+        ep.qp
+            .post_send_one(SendWr::new(
+                WR_RDMA,
+                WrOpcode::RdmaWrite { remote },
+                vec![ep.rdma_mr.sge(0, wlen)],
+            ))
+            .context("post send error")?;
+        ep.debug(format!("rdma write from lkey {:x} len {wlen}", ep.rdma_mr.lkey()));
+        if !expect_step(ep.next()?, Step::WriteComplete, "RDMA_WRITE_COMPLETE")? {
+            return Ok(());
+        }
+        ep.post_send_info()?;
+        ep.debug("server posted go ahead");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ping_data_matches_rping_capture() {
+        // The first ping of a 64-byte rping, byte for byte from vm-lo-siw-rping.pcap frame 10.
+        let d = ping_data(0, 64);
+        assert_eq!(
+            &d[..],
+            &b"rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqr\0"[..]
+        );
+        // Each ping starts one character later; 'z' wraps to 'A'.
+        assert_eq!(&ping_data(1, 20)[..], b"rdma-ping-1: BCDEFG\0");
+        assert_eq!(&ping_data(57, 20)[..], b"rdma-ping-57: zABCD\0");
+        assert_eq!(&ping_data(58, 20)[..], b"rdma-ping-58: ABCDE\0");
+        // A long count never overruns the buffer.
+        assert_eq!(ping_data(1234567890, 26).len(), 26);
+        assert_eq!(&ping_data(1234567890, 26)[..], b"rdma-ping-1234567890: QRS\0");
+    }
+
+    #[test]
+    fn info_is_network_byte_order() {
+        // The client's first advertisement in vm-lo-siw-rping.pcap (frame 8).
+        let b = encode_info(0x0000_561c_aea0_1b90, 0x7e9f_1d00, 64);
+        assert_eq!(
+            b,
+            [
+                0, 0, 0x56, 0x1c, 0xae, 0xa0, 0x1b, 0x90, 0x7e, 0x9f, 0x1d, 0, 0, 0, 0, 0x40
+            ]
+        );
+        assert_eq!(decode_info(&b), (0x0000_561c_aea0_1b90, 0x7e9f_1d00, 64));
+    }
+}
