@@ -136,6 +136,8 @@ struct TxMsg {
     src: Source,
     total: usize,
     off: usize,
+    /// A Read or Atomic Response: it holds an IRD slot until framed.
+    response: bool,
 }
 
 impl TxMsg {
@@ -152,6 +154,7 @@ impl TxMsg {
             src,
             total,
             off: 0,
+            response: false,
         }
     }
 }
@@ -222,6 +225,9 @@ pub(crate) struct Proto {
     siw_term_form: bool,
     max_ulpdu: usize,
     state: QpState,
+    /// `state` as the application reads it (`QueuePair::state`), updated
+    /// before any event or completion that follows a change is published.
+    shared_state: Arc<AtomicU8>,
 
     // transmit
     sq: VecDeque<(u64, SendWr, Option<Vec<u8>>)>,
@@ -238,6 +244,8 @@ pub(crate) struct Proto {
     orq: VecDeque<Orq>,
     ord: u32,
     irq: VecDeque<Irq>,
+    /// Responses taken off `irq` and still being framed (they count to IRD).
+    responding: u32,
     ird: u32,
     next_atomic_id: u32,
     rtr: Option<RtrRole>,
@@ -369,6 +377,7 @@ impl Proto {
             siw_term_form,
             max_ulpdu: max_ulpdu.clamp(128, 65_535),
             state: QpState::Rts,
+            shared_state: Arc::new(AtomicU8::new(state_code(QpState::Rts))),
             sq: VecDeque::new(),
             slots: VecDeque::new(),
             next_slot: 0,
@@ -383,6 +392,7 @@ impl Proto {
             orq: VecDeque::new(),
             ord: neg.ord.max(1),
             irq: VecDeque::new(),
+            responding: 0,
             ird: neg.ird,
             next_atomic_id: 1,
             rtr: neg.rtr,
@@ -583,11 +593,13 @@ impl Proto {
     /// with `WrFlushErr` (in order), nothing new is accepted.
     fn enter_error(&mut self) {
         self.state = QpState::Err;
+        self.shared_state.store(state_code(QpState::Err), Ordering::Release);
         self.sq.clear();
         self.cur = None;
         self.follow = None;
         self.orq.clear();
         self.irq.clear();
+        self.responding = 0;
         for s in self.slots.iter_mut() {
             if s.status.is_none() {
                 s.status = Some(WcStatus::WrFlushErr);
@@ -635,10 +647,10 @@ impl Proto {
                 self.out.truncate(start);
             }
         }
-        self.events.push(CmEvent::TerminateSent(term_info(&f.cause)));
         // The failing work request (if ours) gets the local status.
         self.enter_error();
         self.shutdown_when_drained = true;
+        self.events.push(CmEvent::TerminateSent(term_info(&f.cause)));
     }
 
     // ---------------------------------------------------------------- transmit
@@ -666,7 +678,10 @@ impl Proto {
         self.prefer_irq = !self.prefer_irq;
         if take_irq {
             let r = self.irq.pop_front()?;
-            return Some(self.response_message(r));
+            let mut m = self.response_message(r);
+            m.response = true;
+            self.responding += 1;
+            return Some(m);
         }
         loop {
             let (id, wr, _) = self.sq.front()?;
@@ -718,6 +733,7 @@ impl Proto {
             src,
             total,
             off: 0,
+            response: false,
         }
     }
 
@@ -1002,6 +1018,9 @@ impl Proto {
             m.off += seg;
             if last {
                 let m = self.cur.take().expect("checked");
+                if m.response {
+                    self.responding -= 1;
+                }
                 if let Some(id) = m.completes {
                     self.out_marks.push_back((self.out.len(), id));
                 }
@@ -1305,7 +1324,7 @@ impl Proto {
                 rreq: Some(rr),
             });
         }
-        if self.irq.len() >= self.ird as usize {
+        if self.irq.len() + self.responding as usize >= self.ird as usize {
             // RDMAP-STR-04 / matrix row 19 (siw's choice).
             return Err(Fatal {
                 cause: cause::RDMAP_ERR_CATASTROPHIC_STREAM,
@@ -1354,7 +1373,7 @@ impl Proto {
 
     fn on_atomic_request(&mut self, payload: &[u8]) -> RxResult {
         let ar = AtomicRequest::parse(payload).map_err(|_| Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE))?;
-        if self.irq.len() >= self.ird as usize {
+        if self.irq.len() + self.responding as usize >= self.ird as usize {
             return Err(Fatal::new(cause::RDMAP_ERR_CATASTROPHIC_STREAM));
         }
         if ar.remote_to % 8 != 0 {
@@ -1437,9 +1456,9 @@ impl Proto {
             s.status = Some(st);
             s.vendor_err = pack_cause(&c);
         }
-        self.events.push(CmEvent::TerminateReceived(term_info(&c)));
         self.enter_error();
         self.shutdown_when_drained = true;
+        self.events.push(CmEvent::TerminateReceived(term_info(&c)));
     }
 
     /// The byte stream broke (RFC 5044 framing error, peer FIN or reset).
@@ -1531,7 +1550,7 @@ pub struct IwarpQp {
     token: Mutex<Option<mio::Token>>,
     core: Mutex<Core>,
     poke: Poke,
-    state: AtomicU8,
+    state: Arc<AtomicU8>,
     info: ConnInfo,
 }
 
@@ -1604,6 +1623,7 @@ impl IwarpQp {
             end: n,
             eof: false,
         };
+        let p_state = p.shared_state.clone();
         let established_now = !matches!(neg.rtr, Some(RtrRole::Expect(_)));
         let qp = Arc::new(IwarpQp {
             qpn,
@@ -1612,7 +1632,7 @@ impl IwarpQp {
             token: Mutex::new(None),
             core: Mutex::new(Core { p, rx }),
             poke: Poke::new(),
-            state: AtomicU8::new(state_code(QpState::Rts)),
+            state: p_state,
             info: neg.info.clone(),
         });
         if established_now {
@@ -1646,7 +1666,6 @@ impl IwarpQp {
                 break;
             }
         }
-        self.state.store(state_code(c.p.state), Ordering::Release);
         any
     }
 
