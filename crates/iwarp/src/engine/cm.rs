@@ -131,9 +131,16 @@ fn drive(mpa: &mut Mpa, sock: &mut TcpStream, pending: &mut Vec<u8>) -> Result<E
     }
 }
 
-/// After a negotiation failure in Full Operation (e.g. insufficient IRD, RFC
-/// 6581 §8), the failing side sends a Terminate with the LLP code.
-fn send_terminate(mpa: &Mpa, sock: &mut TcpStream) {
+/// After a negotiation failure: first any frame the negotiation queued (a
+/// Responder's Reply with R=1 to a peer requiring markers or lacking IRD,
+/// RFC 5044 §7.1.2, RFC 6581 §9.1), then, in Full Operation (e.g.
+/// insufficient IRD, RFC 6581 §8), a Terminate with the LLP code.
+fn send_terminate(mpa: &mut Mpa, sock: &mut TcpStream) {
+    let mut queued = Vec::new();
+    while mpa.poll_transmit(&mut queued).is_some() {}
+    if !queued.is_empty() {
+        let _ = sock.write_all(&queued);
+    }
     if let Some((cause, framing)) = mpa.terminate_to_send() {
         let repr = terminate::Repr::for_error(cause, None, None);
         let len = repr.ulpdu_len();
