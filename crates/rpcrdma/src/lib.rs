@@ -87,11 +87,16 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod credits;
+pub mod demo;
 pub mod inline;
 pub mod private_data;
 pub mod record;
 pub mod rpc;
+pub mod server;
+pub mod tcp;
+pub mod transport;
 pub mod validate;
 pub mod wire;
 pub mod xdr;

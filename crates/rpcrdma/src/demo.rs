@@ -1,0 +1,168 @@
+//! A demo RPC program that moves large opaque data both ways, with its
+//! upper-layer binding (program 0x20000099, version 1).
+//!
+//! | proc | name | arguments | results | DDP-eligible |
+//! |---|---|---|---|---|
+//! | 0 | NULL | void | void | - |
+//! | 1 | ECHO | `opaque data<>` | `opaque data<>` | the argument and the result |
+//! | 2 | READ | `unsigned size, unsigned seed` | `opaque data<>`, `unsigned trailer` | the result data |
+//! | 3 | WRITE | `unsigned tag, opaque data<>` | `unsigned len, unsigned sum` | the argument data |
+//! | 4 | WORDS | `unsigned words<>` | `unsigned words<>` (reversed) | nothing: large ones go as Long Calls / Long Replies |
+//!
+//! READ's data is [`pattern`]`(size, seed)`; WRITE's `sum` is [`checksum`] of the data.
+
+use crate::client::{Call, RpcClient, RpcError};
+use crate::server::{ProcError, Registry};
+use crate::xdr::{ReplySizing, roundup_u32};
+
+/// Program number (in the 0x20000000 "defined by user" range of RFC 5531 §13).
+pub const PROGRAM: u32 = 0x2000_0099;
+/// Version.
+pub const VERSION: u32 = 1;
+/// NULL.
+pub const NULL: u32 = 0;
+/// ECHO.
+pub const ECHO: u32 = 1;
+/// READ.
+pub const READ: u32 = 2;
+/// WRITE.
+pub const WRITE: u32 = 3;
+/// WORDS.
+pub const WORDS: u32 = 4;
+/// Largest opaque the program moves.
+pub const MAX_DATA: usize = 64 << 20;
+/// Largest WORDS array.
+pub const MAX_WORDS: usize = 1 << 20;
+/// READ's trailer word.
+pub const TRAILER: u32 = 0xcafe_f00d;
+
+/// Deterministic test data.
+pub fn pattern(len: usize, seed: u32) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(31).wrapping_add(seed ^ (i as u32 >> 8)) as u8)
+        .collect()
+}
+
+/// WRITE's checksum (wrapping byte sum mixed with the length).
+pub fn checksum(data: &[u8]) -> u32 {
+    data.iter()
+        .fold(data.len() as u32, |acc, &b| acc.rotate_left(5) ^ u32::from(b))
+}
+
+/// Register the demo program's procedures in `reg`.
+pub fn register(reg: &mut Registry) {
+    reg.register_null(PROGRAM, VERSION);
+    reg.register(PROGRAM, VERSION, ECHO, |_, d, e| {
+        let data = d.get_opaque_ddp(MAX_DATA)?;
+        e.put_opaque_ddp(data, MAX_DATA)?;
+        Ok(())
+    });
+    reg.register(PROGRAM, VERSION, READ, |_, d, e| {
+        let size = d.get_u32()? as usize;
+        let seed = d.get_u32()?;
+        if size > MAX_DATA {
+            return Err(ProcError::SystemErr);
+        }
+        e.put_opaque_ddp(&pattern(size, seed), MAX_DATA)?;
+        e.put_u32(TRAILER)?;
+        Ok(())
+    });
+    reg.register(PROGRAM, VERSION, WRITE, |_, d, e| {
+        let _tag = d.get_u32()?;
+        let data = d.get_opaque_ddp(MAX_DATA)?;
+        e.put_u32(data.len() as u32)?;
+        e.put_u32(checksum(data))?;
+        Ok(())
+    });
+    reg.register(PROGRAM, VERSION, WORDS, |_, d, e| {
+        let words = d.get_array(MAX_WORDS, 4, |d| d.get_u32())?;
+        e.put_array(&words.iter().rev().copied().collect::<Vec<_>>(), MAX_WORDS, |e, w| {
+            e.put_u32(*w)
+        })?;
+        Ok(())
+    });
+}
+
+/// A registry holding just the demo program.
+pub fn registry() -> Registry {
+    let mut r = Registry::new();
+    register(&mut r);
+    r
+}
+
+/// NULL.
+pub fn null<C: RpcClient>(c: &C) -> Result<(), RpcError> {
+    c.call(
+        &Call::new(PROGRAM, VERSION, NULL, &|_| Ok(()), ReplySizing::default()),
+        |_| Ok(()),
+    )
+}
+
+fn opaque_sizing(len: usize, extra: u32) -> ReplySizing {
+    ReplySizing {
+        max_results: 4 + roundup_u32(len as u32).unwrap_or(u32::MAX - 8) + extra,
+        ddp_results: vec![len as u32],
+    }
+}
+
+/// ECHO: send `data`, get it back.
+pub fn echo<C: RpcClient>(c: &C, data: &[u8]) -> Result<Vec<u8>, RpcError> {
+    let args = |e: &mut crate::xdr::Encoder<Vec<u8>>| e.put_opaque_ddp(data, MAX_DATA);
+    let call = Call::new(PROGRAM, VERSION, ECHO, &args, opaque_sizing(data.len(), 0));
+    c.call(&call, |d| Ok(d.get_opaque_ddp(MAX_DATA)?.to_vec()))
+}
+
+/// READ: get `size` bytes of `pattern(size, seed)`.
+pub fn read<C: RpcClient>(c: &C, size: usize, seed: u32) -> Result<Vec<u8>, RpcError> {
+    let args = |e: &mut crate::xdr::Encoder<Vec<u8>>| {
+        e.put_u32(size as u32)?;
+        e.put_u32(seed)
+    };
+    let call = Call::new(PROGRAM, VERSION, READ, &args, opaque_sizing(size, 4));
+    c.call(&call, |d| {
+        let data = d.get_opaque_ddp(MAX_DATA)?.to_vec();
+        let t = d.get_u32()?;
+        if t != TRAILER {
+            return Err(crate::xdr::XdrError::BadDiscriminant {
+                what: "READ trailer",
+                value: t,
+            });
+        }
+        Ok(data)
+    })
+}
+
+/// WRITE: send `data`; returns (length, checksum) as the server saw them.
+pub fn write<C: RpcClient>(c: &C, data: &[u8]) -> Result<(u32, u32), RpcError> {
+    let args = |e: &mut crate::xdr::Encoder<Vec<u8>>| {
+        e.put_u32(0x7a6)?;
+        e.put_opaque_ddp(data, MAX_DATA)
+    };
+    let call = Call::new(
+        PROGRAM,
+        VERSION,
+        WRITE,
+        &args,
+        ReplySizing {
+            max_results: 8,
+            ddp_results: vec![],
+        },
+    );
+    c.call(&call, |d| Ok((d.get_u32()?, d.get_u32()?)))
+}
+
+/// WORDS: send `words` (not DDP-eligible), get them back reversed.
+pub fn words<C: RpcClient>(c: &C, words: &[u32]) -> Result<Vec<u32>, RpcError> {
+    let args = |e: &mut crate::xdr::Encoder<Vec<u8>>| e.put_array(words, MAX_WORDS, |e, w| e.put_u32(*w));
+    let call = Call::new(
+        PROGRAM,
+        VERSION,
+        WORDS,
+        &args,
+        ReplySizing {
+            max_results: 4 + 4 * words.len() as u32,
+            ddp_results: vec![],
+        },
+    );
+    c.call(&call, |d| d.get_array(MAX_WORDS, 4, |d| d.get_u32()))
+}

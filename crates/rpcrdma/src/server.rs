@@ -1,0 +1,427 @@
+//! Program registry and call dispatch, shared by the TCP server ([`crate::tcp`])
+//! and the RPC-over-RDMA Responder ([`crate::transport`]). Sans-I/O.
+//!
+//! A program is registered per (program, version) with its procedures. A
+//! procedure handler receives a [`Decoder`] positioned at the arguments and an
+//! [`Encoder`] for the results. The handler *is* the upper-layer binding: it
+//! decodes DDP-eligible arguments with `get_opaque_ddp` / `ddp_item` (so Read
+//! chunks are re-inserted at their Position) and encodes DDP-eligible results
+//! with `put_opaque_ddp` / `ddp_item` (so the Responder can move them into the
+//! Requester's Write chunks). Over TCP the same handler runs with no chunks.
+//!
+//! Handlers must decode all of their arguments before acting: a decode error
+//! (including a chunk found where a non-eligible argument sits, RFC 8166 §6.1)
+//! then means the procedure did not run.
+//!
+//! [`dispatch`] answers every RFC 5531 §9 case: RPC_MISMATCH, AUTH_ERROR
+//! (AUTH_BADCRED for an undecodable or unsupported credential, AUTH_BADVERF for
+//! a verifier that is not AUTH_NONE, AUTH_TOOWEAK and others from the handler),
+//! PROG_UNAVAIL, PROG_MISMATCH (with the lowest and highest registered
+//! versions), PROC_UNAVAIL, GARBAGE_ARGS and SYSTEM_ERR.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::rpc::{
+    AcceptStat, AuthStat, AuthSys, CallHeader, RPC_VERSION, RejectStat, ReplyBody, ReplyHeader, RpcMessage, flavor,
+};
+use crate::xdr::{DdpItem, Decoder, Encoder, XdrDecode, XdrEncode, XdrError};
+
+/// The caller's credential, as the server understood it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// AUTH_NONE.
+    None,
+    /// AUTH_SYS (RFC 5531 Appendix A).
+    Sys {
+        /// stamp.
+        stamp: u32,
+        /// machinename.
+        machinename: Vec<u8>,
+        /// uid.
+        uid: u32,
+        /// gid.
+        gid: u32,
+        /// Supplementary gids.
+        gids: Vec<u32>,
+    },
+}
+
+/// What a handler knows about the call.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    /// XID.
+    pub xid: u32,
+    /// Program.
+    pub prog: u32,
+    /// Version.
+    pub vers: u32,
+    /// Procedure.
+    pub proc_: u32,
+    /// Credential.
+    pub cred: Credential,
+    /// "tcp" or "rdma".
+    pub transport: &'static str,
+}
+
+/// Why a handler did not produce results.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProcError {
+    /// The arguments did not decode (GARBAGE_ARGS, or ERR_CHUNK over RDMA when a
+    /// chunk was misplaced).
+    Decode(XdrError),
+    /// SYSTEM_ERR.
+    SystemErr,
+    /// Reject with AUTH_ERROR and this status (e.g. AUTH_TOOWEAK).
+    Auth(AuthStat),
+}
+
+impl From<XdrError> for ProcError {
+    fn from(e: XdrError) -> Self {
+        ProcError::Decode(e)
+    }
+}
+
+/// A procedure handler.
+pub type Handler =
+    Arc<dyn Fn(&CallContext, &mut Decoder<'_>, &mut Encoder<Vec<u8>>) -> Result<(), ProcError> + Send + Sync>;
+
+/// Registered programs, versions and procedures.
+#[derive(Clone, Default)]
+pub struct Registry {
+    progs: HashMap<u32, BTreeMap<u32, HashMap<u32, Handler>>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut m = f.debug_map();
+        for (p, vs) in &self.progs {
+            m.entry(p, &vs.keys().collect::<Vec<_>>());
+        }
+        m.finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Register one procedure of `prog`/`vers`. Registering a version with no
+    /// procedures is possible with [`Registry::register_version`].
+    pub fn register<F>(&mut self, prog: u32, vers: u32, proc_: u32, handler: F) -> &mut Self
+    where
+        F: Fn(&CallContext, &mut Decoder<'_>, &mut Encoder<Vec<u8>>) -> Result<(), ProcError> + Send + Sync + 'static,
+    {
+        self.progs
+            .entry(prog)
+            .or_default()
+            .entry(vers)
+            .or_default()
+            .insert(proc_, Arc::new(handler));
+        self
+    }
+
+    /// Make `prog`/`vers` known (calls to unregistered procedures get PROC_UNAVAIL).
+    pub fn register_version(&mut self, prog: u32, vers: u32) -> &mut Self {
+        self.progs.entry(prog).or_default().entry(vers).or_default();
+        self
+    }
+
+    /// Add the NULL procedure (0, no arguments, no results) to `prog`/`vers`.
+    pub fn register_null(&mut self, prog: u32, vers: u32) -> &mut Self {
+        self.register(prog, vers, 0, |_, _, _| Ok(()))
+    }
+
+    fn lookup(&self, prog: u32, vers: u32, proc_: u32) -> Result<&Handler, AcceptStat> {
+        let versions = self.progs.get(&prog).ok_or(AcceptStat::ProgUnavail)?;
+        let Some(procs) = versions.get(&vers) else {
+            let low = versions.keys().next().copied().unwrap_or(0);
+            let high = versions.keys().next_back().copied().unwrap_or(0);
+            return Err(AcceptStat::ProgMismatch { low, high });
+        };
+        procs.get(&proc_).ok_or(AcceptStat::ProcUnavail)
+    }
+}
+
+/// The result of dispatching one call message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dispatch {
+    /// An RPC reply to send: the encoded reply message (starting with the XID)
+    /// and the DDP-eligible result items it contains (offsets in `stream`).
+    Reply {
+        /// XID.
+        xid: u32,
+        /// Reply message.
+        stream: Vec<u8>,
+        /// DDP-eligible results.
+        items: Vec<DdpItem>,
+        /// The accept or reject status sent (for logs and tests).
+        status: ReplyStatus,
+    },
+    /// The argument decoder found a chunk where a non-eligible item sits, or a
+    /// chunk nobody consumed (RFC 8166 §6.1, requirements B.5 #11): over RDMA the
+    /// transport answers RDMA_ERROR/ERR_CHUNK. Over TCP this cannot happen.
+    ChunkError {
+        /// XID.
+        xid: u32,
+        /// The decoder error.
+        error: XdrError,
+    },
+    /// Not a call, or a call header that does not decode: no answer (RFC 5531
+    /// gives none; the XID cannot be trusted).
+    Drop,
+}
+
+/// Summary of a reply's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplyStatus {
+    /// MSG_ACCEPTED with this accept_stat.
+    Accepted(AcceptStat),
+    /// MSG_DENIED.
+    Denied(RejectStat),
+}
+
+fn reply_only(xid: u32, body: ReplyBody<'static>) -> Dispatch {
+    let h = ReplyHeader { xid, body };
+    let stream = crate::rpc::encode_reply_header(&h).unwrap_or_default();
+    let status = match body {
+        ReplyBody::Accepted { stat, .. } => ReplyStatus::Accepted(stat),
+        ReplyBody::Denied(r) => ReplyStatus::Denied(r),
+    };
+    Dispatch::Reply {
+        xid,
+        stream,
+        items: Vec::new(),
+        status,
+    }
+}
+
+fn accepted(xid: u32, stat: AcceptStat) -> Dispatch {
+    reply_only(
+        xid,
+        ReplyBody::Accepted {
+            verf: crate::rpc::OpaqueAuth::NONE,
+            stat,
+        },
+    )
+}
+
+fn credential(h: &CallHeader<'_>) -> Result<Credential, AuthStat> {
+    if h.verf.flavor != flavor::AUTH_NONE || !h.verf.body.is_empty() {
+        // Neither AUTH_NONE nor AUTH_SYS carries a verifier (RFC 5531 §10.1, §10.2).
+        return Err(AuthStat::BadVerf);
+    }
+    match h.cred.flavor {
+        flavor::AUTH_NONE if h.cred.body.is_empty() => Ok(Credential::None),
+        flavor::AUTH_SYS => {
+            let s = AuthSys::decode_body(h.cred.body).map_err(|_| AuthStat::BadCred)?;
+            Ok(Credential::Sys {
+                stamp: s.stamp,
+                machinename: s.machinename.to_vec(),
+                uid: s.uid,
+                gid: s.gid,
+                gids: s.gids,
+            })
+        }
+        _ => Err(AuthStat::BadCred),
+    }
+}
+
+/// Dispatch one call. `dec` holds the whole RPC call message (starting at the
+/// XID), with Read chunks attached when it came over RDMA. `transport` names the
+/// transport for [`CallContext::transport`].
+pub fn dispatch(registry: &Registry, dec: &mut Decoder<'_>, transport: &'static str) -> Dispatch {
+    let msg = match RpcMessage::decode(dec) {
+        Ok(m) => m,
+        Err(e) if e.is_chunk_placement_error() => {
+            return Dispatch::ChunkError { xid: 0, error: e };
+        }
+        Err(_) => return Dispatch::Drop,
+    };
+    let RpcMessage::Call(h) = msg else {
+        return Dispatch::Drop;
+    };
+    let xid = h.xid;
+    if h.rpcvers != RPC_VERSION {
+        return reply_only(
+            xid,
+            ReplyBody::Denied(RejectStat::RpcMismatch {
+                low: RPC_VERSION,
+                high: RPC_VERSION,
+            }),
+        );
+    }
+    let cred = match credential(&h) {
+        Ok(c) => c,
+        Err(s) => return reply_only(xid, ReplyBody::Denied(RejectStat::AuthError(s))),
+    };
+    let handler = match registry.lookup(h.prog, h.vers, h.proc_) {
+        Ok(f) => f,
+        Err(stat) => return accepted(xid, stat),
+    };
+    let ctx = CallContext {
+        xid,
+        prog: h.prog,
+        vers: h.vers,
+        proc_: h.proc_,
+        cred,
+        transport,
+    };
+    let mut out = Encoder::new(Vec::with_capacity(256));
+    // the reply header goes first; results follow
+    if ReplyHeader::accepted(xid, AcceptStat::Success)
+        .encode(&mut out)
+        .is_err()
+    {
+        return accepted(xid, AcceptStat::SystemErr);
+    }
+    let res = handler(&ctx, dec, &mut out).and_then(|()| dec.finish().map_err(ProcError::Decode));
+    match res {
+        Ok(()) => {
+            let (stream, items) = out.finish();
+            Dispatch::Reply {
+                xid,
+                stream,
+                items,
+                status: ReplyStatus::Accepted(AcceptStat::Success),
+            }
+        }
+        Err(ProcError::Decode(e)) if e.is_chunk_placement_error() => Dispatch::ChunkError { xid, error: e },
+        Err(ProcError::Decode(_)) => accepted(xid, AcceptStat::GarbageArgs),
+        Err(ProcError::SystemErr) => accepted(xid, AcceptStat::SystemErr),
+        Err(ProcError::Auth(s)) => reply_only(xid, ReplyBody::Denied(RejectStat::AuthError(s))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rpc::OpaqueAuth;
+
+    fn call(rpcvers: u32, prog: u32, vers: u32, proc_: u32, cred: OpaqueAuth<'_>, args: &[u8]) -> Vec<u8> {
+        let mut e = Encoder::new(Vec::new());
+        CallHeader {
+            xid: 77,
+            rpcvers,
+            prog,
+            vers,
+            proc_,
+            cred,
+            verf: OpaqueAuth::NONE,
+        }
+        .encode(&mut e)
+        .unwrap();
+        let mut v = e.finish().0;
+        v.extend_from_slice(args);
+        v
+    }
+
+    fn status(reg: &Registry, msg: &[u8]) -> ReplyStatus {
+        match dispatch(reg, &mut Decoder::new(msg), "test") {
+            Dispatch::Reply {
+                status, xid, stream, ..
+            } => {
+                assert_eq!(xid, 77);
+                // the stream decodes as a reply with the same status
+                let RpcMessage::Reply(r) = RpcMessage::decode(&mut Decoder::new(&stream)).unwrap() else {
+                    panic!()
+                };
+                match (r.body, status) {
+                    (ReplyBody::Accepted { stat, .. }, ReplyStatus::Accepted(s)) => assert_eq!(stat, s),
+                    (ReplyBody::Denied(d), ReplyStatus::Denied(s)) => assert_eq!(d, s),
+                    other => panic!("{other:?}"),
+                }
+                status
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn reg() -> Registry {
+        let mut r = Registry::new();
+        r.register_null(100, 2)
+            .register_null(100, 4)
+            .register(100, 3, 1, |ctx, d, e| {
+                let x = d.get_u32()?;
+                if x == 0xdead {
+                    return Err(ProcError::SystemErr);
+                }
+                if x == 0xbeef && ctx.cred == Credential::None {
+                    return Err(ProcError::Auth(AuthStat::TooWeak));
+                }
+                e.put_u32(x + 1)?;
+                Ok(())
+            });
+        r
+    }
+
+    /// Every accept and reject status of RFC 5531 §9 (issue 5 item 2).
+    #[test]
+    fn every_status() {
+        let r = reg();
+        use AcceptStat::*;
+        let a = |s| ReplyStatus::Accepted(s);
+        assert_eq!(
+            status(&r, &call(2, 100, 3, 1, OpaqueAuth::NONE, &[0, 0, 0, 1])),
+            a(Success)
+        );
+        assert_eq!(status(&r, &call(2, 101, 3, 1, OpaqueAuth::NONE, &[])), a(ProgUnavail));
+        assert_eq!(
+            status(&r, &call(2, 100, 9, 1, OpaqueAuth::NONE, &[])),
+            a(ProgMismatch { low: 2, high: 4 })
+        );
+        assert_eq!(status(&r, &call(2, 100, 3, 7, OpaqueAuth::NONE, &[])), a(ProcUnavail));
+        assert_eq!(
+            status(&r, &call(2, 100, 3, 1, OpaqueAuth::NONE, &[0, 0])),
+            a(GarbageArgs)
+        );
+        assert_eq!(
+            status(&r, &call(2, 100, 3, 1, OpaqueAuth::NONE, &[0, 0, 0xde, 0xad])),
+            a(SystemErr)
+        );
+        assert_eq!(
+            status(&r, &call(3, 100, 3, 1, OpaqueAuth::NONE, &[])),
+            ReplyStatus::Denied(RejectStat::RpcMismatch { low: 2, high: 2 })
+        );
+        let denied = |s| ReplyStatus::Denied(RejectStat::AuthError(s));
+        assert_eq!(
+            status(&r, &call(2, 100, 3, 1, OpaqueAuth::NONE, &[0, 0, 0xbe, 0xef])),
+            denied(AuthStat::TooWeak)
+        );
+        let bad = OpaqueAuth {
+            flavor: flavor::AUTH_SYS,
+            body: &[0, 0, 0, 1],
+        };
+        assert_eq!(status(&r, &call(2, 100, 3, 1, bad, &[])), denied(AuthStat::BadCred));
+        let unknown = OpaqueAuth {
+            flavor: flavor::AUTH_DH,
+            body: &[],
+        };
+        assert_eq!(status(&r, &call(2, 100, 3, 1, unknown, &[])), denied(AuthStat::BadCred));
+        let sys = AuthSys {
+            stamp: 1,
+            machinename: b"host",
+            uid: 1000,
+            gid: 100,
+            gids: vec![4, 5],
+        }
+        .encode_body()
+        .unwrap();
+        assert_eq!(
+            status(&r, &call(2, 100, 3, 1, AuthSys::credential(&sys), &[0, 0, 0xbe, 0xef])),
+            a(Success)
+        );
+        // a bad verifier
+        let mut m = call(2, 100, 3, 1, OpaqueAuth::NONE, &[0, 0, 0, 1]);
+        m[32..36].copy_from_slice(&1u32.to_be_bytes()); // verifier flavor AUTH_SYS
+        assert_eq!(status(&r, &m), denied(AuthStat::BadVerf));
+        // not a call, or garbage: no answer
+        assert_eq!(
+            dispatch(&r, &mut Decoder::new(&[0, 0, 0, 1, 0, 0, 0, 1]), "t"),
+            Dispatch::Drop
+        );
+        assert_eq!(dispatch(&r, &mut Decoder::new(&[0, 0]), "t"), Dispatch::Drop);
+    }
+}

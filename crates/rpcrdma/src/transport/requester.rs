@@ -1,0 +1,641 @@
+//! The Requester (RPC client) on verbs.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use verbs::{
+    Access, CmEvent, CompletionQueue, MemoryRegion, ProtectionDomain, QpOptions, QueuePair, RecvWr, SendFlags, SendWr,
+    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+};
+
+use super::{RdmaConfig, wrid};
+use crate::client::{Call, RpcError, XidSource, decode_reply};
+use crate::credits::RequesterCredits;
+use crate::inline::{CallForm, max_rpc_reply_header, plan_call, plan_reply_resources};
+use crate::private_data::{Negotiated, PrivateData, Side, negotiate};
+use crate::validate::{RequesterDecision, validate_reply};
+use crate::wire::chunks::position_zero_read_list;
+use crate::wire::{Body, ChunkLists, Header, Limits, ReadSegment, Segment, WriteChunk};
+use crate::xdr::{ChunkSource, Decoder, ReturnedWriteChunk, XdrError};
+
+/// An RPC-over-RDMA client: one connection at a time, re-established on loss;
+/// `call` may be used from many threads at once.
+pub struct RdmaClient {
+    pd: ProtectionDomain,
+    addr: SocketAddr,
+    cfg: RdmaConfig,
+    conn: Mutex<Option<Arc<Conn>>>,
+    xids: XidSource,
+    connects: std::sync::atomic::AtomicU32,
+}
+
+enum Fail {
+    /// The connection failed: reconnect and retransmit.
+    Retry(RpcError),
+    /// The RPC failed for good.
+    Fatal(RpcError),
+}
+
+impl RdmaClient {
+    /// Connect to a Responder at `addr` using `pd`'s device.
+    pub fn connect(pd: &ProtectionDomain, addr: SocketAddr, cfg: RdmaConfig) -> Result<RdmaClient, RpcError> {
+        let c = RdmaClient {
+            pd: pd.clone(),
+            addr,
+            cfg,
+            conn: Mutex::new(None),
+            xids: XidSource::new(),
+            connects: 0.into(),
+        };
+        c.connection()?;
+        Ok(c)
+    }
+
+    /// The thresholds and remote-invalidation setting of the current connection.
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        self.conn.lock().unwrap().as_ref().map(|c| c.neg)
+    }
+
+    /// How many connections were made (1 + reconnects).
+    pub fn connects(&self) -> u32 {
+        self.connects.load(Ordering::Relaxed)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RdmaConfig {
+        &self.cfg
+    }
+
+    fn connection(&self) -> Result<Arc<Conn>, RpcError> {
+        let mut g = self.conn.lock().unwrap();
+        if let Some(c) = g.as_ref()
+            && c.alive()
+        {
+            return Ok(c.clone());
+        }
+        if let Some(old) = g.take() {
+            old.shutdown();
+        }
+        let c = Conn::open(&self.pd, self.addr, &self.cfg)?;
+        self.connects.fetch_add(1, Ordering::Relaxed);
+        *g = Some(c.clone());
+        Ok(c)
+    }
+
+    fn drop_connection(&self, conn: &Arc<Conn>) {
+        let mut g = self.conn.lock().unwrap();
+        if g.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            g.take();
+        }
+        conn.shutdown();
+    }
+
+    /// Make one call and decode its results with `decode`. The call is
+    /// retransmitted with the same XID on a new connection if the connection
+    /// is lost or no Reply comes in time (up to `max_retries` times).
+    pub fn call<T>(
+        &self,
+        call: &Call<'_>,
+        decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
+    ) -> Result<T, RpcError> {
+        let xid = self.xids.next();
+        let mut last = RpcError::Disconnected("not connected".into());
+        for _attempt in 0..=self.cfg.max_retries {
+            let conn = match self.connection() {
+                Ok(c) => c,
+                Err(e) => {
+                    last = e;
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            match conn.call_once(xid, call, &self.cfg) {
+                Ok(done) => return done.decode(xid, decode),
+                Err(Fail::Fatal(e)) => return Err(e),
+                Err(Fail::Retry(e)) => {
+                    tracing::debug!(xid, "rpcrdma: {e}; reconnecting to retransmit");
+                    self.drop_connection(&conn);
+                    last = e;
+                }
+            }
+        }
+        Err(last)
+    }
+}
+
+impl Drop for RdmaClient {
+    fn drop(&mut self) {
+        if let Some(c) = self.conn.lock().unwrap().take() {
+            c.shutdown();
+        }
+    }
+}
+
+/// A registration for one RPC: the local bytes and the fast-registered STag
+/// the peer uses.
+struct Region {
+    local: MemoryRegion,
+    _fr: MemoryRegion,
+    stag: u32,
+}
+
+impl Region {
+    fn new(
+        pd: &ProtectionDomain,
+        len: usize,
+        init: Option<&[u8]>,
+        access: Access,
+        key: u8,
+        wrs: &mut Vec<SendWr>,
+    ) -> Result<Region, verbs::Error> {
+        let local = pd.reg_mr(len.max(1), Access::LOCAL_WRITE)?;
+        if let Some(d) = init {
+            local
+                .write(0, d)
+                .map_err(|_| verbs::Error::InvalidArgument("region too small".into()))?;
+        }
+        let fr = pd.alloc_mr(len.max(1) as u64)?;
+        let stag = fr.stag_with_key(key);
+        wrs.push(
+            SendWr::new(
+                wrid::REG,
+                WrOpcode::RegMr {
+                    mr_stag: fr.rkey(),
+                    key,
+                    source_lkey: local.lkey(),
+                    source_addr: local.addr(),
+                    length: len.max(1) as u64,
+                    iova: local.addr(),
+                    access,
+                },
+                vec![],
+            )
+            .flags(SendFlags::empty()),
+        );
+        Ok(Region { local, _fr: fr, stag })
+    }
+
+    fn segment(&self, off: usize, len: u32) -> Segment {
+        Segment {
+            handle: self.stag,
+            length: len,
+            offset: self.local.addr() + off as u64,
+        }
+    }
+
+    /// Bytes of a returned segment (checked against what was provided before).
+    fn gather(&self, segs: &[Segment], out: &mut Vec<u8>) -> Result<(), RpcError> {
+        for s in segs {
+            let off = s
+                .offset
+                .checked_sub(self.local.addr())
+                .ok_or(RpcError::Decode(XdrError::Overflow))?;
+            let start = out.len();
+            out.resize(start + s.length as usize, 0);
+            self.local
+                .read(off as usize, &mut out[start..])
+                .map_err(|_| RpcError::Decode(XdrError::Overflow))?;
+        }
+        Ok(())
+    }
+}
+
+/// A Reply received and its chunk memory already invalidated.
+struct Done {
+    msg: Vec<u8>,
+    write_region: Option<Region>,
+}
+
+impl Done {
+    fn decode<T>(self, xid: u32, decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>) -> Result<T, RpcError> {
+        let (h, len) =
+            Header::decode(&self.msg, &Limits::default()).map_err(|_| RpcError::Decode(XdrError::Overflow))?;
+        let lists = h.body.lists().cloned().unwrap_or_default();
+        let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(lists.writes.len());
+        for w in &lists.writes {
+            let mut v = Vec::new();
+            if let Some(r) = &self.write_region {
+                r.gather(&w.segments, &mut v)?;
+            }
+            bufs.push(v);
+        }
+        let returned: Vec<ReturnedWriteChunk<'_>> = lists
+            .writes
+            .iter()
+            .zip(&bufs)
+            .map(|(w, b)| {
+                if w.is_empty_chunk() {
+                    ReturnedWriteChunk::Empty
+                } else {
+                    ReturnedWriteChunk::Data(b)
+                }
+            })
+            .collect();
+        let long;
+        let payload: &[u8] = match &h.body {
+            Body::Msg(_) => &self.msg[len..],
+            _ => {
+                let mut v = Vec::new();
+                if let (Some(r), Some(rc)) = (&self.write_region, &lists.reply) {
+                    r.gather(&rc.segments, &mut v)?;
+                }
+                long = v;
+                &long
+            }
+        };
+        decode_reply(
+            &mut Decoder::with_chunks(payload, ChunkSource::Write(&returned)),
+            xid,
+            decode,
+        )
+    }
+}
+
+type Outcome = Result<Vec<u8>, RpcError>;
+
+struct Pending {
+    lists: ChunkLists,
+    stags: Vec<u32>,
+    tx: SyncSender<Outcome>,
+    /// The Reply (or the error), waiting for local invalidation to finish.
+    result: Option<Outcome>,
+}
+
+struct State {
+    credits: RequesterCredits,
+    pending: HashMap<u32, Pending>,
+    dead: Option<String>,
+}
+
+struct Conn {
+    pd: ProtectionDomain,
+    qp: QueuePair,
+    neg: Negotiated,
+    recv_mr: MemoryRegion,
+    recv_size: usize,
+    state: Mutex<State>,
+    cv: Condvar,
+    stop: AtomicBool,
+    key: AtomicU8,
+    progress: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Conn {
+    fn open(pd: &ProtectionDomain, addr: SocketAddr, cfg: &RdmaConfig) -> Result<Arc<Conn>, RpcError> {
+        let err = |e: verbs::Error| RpcError::Disconnected(e.to_string());
+        let credits = cfg.credits.max(1);
+        let cq = pd.device().create_cq(8 * credits as usize + 64).map_err(err)?;
+        let local = PrivateData::new(cfg.inline_send, cfg.inline_recv, cfg.remote_invalidation)
+            .map_err(|e| RpcError::Local(e.to_string()))?;
+        let mut opts = QpOptions::new(&cq).rd_atomic(cfg.rd_atomic, cfg.rd_atomic);
+        opts.attr.max_recv_wr = opts.attr.max_recv_wr.max(credits);
+        opts.attr.max_send_wr = opts.attr.max_send_wr.max(8 * credits);
+        if cfg.private_data {
+            opts = opts.private_data(&local.encode());
+        }
+        let qp = pd.connect(addr, opts, cfg.timeout).map_err(err)?;
+        let peer = PrivateData::find(&qp.conn_info().peer_private_data);
+        let mine = if cfg.private_data {
+            local
+        } else {
+            PrivateData::default()
+        };
+        let neg = negotiate(Side::Client, &mine, peer.as_ref());
+        // RPCR-INL-02/CRD-05: receive buffers of the reply threshold or more, one per credit
+        let recv_size = mine.recv_size.max(neg.thresholds.reply) as usize;
+        let recv_mr = pd
+            .reg_mr(recv_size * credits as usize, Access::LOCAL_WRITE)
+            .map_err(err)?;
+        let recvs: Vec<RecvWr> = (0..credits as usize)
+            .map(|i| RecvWr {
+                wr_id: wrid::RECV | i as u64,
+                sg_list: vec![recv_mr.sge(i * recv_size, recv_size as u32)],
+            })
+            .collect();
+        qp.post_recv(&recvs).map_err(err)?;
+        let conn = Arc::new(Conn {
+            pd: pd.clone(),
+            qp,
+            neg,
+            recv_mr,
+            recv_size,
+            state: Mutex::new(State {
+                credits: RequesterCredits::new(credits),
+                pending: HashMap::new(),
+                dead: None,
+            }),
+            cv: Condvar::new(),
+            stop: AtomicBool::new(false),
+            key: AtomicU8::new(1),
+            progress: Mutex::new(None),
+        });
+        let c2 = conn.clone();
+        let t = std::thread::Builder::new()
+            .name("rpcrdma-client".into())
+            .spawn(move || c2.progress_loop(cq))
+            .map_err(|e| RpcError::Local(e.to_string()))?;
+        *conn.progress.lock().unwrap() = Some(t);
+        Ok(conn)
+    }
+
+    fn alive(&self) -> bool {
+        self.state.lock().unwrap().dead.is_none()
+    }
+
+    fn shutdown(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.qp.disconnect();
+        let t = self.progress.lock().unwrap().take();
+        if let Some(t) = t
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
+        self.fail_all("connection closed");
+    }
+
+    fn fail_all(&self, why: &str) {
+        let mut st = self.state.lock().unwrap();
+        if st.dead.is_none() {
+            st.dead = Some(why.to_string());
+        }
+        for (_, p) in st.pending.drain() {
+            let _ = p.tx.send(Err(RpcError::Disconnected(why.to_string())));
+        }
+        self.cv.notify_all();
+    }
+
+    fn next_key(&self) -> u8 {
+        self.key.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn call_once(&self, xid: u32, call: &Call<'_>, cfg: &RdmaConfig) -> Result<Done, Fail> {
+        let deadline = Instant::now() + cfg.timeout;
+        let local = |e: String| Fail::Fatal(RpcError::Local(e));
+        let th = self.neg.thresholds;
+        let (stream, items) = call.encode(xid).map_err(|e| local(e.to_string()))?;
+        // Reply resources from the binding's largest reply (RPCR-ULB-02, RPCR-LNG-04, RPCR-WRC-01)
+        let res = plan_reply_resources(
+            &th,
+            max_rpc_reply_header(0).saturating_add(call.reply.max_results),
+            &call.reply.ddp_results,
+            |_| 1,
+            cfg.call_options,
+        );
+        let mut wrs = Vec::new();
+        let mut lists = ChunkLists::default();
+        let mut write_region = None;
+        let total: usize = res.write_chunks.iter().map(|&c| align8(c as usize)).sum::<usize>()
+            + res.reply_chunk.map_or(0, |c| c as usize);
+        if !res.write_chunks.is_empty() || res.reply_chunk.is_some() {
+            let r = Region::new(
+                &self.pd,
+                total,
+                None,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                self.next_key(),
+                &mut wrs,
+            )
+            .map_err(|e| local(e.to_string()))?;
+            let mut off = 0;
+            for &cap in &res.write_chunks {
+                lists.writes.push(WriteChunk {
+                    segments: vec![r.segment(off, cap)],
+                });
+                off += align8(cap as usize);
+            }
+            if let Some(cap) = res.reply_chunk {
+                lists.reply = Some(WriteChunk {
+                    segments: vec![r.segment(off, cap)],
+                });
+            }
+            write_region = Some(r);
+        }
+        let plan =
+            plan_call(&th, &stream, &items, &lists, |_| 1, cfg.call_options).map_err(|e| local(e.to_string()))?;
+        let mut read_region = None;
+        let (body, payload): (Body, &[u8]) = match &plan.form {
+            CallForm::Short => (Body::Msg(lists.clone()), &stream),
+            CallForm::Chunked(red) => {
+                // RPCR-RDC-04: chunks without pad, one item each (RPCR-DDP-05)
+                let bytes: usize = red.items.iter().map(|i| i.range.len()).sum();
+                let mut data = Vec::with_capacity(bytes);
+                for it in &red.items {
+                    data.extend_from_slice(&stream[it.range.clone()]);
+                }
+                let r = Region::new(
+                    &self.pd,
+                    bytes,
+                    Some(&data),
+                    Access::REMOTE_READ,
+                    self.next_key(),
+                    &mut wrs,
+                )
+                .map_err(|e| local(e.to_string()))?;
+                let mut l = lists.clone();
+                let mut off = 0;
+                for it in &red.items {
+                    l.reads.push(ReadSegment {
+                        position: it.position,
+                        target: r.segment(off, it.range.len() as u32),
+                    });
+                    off += it.range.len();
+                }
+                read_region = Some(r);
+                (Body::Msg(l), &red.payload)
+            }
+            CallForm::Long => {
+                // RPCR-LNG-01/02/08: the whole Payload stream, pad included, at Position zero
+                let r = Region::new(
+                    &self.pd,
+                    stream.len(),
+                    Some(&stream),
+                    Access::REMOTE_READ,
+                    self.next_key(),
+                    &mut wrs,
+                )
+                .map_err(|e| local(e.to_string()))?;
+                let mut l = lists.clone();
+                l.reads = position_zero_read_list(&[r.segment(0, stream.len() as u32)]);
+                read_region = Some(r);
+                (Body::NoMsg(l), &[][..])
+            }
+        };
+        let call_lists = body.lists().cloned().unwrap_or_default();
+        let mut stags: Vec<u32> = Vec::new();
+        stags.extend(read_region.as_ref().map(|r| r.stag));
+        stags.extend(write_region.as_ref().map(|r| r.stag));
+        // credit: wait for one (RPCR-CRD-01/03/07)
+        let (tx, rx) = sync_channel(1);
+        {
+            let mut st = self.state.lock().unwrap();
+            loop {
+                if let Some(d) = &st.dead {
+                    return Err(Fail::Retry(RpcError::Disconnected(d.clone())));
+                }
+                if st.credits.on_send().is_ok() {
+                    break;
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(Fail::Retry(RpcError::Timeout));
+                }
+                st = self.cv.wait_timeout(st, deadline - now).unwrap().0;
+            }
+            let header = Header::new(xid, st.credits.requested(), body);
+            let mut msg = header.to_vec().map_err(|e| local(e.to_string()))?;
+            msg.extend_from_slice(payload);
+            let send_mr = self
+                .pd
+                .reg_mr(msg.len().max(1), Access::LOCAL_WRITE)
+                .map_err(|e| local(e.to_string()))?;
+            let _ = send_mr.write(0, &msg);
+            wrs.push(SendWr::new(
+                wrid::SEND | u64::from(xid),
+                WrOpcode::Send,
+                vec![send_mr.sge(0, msg.len() as u32)],
+            ));
+            st.pending.insert(
+                xid,
+                Pending {
+                    lists: call_lists,
+                    stags,
+                    tx,
+                    result: None,
+                },
+            );
+            if let Err(e) = self.qp.post_send(&wrs) {
+                st.pending.remove(&xid);
+                let g = st.credits.granted();
+                let _ = st.credits.on_reply(g);
+                // RPCR-MEM-04: the RPC fails at once
+                return Err(Fail::Retry(RpcError::Disconnected(e.to_string())));
+            }
+            drop(st);
+            // keep the send buffer until the RPC ends
+            let r = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(r) => r,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.state.lock().unwrap().pending.remove(&xid);
+                    return Err(Fail::Retry(RpcError::Timeout));
+                }
+                Err(RecvTimeoutError::Disconnected) => Err(RpcError::Disconnected("client closed".into())),
+            };
+            drop(send_mr);
+            drop(read_region);
+            match r {
+                Ok(msg) => Ok(Done { msg, write_region }),
+                Err(e @ RpcError::Disconnected(_)) | Err(e @ RpcError::Timeout) => Err(Fail::Retry(e)),
+                Err(e) => Err(Fail::Fatal(e)),
+            }
+        }
+    }
+
+    fn progress_loop(self: Arc<Self>, cq: CompletionQueue) {
+        let why = loop {
+            if self.stop.load(Ordering::Acquire) {
+                break "connection closed".to_string();
+            }
+            match cq.wait(Some(Duration::from_millis(20))) {
+                Some(wc) => {
+                    if let Err(e) = self.on_completion(wc) {
+                        break e;
+                    }
+                }
+                None => {
+                    if let Some(ev) = self.qp.get_event(Some(Duration::ZERO)) {
+                        match ev {
+                            CmEvent::Established => {}
+                            other => break format!("{other:?}"),
+                        }
+                    }
+                }
+            }
+        };
+        tracing::debug!("rpcrdma client connection ends: {why}");
+        self.qp.disconnect();
+        self.fail_all(&why);
+    }
+
+    fn on_completion(&self, wc: WorkCompletion) -> Result<(), String> {
+        if wc.status != WcStatus::Success {
+            // any failed operation ends the connection (RPCR-MEM-02, RPCR-MEM-05)
+            return Err(format!("{:?} {} (wr {:#x})", wc.opcode, wc.status, wc.wr_id));
+        }
+        match wc.wr_id & wrid::KIND {
+            wrid::RECV => {
+                let slot = (wc.wr_id & !wrid::KIND) as usize;
+                let off = slot * self.recv_size;
+                let msg = self
+                    .recv_mr
+                    .to_vec(off, (wc.byte_len as usize).min(self.recv_size))
+                    .map_err(|_| "receive slot out of range".to_string())?;
+                self.qp
+                    .post_recv(&[RecvWr {
+                        wr_id: wc.wr_id,
+                        sg_list: vec![self.recv_mr.sge(off, self.recv_size as u32)],
+                    }])
+                    .map_err(|e| e.to_string())?;
+                let inv = (wc.opcode == WcOpcode::Recv).then_some(wc.invalidated_rkey).flatten();
+                self.on_reply(&msg, inv)
+            }
+            wrid::INV => {
+                let xid = (wc.wr_id & 0xffff_ffff) as u32;
+                let mut st = self.state.lock().unwrap();
+                if let Some(p) = st.pending.remove(&xid) {
+                    let _ = p.tx.send(p.result.unwrap_or(Err(RpcError::Timeout)));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn on_reply(&self, msg: &[u8], invalidated: Option<u32>) -> Result<(), String> {
+        let mut st = self.state.lock().unwrap();
+        let decision = validate_reply(msg, &Limits::default(), |x| st.pending.get(&x).map(|p| &p.lists));
+        let (xid, credit, outcome) = match decision {
+            RequesterDecision::Process(vr) => (vr.header.xid, vr.header.credit, Ok(msg.to_vec())),
+            RequesterDecision::RpcFailed { xid, credit, error } => (xid, credit, Err(RpcError::RdmaError(error))),
+            RequesterDecision::Drop(reason) => {
+                // RPCR-ERR-03/06, B.4.5 #17/#18/#20: silently discarded
+                tracing::debug!(?reason, "rpcrdma client: reply dropped");
+                return Ok(());
+            }
+        };
+        // RPCR-CRD-02/03: absolute grant, 0 counts as 1
+        let _ = st.credits.on_reply(credit);
+        self.cv.notify_all();
+        let Some(p) = st.pending.get_mut(&xid) else {
+            return Ok(());
+        };
+        p.stags.retain(|s| Some(*s) != invalidated);
+        if p.stags.is_empty() {
+            let p = st.pending.remove(&xid).expect("present");
+            let _ = p.tx.send(outcome);
+            return Ok(());
+        }
+        // RPCR-MEM-01/SEC-04: invalidate before the RPC completes
+        let n = p.stags.len();
+        let wrs: Vec<SendWr> = p
+            .stags
+            .iter()
+            .enumerate()
+            .map(|(i, &rkey)| {
+                let w = SendWr::new(wrid::INV | u64::from(xid), WrOpcode::LocalInv { rkey }, vec![]);
+                if i + 1 == n { w } else { w.flags(SendFlags::empty()) }
+            })
+            .collect();
+        p.result = Some(outcome);
+        self.qp.post_send(&wrs).map_err(|e| e.to_string())
+    }
+}
+
+fn align8(n: usize) -> usize {
+    (n + 7) & !7
+}
