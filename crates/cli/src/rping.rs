@@ -89,8 +89,9 @@ pub struct RpingArgs {
     #[arg(long)]
     pub siw_terminate: bool,
     /// Client: wait this many milliseconds between connection establishment and the first
-    /// Send (Linux's own client leaves about 1 ms; see docs/interop-siw.md).
-    #[arg(long, default_value_t = 0)]
+    /// Send. Linux 6.1's siw as responder misses an FPDU that arrives right after its MPA
+    /// Reply and stalls (docs/interop-siw.md, D1); 50 ms avoids it, 0 sends at once.
+    #[arg(long, default_value_t = 50)]
     pub first_send_delay_ms: u64,
     /// Give up when a step (connect, a completion, a connect request) takes longer than
     /// this many seconds; 0 waits forever like rping.
