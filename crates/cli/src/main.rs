@@ -16,6 +16,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod devices;
+mod rping;
 
 #[derive(Parser)]
 #[command(
@@ -41,6 +42,8 @@ enum Cmd {
     Devices(devices::DevicesArgs),
     /// Show a device's attributes and configuration.
     Info(devices::InfoArgs),
+    /// librdmacm's rping (RDMA Read/Write ping-pong), compatible with Linux's `rping`.
+    Rping(rping::RpingArgs),
 }
 
 fn main() -> Result<()> {
@@ -53,5 +56,6 @@ fn main() -> Result<()> {
         Cmd::Bench(args) => bench::run(args),
         Cmd::Devices(args) => devices::run_devices(args),
         Cmd::Info(args) => devices::run_info(args),
+        Cmd::Rping(args) => rping::run(args),
     }
 }
