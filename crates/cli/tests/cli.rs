@@ -1,0 +1,302 @@
+//! End-to-end runs of the built `softrdma` binary: demo, bench (every
+//! operation, JSON output, the TCP baseline, two processes), devices, info.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+
+/// Waits for `child` at most `limit`, killing it if it takes longer.
+fn wait_output(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "timed out after {limit:?}; stdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    let child = Command::new(BIN)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_output(child, Duration::from_secs(30))
+}
+
+/// Runs and expects success; returns stdout.
+fn ok(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "softrdma {args:?} failed: {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn json_lines(s: &str) -> Vec<Value> {
+    s.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+fn num(v: &Value, k: &str) -> f64 {
+    v[k].as_f64().unwrap_or_else(|| panic!("{k} is not a number in {v}"))
+}
+
+/// The fields every bandwidth result has, with sane values.
+fn check_bw(v: &Value, op: &str, size: u64, iters: u64) {
+    assert_eq!(v["op"], op, "{v}");
+    assert_eq!(v["mode"], "bw", "{v}");
+    assert_eq!(v["size"], size, "{v}");
+    assert_eq!(v["iters"], iters, "{v}");
+    assert_eq!(v["qps"], 1, "{v}");
+    assert!(v["crc"].is_boolean(), "{v}");
+    assert!(v["depth"].as_u64().unwrap() >= 1, "{v}");
+    let g = num(v, "gbit_per_s");
+    let m = num(v, "msg_per_s");
+    assert!(g > 0.0 && g < 10_000.0, "{v}");
+    assert!(m > 0.0, "{v}");
+    // Consistent: Gbit/s = messages/s * size * 8.
+    let expect = m * size as f64 * 8.0 / 1e9;
+    assert!((g - expect).abs() <= expect * 1e-6, "{v}");
+    assert!(v["lat_p50_us"].is_null(), "{v}");
+}
+
+#[test]
+fn demo_walks_through_every_operation() {
+    let out = ok(&["demo"]);
+    for want in [
+        "listening on 127.0.0.1:",
+        "server: connect request from",
+        "Send: server received 21 bytes: \"Hello over RDMAP Send\"",
+        "Send with Invalidate: server's receive completion says STag",
+        "RDMA Write: server memory now holds \"placed directly by RDMA Write\"",
+        "RDMA Read: client received 20 bytes \"fetched by RDMA Read\"",
+        "with immediate data 0xc0ffee",
+        "returned the original 40, server memory is now 42",
+        "bandwidth: 512 RDMA Writes of 1 MiB",
+        "RDMA Read of a bad STag: client completion status \"remote access error\"",
+        "client: Terminate received from the server",
+        "Done.",
+    ] {
+        assert!(out.contains(want), "demo output lacks {want:?}:\n{out}");
+    }
+}
+
+#[test]
+fn bench_each_op_json() {
+    for (op, size) in [("write", 4096), ("read", 4096), ("send", 4096), ("atomic", 8)] {
+        let out = ok(&["bench", op, "--size", "4K", "--iters", "300", "--depth", "16", "--json"]);
+        let v = json_lines(&out);
+        assert_eq!(v.len(), 1, "{out}");
+        check_bw(&v[0], op, size, 300);
+        assert_eq!(v[0]["depth"], 16);
+        assert_eq!(v[0]["crc"], false);
+        assert!(v[0].get("ratio").is_none(), "no baseline asked: {out}");
+    }
+}
+
+#[test]
+fn bench_sweep_crc_and_qps() {
+    let out = ok(&[
+        "bench", "write", "--sizes", "64,4K", "--iters", "200", "--crc", "on", "--json", "--qps", "2",
+    ]);
+    let v = json_lines(&out);
+    assert_eq!(v.len(), 2, "{out}");
+    for (r, size) in v.iter().zip([64u64, 4096]) {
+        assert_eq!(r["size"], size);
+        assert_eq!(r["crc"], true, "CRC was asked for: {r}");
+        assert_eq!(r["qps"], 2);
+        assert_eq!(r["messages"], 400);
+    }
+}
+
+#[test]
+fn bench_duration_runs_for_about_that_long() {
+    let start = Instant::now();
+    let out = ok(&[
+        "bench",
+        "write",
+        "--size",
+        "64",
+        "--depth",
+        "64",
+        "--duration",
+        "0.5",
+        "--json",
+    ]);
+    let el = start.elapsed();
+    let v = &json_lines(&out)[0];
+    let secs = num(v, "seconds");
+    assert!((0.45..3.0).contains(&secs), "{v}");
+    assert!(el < Duration::from_secs(10));
+    assert!(num(v, "msg_per_s") > 1000.0, "{v}");
+}
+
+#[test]
+fn bench_latency_with_tcp_baseline() {
+    for op in ["send", "write", "read", "atomic"] {
+        let out = ok(&[
+            "bench",
+            op,
+            "--lat",
+            "--size",
+            "8",
+            "--iters",
+            "300",
+            "--baseline",
+            "tcp",
+            "--json",
+        ]);
+        let v = &json_lines(&out)[0];
+        assert_eq!(v["op"], op);
+        assert_eq!(v["mode"], "lat");
+        assert_eq!(v["iters"], 300);
+        let (p50, p99, p999) = (num(v, "lat_p50_us"), num(v, "lat_p99_us"), num(v, "lat_p999_us"));
+        assert!(p50 > 0.0 && p50 <= p99 && p99 <= p999, "{v}");
+        assert!(p50 < 100_000.0, "{v}");
+        let b = num(v, "baseline_lat_p50_us");
+        assert!(b > 0.0, "{v}");
+        assert_eq!(v["ratio_of"], "lat_p50_us");
+        assert!((num(v, "ratio") - p50 / b).abs() < 1e-9, "{v}");
+    }
+}
+
+#[test]
+fn bench_bandwidth_with_tcp_baseline_human_and_json() {
+    let out = ok(&[
+        "bench",
+        "read",
+        "--size",
+        "64K",
+        "--iters",
+        "300",
+        "--baseline",
+        "tcp",
+        "--json",
+    ]);
+    let v = &json_lines(&out)[0];
+    check_bw(v, "read", 65536, 300);
+    assert_eq!(v["baseline"], "tcp");
+    let b = num(v, "baseline_gbit_per_s");
+    assert!(b > 0.0, "{v}");
+    assert!((num(v, "ratio") - num(v, "gbit_per_s") / b).abs() < 1e-9, "{v}");
+
+    let out = ok(&["bench", "write", "--size", "64K", "--iters", "300", "--baseline", "tcp"]);
+    for want in [
+        "RDMA_Write BW Test",
+        "#bytes     #iterations   BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]",
+        " 65536      300 ",
+        "ratio RDMA/TCP",
+    ] {
+        assert!(out.contains(want), "table lacks {want:?}:\n{out}");
+    }
+}
+
+#[test]
+fn bench_two_processes() {
+    let mut server = Command::new(BIN)
+        .args(["bench", "--listen", "127.0.0.1:0"])
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // "bench server: listening on 127.0.0.1:PORT (iWARP) and ..."
+    let mut err = BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let addr = line
+        .split_whitespace()
+        .find(|w| w.starts_with("127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let out = run(&[
+        "bench",
+        "send",
+        "--connect",
+        &addr,
+        "--sizes",
+        "1K,16K",
+        "--iters",
+        "200",
+        "--baseline",
+        "tcp",
+        "--json",
+    ]);
+    let client_ok = out.status.success();
+    let sout = wait_output(server, Duration::from_secs(20));
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(
+        client_ok,
+        "client failed: {}\n{}\nserver stderr: {line}{rest}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(sout.status.success(), "server failed: {line}{rest}");
+    let v = json_lines(&String::from_utf8(out.stdout).unwrap());
+    assert_eq!(v.len(), 2);
+    check_bw(&v[0], "send", 1024, 200);
+    check_bw(&v[1], "send", 16384, 200);
+    assert!(num(&v[1], "baseline_gbit_per_s") > 0.0);
+}
+
+#[test]
+fn bench_rejects_bad_arguments() {
+    for args in [
+        &["bench", "write", "--size", "0"][..],
+        &["bench", "write", "--size", "12X"],
+        &["bench", "write", "--iters", "5", "--duration", "1"],
+        &["bench", "send", "--lat", "--qps", "2"],
+        &["bench", "--baseline", "udp", "write"],
+        &["bench"],
+    ] {
+        let out = run(args);
+        assert!(!out.status.success(), "{args:?} should fail");
+    }
+}
+
+#[test]
+fn devices_and_info_json() {
+    let v = json_lines(&ok(&["devices", "--json"]));
+    assert_eq!(v.len(), 1);
+    assert_eq!(v[0]["name"], "siw_soft0");
+    assert_eq!(v[0]["provider"], "iwarp");
+    assert!(v[0]["transport"].as_str().unwrap().contains("TCP"));
+    assert!(ok(&["devices"]).contains("siw_soft0"));
+
+    let v = &json_lines(&ok(&["info", "--json", "--crc", "on"]))[0];
+    assert_eq!(v["name"], "siw_soft0");
+    assert_eq!(v["attr"]["max_qp_rd_atom"], 128);
+    assert_eq!(v["attr"]["atomic_cap"], true);
+    assert_eq!(v["config"]["crc"], true);
+    assert_eq!(v["config"]["mpa_revision"], 2);
+    assert!(num(&v["config"], "max_ulpdu") > 0.0);
+    let text = ok(&["info"]);
+    assert!(text.contains("max_qp_rd_atom (IRD):           128"), "{text}");
+    assert!(text.contains("MPA revision:                   2"), "{text}");
+    assert!(!run(&["info", "-d", "nosuch"]).status.success());
+}
