@@ -1106,6 +1106,8 @@ impl Proto {
                     return Err(Fatal::new(cause::DDP_ERR_U_INVALID_QN));
                 }
                 self.check_single(qn, msn, mo, h.last)?;
+                // An Immediate Data message after this one no longer follows a Write.
+                self.last_was_write = false;
                 if o == op::READ_REQUEST {
                     self.on_read_request(seg.payload)
                 } else {
