@@ -173,6 +173,11 @@ impl TcpClient {
             return Err(RpcError::Disconnected("connection closed".into()));
         }
         self.shared.pending.lock().unwrap().insert(xid, tx);
+        // the reader may have failed everything just before the insert
+        if self.shared.dead.load(Ordering::Acquire) {
+            self.shared.pending.lock().unwrap().remove(&xid);
+            return Err(RpcError::Disconnected("connection closed".into()));
+        }
         let sent = self.writer.lock().unwrap().write_all(&rec);
         if let Err(e) = sent {
             self.shared.pending.lock().unwrap().remove(&xid);

@@ -34,7 +34,7 @@ mod requester;
 mod responder;
 
 pub use requester::RdmaClient;
-pub use responder::{RdmaServer, ServerStats};
+pub use responder::{RdmaServer, ServerStats, StatsSnapshot};
 
 use std::time::Duration;
 
@@ -63,6 +63,12 @@ pub struct RdmaConfig {
     pub call_options: CallOptions,
     /// IRD and ORD for RDMA Reads.
     pub rd_atomic: u8,
+    /// Requester: pause between connection establishment and the first Call.
+    /// Works around a verbs API gap: `ConnectRequest::accept` makes the
+    /// connection live before the Responder can post receives, and a Send that
+    /// arrives first is answered by the RNIC with a Terminate (no receive
+    /// posted). A Call lost that way is retransmitted after a reconnect.
+    pub connect_settle: Duration,
 }
 
 impl Default for RdmaConfig {
@@ -78,6 +84,7 @@ impl Default for RdmaConfig {
             max_chunk: 64 << 20,
             call_options: CallOptions::default(),
             rd_atomic: 16,
+            connect_settle: Duration::from_millis(20),
         }
     }
 }

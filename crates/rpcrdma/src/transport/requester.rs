@@ -318,6 +318,8 @@ impl Conn {
             })
             .collect();
         qp.post_recv(&recvs).map_err(err)?;
+        // give the Responder time to post its receives (verbs API gap, see RdmaConfig::connect_settle)
+        std::thread::sleep(cfg.connect_settle);
         let conn = Arc::new(Conn {
             pd: pd.clone(),
             qp,

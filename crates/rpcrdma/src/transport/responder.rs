@@ -40,6 +40,36 @@ pub struct ServerStats {
     pub remote_invalidations: AtomicU64,
     /// Connections accepted.
     pub connections: AtomicU64,
+    /// Calls received Short (RDMA_MSG, no Read chunks).
+    pub calls_short: AtomicU64,
+    /// Calls received Chunked (RDMA_MSG with Read chunks).
+    pub calls_chunked: AtomicU64,
+    /// Calls received Long (RDMA_NOMSG, Position-Zero Read chunk).
+    pub calls_long: AtomicU64,
+    /// Replies sent inline with no data in Write chunks.
+    pub replies_inline: AtomicU64,
+    /// Replies whose results went (partly) into Write chunks.
+    pub replies_write_chunks: AtomicU64,
+    /// Long Replies (RDMA_NOMSG through the Reply chunk).
+    pub replies_long: AtomicU64,
+}
+
+/// A plain copy of [`ServerStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct StatsSnapshot {
+    pub replies: u64,
+    pub rdma_errors: u64,
+    pub dropped: u64,
+    pub fatal: u64,
+    pub remote_invalidations: u64,
+    pub connections: u64,
+    pub calls_short: u64,
+    pub calls_chunked: u64,
+    pub calls_long: u64,
+    pub replies_inline: u64,
+    pub replies_write_chunks: u64,
+    pub replies_long: u64,
 }
 
 /// A running RPC-over-RDMA server.
@@ -106,6 +136,26 @@ impl RdmaServer {
     pub fn stats(&self) -> &ServerStats {
         &self.stats
     }
+
+    /// A copy of the counters.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let s = &self.stats;
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatsSnapshot {
+            replies: g(&s.replies),
+            rdma_errors: g(&s.rdma_errors),
+            dropped: g(&s.dropped),
+            fatal: g(&s.fatal),
+            remote_invalidations: g(&s.remote_invalidations),
+            connections: g(&s.connections),
+            calls_short: g(&s.calls_short),
+            calls_chunked: g(&s.calls_chunked),
+            calls_long: g(&s.calls_long),
+            replies_inline: g(&s.replies_inline),
+            replies_write_chunks: g(&s.replies_write_chunks),
+            replies_long: g(&s.replies_long),
+        }
+    }
 }
 
 impl Drop for RdmaServer {
@@ -169,11 +219,6 @@ fn serve(
     if cfg.private_data {
         opts = opts.private_data(&local.encode());
     }
-    // RPCR-CRD-04: every receive the first grant can cover exists before the
-    // connection does anything (posted right after accept; the peer waits for
-    // ESTABLISHED and sends one Call before its first Reply)
-    let qp = req.accept(pd, opts).map_err(e)?;
-    stats.connections.fetch_add(1, Ordering::Relaxed);
     let recv_size = mine.recv_size.max(neg.thresholds.call) as usize;
     let recv_mr = pd
         .reg_mr(recv_size * credits as usize, Access::LOCAL_WRITE)
@@ -184,7 +229,14 @@ fn serve(
             sg_list: vec![recv_mr.sge(i * recv_size, recv_size as u32)],
         })
         .collect();
+    // RPCR-CRD-04: the receives for the first grant should exist before the
+    // peer can send. The verbs API cannot post them before `accept` makes the
+    // connection live (rdma_cm's create_qp / post_recv / accept order is not
+    // expressible), so they are posted right after it, and the Requester waits
+    // `RdmaConfig::connect_settle` before its first Call.
+    let qp = req.accept(pd, opts).map_err(e)?;
     qp.post_recv(&recvs).map_err(e)?;
+    stats.connections.fetch_add(1, Ordering::Relaxed);
     let send_mr = pd
         .reg_mr(neg.thresholds.reply.max(1024) as usize, Access::LOCAL_WRITE)
         .map_err(e)?;
@@ -345,6 +397,12 @@ impl Conn {
             ResponderDecision::Process(vc) => {
                 let fixed = FixedHeader::parse(msg).ok_or("short")?;
                 let xid = fixed.xid;
+                let form = match (&vc.payload, vc.read_chunks.is_empty()) {
+                    (CallPayload::PositionZero(_), _) => &self.stats.calls_long,
+                    (_, true) => &self.stats.calls_short,
+                    (_, false) => &self.stats.calls_chunked,
+                };
+                form.fetch_add(1, Ordering::Relaxed);
                 // pull the Read chunks (Position-Zero first) with RDMA Read
                 let mut chunks: Vec<&ReadChunk> = Vec::new();
                 if let CallPayload::PositionZero(p0) = &vc.payload {
@@ -509,6 +567,12 @@ impl Conn {
             _ => None,
         };
         self.stats.replies.fetch_add(1, Ordering::Relaxed);
+        let form = match (pr.form, pr.item_writes.is_empty()) {
+            (ReplyForm::Long, _) => &self.stats.replies_long,
+            (_, true) => &self.stats.replies_inline,
+            (_, false) => &self.stats.replies_write_chunks,
+        };
+        form.fetch_add(1, Ordering::Relaxed);
         self.send(&msg, &staged, inv, &writes, fixed.xid)
     }
 
