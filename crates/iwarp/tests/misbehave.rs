@@ -670,3 +670,34 @@ fn atomic_misaligned_is_remote_operation_error() {
     i.peer.send(&u);
     i.expect_terminate(&u, e(0, 2, 0x07, MD));
 }
+
+#[test]
+fn send_at_once_after_the_reply_lands_in_a_pre_posted_receive() {
+    // The peer Sends the moment it has our MPA Reply. Receives given in
+    // QpOptions::post_recv are posted before any received byte is
+    // processed (rdma_cm order), so this is not row 1's Terminate.
+    let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
+    let pd = dev.alloc_pd();
+    let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let ask = Ask::default();
+    let peer = RawPeer::start(listener.local_addr(), &ask);
+    let req = listener.get_request(Some(T)).unwrap();
+    // Send from a thread that writes as soon as the Reply is read.
+    let h = std::thread::spawn(move || {
+        let mut peer = peer.finish(&Ask::default());
+        peer.send(&send(1, b"early bird"));
+        peer
+    });
+    let opts = QpOptions::new(&cq).post_recv([RecvWr {
+        wr_id: 42,
+        sg_list: vec![mr.sge(0, 64)],
+    }]);
+    let qp = req.accept(&pd, opts).unwrap();
+    let _peer = h.join().unwrap();
+    let wc = cq.wait(Some(T)).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (42, WcStatus::Success, 10));
+    assert_eq!(mr.to_vec(0, 10).unwrap(), b"early bird");
+    assert_eq!(qp.state(), QpState::Rts);
+}

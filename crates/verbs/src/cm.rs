@@ -74,6 +74,8 @@ pub struct QpRequest {
     pub attr: QpInitAttr,
     pub param: ConnParam,
     pub events: Arc<EventQueue<CmEvent>>,
+    /// Post these before processing any received byte.
+    pub initial_recvs: Vec<RecvWr>,
 }
 
 /// A provider's QP.
@@ -154,6 +156,11 @@ pub struct QpOptions {
     pub recv_cq: CompletionQueue,
     pub attr: QpInitAttr,
     pub param: ConnParam,
+    /// Receives posted before the connection goes live, as an rdma_cm user
+    /// posts them between `rdma_create_qp` and `rdma_accept`/`rdma_connect`:
+    /// the peer may Send the moment it is connected, and iWARP has no
+    /// receiver-not-ready retry (a Send without a receive is a Terminate).
+    pub initial_recvs: Vec<RecvWr>,
 }
 
 impl QpOptions {
@@ -164,7 +171,14 @@ impl QpOptions {
             recv_cq: cq.clone(),
             attr: QpInitAttr::default(),
             param: ConnParam::default(),
+            initial_recvs: Vec::new(),
         }
+    }
+    /// Receives to post before the connection is established (see
+    /// [`QpOptions::initial_recvs`]).
+    pub fn post_recv(mut self, wrs: impl IntoIterator<Item = RecvWr>) -> Self {
+        self.initial_recvs.extend(wrs);
+        self
     }
     pub fn private_data(mut self, pd: &[u8]) -> Self {
         self.param.private_data = pd.to_vec();
@@ -265,6 +279,7 @@ impl QueuePair {
             attr: opts.attr,
             param: opts.param,
             events: events.clone(),
+            initial_recvs: opts.initial_recvs,
         };
         let ops = create(req)?;
         Ok(QueuePair {

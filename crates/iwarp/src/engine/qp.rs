@@ -1625,6 +1625,13 @@ impl IwarpQp {
             end: n,
             eof: false,
         };
+        let mut p = p;
+        // Receives the application posted before the connection went live
+        // (rdma_cm order: post_recv, then accept/connect).
+        if !req.initial_recvs.is_empty() {
+            p.post_recv(&req.initial_recvs)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        }
         let p_state = p.shared_state.clone();
         let established_now = !matches!(neg.rtr, Some(RtrRole::Expect(_)));
         let qp = Arc::new(IwarpQp {
