@@ -27,34 +27,42 @@ const SLOT: usize = 4096;
 const RECVS: usize = 16;
 
 impl Raw {
-    fn new(pd: &ProtectionDomain, cq: CompletionQueue, qp: QueuePair) -> Raw {
+    fn buffers(pd: &ProtectionDomain) -> (MemoryRegion, Vec<RecvWr>) {
         let mr = pd.reg_mr(SLOT * (RECVS + 1) + (2 << 20), Access::all_remote()).unwrap();
-        let r = Raw {
+        let recvs = (0..RECVS)
+            .map(|i| RecvWr {
+                wr_id: 100 + i as u64,
+                sg_list: vec![mr.sge(i * SLOT, SLOT as u32)],
+            })
+            .collect();
+        (mr, recvs)
+    }
+
+    fn from_parts(pd: &ProtectionDomain, cq: CompletionQueue, qp: QueuePair, mr: MemoryRegion) -> Raw {
+        Raw {
             _pd: pd.clone(),
             cq,
             qp,
             mr,
-        };
-        for i in 0..RECVS {
-            r.qp.post_recv(&[RecvWr {
-                wr_id: 100 + i as u64,
-                sg_list: vec![r.mr.sge(i * SLOT, SLOT as u32)],
-            }])
-            .unwrap();
         }
-        r
     }
 
     fn connect(dev: &Device, addr: SocketAddr) -> Raw {
         let pd = dev.alloc_pd();
         let cq = dev.create_cq(256).unwrap();
         let pdata = rpcrdma::private_data::PrivateData::default().encode();
+        let (mr, recvs) = Raw::buffers(&pd);
         let qp = pd
-            .connect(addr, QpOptions::new(&cq).rd_atomic(16, 16).private_data(&pdata), T)
+            .connect(
+                addr,
+                QpOptions::new(&cq)
+                    .rd_atomic(16, 16)
+                    .private_data(&pdata)
+                    .post_recv(recvs),
+                T,
+            )
             .unwrap();
-        // let the server post its receives (see RdmaConfig::connect_settle)
-        std::thread::sleep(Duration::from_millis(30));
-        Raw::new(&pd, cq, qp)
+        Raw::from_parts(&pd, cq, qp, mr)
     }
 
     /// Data area usable as chunk memory: offset 17 slots in.
@@ -399,8 +407,11 @@ fn scripted_responder(
             let pd = dev.alloc_pd();
             let cq = dev.create_cq(256).unwrap();
             let pdata = rpcrdma::private_data::PrivateData::default().encode();
-            let qp = req.accept(&pd, QpOptions::new(&cq).private_data(&pdata)).unwrap();
-            let raw = Raw::new(&pd, cq, qp);
+            let (mr, recvs) = Raw::buffers(&pd);
+            let qp = req
+                .accept(&pd, QpOptions::new(&cq).private_data(&pdata).post_recv(recvs))
+                .unwrap();
+            let raw = Raw::from_parts(&pd, cq, qp, mr);
             while let Ok(Some(m)) = raw.recv(Duration::from_secs(3)) {
                 let (h, _) = Header::decode(&m, &Limits::default()).unwrap();
                 seen2.lock().unwrap().push(h.xid);
@@ -419,7 +430,6 @@ fn client(dev: &Device, addr: SocketAddr) -> RdmaClient {
     let cfg = RdmaConfig {
         timeout: Duration::from_millis(800),
         max_retries: 1,
-        connect_settle: Duration::from_millis(100),
         ..Default::default()
     };
     RdmaClient::connect(&dev.alloc_pd(), addr, cfg).unwrap()
@@ -547,15 +557,11 @@ fn requester_drops_bad_replies_and_retransmits_after_reconnect() {
     assert_eq!(c.connects(), 2);
 }
 
-/// RPCR-CRD-04/05 need the Responder's receives posted before the Requester's
-/// first Send can arrive. With rdma_cm that is create_qp, post_recv, accept;
-/// our verbs API has no way to post receives before `accept` makes the
-/// connection live, so a Send sent right after `connect` returns can find no
-/// receive and the RNIC Terminates the connection. The transport works around
-/// it with `RdmaConfig::connect_settle` (and retransmission after reconnect).
+/// RPCR-CRD-04/05: receives posted with `QpOptions::post_recv` before
+/// `accept` are in place when the peer's first Send arrives right after
+/// `connect` returns, however long the application takes after accepting.
 #[test]
-#[ignore = "verbs API gap: ConnectRequest::accept makes the QP live before receives can be posted (crates/verbs/src/cm.rs)"]
-fn send_right_after_connect_meets_receives_posted_after_accept() {
+fn receives_posted_before_accept_meet_the_first_send() {
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
     let l = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = l.local_addr();
@@ -564,14 +570,13 @@ fn send_right_after_connect_meets_receives_posted_after_accept() {
         let req = l.get_request(Some(T)).unwrap();
         let pd = dev2.alloc_pd();
         let cq = dev2.create_cq(16).unwrap();
-        let qp = req.accept(&pd, QpOptions::new(&cq)).unwrap();
-        // an application doing a little work between accept and post_recv
-        std::thread::sleep(Duration::from_millis(100));
         let mr = pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
-        let _ = qp.post_recv(&[RecvWr {
+        let recv = RecvWr {
             wr_id: 1,
             sg_list: vec![mr.sge(0, 4096)],
-        }]);
+        };
+        let _qp = req.accept(&pd, QpOptions::new(&cq).post_recv([recv])).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
         let wc = cq.wait(Some(T)).expect("a completion");
         (wc.status, wc.byte_len)
     });

@@ -63,11 +63,11 @@ pub struct RdmaConfig {
     pub call_options: CallOptions,
     /// IRD and ORD for RDMA Reads.
     pub rd_atomic: u8,
-    /// Requester: pause between connection establishment and the first Call.
-    /// Works around a verbs API gap: `ConnectRequest::accept` makes the
-    /// connection live before the Responder can post receives, and a Send that
-    /// arrives first is answered by the RNIC with a Terminate (no receive
-    /// posted). A Call lost that way is retransmitted after a reconnect.
+    /// Requester: pause between connection establishment and the first Call
+    /// (default 0). Only for Responders that post their receives after
+    /// accepting: iWARP has no receiver-not-ready retry, so a Send that finds no
+    /// receive ends the connection (the Call is then retransmitted after a
+    /// reconnect). Our Responder posts its receives before accepting.
     pub connect_settle: Duration,
 }
 
@@ -84,7 +84,7 @@ impl Default for RdmaConfig {
             max_chunk: 64 << 20,
             call_options: CallOptions::default(),
             rd_atomic: 16,
-            connect_settle: Duration::from_millis(20),
+            connect_settle: Duration::ZERO,
         }
     }
 }

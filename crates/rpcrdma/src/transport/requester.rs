@@ -292,22 +292,15 @@ impl Conn {
         let cq = pd.device().create_cq(8 * credits as usize + 64).map_err(err)?;
         let local = PrivateData::new(cfg.inline_send, cfg.inline_recv, cfg.remote_invalidation)
             .map_err(|e| RpcError::Local(e.to_string()))?;
-        let mut opts = QpOptions::new(&cq).rd_atomic(cfg.rd_atomic, cfg.rd_atomic);
-        opts.attr.max_recv_wr = opts.attr.max_recv_wr.max(credits);
-        opts.attr.max_send_wr = opts.attr.max_send_wr.max(8 * credits);
-        if cfg.private_data {
-            opts = opts.private_data(&local.encode());
-        }
-        let qp = pd.connect(addr, opts, cfg.timeout).map_err(err)?;
-        let peer = PrivateData::find(&qp.conn_info().peer_private_data);
         let mine = if cfg.private_data {
             local
         } else {
             PrivateData::default()
         };
-        let neg = negotiate(Side::Client, &mine, peer.as_ref());
-        // RPCR-INL-02/CRD-05: receive buffers of the reply threshold or more, one per credit
-        let recv_size = mine.recv_size.max(neg.thresholds.reply) as usize;
+        // RPCR-INL-02, RPCR-CRD-05: one receive per credit, of our receive size
+        // (>= the reply threshold, which is min(server send, our receive)),
+        // posted before the connection goes live
+        let recv_size = mine.recv_size as usize;
         let recv_mr = pd
             .reg_mr(recv_size * credits as usize, Access::LOCAL_WRITE)
             .map_err(err)?;
@@ -317,8 +310,17 @@ impl Conn {
                 sg_list: vec![recv_mr.sge(i * recv_size, recv_size as u32)],
             })
             .collect();
-        qp.post_recv(&recvs).map_err(err)?;
-        // give the Responder time to post its receives (verbs API gap, see RdmaConfig::connect_settle)
+        let mut opts = QpOptions::new(&cq)
+            .rd_atomic(cfg.rd_atomic, cfg.rd_atomic)
+            .post_recv(recvs);
+        opts.attr.max_recv_wr = opts.attr.max_recv_wr.max(credits);
+        opts.attr.max_send_wr = opts.attr.max_send_wr.max(8 * credits);
+        if cfg.private_data {
+            opts = opts.private_data(&local.encode());
+        }
+        let qp = pd.connect(addr, opts, cfg.timeout).map_err(err)?;
+        let peer = PrivateData::find(&qp.conn_info().peer_private_data);
+        let neg = negotiate(Side::Client, &mine, peer.as_ref());
         std::thread::sleep(cfg.connect_settle);
         let conn = Arc::new(Conn {
             pd: pd.clone(),

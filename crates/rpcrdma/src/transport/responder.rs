@@ -214,12 +214,9 @@ fn serve(
     };
     let neg = negotiate(Side::Server, &mine, peer.as_ref());
     let cq = pd.device().create_cq(8 * credits as usize + 64).map_err(e)?;
-    let mut opts = QpOptions::new(&cq).rd_atomic(cfg.rd_atomic, cfg.rd_atomic);
-    opts.attr.max_recv_wr = opts.attr.max_recv_wr.max(credits);
-    if cfg.private_data {
-        opts = opts.private_data(&local.encode());
-    }
-    let recv_size = mine.recv_size.max(neg.thresholds.call) as usize;
+    // RPCR-CRD-04: the receives for the largest grant are posted before the
+    // connection goes live (rdma_cm order: create_qp, post_recv, accept)
+    let recv_size = mine.recv_size as usize;
     let recv_mr = pd
         .reg_mr(recv_size * credits as usize, Access::LOCAL_WRITE)
         .map_err(e)?;
@@ -229,13 +226,14 @@ fn serve(
             sg_list: vec![recv_mr.sge(i * recv_size, recv_size as u32)],
         })
         .collect();
-    // RPCR-CRD-04: the receives for the first grant should exist before the
-    // peer can send. The verbs API cannot post them before `accept` makes the
-    // connection live (rdma_cm's create_qp / post_recv / accept order is not
-    // expressible), so they are posted right after it, and the Requester waits
-    // `RdmaConfig::connect_settle` before its first Call.
+    let mut opts = QpOptions::new(&cq)
+        .rd_atomic(cfg.rd_atomic, cfg.rd_atomic)
+        .post_recv(recvs);
+    opts.attr.max_recv_wr = opts.attr.max_recv_wr.max(credits);
+    if cfg.private_data {
+        opts = opts.private_data(&local.encode());
+    }
     let qp = req.accept(pd, opts).map_err(e)?;
-    qp.post_recv(&recvs).map_err(e)?;
     stats.connections.fetch_add(1, Ordering::Relaxed);
     let send_mr = pd
         .reg_mr(neg.thresholds.reply.max(1024) as usize, Access::LOCAL_WRITE)
