@@ -93,6 +93,10 @@ pub struct RpingArgs {
     /// Reply and stalls (docs/interop-siw.md, D1); 50 ms avoids it, 0 sends at once.
     #[arg(long, default_value_t = 50)]
     pub first_send_delay_ms: u64,
+    /// Interop testing: the client advertises its start buffer with a wrong STag key, the
+    /// server issues its first RDMA Read with one, so that the peer answers with a Terminate.
+    #[arg(long, hide = true)]
+    pub test_bad_stag: bool,
     /// Give up when a step (connect, a completion, a connect request) takes longer than
     /// this many seconds; 0 waits forever like rping.
     #[arg(long, default_value_t = 60)]
@@ -240,6 +244,35 @@ impl Endpoint<'_> {
         Ok(b)
     }
 
+    /// After a failed completion: the Terminate that came with it, if any.
+    fn terminate_event(&self) -> String {
+        let until = Instant::now() + Duration::from_millis(500);
+        while let Some(ev) = self.qp.get_event(Some(until.saturating_duration_since(Instant::now()))) {
+            match ev {
+                CmEvent::TerminateReceived(t) => return format!("; Terminate received from the peer: {t}"),
+                CmEvent::TerminateSent(t) => return format!("; Terminate sent to the peer: {t}"),
+                _ => {}
+            }
+        }
+        String::new()
+    }
+
+    /// After a Terminate: the first failed completion, if any.
+    fn failed_completion(&self) -> String {
+        let until = Instant::now() + Duration::from_millis(500);
+        while let Some(wc) = self.cq.wait(Some(until.saturating_duration_since(Instant::now()))) {
+            if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
+                return format!(
+                    "; cq completion failed status {} ({}, vendor_err {:#08x})",
+                    ibv_status(wc.status),
+                    wc.status,
+                    wc.vendor_err
+                );
+            }
+        }
+        String::new()
+    }
+
     /// rping's cq_thread and CM thread folded into one wait: the next receive,
     /// Read or Write completion, or the disconnect. Send completions are
     /// consumed on the way; a receive is re-posted at once, as rping does.
@@ -259,8 +292,12 @@ impl Endpoint<'_> {
                             self.disconnected = true;
                             continue;
                         }
-                        Some(CmEvent::TerminateReceived(t)) => bail!("Terminate received from the peer: {t}"),
-                        Some(CmEvent::TerminateSent(t)) => bail!("Terminate sent to the peer: {t}"),
+                        Some(CmEvent::TerminateReceived(t)) => {
+                            bail!("Terminate received from the peer: {t}{}", self.failed_completion())
+                        }
+                        Some(CmEvent::TerminateSent(t)) => {
+                            bail!("Terminate sent to the peer: {t}{}", self.failed_completion())
+                        }
                         Some(CmEvent::ConnectionError(e)) => bail!("connection error: {e}"),
                         Some(CmEvent::Established) => {
                             self.debug("ESTABLISHED");
@@ -282,10 +319,11 @@ impl Endpoint<'_> {
                     continue;
                 }
                 bail!(
-                    "cq completion failed status {} ({}, vendor_err {:#08x})",
+                    "cq completion failed status {} ({}, vendor_err {:#08x}){}",
                     ibv_status(wc.status),
                     wc.status,
-                    wc.vendor_err
+                    wc.vendor_err,
+                    self.terminate_event()
                 );
             }
             match wc.opcode {
@@ -304,6 +342,7 @@ impl Endpoint<'_> {
                         bail!("Received bogus data, size {}", wc.byte_len);
                     }
                     self.last_info = self.received_info()?;
+                    self.debug(format!("received rping_rdma_info {:02x?}", self.last_info));
                     if !self.disconnected {
                         self.post_recv()?;
                     }
@@ -435,13 +474,18 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
         let data = ping_data(ping, args.size);
         start_mr.write(0, &data).map_err(|e| anyhow::anyhow!("{e:?}"))?;
         // Advertise the start buffer; the server RDMA-Reads it.
+        let start_rkey = if args.test_bad_stag {
+            start_mr.rkey() ^ 0xff
+        } else {
+            start_mr.rkey()
+        };
         ep.send_mr
-            .write(0, &encode_info(start_mr.addr(), start_mr.rkey(), size))
+            .write(0, &encode_info(start_mr.addr(), start_rkey, size))
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         ep.debug(format!(
             "RDMA addr {:x} rkey {:x} len {}",
             start_mr.addr(),
-            start_mr.rkey(),
+            start_rkey,
             size
         ));
         ep.post_send_info()?;
@@ -536,6 +580,7 @@ fn server_loop(ep: &mut Endpoint<'_>) -> Result<()> {
         if len as usize > size {
             bail!("the client's buffer ({len} bytes) is larger than ours (-S {size})");
         }
+        let rkey = if ep.args.test_bad_stag { rkey ^ 0xff } else { rkey };
         let remote = RemoteAddr { addr, rkey };
         ep.qp
             .post_send_one(SendWr::new(

@@ -1,0 +1,734 @@
+//! Interop with the Linux kernel's soft-iWARP (siw) in the QEMU lab (`../shared/lab`, issue 6).
+//!
+//! `softrdma rping` on the host (inside the lab's network namespace, 192.168.77.1) against
+//! the guest's `rping` over siw0 (192.168.77.2), in both roles, CRC off and on, many pings
+//! with verification; the p2p/RTR variants; Terminates in both directions; and one test per
+//! difference between the kernel and the RFC or our first guess (`docs/interop-siw.md`,
+//! D1..Dn). After every case the guest kernel log is checked for BUG/WARNING/Oops and the
+//! taint flags for anything beyond the out-of-tree siw module's O+E.
+//!
+//! Gate: `SOFTRDMA_INTEROP=0` skips; `=1` also runs the lab's `setup.sh` when the lab is not
+//! built yet; unset uses a lab that is already built (`/var/tmp/rdmalab/vmlinuz`). A VM that
+//! is not running is started with `vm.sh start`. Without root, QEMU or the lab directory each
+//! test prints why it skips and passes. `SOFTRDMA_INTEROP=require` turns a skip into a
+//! failure (for CI that must run it). `RDMALAB_REPO` overrides the lab directory.
+//!
+//! The cases hold a process-wide mutex and an flock on `/var/tmp/rdmalab/softrdma-interop.lock`,
+//! so parallel test threads and other test processes never share the guest's rping.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, mpsc};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+const NS: &str = "rdmalab";
+const HOST_IP: &str = "192.168.77.1";
+const GUEST_IP: &str = "192.168.77.2";
+const LAB_STATE: &str = "/var/tmp/rdmalab";
+
+/// The lab's scripts, or why the lab cannot be used.
+fn lab_dir() -> Result<PathBuf, String> {
+    let dir = std::env::var_os("RDMALAB_REPO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/lab"));
+    if dir.join("vm.sh").exists() {
+        Ok(dir)
+    } else {
+        Err(format!("no lab scripts at {} (set RDMALAB_REPO)", dir.display()))
+    }
+}
+
+fn gate() -> String {
+    std::env::var("SOFTRDMA_INTEROP").unwrap_or_default()
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn have(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Brings the lab up once per process: Ok(dir) or the reason to skip.
+fn bring_up() -> Result<PathBuf, String> {
+    if gate() == "0" {
+        return Err("SOFTRDMA_INTEROP=0".into());
+    }
+    if !is_root() {
+        return Err("not root (the lab needs a network namespace and a tap device)".into());
+    }
+    let dir = lab_dir()?;
+    let built = Path::new(LAB_STATE).join("vmlinuz").exists() && Path::new(LAB_STATE).join("initramfs.img").exists();
+    if !built {
+        if gate() != "1" && gate() != "require" {
+            return Err(format!(
+                "the lab is not built ({LAB_STATE}/vmlinuz missing); run {}/setup.sh or set SOFTRDMA_INTEROP=1",
+                dir.display()
+            ));
+        }
+        eprintln!("interop: building the lab with setup.sh (a few minutes the first time)");
+        let st = Command::new("./setup.sh")
+            .current_dir(&dir)
+            .status()
+            .map_err(|e| format!("setup.sh: {e}"))?;
+        if !st.success() {
+            return Err(format!("setup.sh failed ({st})"));
+        }
+    }
+    if !have("qemu-system-x86_64") {
+        return Err("qemu-system-x86_64 is not installed (the lab's setup.sh installs it)".into());
+    }
+    if vm_exec_in(&dir, "true", 20).0 != 0 {
+        eprintln!("interop: starting the lab VM (vm.sh start)");
+        let out = Command::new("./vm.sh")
+            .arg("start")
+            .current_dir(&dir)
+            .output()
+            .map_err(|e| format!("vm.sh start: {e}"))?;
+        if !out.status.success() || vm_exec_in(&dir, "true", 30).0 != 0 {
+            return Err(format!(
+                "vm.sh start failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    let (rc, out) = vm_exec_in(&dir, "rdma link show | grep -q 'siw0/1 state ACTIVE' && echo ok", 20);
+    if rc != 0 || !out.contains("ok") {
+        return Err(format!("siw0 is not active in the guest: {out}"));
+    }
+    Ok(dir)
+}
+
+/// One lab user at a time: this process's tests and other processes.
+struct Lab {
+    dir: PathBuf,
+    _guard: MutexGuard<'static, ()>,
+    _flock: std::fs::File,
+}
+
+fn lab(test: &str) -> Option<Lab> {
+    static UP: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    static M: Mutex<()> = Mutex::new(());
+    let guard = M.lock().unwrap_or_else(|e| e.into_inner());
+    match UP.get_or_init(bring_up) {
+        Ok(dir) => {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(Path::new(LAB_STATE).join("softrdma-interop.lock"))
+                .expect("lock file");
+            f.lock().expect("flock");
+            let lab = Lab {
+                dir: dir.clone(),
+                _guard: guard,
+                _flock: f,
+            };
+            lab.kernel_check_init();
+            Some(lab)
+        }
+        Err(why) => {
+            if gate() == "require" {
+                panic!("{test}: the lab is required (SOFTRDMA_INTEROP=require) but cannot be used: {why}");
+            }
+            eprintln!("SKIPPED {test}: kernel siw interop lab unavailable: {why}");
+            None
+        }
+    }
+}
+
+fn vm_exec_in(dir: &Path, script: &str, timeout: u64) -> (i32, String) {
+    let mut child = match Command::new("./vm.sh")
+        .args(["exec", "-t", &timeout.to_string(), "-"])
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => return (-1, e.to_string()),
+    };
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        let _ = stdin.write_all(script.as_bytes());
+    }
+    let out = child.wait_with_output().expect("vm.sh exec");
+    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
+    s.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), s)
+}
+
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// A fresh port per case (7200..7999), so that no case meets another's leftovers.
+fn port() -> u16 {
+    let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed) as u32;
+    7200 + ((std::process::id() % 16) * 50 + n) as u16 % 800
+}
+
+/// The guest's `rping -s`, running in the background.
+struct GuestServer {
+    port: u16,
+}
+
+/// What a finished (or killed) guest rping printed.
+struct GuestRun {
+    log: String,
+    exit: Option<i32>,
+}
+
+impl GuestRun {
+    fn count(&self, prefix: &str) -> usize {
+        self.log.lines().filter(|l| l.starts_with(prefix)).count()
+    }
+}
+
+fn parse_exit(log: &str) -> Option<i32> {
+    log.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("exit=").and_then(|v| v.trim().parse().ok()))
+}
+
+impl Lab {
+    fn exec(&self, script: &str, timeout: u64) -> (i32, String) {
+        vm_exec_in(&self.dir, script, timeout)
+    }
+
+    fn kernel_check_init(&self) {
+        let (_, out) = self.exec("dmesg | wc -l > /tmp/softrdma-dmesg-mark", 20);
+        assert!(!out.contains("BUG"), "{out}");
+    }
+
+    /// The guest kernel logged no BUG/WARNING/Oops since the last check and has no taint
+    /// beyond O (4096) and E (8192) from the out-of-tree siw module. Returns the new lines.
+    fn kernel_check(&self) -> String {
+        let (rc, out) = self.exec(
+            "m=$(cat /tmp/softrdma-dmesg-mark 2>/dev/null || echo 0); dmesg | tail -n +$((m+1)); \
+             dmesg | wc -l > /tmp/softrdma-dmesg-mark; echo tainted=$(cat /proc/sys/kernel/tainted)",
+            20,
+        );
+        assert_eq!(rc, 0, "guest unreachable after the case: {out}");
+        for bad in [
+            "BUG:",
+            "WARNING:",
+            "Oops",
+            "Call Trace",
+            "general protection",
+            "kernel BUG",
+        ] {
+            assert!(!out.contains(bad), "guest kernel reported {bad}:\n{out}");
+        }
+        let t: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("tainted="))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("tainted");
+        assert_eq!(t & !(4096 | 8192), 0, "guest kernel taint {t:#x}:\n{out}");
+        out
+    }
+
+    /// Starts `rping -s` in the guest and waits until siw listens.
+    fn guest_server(&self, args: &str) -> GuestServer {
+        let port = port();
+        let script = format!(
+            "rm -f /tmp/sr-{port}.*; (rping -s -a {GUEST_IP} -p {port} {args} >/tmp/sr-{port}.log 2>/tmp/sr-{port}.err & \
+             echo $! >/tmp/sr-{port}.pid; wait $!; echo exit=$? >/tmp/sr-{port}.exit) >/dev/null 2>&1 &\n\
+             i=0; while [ $i -lt 100 ]; do ss -tln | grep -q '{GUEST_IP}:{port} ' && exit 0; i=$((i+1)); sleep 0.05; done; \
+             echo 'rping -s did not listen'; cat /tmp/sr-{port}.log /tmp/sr-{port}.err; exit 1"
+        );
+        let (rc, out) = self.exec(&script, 30);
+        assert_eq!(rc, 0, "guest rping -s: {out}");
+        GuestServer { port }
+    }
+
+    /// Waits up to `secs` for the guest server to exit, kills it otherwise.
+    fn guest_server_finish(&self, s: GuestServer, secs: u32) -> GuestRun {
+        let p = s.port;
+        let script = format!(
+            "i=0; while [ $i -lt {n} ]; do [ -e /tmp/sr-{p}.exit ] && break; i=$((i+1)); sleep 0.1; done; \
+             [ -e /tmp/sr-{p}.exit ] || {{ kill $(cat /tmp/sr-{p}.pid); sleep 0.3; echo killed; }}; \
+             cat /tmp/sr-{p}.log; echo '@@stderr'; cat /tmp/sr-{p}.err /tmp/sr-{p}.exit",
+            n = secs * 10
+        );
+        let (_, log) = self.exec(&script, secs as u64 + 30);
+        let exit = if log.lines().any(|l| l == "killed") {
+            None
+        } else {
+            parse_exit(&log)
+        };
+        GuestRun { log, exit }
+    }
+
+    /// Runs `rping -c` in the guest against our server.
+    fn guest_client(&self, port: u16, args: &str, secs: u64) -> GuestRun {
+        let script = format!(
+            "timeout {secs} rping -c -a {HOST_IP} -p {port} {args} >/tmp/cr-{port}.log 2>/tmp/cr-{port}.err; \
+             echo exit=$? >>/tmp/cr-{port}.err; cat /tmp/cr-{port}.log; echo '@@stderr'; cat /tmp/cr-{port}.err"
+        );
+        let (_, log) = self.exec(&script, secs + 30);
+        let exit = parse_exit(&log);
+        GuestRun { log, exit }
+    }
+}
+
+/// Our `softrdma rping -c` in the namespace.
+fn our_client(port: u16, args: &[&str]) -> Output {
+    Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            NS,
+            BIN,
+            "rping",
+            "-c",
+            "-a",
+            GUEST_IP,
+            "-p",
+            &port.to_string(),
+        ])
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .output()
+        .expect("softrdma rping -c")
+}
+
+/// Our `softrdma rping -s` in the namespace, listening.
+struct OurServer {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    port: u16,
+}
+
+struct OurServerRun {
+    ok: bool,
+    stdout: Vec<String>,
+    stderr: String,
+}
+
+impl OurServerRun {
+    fn line(&self, prefix: &str) -> String {
+        self.stdout
+            .iter()
+            .find(|l| l.starts_with(prefix))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+fn our_server(args: &[&str]) -> OurServer {
+    let port = port();
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            NS,
+            BIN,
+            "rping",
+            "-s",
+            "-d",
+            "-v",
+            "-a",
+            HOST_IP,
+            "-p",
+            &port.to_string(),
+        ])
+        .args(["--timeout", "60"])
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("softrdma rping -s");
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .expect("our server listens");
+        if line.starts_with("rdma_bind_addr successful") {
+            return OurServer { child, lines: rx, port };
+        }
+    }
+}
+
+impl OurServer {
+    fn finish(mut self, secs: u64) -> OurServerRun {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let ok = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st.success();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut stderr);
+        }
+        // The reader thread ends at EOF.
+        let mut stdout = Vec::new();
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(500)) {
+            stdout.push(l);
+        }
+        OurServerRun { ok, stdout, stderr }
+    }
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The ping lines are rping's, byte for byte: `rdma-ping-N: ` and the rotating ASCII.
+fn check_ping_lines(lines: &[&str], prefix: &str, count: usize, size: usize) {
+    assert_eq!(lines.len(), count, "{prefix} lines");
+    for (i, l) in lines.iter().enumerate() {
+        let body = l.strip_prefix(prefix).expect("prefix");
+        let head = format!("rdma-ping-{i}: ");
+        assert!(body.starts_with(&head), "ping {i}: {l}");
+        assert_eq!(body.len(), size - 1, "ping {i} length");
+        let mut c = b'A' + (i % 58) as u8;
+        for &b in &body.as_bytes()[head.len()..] {
+            assert_eq!(b, c, "ping {i}: {l}");
+            c = if c == b'z' { b'A' } else { c + 1 };
+        }
+    }
+}
+
+/// Our client against the kernel's `rping -s`: `count` pings of `size` with -V.
+fn host_client_case(lab: &Lab, count: usize, size: usize, client_args: &[&str]) -> (GuestRun, String) {
+    let srv = lab.guest_server(&format!("-v -S {size}"));
+    let port = srv.port;
+    let (c, s) = (count.to_string(), size.to_string());
+    let mut args = vec!["-v", "-V", "-d", "-C", &c, "-S", &s, "--timeout", "20"];
+    args.extend_from_slice(client_args);
+    let out = our_client(port, &args);
+    let guest = lab.guest_server_finish(srv, 10);
+    let kernel = lab.kernel_check();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "our client failed: {stderr}\nguest:\n{}",
+        guest.log
+    );
+    let pings: Vec<&str> = stdout.lines().filter(|l| l.starts_with("ping data: ")).collect();
+    check_ping_lines(&pings, "ping data: ", count, size);
+    assert_eq!(guest.exit, Some(0), "guest rping -s:\n{}", guest.log);
+    assert_eq!(guest.count("server ping data: "), count, "guest:\n{}", guest.log);
+    let _ = kernel;
+    (guest, stdout)
+}
+
+/// The kernel's `rping -c` against our server.
+fn guest_client_case(lab: &Lab, count: usize, size: usize, server_args: &[&str]) -> (GuestRun, OurServerRun) {
+    let s = size.to_string();
+    let mut args = vec!["-S", &s];
+    args.extend_from_slice(server_args);
+    let srv = our_server(&args);
+    let port = srv.port;
+    let secs = 30 + count as u64 / 20;
+    let guest = lab.guest_client(port, &format!("-v -V -C {count} -S {size}"), secs);
+    let ours = srv.finish(20);
+    lab.kernel_check();
+    assert_eq!(
+        guest.exit,
+        Some(0),
+        "guest rping -c:\n{}\nours: {}",
+        guest.log,
+        ours.stderr
+    );
+    let pings: Vec<&str> = guest.log.lines().filter(|l| l.starts_with("ping data: ")).collect();
+    check_ping_lines(&pings, "ping data: ", count, size);
+    assert!(ours.ok, "our server failed: {}", ours.stderr);
+    let sp: Vec<&str> = ours
+        .stdout
+        .iter()
+        .filter(|l| l.starts_with("server ping data: "))
+        .map(String::as_str)
+        .collect();
+    check_ping_lines(&sp, "server ping data: ", count, size);
+    (guest, ours)
+}
+
+// ---------------------------------------------------------------------------------------
+// rping in both roles, CRC off and on
+
+#[test]
+fn host_client_vs_kernel_server_crc_off() {
+    let Some(lab) = lab("host_client_vs_kernel_server_crc_off") else {
+        return;
+    };
+    let (_, out) = host_client_case(&lab, 1000, 64, &[]);
+    assert!(out.contains(" crc false "), "{out}");
+    host_client_case(&lab, 200, 4096, &[]);
+    host_client_case(&lab, 50, 65535, &[]);
+}
+
+#[test]
+fn host_client_vs_kernel_server_crc_on() {
+    let Some(lab) = lab("host_client_vs_kernel_server_crc_on") else {
+        return;
+    };
+    // siw as responder honours the C flag: the connection runs with CRC.
+    let (_, out) = host_client_case(&lab, 1000, 64, &["--crc", "on"]);
+    assert!(out.contains(" crc true "), "{out}");
+    host_client_case(&lab, 200, 4096, &["--crc", "on"]);
+    host_client_case(&lab, 50, 65535, &["--crc", "on"]);
+}
+
+#[test]
+fn kernel_client_vs_host_server_crc_off() {
+    let Some(lab) = lab("kernel_client_vs_host_server_crc_off") else {
+        return;
+    };
+    let (_, ours) = guest_client_case(&lab, 1000, 64, &[]);
+    assert!(ours.line("accepted: ").contains(" crc false "), "{:?}", ours.stdout);
+    guest_client_case(&lab, 200, 4096, &[]);
+    guest_client_case(&lab, 50, 65535, &[]);
+}
+
+#[test]
+fn kernel_client_vs_host_server_crc_on() {
+    let Some(lab) = lab("kernel_client_vs_host_server_crc_on") else {
+        return;
+    };
+    // D4: siw as initiator never asks for CRC, but turns it on when our Reply does.
+    let (_, ours) = guest_client_case(&lab, 1000, 64, &["--crc", "on"]);
+    assert!(ours.line("accepted: ").contains(" crc true "), "{:?}", ours.stdout);
+    guest_client_case(&lab, 200, 4096, &["--crc", "on"]);
+    guest_client_case(&lab, 50, 65535, &["--crc", "on"]);
+}
+
+// ---------------------------------------------------------------------------------------
+// MPA variants: peer-to-peer with each RTR siw accepts
+
+#[test]
+fn p2p_rtr_variants_against_kernel_server() {
+    let Some(lab) = lab("p2p_rtr_variants_against_kernel_server") else {
+        return;
+    };
+    // siw answers P2P; with Write offered it picks Write, else Read (never our Send).
+    for (offer, picked) in [
+        ("write", "write"),
+        ("read", "read"),
+        ("write,read", "write"),
+        ("read,write", "write"),
+    ] {
+        for crc in ["off", "on"] {
+            let (_, out) = host_client_case(&lab, 50, 64, &["--p2p", offer, "--crc", crc]);
+            assert!(out.contains(&format!("peer2peer rtr {picked}")), "offer {offer}: {out}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Differences (docs/interop-siw.md)
+
+/// D1: siw as responder misses an FPDU that arrives right after its MPA Reply (before it
+/// hands the socket to the QP) and stalls until more data comes. `--first-send-delay-ms 0`
+/// sends the first advertisement at once; within a few tries one connection stalls.
+#[test]
+fn d1_siw_responder_stalls_on_an_immediate_first_fpdu() {
+    let Some(lab) = lab("d1_siw_responder_stalls_on_an_immediate_first_fpdu") else {
+        return;
+    };
+    let mut stalled = None;
+    for attempt in 1..=12 {
+        let srv = lab.guest_server("-v");
+        let out = our_client(
+            srv.port,
+            &["-v", "-V", "-C", "2", "--timeout", "3", "--first-send-delay-ms", "0"],
+        );
+        let guest = lab.guest_server_finish(srv, 2);
+        lab.kernel_check();
+        let (stdout, stderr) = text(&out);
+        if !out.status.success() {
+            // The stall: nothing came back although TCP delivered our Send.
+            assert!(stderr.contains("--timeout"), "{stderr}");
+            assert_eq!(stdout.lines().filter(|l| l.starts_with("ping data")).count(), 0);
+            assert_eq!(guest.count("server ping data"), 0, "{}", guest.log);
+            stalled = Some(attempt);
+            break;
+        }
+    }
+    assert!(
+        stalled.is_some(),
+        "no stall in 12 immediate first Sends: siw may be fixed, revisit D1 and the 50 ms default"
+    );
+    eprintln!("d1: stalled at attempt {stalled:?}");
+}
+
+/// D2: rping's server "go ahead" is 16 zero bytes, not an advertisement of its own.
+#[test]
+fn d2_kernel_rping_go_ahead_is_16_zero_bytes() {
+    let Some(lab) = lab("d2_kernel_rping_go_ahead_is_16_zero_bytes") else {
+        return;
+    };
+    let (_, out) = host_client_case(&lab, 5, 64, &[]);
+    let infos: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("received rping_rdma_info "))
+        .collect();
+    assert_eq!(infos.len(), 10, "{out}");
+    for l in infos {
+        assert_eq!(l, format!("received rping_rdma_info {:02x?}", [0u8; 16]), "{l}");
+    }
+}
+
+/// D3: siw as initiator (rping -c) sends MPA rev 2 with the IRD/ORD words (IRD 1, ORD 1
+/// from rping's conn_param), no CRC, no P2P and no private data of its own.
+#[test]
+fn d3_kernel_initiator_states_ird1_ord1_and_no_private_data() {
+    let Some(lab) = lab("d3_kernel_initiator_states_ird1_ord1_and_no_private_data") else {
+        return;
+    };
+    let (_, ours) = guest_client_case(&lab, 3, 64, &[]);
+    let req = ours.line("child cma: ");
+    assert!(req.contains("IRD 1 ORD 1, 0 bytes of private data"), "{req}");
+    let acc = ours.line("accepted: ");
+    assert!(acc.contains("MPA rev 2 Responder enhanced crc false"), "{acc}");
+    assert!(acc.contains("ird 1 ord 1") && !acc.contains("peer2peer"), "{acc}");
+}
+
+/// D5: rping exits 0 when the peer goes away mid-run (it treats DISCONNECTED as success);
+/// only the ping lines tell whether it worked. Here our server refuses the client's larger
+/// buffer and closes.
+#[test]
+fn d5_kernel_rping_exits_0_when_the_peer_disconnects() {
+    let Some(lab) = lab("d5_kernel_rping_exits_0_when_the_peer_disconnects") else {
+        return;
+    };
+    let srv = our_server(&["-S", "64"]);
+    let guest = lab.guest_client(srv.port, "-v -V -C 3 -S 1000", 30);
+    let ours = srv.finish(20);
+    lab.kernel_check();
+    assert!(!ours.ok, "our server must refuse a 1000-byte buffer with -S 64");
+    assert!(ours.stderr.contains("larger than ours"), "{}", ours.stderr);
+    assert_eq!(guest.exit, Some(0), "{}", guest.log);
+    assert_eq!(guest.count("ping data"), 0, "{}", guest.log);
+    assert!(guest.log.contains("DISCONNECT EVENT"), "{}", guest.log);
+}
+
+/// D6: a Terminate from our side (the guest's RDMA Read names a bad STag). siw decodes the
+/// Terminate control word with x86 bitfields: the RFC form (layer 0 RDMAP, type 1 remote
+/// protection, code 0 invalid STag) is logged as layer 1 type 0 code 0, the siw form as
+/// layer 0 type 1 code 0. Either way siw completes the refused Read with WR_FLUSH_ERR,
+/// which rping does not report, and the connection goes down.
+#[test]
+fn d6_our_terminate_for_a_bad_stag_read_as_siw_decodes_it() {
+    let Some(lab) = lab("d6_our_terminate_for_a_bad_stag_read_as_siw_decodes_it") else {
+        return;
+    };
+    for (form, want) in [
+        (None, "layer 1, type 0, code 0"),
+        (Some("--siw-terminate"), "layer 0, type 1, code 0"),
+    ] {
+        let srv = lab.guest_server("-v");
+        let mut args = vec!["-v", "-V", "-C", "3", "--timeout", "10", "--test-bad-stag"];
+        args.extend(form);
+        let out = our_client(srv.port, &args);
+        let guest = lab.guest_server_finish(srv, 10);
+        let kernel = lab.kernel_check();
+        let (_, stderr) = text(&out);
+        assert!(!out.status.success());
+        assert!(
+            stderr.contains("Terminate sent to the peer: layer 0 type 1 code 0x00"),
+            "{stderr}"
+        );
+        assert!(
+            kernel.contains(&format!("siw: got TERMINATE. {want}")),
+            "{form:?}:\n{kernel}"
+        );
+        assert_eq!(guest.exit, Some(0), "{}", guest.log);
+        assert_eq!(guest.count("server ping data"), 0, "{}", guest.log);
+        assert!(!guest.log.contains("cq completion failed"), "{}", guest.log);
+    }
+}
+
+/// D7: a Terminate from the kernel's side (our RDMA Read names a bad STag) surfaces in our
+/// completion as remote access error with RDMAP layer 0 / type 1 / code 0, although siw
+/// writes the control word in its own bit order and echoes the Read Request with the read
+/// size in the MSN field and a DDP Segment Length of 0.
+#[test]
+fn d7_kernel_terminate_for_our_bad_stag_read() {
+    let Some(lab) = lab("d7_kernel_terminate_for_our_bad_stag_read") else {
+        return;
+    };
+    for crc in ["off", "on"] {
+        let srv = our_server(&["--test-bad-stag", "--crc", crc]);
+        let guest = lab.guest_client(srv.port, "-v -V -C 3", 30);
+        let ours = srv.finish(20);
+        lab.kernel_check();
+        assert!(!ours.ok);
+        assert!(
+            ours.stderr
+                .contains("cq completion failed status 10 (remote access error"),
+            "{}",
+            ours.stderr
+        );
+        assert!(
+            ours.stderr
+                .contains("Terminate received from the peer: layer 0 type 1 code 0x00"),
+            "{}",
+            ours.stderr
+        );
+        assert_eq!(guest.count("ping data"), 0, "{}", guest.log);
+    }
+}
+
+/// D8: over MPA revision 1 there are no IRD/ORD words, and siw as responder then reports
+/// IRD 0 / ORD 0 in the connect request; rping accepts with those (rdma_accept(NULL)), so
+/// the kernel QP has no ORD and rping's RDMA Read fails to post ("post send error"). siw
+/// itself answers revision 1 with revision 1. Our client stays connected until the server
+/// disconnects and, like rping, exits 0 without a ping.
+#[test]
+fn d8_mpa_rev1_leaves_the_kernel_responder_without_ord() {
+    let Some(lab) = lab("d8_mpa_rev1_leaves_the_kernel_responder_without_ord") else {
+        return;
+    };
+    let srv = lab.guest_server("-v");
+    let out = our_client(
+        srv.port,
+        &["-v", "-V", "-d", "-C", "3", "--timeout", "10", "--mpa-rev", "1"],
+    );
+    let guest = lab.guest_server_finish(srv, 10);
+    lab.kernel_check();
+    let (stdout, stderr) = text(&out);
+    assert!(stdout.contains("rdma_connect successful: MPA rev 1 "), "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("ping data")).count(), 0);
+    assert!(stderr.contains("client DISCONNECT EVENT"), "{stderr}");
+    assert!(guest.log.contains("post send error"), "{}", guest.log);
+    assert_eq!(guest.count("server ping data"), 0, "{}", guest.log);
+}
