@@ -17,6 +17,7 @@ mod bench;
 mod demo;
 mod devices;
 mod rping;
+mod rpc;
 
 #[derive(Parser)]
 #[command(
@@ -44,6 +45,8 @@ enum Cmd {
     Info(devices::InfoArgs),
     /// librdmacm's rping (RDMA Read/Write ping-pong), compatible with Linux's `rping`.
     Rping(rping::RpingArgs),
+    /// ONC RPC over TCP and RPC-over-RDMA: serve, call and benchmark the demo program.
+    Rpc(rpc::Args),
 }
 
 fn main() -> Result<()> {
@@ -57,5 +60,6 @@ fn main() -> Result<()> {
         Cmd::Devices(args) => devices::run_devices(args),
         Cmd::Info(args) => devices::run_info(args),
         Cmd::Rping(args) => rping::run(args),
+        Cmd::Rpc(args) => rpc::run(args),
     }
 }

@@ -1,0 +1,239 @@
+//! `softrdma rpc`: the demo RPC program (0x20000099: ECHO, READ, WRITE, WORDS)
+//! served over TCP and RPC-over-RDMA at once, called, and benchmarked.
+//!
+//! ```text
+//! softrdma rpc serve [--tcp 127.0.0.1:20048] [--rdma 127.0.0.1:20049]
+//! softrdma rpc call --transport rdma --addr 127.0.0.1:20049 --proc read --size 1M
+//! softrdma rpc bench --size 1M --transport both --json
+//! ```
+//!
+//! `bench` starts both servers in-process on loopback and times READ calls of
+//! `--size` bytes (the reply data comes back through a Write chunk over RDMA,
+//! in the TCP record over TCP), with `--threads` callers on one connection each.
+
+use anyhow::{Result, anyhow, bail};
+use rpcrdma::client::RpcClient;
+use rpcrdma::demo;
+use rpcrdma::tcp::{TcpClient, TcpServer};
+use rpcrdma::transport::{RdmaClient, RdmaConfig, RdmaServer};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Subcommand)]
+enum Cmd {
+    /// Serve the demo program over TCP and RDMA until interrupted.
+    Serve {
+        #[arg(long, default_value = "127.0.0.1:20048")]
+        tcp: SocketAddr,
+        #[arg(long, default_value = "127.0.0.1:20049")]
+        rdma: SocketAddr,
+    },
+    /// Make calls to a running server.
+    Call {
+        #[arg(long, default_value = "rdma", value_parser = ["tcp", "rdma"])]
+        transport: String,
+        #[arg(long)]
+        addr: Option<SocketAddr>,
+        /// null, echo, read, write
+        #[arg(long, default_value = "read", value_parser = ["null", "echo", "read", "write"])]
+        proc_: String,
+        #[arg(long, value_parser = parse_size, default_value = "4K")]
+        size: u64,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
+    /// Time READ calls over TCP and/or RDMA (servers started in-process on loopback).
+    Bench {
+        #[arg(long, value_parser = parse_size, default_value = "1M")]
+        size: u64,
+        #[arg(long, default_value = "both", value_parser = ["tcp", "rdma", "both"])]
+        transport: String,
+        /// Calls per transport (default: enough for 512 MiB, at least 20).
+        #[arg(long)]
+        calls: Option<u64>,
+        /// Concurrent callers (one connection each).
+        #[arg(long, default_value_t = 1)]
+        threads: u32,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mul)
+        .map_err(|e| format!("bad size {s:?}: {e}"))
+}
+
+fn device() -> Result<verbs::Device> {
+    iwarp::open_device(iwarp::IwarpConfig::default()).map_err(|e| anyhow!("{e}"))
+}
+
+pub fn run(args: Args) -> Result<()> {
+    match args.cmd {
+        Cmd::Serve { tcp, rdma } => {
+            let reg = Arc::new(demo::registry());
+            let dev = device()?;
+            let t = TcpServer::spawn(tcp, reg.clone())?;
+            let r = RdmaServer::spawn(&dev, rdma, reg, RdmaConfig::default()).map_err(|e| anyhow!("{e}"))?;
+            println!(
+                "serving program {:#x} version {} over TCP on {} and RPC-over-RDMA (iWARP) on {}",
+                demo::PROGRAM,
+                demo::VERSION,
+                t.local_addr(),
+                r.local_addr()
+            );
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        Cmd::Call {
+            transport,
+            addr,
+            proc_,
+            size,
+            count,
+        } => {
+            let size = size as usize;
+            if transport == "tcp" {
+                let c = TcpClient::connect(addr.unwrap_or_else(|| "127.0.0.1:20048".parse().unwrap()))?;
+                call(&c, &proc_, size, count)
+            } else {
+                let dev = device()?;
+                let addr = addr.unwrap_or_else(|| "127.0.0.1:20049".parse().unwrap());
+                let c = RdmaClient::connect(&dev.alloc_pd(), addr, RdmaConfig::default())?;
+                call(&c, &proc_, size, count)
+            }
+        }
+        Cmd::Bench {
+            size,
+            transport,
+            calls,
+            threads,
+            json,
+        } => bench(size as usize, &transport, calls, threads.max(1), json),
+    }
+}
+
+fn call<C: RpcClient>(c: &C, proc_: &str, size: usize, count: u32) -> Result<()> {
+    for i in 0..count {
+        let t = Instant::now();
+        match proc_ {
+            "null" => demo::null(c)?,
+            "echo" => {
+                let d = demo::pattern(size, i);
+                if demo::echo(c, &d)? != d {
+                    bail!("ECHO returned different data");
+                }
+            }
+            "read" => {
+                if demo::read(c, size, i)? != demo::pattern(size, i) {
+                    bail!("READ returned wrong data");
+                }
+            }
+            _ => {
+                let d = demo::pattern(size, i);
+                let (n, sum) = demo::write(c, &d)?;
+                if (n as usize, sum) != (size, demo::checksum(&d)) {
+                    bail!("WRITE: server saw {n} bytes, checksum {sum:#x}");
+                }
+            }
+        }
+        println!("{proc_} {size} bytes: ok in {:?}", t.elapsed());
+    }
+    Ok(())
+}
+
+/// Bytes per second of `calls` READs of `size` over `threads` clients.
+fn time_reads<C: RpcClient + Sync>(clients: &[C], size: usize, calls: u64) -> Result<f64> {
+    // warm up each connection
+    for c in clients {
+        demo::read(c, size, 0)?;
+    }
+    let per = calls.div_ceil(clients.len() as u64);
+    let t = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let hs: Vec<_> = clients
+            .iter()
+            .map(|c| {
+                s.spawn(move || -> Result<()> {
+                    for i in 0..per {
+                        let d = demo::read(c, size, i as u32)?;
+                        if d.len() != size {
+                            bail!("short READ");
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().map_err(|_| anyhow!("caller panicked"))??;
+        }
+        Ok(())
+    })?;
+    Ok((per * clients.len() as u64 * size as u64) as f64 / t.elapsed().as_secs_f64())
+}
+
+fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: bool) -> Result<()> {
+    let calls = calls.unwrap_or_else(|| ((512u64 << 20) / size.max(1) as u64).clamp(20, 100_000));
+    let reg = Arc::new(demo::registry());
+    let dev = device()?;
+    let mut tcp_bps = None;
+    let mut rdma_bps = None;
+    if transport != "rdma" {
+        let srv = TcpServer::spawn("127.0.0.1:0".parse()?, reg.clone())?;
+        let cs: Vec<TcpClient> = (0..threads)
+            .map(|_| TcpClient::connect(srv.local_addr()))
+            .collect::<std::io::Result<_>>()?;
+        tcp_bps = Some(time_reads(&cs, size, calls)?);
+    }
+    if transport != "tcp" {
+        let srv = RdmaServer::spawn(&dev, "127.0.0.1:0".parse()?, reg.clone(), RdmaConfig::default())
+            .map_err(|e| anyhow!("{e}"))?;
+        let cs: Vec<RdmaClient> = (0..threads)
+            .map(|_| RdmaClient::connect(&dev.alloc_pd(), srv.local_addr(), RdmaConfig::default()))
+            .collect::<Result<_, _>>()?;
+        rdma_bps = Some(time_reads(&cs, size, calls)?);
+    }
+    let ratio = match (rdma_bps, tcp_bps) {
+        (Some(r), Some(t)) if t > 0.0 => Some(r / t),
+        _ => None,
+    };
+    let mib = |b: Option<f64>| b.map(|b| b / (1 << 20) as f64);
+    if json {
+        let f = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:.3}"));
+        println!(
+            "{{\"proc\":\"READ\",\"size\":{size},\"calls\":{calls},\"threads\":{threads},\"tcp_mib_s\":{},\"rdma_mib_s\":{},\"rdma_tcp_ratio\":{}}}",
+            f(mib(tcp_bps)),
+            f(mib(rdma_bps)),
+            f(ratio)
+        );
+    } else {
+        println!("READ of {size} bytes, {calls} calls, {threads} caller(s):");
+        if let Some(t) = mib(tcp_bps) {
+            println!("  ONC RPC over TCP:           {t:10.1} MiB/s");
+        }
+        if let Some(r) = mib(rdma_bps) {
+            println!("  RPC-over-RDMA (write chunk): {r:10.1} MiB/s");
+        }
+        if let Some(x) = ratio {
+            println!("  RDMA / TCP = {x:.2}");
+        }
+    }
+    Ok(())
+}
