@@ -1,10 +1,13 @@
 //! # rpcrdma: ONC RPC over TCP and over RDMA (RFC 8166)
 //!
 //! Sans-I/O codecs and state for RPC-over-RDMA version 1 (RFC 8166, updated by
-//! RFC 8797), ONC RPC version 2 (RFC 5531) and XDR (RFC 4506). Nothing here does
-//! I/O, reads a clock or depends on the verbs API: the transport engine that
-//! posts Sends, Receives, RDMA Reads and Writes sits on top and drives these
-//! types, as quinn drives quinn-proto.
+//! RFC 8797), ONC RPC version 2 (RFC 5531) and XDR (RFC 4506), and the I/O on
+//! top of them: [`tcp`] (ONC RPC over TCP with record marking) and
+//! [`transport`] (the Requester and Responder on the verbs API). Only those two
+//! modules do I/O; they drive the sans-I/O types as quinn drives quinn-proto.
+//! [`server`] (program registry and dispatch) and [`client`] (calls and their
+//! results) are shared by both transports; [`demo`] is a demo program
+//! (0x20000099) that moves large opaque data both ways.
 //!
 //! ## Where this crate sits
 //!
