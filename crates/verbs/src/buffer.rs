@@ -15,6 +15,7 @@
 //! peer writes the same bytes is unspecified, as RFC 5040 §5.5 rules 3-5 say
 //! for any RNIC; it is never out-of-bounds and never frees memory.
 
+use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -165,6 +166,95 @@ impl Buffer {
     }
 }
 
+impl Buffer {
+    /// Hands the bytes at `off..off + len` to `f` in order, in chunks copied
+    /// through a small private bounce buffer (L1-resident), e.g. to compute a
+    /// CRC over data the kernel then sends straight from the region. No
+    /// reference to the shared mapping is formed (see the module doc).
+    pub fn scan(&self, off: usize, len: usize, mut f: impl FnMut(&[u8])) -> Result<(), OutOfBounds> {
+        self.range(off, len)?;
+        let mut bounce = [0u8; 4096];
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(bounce.len());
+            self.read(off + at, &mut bounce[..n])?;
+            f(&bounce[..n]);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// `read(2)` from `fd` straight into `off..off + len` (direct data
+    /// placement of a tagged segment's payload). Returns the octets read;
+    /// 0 means end of stream.
+    pub fn recv_into(&self, fd: RawFd, off: usize, len: usize) -> std::io::Result<usize> {
+        let p = self
+            .range(off, len)
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, OutOfBounds))?;
+        // SAFETY: p..p+len lies inside the live mapping (checked above and
+        // kept alive by &self); the kernel writes at most len octets there.
+        let n = unsafe { libc::read(fd, p as *mut libc::c_void, len) };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+}
+
+/// One element of a gather list for [`writev`].
+#[derive(Clone, Copy)]
+pub enum IoPart<'a> {
+    /// Private bytes (headers, trailers, copied data).
+    Bytes(&'a [u8]),
+    /// A range of a registered buffer, sent without a userspace copy.
+    Mem { buf: &'a Buffer, off: usize, len: usize },
+}
+
+impl IoPart<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            IoPart::Bytes(b) => b.len(),
+            IoPart::Mem { len, .. } => *len,
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The most parts one [`writev`] call takes (Linux's `IOV_MAX`).
+pub const MAX_IO_PARTS: usize = 1024;
+
+/// `writev(2)` of up to [`MAX_IO_PARTS`] parts to `fd`: the kernel copies
+/// straight from registered buffers into socket buffers. Returns the octets
+/// written (possibly fewer than asked, as `writev` does).
+pub fn writev(fd: RawFd, parts: &[IoPart<'_>]) -> std::io::Result<usize> {
+    let mut iov: Vec<libc::iovec> = Vec::with_capacity(parts.len().min(MAX_IO_PARTS));
+    for part in parts.iter().take(MAX_IO_PARTS) {
+        let (base, len) = match *part {
+            IoPart::Bytes(b) => (b.as_ptr() as *mut u8, b.len()),
+            IoPart::Mem { buf, off, len } => buf
+                .range(off, len)
+                .map(|p| (p, len))
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, OutOfBounds))?,
+        };
+        iov.push(libc::iovec {
+            iov_base: base as *mut libc::c_void,
+            iov_len: len,
+        });
+    }
+    // SAFETY: every iovec points at live memory of its stated length: a
+    // borrowed slice, or a bounds-checked range of a Buffer borrowed for the
+    // call. The kernel only reads them.
+    let n = unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
 impl Drop for Buffer {
     fn drop(&mut self) {
         // SAFETY: ptr/map_len are exactly what mmap returned; this is the only unmap.
@@ -208,6 +298,44 @@ mod tests {
         b.read(96, &mut out).unwrap();
         assert_eq!(out, [1, 2, 3, 4]);
         assert_eq!(b.addr() % 4096, 0);
+    }
+
+    #[test]
+    fn scan_writev_recv_into() {
+        let b = Buffer::new(10_000).unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        b.write(0, &data).unwrap();
+        let mut seen = Vec::new();
+        b.scan(100, 9_000, |c| seen.extend_from_slice(c)).unwrap();
+        assert_eq!(seen, &data[100..9_100]);
+        assert_eq!(b.scan(9_000, 1_001, |_| ()), Err(OutOfBounds));
+        let (mut r, mut w) = std::os::unix::net::UnixStream::pair().unwrap();
+        use std::os::fd::AsRawFd;
+        let parts = [
+            IoPart::Bytes(b"head"),
+            IoPart::Mem {
+                buf: &b,
+                off: 10,
+                len: 20,
+            },
+            IoPart::Bytes(b"tail"),
+        ];
+        assert_eq!(writev(w.as_raw_fd(), &parts).unwrap(), 28);
+        let bad = [IoPart::Mem {
+            buf: &b,
+            off: 9_999,
+            len: 2,
+        }];
+        assert!(writev(w.as_raw_fd(), &bad).is_err(), "out of bounds refused");
+        let dst = Buffer::new(64).unwrap();
+        assert_eq!(dst.recv_into(r.as_raw_fd(), 4, 28).unwrap(), 28);
+        let mut got = [0u8; 28];
+        dst.read(4, &mut got).unwrap();
+        assert_eq!(&got[..4], b"head");
+        assert_eq!(&got[4..24], &data[10..30]);
+        assert_eq!(&got[24..], b"tail");
+        assert!(dst.recv_into(r.as_raw_fd(), 60, 8).is_err(), "out of bounds refused");
+        let _ = (&mut r, &mut w);
     }
 
     #[test]

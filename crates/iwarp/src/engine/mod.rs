@@ -31,6 +31,7 @@
 pub mod cm;
 pub(crate) mod driver;
 pub mod qp;
+mod txq;
 
 use std::sync::Arc;
 use std::time::Duration;

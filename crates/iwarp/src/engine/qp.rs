@@ -7,13 +7,15 @@
 //! socket and moves bytes between it and `Proto` in `pump_tx` / `pump_rx`.
 
 use super::driver::{Driver, Poke, Pollable};
+use super::txq::TxQueue;
 use crate::wire::cause::{self, TermCause};
 use crate::wire::ddp::{self, Addr, Header};
+use crate::wire::fpdu;
 use crate::wire::fpdu::{Deframer, DeframerConfig, Framer};
 use crate::wire::rdmap::{AtomicOp, AtomicRequest, AtomicResponse, ReadRequest};
 use crate::wire::terminate::{self, Offending};
 use std::collections::VecDeque;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -57,8 +59,13 @@ const fn rdmap_ctrl(opcode: u8) -> u8 {
     0x40 | (opcode & 0x0F)
 }
 
-/// Bytes staged for the socket before a `write` is attempted.
-const TX_HIGH_WATER: usize = 256 * 1024;
+/// Octets framed ahead of the socket (most of them referenced in place, not
+/// copied): enough to keep `writev` busy, small enough that a Read Response
+/// or Terminate is not stuck behind megabytes.
+const TX_HIGH_WATER: usize = 512 * 1024;
+/// Payloads below this are copied next to their headers (one iovec instead
+/// of three); larger ones are sent from the registered buffer in place.
+const GATHER_MIN: usize = 2048;
 /// Receive buffer: large enough for several maximum FPDUs per `read`.
 const RX_BUF: usize = 256 * 1024;
 
@@ -234,9 +241,7 @@ pub(crate) struct Proto {
     slots: VecDeque<Slot>,
     next_slot: u64,
     framer: Framer,
-    out: Vec<u8>,
-    out_pos: usize,
-    out_marks: VecDeque<(usize, u64)>,
+    tx: TxQueue,
     cur: Option<TxMsg>,
     follow: Option<TxMsg>,
     tx_msn: [u32; 4],
@@ -382,9 +387,7 @@ impl Proto {
             slots: VecDeque::new(),
             next_slot: 0,
             framer: Framer::new(neg.crc, neg.markers_tx),
-            out: Vec::with_capacity(TX_HIGH_WATER + 70_000),
-            out_pos: 0,
-            out_marks: VecDeque::new(),
+            tx: TxQueue::default(),
             cur: None,
             follow: None,
             tx_msn: [0; 4],
@@ -637,14 +640,19 @@ impl Proto {
         self.tx_msn[qn::TERMINATE as usize] = self.tx_msn[qn::TERMINATE as usize].wrapping_add(1);
         let msn = self.tx_msn[qn::TERMINATE as usize];
         let len = repr.ulpdu_len();
-        let start = self.out.len();
+        let mark = self.tx.position();
         if let Ok(w) = self.framer.wire_len(len) {
-            self.out.resize(start + w, 0);
-            let res = self.framer.emit(len, &mut self.out[start..], |u| {
-                let _ = repr.emit_ulpdu(u, msn);
+            let framer = &mut self.framer;
+            let mut ok = false;
+            self.tx.push_bytes(w, |out| {
+                ok = framer
+                    .emit(len, out, |u| {
+                        let _ = repr.emit_ulpdu(u, msn);
+                    })
+                    .is_ok();
             });
-            if res.is_err() {
-                self.out.truncate(start);
+            if !ok {
+                self.tx.truncate_to(mark);
             }
         }
         // The failing work request (if ours) gets the local status.
@@ -960,13 +968,14 @@ impl Proto {
         ))
     }
 
-    /// Frames DDP segments into `out` until the high-water mark or no work.
+    /// Frames DDP segments onto the transmit queue until the high-water
+    /// mark or no work.
     pub(crate) fn fill_tx(&mut self) -> bool {
         if self.term_sent || self.term_received || self.state == QpState::Err {
             return false;
         }
         let mut any = false;
-        while self.out.len() - self.out_pos < TX_HIGH_WATER {
+        while self.tx.pending() < TX_HIGH_WATER {
             if self.cur.is_none() {
                 self.cur = self.next_message();
                 if self.cur.is_none() {
@@ -1001,17 +1010,37 @@ impl Proto {
                 addr,
             };
             let ulpdu_len = hdr_len + seg;
-            let start = self.out.len();
-            let Ok(w) = self.framer.wire_len(ulpdu_len) else { break };
-            self.out.resize(start + w, 0);
-            let (off, rh, src) = (m.off, &m.rdmap_hdr, &m.src);
-            let r = self.framer.emit(ulpdu_len, &mut self.out[start..], |u| {
-                let _ = h.emit(u);
-                u[ddp_len..hdr_len].copy_from_slice(rh);
-                src.copy_out(off, &mut u[hdr_len..]);
-            });
-            if r.is_err() {
-                self.out.truncate(start);
+            let mark = self.tx.position();
+            let in_place = seg >= GATHER_MIN && !self.framer.markers() && matches!(m.src, Source::Pieces(_));
+            let ok = if in_place {
+                gather_fpdu(
+                    &mut self.framer,
+                    &mut self.tx,
+                    &h,
+                    ddp_len,
+                    &m.rdmap_hdr,
+                    &m.src,
+                    m.off,
+                    seg,
+                )
+            } else {
+                let (off, rh, src) = (m.off, &m.rdmap_hdr, &m.src);
+                let Ok(w) = self.framer.wire_len(ulpdu_len) else { break };
+                let framer = &mut self.framer;
+                let mut ok = false;
+                self.tx.push_bytes(w, |out| {
+                    ok = framer
+                        .emit(ulpdu_len, out, |u| {
+                            let _ = h.emit(u);
+                            u[ddp_len..hdr_len].copy_from_slice(rh);
+                            src.copy_out(off, &mut u[hdr_len..]);
+                        })
+                        .is_ok();
+                });
+                ok
+            };
+            if !ok {
+                self.tx.truncate_to(mark);
                 break;
             }
             any = true;
@@ -1022,38 +1051,40 @@ impl Proto {
                     self.responding -= 1;
                 }
                 if let Some(id) = m.completes {
-                    self.out_marks.push_back((self.out.len(), id));
+                    self.tx.mark(id);
                 }
             }
         }
         any
     }
 
-    /// Bytes that still have to reach the socket.
-    pub(crate) fn pending_out(&self) -> &[u8] {
-        &self.out[self.out_pos..]
+    /// Octets still to be written to the socket.
+    pub(crate) fn tx_pending(&self) -> usize {
+        self.tx.pending()
     }
 
-    /// `n` bytes of `pending_out` were written: complete what fully left.
+    /// One `writev` of the transmit queue to `fd`.
+    pub(crate) fn tx_write(&self, fd: std::os::fd::RawFd) -> std::io::Result<usize> {
+        self.tx.write_to(fd)
+    }
+
+    /// `n` octets were written: complete what fully left.
     pub(crate) fn consumed_out(&mut self, n: usize) {
-        self.out_pos += n;
-        while let Some(&(end, id)) = self.out_marks.front() {
-            if end > self.out_pos {
-                break;
-            }
-            self.out_marks.pop_front();
+        let mut done = Vec::new();
+        self.tx.consumed(n, &mut done);
+        for id in done {
             // RDMAP-ORD-14: complete once handed to the LLP in full.
             self.finish_slot(id, WcStatus::Success);
         }
-        if self.out_pos == self.out.len() {
-            self.out.clear();
-            self.out_pos = 0;
-        } else if self.out_pos > TX_HIGH_WATER {
-            self.out.drain(..self.out_pos);
-            for m in self.out_marks.iter_mut() {
-                m.0 -= self.out_pos;
-            }
-            self.out_pos = 0;
+        self.deliver_send_completions();
+    }
+
+    /// The socket failed: nothing queued will leave.
+    pub(crate) fn discard_out(&mut self) {
+        let mut done = Vec::new();
+        self.tx.discard(&mut done);
+        for id in done {
+            self.finish_slot(id, WcStatus::WrFlushErr);
         }
         self.deliver_send_completions();
     }
@@ -1488,6 +1519,66 @@ impl Proto {
     }
 }
 
+/// Frames one FPDU whose payload stays in registered memory: header octets
+/// in the arena, the payload pieces referenced in place, then pad and CRC.
+/// CRCs (when on) are computed over the pieces through a small bounce buffer.
+#[allow(clippy::too_many_arguments)]
+fn gather_fpdu(
+    framer: &mut Framer,
+    tx: &mut TxQueue,
+    h: &Header,
+    ddp_len: usize,
+    rdmap_hdr: &[u8],
+    src: &Source,
+    off: usize,
+    seg: usize,
+) -> bool {
+    let Source::Pieces(pieces) = src else { return false };
+    let hdr_len = ddp_len + rdmap_hdr.len();
+    let Ok(mut f) = framer.begin(hdr_len + seg) else {
+        return false;
+    };
+    let mut hdr = [0u8; fpdu::HEADER_LEN + ddp::UNTAGGED_HEADER_LEN + 64];
+    let Some(hb) = hdr.get_mut(..fpdu::HEADER_LEN + hdr_len) else {
+        return false;
+    };
+    hb[..fpdu::HEADER_LEN].copy_from_slice(&f.header());
+    if h.emit(&mut hb[fpdu::HEADER_LEN..]).is_err() {
+        return false;
+    }
+    hb[fpdu::HEADER_LEN + ddp_len..].copy_from_slice(rdmap_hdr);
+    f.update(&hb[fpdu::HEADER_LEN..]);
+    tx.push_slice(hb);
+    let (mut at, mut left) = (off, seg);
+    for p in pieces {
+        if left == 0 {
+            break;
+        }
+        if at >= p.len {
+            at -= p.len;
+            continue;
+        }
+        let n = (p.len - at).min(left);
+        if f.needs_bytes() {
+            if p.buf.scan(p.off + at, n, |b| f.update(b)).is_err() {
+                return false;
+            }
+        } else if f.account(n).is_err() {
+            return false;
+        }
+        tx.push_mem(&p.buf, p.off + at, n);
+        left -= n;
+        at = 0;
+    }
+    match f.trailer() {
+        Ok(t) => {
+            tx.push_slice(t.as_ref());
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 /// A fixed-size RDMAP header encoded into its own buffer.
 fn encoded<E>(len: usize, emit: impl FnOnce(&mut [u8]) -> std::result::Result<usize, E>) -> Vec<u8> {
     let mut h = vec![0u8; len];
@@ -1744,11 +1835,10 @@ impl IwarpQp {
         let mut any = false;
         loop {
             any |= p.fill_tx();
-            let pending = p.pending_out();
-            if pending.is_empty() {
+            if p.tx_pending() == 0 {
                 break;
             }
-            match (&self.sock).write(pending) {
+            match p.tx_write(self.sock.as_raw_fd()) {
                 Ok(n) => {
                     p.consumed_out(n);
                     any = true;
@@ -1756,13 +1846,13 @@ impl IwarpQp {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
-                    p.consumed_out(p.pending_out().len());
+                    p.discard_out();
                     p.on_stream_error(None, &e.to_string());
                     break;
                 }
             }
         }
-        if p.shutdown_when_drained && !p.shut && p.pending_out().is_empty() {
+        if p.shutdown_when_drained && !p.shut && p.tx_pending() == 0 {
             p.shut = true;
             let _ = self.sock.shutdown(std::net::Shutdown::Write);
         }

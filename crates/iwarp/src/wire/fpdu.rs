@@ -451,6 +451,22 @@ impl TxFpdu {
             c.update(ulpdu_part);
         }
     }
+    /// Accounts for `n` ULPDU octets the caller sends without showing them
+    /// here; only allowed when CRCs are off (nothing to cover).
+    pub fn account(&mut self, n: usize) -> Result<(), EmitError> {
+        if self.crc.is_some() {
+            return Err(EmitError::LengthMismatch {
+                announced: self.ulpdu_len,
+                written: self.written,
+            });
+        }
+        self.written = self.written.saturating_add(n);
+        Ok(())
+    }
+    /// Whether [`TxFpdu::update`] must see the octets (CRCs on).
+    pub fn needs_bytes(&self) -> bool {
+        self.crc.is_some()
+    }
     /// Pad and CRC to send after the ULPDU.
     pub fn trailer(mut self) -> Result<Trailer, EmitError> {
         if self.written != self.ulpdu_len {
