@@ -142,6 +142,10 @@ pub struct Args {
     /// Show a progress line on stderr even if it is not a terminal.
     #[arg(long)]
     progress: bool,
+    /// Latency mode: sleep on the completion queue (perftest's --events) instead of
+    /// busy-polling it; both ends do. Not for write --lat, which polls memory.
+    #[arg(long)]
+    events: bool,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -175,6 +179,7 @@ const VERSION: u8 = 1;
 const FLAG_LAT: u8 = 1;
 const FLAG_LAST: u8 = 2;
 const FLAG_BASELINE: u8 = 4;
+const FLAG_EVENTS: u8 = 8;
 /// The ORD/IRD we ask for (the device's maximum).
 const RD_ATOMIC: u8 = 128;
 
@@ -331,6 +336,9 @@ pub fn run(args: Args) -> Result<()> {
     let op = args
         .op
         .ok_or_else(|| anyhow!("which operation? write, read, send or atomic"))?;
+    if args.events && !(args.lat && matches!(op, Op::Send | Op::Read | Op::Atomic)) {
+        bail!("--events applies to send, read and atomic with --lat");
+    }
     if args.lat && args.qps != 1 {
         bail!("--lat measures one QP (perftest's *_lat tools do too); drop --qps");
     }
@@ -593,6 +601,8 @@ struct ClientQp {
     posted: u64,
     completed: u64,
     credits: u64,
+    /// Sleep on the CQ instead of busy-polling (latency mode).
+    events: bool,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -620,6 +630,9 @@ fn run_test(
     }
     if args.baseline.is_some() {
         flags |= FLAG_BASELINE;
+    }
+    if args.events {
+        flags |= FLAG_EVENTS;
     }
     let mut conns = Vec::with_capacity(args.qps as usize);
     for q in 0..args.qps {
@@ -652,6 +665,7 @@ fn run_test(
             posted: 0,
             completed: 0,
             credits: reply.credits as u64,
+            events: args.events,
         });
     }
     if op == Op::Send {
@@ -994,8 +1008,14 @@ fn keep_going(stop: Stop, start: Instant, done: u64) -> bool {
     }
 }
 
-/// Busy-polls `cq` (which drives the provider inline) until a completion arrives.
-fn spin(cq: &CompletionQueue) -> Result<WorkCompletion> {
+/// Busy-polls `cq` (which drives the provider inline) until a completion
+/// arrives, or with `events` sleeps until the provider's thread delivers one.
+fn spin(cq: &CompletionQueue, events: bool) -> Result<WorkCompletion> {
+    if events {
+        return cq
+            .wait_spin(Duration::ZERO, Some(T))
+            .ok_or_else(|| anyhow!("no completion within {T:?}"));
+    }
     let start = Instant::now();
     loop {
         if let Some(wc) = cq.poll_one() {
@@ -1042,7 +1062,7 @@ fn lat_send(
             vec![mr.sge(0, len)],
         ))?;
         loop {
-            let wc = spin(cq)?;
+            let wc = spin(cq, c.events)?;
             check(&wc, "send ping-pong")?;
             if split_wr_id(wc.wr_id).0 == KIND_RECV {
                 break;
@@ -1173,7 +1193,7 @@ fn lat_one_sided(
             opcode.clone(),
             vec![mr.sge(0, len)],
         ))?;
-        let wc = spin(cq)?;
+        let wc = spin(cq, c.events)?;
         check(&wc, op.name())?;
         let dt = t0.elapsed();
         if i >= wu {
@@ -1339,8 +1359,15 @@ fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hel
             ready()?;
             let mut n = 2;
             let mut idle = 0u32;
+            let events = hello.flags & FLAG_EVENTS != 0;
             loop {
-                match cq.poll_one() {
+                let wc = if events {
+                    idle = 4095;
+                    cq.wait_spin(Duration::ZERO, Some(Duration::from_millis(100)))
+                } else {
+                    cq.poll_one()
+                };
+                match wc {
                     Some(wc) if wc.is_ok() => {
                         idle = 0;
                         if wc.opcode == WcOpcode::Recv {

@@ -184,6 +184,14 @@ fn bench_latency_with_tcp_baseline() {
 }
 
 #[test]
+fn bench_latency_with_events() {
+    let out = ok(&["bench", "send", "--lat", "--events", "--iters", "200", "--json"]);
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["iters"], 200);
+    assert!(num(v, "lat_p50_us") > 0.0, "{v}");
+}
+
+#[test]
 fn bench_bandwidth_with_tcp_baseline_human_and_json() {
     let out = ok(&[
         "bench",
@@ -271,6 +279,7 @@ fn bench_rejects_bad_arguments() {
         &["bench", "write", "--size", "12X"],
         &["bench", "write", "--iters", "5", "--duration", "1"],
         &["bench", "send", "--lat", "--qps", "2"],
+        &["bench", "write", "--events"],
         &["bench", "--baseline", "udp", "write"],
         &["bench"],
     ] {
