@@ -97,6 +97,10 @@ pub struct RpingArgs {
     /// server issues its first RDMA Read with one, so that the peer answers with a Terminate.
     #[arg(long, hide = true)]
     pub test_bad_stag: bool,
+    /// Interop testing (server): reject the connect request with this many bytes of private
+    /// data (0x00, 0x01, ... 0xff, 0x00, ...) instead of accepting it.
+    #[arg(long, hide = true)]
+    pub test_reject: Option<usize>,
     /// Give up when a step (connect, a completion, a connect request) takes longer than
     /// this many seconds; 0 waits forever like rping.
     #[arg(long, default_value_t = 60)]
@@ -551,6 +555,12 @@ fn server(dev: &Device, args: &RpingArgs) -> Result<()> {
             p.initiator_depth,
             req.private_data().len()
         );
+    }
+    if let Some(n) = args.test_reject {
+        let data: Vec<u8> = (0..n).map(|i| i as u8).collect();
+        req.reject(&data).context("rdma_reject")?;
+        println!("rejected the connect request with {n} bytes of private data");
+        return Ok(());
     }
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(SQ_DEPTH as usize * 2)?;

@@ -732,3 +732,53 @@ fn d8_mpa_rev1_leaves_the_kernel_responder_without_ord() {
     assert!(guest.log.contains("post send error"), "{}", guest.log);
     assert_eq!(guest.count("server ping data"), 0, "{}", guest.log);
 }
+
+// ---------------------------------------------------------------------------------------
+// Reject with private data, and private data at its limits
+
+/// Our server rejects the kernel's rping client with private data up to siw's limit: 252
+/// bytes of ULP data (256 with the 4 IRD/ORD bytes). rping reports RDMA_CM_EVENT_REJECTED
+/// and exits non-zero (its CM thread calls exit() with the handler's -1).
+#[test]
+fn host_server_rejects_kernel_client_with_private_data() {
+    let Some(lab) = lab("host_server_rejects_kernel_client_with_private_data") else {
+        return;
+    };
+    for n in ["0", "1", "16", "252"] {
+        let srv = our_server(&["--test-reject", n]);
+        let guest = lab.guest_client(srv.port, "-v -C 1", 30);
+        let ours = srv.finish(20);
+        lab.kernel_check();
+        assert!(ours.ok, "{}", ours.stderr);
+        assert!(
+            ours.line("rejected the connect request")
+                .contains(&format!("with {n} bytes"))
+        );
+        assert!(guest.log.contains("RDMA_CM_EVENT_REJECTED"), "{n}: {}", guest.log);
+        assert_ne!(guest.exit, Some(0), "{n}: {}", guest.log);
+        assert_eq!(guest.count("ping data"), 0);
+    }
+}
+
+/// D9 (guest kernel crash, siw hazard 5): an MPA Reply whose PD_Length is over 256 (legal
+/// up to 512 by RFC 5044) makes siw as initiator fail the connection with -EPROTO but still
+/// hand iw_cm the header's length with a NULL buffer: `BUG: kernel NULL pointer dereference`
+/// in kmemdup ← cm_event_handler [iw_cm] ← siw_cm_upcall. Reproduced by rejecting with 253
+/// bytes of ULP private data (MPA PD 257). Ignored because it oopses the guest; run it with
+/// `--ignored` and then `vm.sh restart`.
+#[test]
+#[ignore = "oopses the guest kernel (siw hazard 5, docs/interop-siw.md D9)"]
+fn d9_reply_private_data_over_256_oopses_the_siw_initiator() {
+    let Some(lab) = lab("d9_reply_private_data_over_256_oopses_the_siw_initiator") else {
+        return;
+    };
+    let srv = our_server(&["--test-reject", "253"]);
+    let _ = lab.guest_client(srv.port, "-v -C 1", 20);
+    let _ = srv.finish(10);
+    let (_, out) = lab.exec(
+        "sleep 1; dmesg | grep -A3 'BUG: kernel NULL pointer'; cat /proc/sys/kernel/tainted",
+        20,
+    );
+    assert!(out.contains("BUG: kernel NULL pointer dereference"), "{out}");
+    assert!(out.contains("cm_event_handler"), "{out}");
+}
