@@ -7,7 +7,9 @@
 //! modules do I/O; they drive the sans-I/O types as quinn drives quinn-proto.
 //! [`server`] (program registry and dispatch) and [`client`] (calls and their
 //! results) are shared by both transports; [`demo`] is a demo program
-//! (0x20000099) that moves large opaque data both ways.
+//! (0x20000099) that moves large opaque data both ways. [`nfs3`], [`mount`] and
+//! [`portmap`] are an NFSv3 client subset with the RFC 8267 binding, MOUNT v3
+//! and rpcbind GETPORT; [`nfs3::memfs`] is an in-memory NFSv3 server for tests.
 //!
 //! ## Where this crate sits
 //!
@@ -94,6 +96,9 @@ pub mod client;
 pub mod credits;
 pub mod demo;
 pub mod inline;
+pub mod mount;
+pub mod nfs3;
+pub mod portmap;
 pub mod private_data;
 pub mod record;
 pub mod rpc;
