@@ -1,22 +1,56 @@
 //! CRC32c (Castagnoli) for the MPA FPDU trailer, RFC 5044 §4.4 / §6.
 //!
 //! Every CRC in softrdma goes through this module so that the backing crate can be
-//! swapped in one place (see `../shared/rust-deps.md` §1: `crc-fast` is measured at
-//! ~115 GB/s on 64 KiB with AVX-512 VPCLMULQDQ; `crc32c` is kept as an independent
-//! oracle in the tests).
+//! swapped in one place. The implementation is picked per CPU, by measurement
+//! (`cargo bench -p iwarp --bench crc`, figures in `docs/performance.md`):
+//!
+//! * x86-64 with AVX-512VL and VPCLMULQDQ (e.g. Sapphire Rapids), and every
+//!   non-x86 CPU: `crc-fast` (~115 GB/s at 64 KiB with AVX-512 VPCLMULQDQ).
+//! * other x86-64 (e.g. AMD Zen 3: SSE4.2, PCLMULQDQ, AVX2 but no AVX-512):
+//!   `crc-fast` only for buffers up to [`SHORT`] octets (its plain `crc32`
+//!   instruction loop), the `crc32c` crate's three-way interleaved `crc32`
+//!   instruction above that. Idle, crc-fast's SSE "fusion" kernel measured
+//!   15.5 GB/s at 64 KiB there against 18.4 GB/s for the `crc32c` crate
+//!   (bound by one `crc32` per cycle: 8 octets per cycle with three streams).
+//!
+//! Both crates compute the same function and are cross-checked in the tests.
 //!
 //! The value is the conventional CRC-32C (init `0xFFFF_FFFF`, reflected, final XOR
 //! `0xFFFF_FFFF`; check value of `"123456789"` is `0xE306_9283`). On the wire MPA
 //! carries it **least-significant byte first** ([`to_wire`]), which is the iSCSI
 //! digest convention RFC 5044 points to and what Linux siw writes
-//! (`put_unaligned_le32(~crc)`); tshark agrees (see `tests/tshark.rs`).
+//! (`put_unaligned_le32(~crc)`); tshark agrees (see `tests/tshark_pcap.rs`).
 
 use crc_fast::{CrcAlgorithm, Digest};
+
+/// Up to this many octets `crc-fast` is used on every CPU: its single-stream
+/// `crc32` loop for short buffers beats the `crc32c` crate's setup cost
+/// (Zen 3: 8-10 GB/s vs 4-6 at 64 octets, 12 vs 9 at 256); from 512 octets
+/// on the `crc32c` crate is as fast or faster there.
+pub const SHORT: usize = 256;
+
+/// Whether `crc-fast` has a wide (AVX-512 VPCLMULQDQ) kernel on this CPU, or
+/// is the better choice anyway (non-x86).
+#[inline]
+fn wide() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512vl") && std::arch::is_x86_feature_detected!("vpclmulqdq")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        true
+    }
+}
 
 /// One-shot CRC32c of a contiguous buffer.
 #[inline]
 pub fn crc32c(data: &[u8]) -> u32 {
-    crc_fast::checksum(CrcAlgorithm::Crc32Iscsi, data) as u32
+    if data.len() <= SHORT || wide() {
+        crc_fast::crc32_iscsi(data)
+    } else {
+        crc32c::crc32c(data)
+    }
 }
 
 /// CRC32c over several slices, as if they were concatenated (header, payload, pad).
@@ -31,20 +65,38 @@ pub fn crc32c_iov(parts: &[&[u8]]) -> u32 {
 
 /// Incremental CRC32c, for FPDUs whose bytes are gathered from several places.
 #[derive(Clone)]
-pub struct Crc32c(Digest);
+pub struct Crc32c(Inner);
+
+#[derive(Clone)]
+enum Inner {
+    /// crc-fast's digest (wide kernels).
+    Fast(Digest),
+    /// The CRC so far, extended with `crc32c::crc32c_append`.
+    Append(u32),
+}
 
 impl Crc32c {
     #[inline]
     pub fn new() -> Self {
-        Crc32c(Digest::new(CrcAlgorithm::Crc32Iscsi))
+        if wide() {
+            Crc32c(Inner::Fast(Digest::new(CrcAlgorithm::Crc32Iscsi)))
+        } else {
+            Crc32c(Inner::Append(0))
+        }
     }
     #[inline]
     pub fn update(&mut self, data: &[u8]) {
-        self.0.update(data);
+        match &mut self.0 {
+            Inner::Fast(d) => d.update(data),
+            Inner::Append(c) => *c = crc32c::crc32c_append(*c, data),
+        }
     }
     #[inline]
     pub fn finish(&self) -> u32 {
-        self.0.finalize() as u32
+        match &self.0 {
+            Inner::Fast(d) => d.finalize() as u32,
+            Inner::Append(c) => *c,
+        }
     }
 }
 
@@ -85,6 +137,24 @@ mod tests {
         assert_eq!(crc32c(&[0xFFu8; 32]), 0x62A8_AB43);
         let inc: Vec<u8> = (0u8..32).collect();
         assert_eq!(crc32c(&inc), 0x46DD_794E);
+    }
+
+    #[test]
+    fn both_backends_agree_around_the_switch() {
+        let data: Vec<u8> = (0..4 * SHORT).map(|i| (i * 7 + i / 251) as u8).collect();
+        for len in [0, 1, 7, 8, 9, SHORT - 1, SHORT, SHORT + 1, 2 * SHORT + 3, 4 * SHORT] {
+            let d = &data[..len];
+            let want = crc_fast::crc32_iscsi(d);
+            assert_eq!(crc32c(d), want, "len {len}");
+            assert_eq!(crc32c::crc32c(d), want, "len {len}");
+            let mut fast = Crc32c(Inner::Fast(Digest::new(CrcAlgorithm::Crc32Iscsi)));
+            let mut append = Crc32c(Inner::Append(0));
+            for piece in d.chunks(SHORT / 3 + 1) {
+                fast.update(piece);
+                append.update(piece);
+            }
+            assert_eq!((fast.finish(), append.finish()), (want, want), "len {len}");
+        }
     }
 
     proptest! {
