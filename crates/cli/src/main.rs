@@ -16,6 +16,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod devices;
+mod nfs;
 mod rping;
 mod rpc;
 
@@ -47,6 +48,8 @@ enum Cmd {
     Rping(rping::RpingArgs),
     /// ONC RPC over TCP and RPC-over-RDMA: serve, call and benchmark the demo program.
     Rpc(rpc::Args),
+    /// NFSv3 client over RPC-over-RDMA or TCP: ls, stat, get, put (SERVER:/export/path).
+    Nfs(nfs::Args),
 }
 
 fn main() -> Result<()> {
@@ -61,5 +64,6 @@ fn main() -> Result<()> {
         Cmd::Info(args) => devices::run_info(args),
         Cmd::Rping(args) => rping::run(args),
         Cmd::Rpc(args) => rpc::run(args),
+        Cmd::Nfs(args) => nfs::run(args),
     }
 }

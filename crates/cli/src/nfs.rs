@@ -1,0 +1,579 @@
+//! `softrdma nfs`: a small NFSv3 client over RPC-over-RDMA (iWARP) or TCP.
+//!
+//! ```text
+//! softrdma nfs stat SERVER:/export/path [--json]
+//! softrdma nfs ls   SERVER:/export/dir  [--json]
+//! softrdma nfs get  SERVER:/export/file [LOCAL] [--rsize 1M]
+//! softrdma nfs put  LOCAL SERVER:/export/file   [--wsize 1M]
+//! ```
+//!
+//! As Linux mounts: rpcbind GETPORT for mountd and MOUNT v3 MNT over TCP (the
+//! export is the shortest prefix of the path the server mounts, or
+//! `--export`), then NFSv3 over RDMA on port 20049 (or `--transport tcp`, the
+//! port rpcbind names, else 2049). READ data comes back through Write chunks,
+//! WRITE data goes out through Read chunks, READDIRPLUS through a Reply chunk.
+
+use std::io::{IsTerminal, Read, Write};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use rpcrdma::client::{Auth, RpcClient};
+use rpcrdma::nfs3::{self, CreateHow, Fattr, Fh, Ftype, Nfs3Client, Sattr, Stable};
+use rpcrdma::tcp::TcpClient;
+use rpcrdma::transport::{RdmaClient, RdmaConfig};
+use rpcrdma::{mount, portmap};
+use serde_json::json;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: Cmd,
+    #[command(flatten)]
+    opts: Opts,
+}
+
+#[derive(clap::Args, Clone)]
+struct Opts {
+    /// NFS transport: RPC-over-RDMA (iWARP) or ONC RPC over TCP.
+    #[arg(long, global = true, default_value = "rdma", value_parser = ["rdma", "tcp"])]
+    transport: String,
+    /// NFS port (default: 20049 for rdma; rpcbind's answer or 2049 for tcp).
+    #[arg(long, global = true)]
+    port: Option<u16>,
+    /// mountd port (default: ask rpcbind on port 111).
+    #[arg(long, global = true)]
+    mount_port: Option<u16>,
+    /// The export to MNT (default: the shortest prefix of the path the server mounts).
+    #[arg(long, global = true)]
+    export: Option<String>,
+    /// READ size.
+    #[arg(long, global = true, value_parser = parse_size, default_value = "1M")]
+    rsize: u64,
+    /// WRITE size.
+    #[arg(long, global = true, value_parser = parse_size, default_value = "1M")]
+    wsize: u64,
+    /// READ/WRITE calls in flight at once.
+    #[arg(long, global = true, default_value_t = 4)]
+    parallel: u32,
+    /// AUTH_SYS uid.
+    #[arg(long, global = true, default_value_t = 0)]
+    uid: u32,
+    /// AUTH_SYS gid.
+    #[arg(long, global = true, default_value_t = 0)]
+    gid: u32,
+    /// RPC-over-RDMA inline threshold (RFC 8797 send and receive size) we offer.
+    #[arg(long, global = true, value_parser = parse_size, default_value = "4K")]
+    inline: u64,
+    /// Credits we ask for.
+    #[arg(long, global = true, default_value_t = 32)]
+    credits: u32,
+    /// Pause after the connection is up before the first Send (Linux siw drops
+    /// an FPDU that arrives right after its MPA Reply; see the lab's hazard 3).
+    #[arg(long, global = true, default_value_t = 50)]
+    settle_ms: u64,
+    /// Per-call timeout in seconds.
+    #[arg(long, global = true, default_value_t = 30)]
+    timeout: u64,
+    /// Ask for MPA CRC.
+    #[arg(long, global = true)]
+    crc: bool,
+    /// Show progress (default: on for files of 8 MiB or more when stderr is a terminal).
+    #[arg(long, global = true)]
+    progress: bool,
+    /// JSON output (stat, ls, and a summary for get/put).
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(clap::Subcommand)]
+enum Cmd {
+    /// Attributes of a file or directory (LOOKUP + GETATTR).
+    Stat { target: String },
+    /// List a directory (READDIRPLUS).
+    Ls { target: String },
+    /// Copy a file from the server to LOCAL (default: its name in the current directory; `-` for stdout).
+    Get { target: String, local: Option<String> },
+    /// Copy LOCAL to the server (CREATE, then WRITE FILE_SYNC).
+    Put { local: String, target: String },
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mul) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mul)
+        .map_err(|e| format!("bad size {s:?}: {e}"))
+}
+
+/// `SERVER:/path` -> (server address, path).
+fn split_target(t: &str) -> Result<(IpAddr, String)> {
+    let (host, path) = if let Some(rest) = t.strip_prefix('[') {
+        let (h, p) = rest
+            .split_once("]:")
+            .ok_or_else(|| anyhow!("expected [IPv6]:/path, got {t:?}"))?;
+        (h, p)
+    } else {
+        t.split_once(':')
+            .ok_or_else(|| anyhow!("expected SERVER:/export/path, got {t:?}"))?
+    };
+    if !path.starts_with('/') {
+        bail!("the path in {t:?} must be absolute");
+    }
+    let ip = match host.parse::<IpAddr>() {
+        Ok(ip) => ip,
+        Err(_) => (host, 0)
+            .to_socket_addrs()
+            .with_context(|| format!("resolving {host}"))?
+            .next()
+            .ok_or_else(|| anyhow!("{host}: no address"))?
+            .ip(),
+    };
+    Ok((ip, path.to_string()))
+}
+
+enum Client {
+    Tcp(TcpClient),
+    Rdma(RdmaClient),
+}
+
+impl RpcClient for Client {
+    fn call<T>(
+        &self,
+        call: &rpcrdma::client::Call<'_>,
+        decode: impl FnOnce(&mut rpcrdma::xdr::Decoder<'_>) -> Result<T, rpcrdma::xdr::XdrError>,
+    ) -> Result<T, rpcrdma::client::RpcError> {
+        match self {
+            Client::Tcp(c) => c.call(call, decode),
+            Client::Rdma(c) => c.call(call, decode),
+        }
+    }
+}
+
+struct Session {
+    nfs: Nfs3Client<Client>,
+    root: Fh,
+    /// Path below the export.
+    rest: String,
+    export: String,
+    info: String,
+    _dev: Option<verbs::Device>,
+}
+
+fn tcp_connect(addr: SocketAddr, timeout: Duration) -> Result<TcpClient> {
+    // fail fast when nobody listens
+    drop(
+        std::net::TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(10)))
+            .with_context(|| format!("connecting to {addr}"))?,
+    );
+    let mut c = TcpClient::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    c.set_timeout(timeout);
+    Ok(c)
+}
+
+fn connect(o: &Opts, target: &str) -> Result<Session> {
+    let (ip, path) = split_target(target)?;
+    let timeout = Duration::from_secs(o.timeout.max(1));
+    let auth = Auth::sys(&hostname(), o.uid, o.gid, &[])?;
+    // MOUNT over TCP, through rpcbind (as Linux does for NFS/RDMA too)
+    let pm = || tcp_connect(SocketAddr::new(ip, portmap::PORT), timeout);
+    let mport = match o.mount_port {
+        Some(p) => p,
+        None => {
+            let p = portmap::getport(&pm()?, mount::PROGRAM, mount::VERSION, portmap::IPPROTO_TCP)
+                .context("rpcbind GETPORT for mountd")?;
+            if p == 0 {
+                bail!("rpcbind on {ip} knows no MOUNT v3 over TCP");
+            }
+            p
+        }
+    };
+    let mc = tcp_connect(SocketAddr::new(ip, mport), timeout)?;
+    let candidates: Vec<String> = match &o.export {
+        Some(e) => vec![e.clone()],
+        None => {
+            let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+            let mut v: Vec<String> = (1..=comps.len())
+                .map(|n| format!("/{}", comps[..n].join("/")))
+                .collect();
+            v.push("/".into());
+            v
+        }
+    };
+    let mut last = None;
+    let mut found = None;
+    for e in candidates {
+        match mount::mnt(&mc, &auth, &e) {
+            Ok(m) => {
+                found = Some((e, m.fhandle));
+                break;
+            }
+            Err(err) => last = Some(err),
+        }
+    }
+    let (export, root) = match found {
+        Some(f) => f,
+        None => bail!(
+            "MNT failed for every prefix of {path}: {}",
+            last.map(|e| e.to_string()).unwrap_or_default()
+        ),
+    };
+    let rest = path.strip_prefix(export.as_str()).unwrap_or("").to_string();
+    let (client, dev, info) = if o.transport == "tcp" {
+        let port = match o.port {
+            Some(p) => p,
+            None => pm()
+                .ok()
+                .and_then(|c| portmap::getport(&c, nfs3::PROGRAM, nfs3::VERSION, portmap::IPPROTO_TCP).ok())
+                .filter(|&p| p != 0)
+                .unwrap_or(nfs3::NFS_PORT),
+        };
+        let a = SocketAddr::new(ip, port);
+        (Client::Tcp(tcp_connect(a, timeout)?), None, format!("tcp {a}"))
+    } else {
+        let a = SocketAddr::new(ip, o.port.unwrap_or(nfs3::NFS_RDMA_PORT));
+        let dev = iwarp::open_device(iwarp::IwarpConfig {
+            crc: o.crc,
+            ..Default::default()
+        })?;
+        let inline = o.inline.clamp(1024, 1 << 20) as u32;
+        let cfg = RdmaConfig {
+            inline_send: inline,
+            inline_recv: inline,
+            credits: o.credits.max(1),
+            timeout,
+            connect_settle: Duration::from_millis(o.settle_ms),
+            ..RdmaConfig::default()
+        };
+        let c =
+            RdmaClient::connect(&dev.alloc_pd(), a, cfg).map_err(|e| anyhow!("RPC-over-RDMA connect to {a}: {e}"))?;
+        let n = c.negotiated();
+        let info = match n {
+            Some(n) => format!(
+                "rdma {a} (inline call {} reply {}, remote invalidation {})",
+                n.thresholds.call, n.thresholds.reply, n.remote_invalidation
+            ),
+            None => format!("rdma {a}"),
+        };
+        (Client::Rdma(c), Some(dev), info)
+    };
+    let nfs = Nfs3Client::new(client, auth.clone());
+    nfs.null().context("NFS NULL")?;
+    // UMNT right away: the MNT is only how we learn the root handle
+    let _ = mount::umnt(&mc, &auth, &export);
+    Ok(Session {
+        nfs,
+        root,
+        rest,
+        export,
+        info,
+        _dev: dev,
+    })
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "softrdma".into())
+}
+
+fn attr_json(a: &Fattr) -> serde_json::Value {
+    json!({
+        "type": a.ftype.name(),
+        "mode": format!("{:o}", a.mode),
+        "nlink": a.nlink,
+        "uid": a.uid,
+        "gid": a.gid,
+        "size": a.size,
+        "used": a.used,
+        "fsid": a.fsid,
+        "fileid": a.fileid,
+        "atime": a.atime.seconds,
+        "mtime": a.mtime.seconds,
+        "mtime_nsec": a.mtime.nseconds,
+        "ctime": a.ctime.seconds,
+    })
+}
+
+fn mode_string(a: &Fattr) -> String {
+    let t = match a.ftype {
+        Ftype::Dir => 'd',
+        Ftype::Lnk => 'l',
+        Ftype::Blk => 'b',
+        Ftype::Chr => 'c',
+        Ftype::Sock => 's',
+        Ftype::Fifo => 'p',
+        Ftype::Reg => '-',
+    };
+    let mut s = String::from(t);
+    for shift in [6, 3, 0] {
+        let b = (a.mode >> shift) & 7;
+        s.push(if b & 4 != 0 { 'r' } else { '-' });
+        s.push(if b & 2 != 0 { 'w' } else { '-' });
+        s.push(if b & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+struct Progress {
+    on: bool,
+    total: u64,
+    start: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    fn new(force: bool, total: u64) -> Progress {
+        let on = force || (total >= 8 << 20 && std::io::stderr().is_terminal());
+        let now = Instant::now();
+        Progress {
+            on,
+            total,
+            start: now,
+            last: now,
+        }
+    }
+    fn update(&mut self, done: u64) {
+        if !self.on || (self.last.elapsed() < Duration::from_millis(500) && done < self.total) {
+            return;
+        }
+        self.last = Instant::now();
+        let secs = self.start.elapsed().as_secs_f64().max(1e-6);
+        eprint!(
+            "\r{:>6.1}% {:>10} / {} bytes  {:>8.1} MB/s ",
+            100.0 * done as f64 / self.total.max(1) as f64,
+            done,
+            self.total,
+            done as f64 / secs / 1e6
+        );
+        if done >= self.total {
+            eprintln!();
+        }
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let o = args.opts;
+    match args.cmd {
+        Cmd::Stat { target } => {
+            let s = connect(&o, &target)?;
+            let (fh, a) = s.nfs.lookup_path(&s.root, &s.rest)?;
+            if o.json {
+                let mut v = attr_json(&a);
+                v["fh"] = json!(fh.hex());
+                v["export"] = json!(s.export);
+                v["transport"] = json!(s.info);
+                println!("{v}");
+            } else {
+                println!(
+                    "{target}: {} {} size {} uid {} gid {} nlink {} fileid {} mtime {}.{:09} fh {}",
+                    a.ftype.name(),
+                    mode_string(&a),
+                    a.size,
+                    a.uid,
+                    a.gid,
+                    a.nlink,
+                    a.fileid,
+                    a.mtime.seconds,
+                    a.mtime.nseconds,
+                    fh.hex()
+                );
+                println!("  via {} (export {})", s.info, s.export);
+            }
+            Ok(())
+        }
+        Cmd::Ls { target } => {
+            let s = connect(&o, &target)?;
+            let (fh, a) = s.nfs.lookup_path(&s.root, &s.rest)?;
+            let entries = if a.ftype == Ftype::Dir {
+                s.nfs.readdirplus_all(&fh, 65536)?
+            } else {
+                vec![nfs3::EntryPlus {
+                    fileid: a.fileid,
+                    name: s.rest.rsplit('/').next().unwrap_or("").as_bytes().to_vec(),
+                    cookie: 0,
+                    attributes: Some(a),
+                    handle: Some(fh),
+                }]
+            };
+            if o.json {
+                let v: Vec<_> = entries
+                    .iter()
+                    .map(|e| {
+                        let mut v = e.attributes.as_ref().map_or_else(|| json!({}), attr_json);
+                        v["name"] = json!(String::from_utf8_lossy(&e.name));
+                        v["fileid"] = json!(e.fileid);
+                        if let Some(h) = &e.handle {
+                            v["fh"] = json!(h.hex());
+                        }
+                        v
+                    })
+                    .collect();
+                println!("{}", serde_json::Value::Array(v));
+            } else {
+                for e in &entries {
+                    match &e.attributes {
+                        Some(a) => println!(
+                            "{} {:>3} {:>5} {:>5} {:>12} {}",
+                            mode_string(a),
+                            a.nlink,
+                            a.uid,
+                            a.gid,
+                            a.size,
+                            String::from_utf8_lossy(&e.name)
+                        ),
+                        None => println!("?????????? {}", String::from_utf8_lossy(&e.name)),
+                    }
+                }
+            }
+            Ok(())
+        }
+        Cmd::Get { target, local } => {
+            let s = connect(&o, &target)?;
+            let (fh, a) = s.nfs.lookup_path(&s.root, &s.rest)?;
+            if a.ftype != Ftype::Reg {
+                bail!("{target} is a {}, not a regular file", a.ftype.name());
+            }
+            let local = local.unwrap_or_else(|| s.rest.rsplit('/').next().unwrap_or("nfs.out").to_string());
+            let mut out: Box<dyn Write> = if local == "-" {
+                Box::new(std::io::stdout().lock())
+            } else {
+                Box::new(std::io::BufWriter::with_capacity(
+                    4 << 20,
+                    std::fs::File::create(&local).with_context(|| format!("creating {local}"))?,
+                ))
+            };
+            let t = Instant::now();
+            let n = get(&s.nfs, &fh, a.size, &o, &mut *out)?;
+            out.flush()?;
+            summary(&o, "get", n, t.elapsed(), &s.info, &local);
+            Ok(())
+        }
+        Cmd::Put { local, target } => {
+            let s = connect(&o, &target)?;
+            let data = if local == "-" {
+                let mut v = Vec::new();
+                std::io::stdin().read_to_end(&mut v)?;
+                v
+            } else {
+                std::fs::read(&local).with_context(|| format!("reading {local}"))?
+            };
+            let (dir, name) = match s.rest.trim_end_matches('/').rsplit_once('/') {
+                Some((d, n)) if !n.is_empty() => (d.to_string(), n.to_string()),
+                _ => bail!("{target}: name a file below the export {}", s.export),
+            };
+            let (dfh, _) = s.nfs.lookup_path(&s.root, &dir)?;
+            let c = s.nfs.create(
+                &dfh,
+                name.as_bytes(),
+                CreateHow::Unchecked(Sattr {
+                    mode: Some(0o644),
+                    size: Some(0),
+                    ..Sattr::default()
+                }),
+            )?;
+            let fh = match c.obj {
+                Some(fh) => fh,
+                None => s.nfs.lookup(&dfh, name.as_bytes())?.object,
+            };
+            let t = Instant::now();
+            put(&s.nfs, &fh, &data, &o)?;
+            let a = s.nfs.getattr(&fh)?;
+            if a.size != data.len() as u64 {
+                bail!("after WRITE the server reports {} bytes, not {}", a.size, data.len());
+            }
+            summary(&o, "put", data.len() as u64, t.elapsed(), &s.info, &target);
+            Ok(())
+        }
+    }
+}
+
+fn summary(o: &Opts, op: &str, bytes: u64, d: Duration, via: &str, what: &str) {
+    let mbs = bytes as f64 / d.as_secs_f64().max(1e-9) / 1e6;
+    if o.json {
+        println!(
+            "{}",
+            json!({"op": op, "bytes": bytes, "seconds": d.as_secs_f64(), "mb_per_s": mbs, "via": via, "path": what, "rsize": o.rsize, "wsize": o.wsize})
+        );
+    } else {
+        eprintln!(
+            "{op}: {bytes} bytes in {:.3} s ({mbs:.1} MB/s) via {via} -> {what}",
+            d.as_secs_f64()
+        );
+    }
+}
+
+/// READ the whole file with `parallel` calls in flight; writes in order to `out`.
+fn get(nfs: &Nfs3Client<Client>, fh: &Fh, size: u64, o: &Opts, out: &mut dyn Write) -> Result<u64> {
+    let rsize = o.rsize.clamp(512, 64 << 20);
+    let par = o.parallel.clamp(1, 64) as u64;
+    let mut prog = Progress::new(o.progress, size);
+    let mut off = 0u64;
+    loop {
+        // one round: `par` READs at consecutive offsets
+        let offs: Vec<u64> = (0..par).map(|i| off + i * rsize).collect();
+        let results: Vec<Result<(Vec<u8>, nfs3::ReadReply)>> = std::thread::scope(|s| {
+            let hs: Vec<_> = offs
+                .iter()
+                .map(|&at| s.spawn(move || nfs.read(fh, at, rsize as u32).map_err(anyhow::Error::from)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("reader panicked"))))
+                .collect()
+        });
+        for r in results {
+            let (data, rr) = r?;
+            out.write_all(&data)?;
+            off += data.len() as u64;
+            prog.update(off.min(size));
+            if rr.eof || (data.len() as u64) < rsize {
+                if off < size && !rr.eof {
+                    bail!("short READ at {off} without eof");
+                }
+                prog.update(size);
+                return Ok(off);
+            }
+        }
+    }
+}
+
+fn put(nfs: &Nfs3Client<Client>, fh: &Fh, data: &[u8], o: &Opts) -> Result<()> {
+    let wsize = o.wsize.clamp(512, 64 << 20) as usize;
+    let par = o.parallel.clamp(1, 64) as usize;
+    let mut prog = Progress::new(o.progress, data.len() as u64);
+    let pieces: Vec<(usize, &[u8])> = data.chunks(wsize).enumerate().map(|(i, c)| (i * wsize, c)).collect();
+    let mut done = 0u64;
+    for round in pieces.chunks(par) {
+        let res: Vec<Result<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = round
+                .iter()
+                .map(|&(at, piece)| {
+                    s.spawn(move || -> Result<()> {
+                        let w = nfs.write(fh, at as u64, piece, Stable::FileSync)?;
+                        if w.count as usize != piece.len() {
+                            bail!("WRITE at {at}: the server took {} of {} bytes", w.count, piece.len());
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("writer panicked"))))
+                .collect()
+        });
+        for (r, (_, piece)) in res.into_iter().zip(round) {
+            r?;
+            done += piece.len() as u64;
+        }
+        prog.update(done);
+    }
+    prog.update(data.len() as u64);
+    Ok(())
+}
