@@ -701,3 +701,66 @@ fn send_at_once_after_the_reply_lands_in_a_pre_posted_receive() {
     assert_eq!(mr.to_vec(0, 10).unwrap(), b"early bird");
     assert_eq!(qp.state(), QpState::Rts);
 }
+
+#[test]
+fn row26b_bad_crc_on_a_directly_placed_write() {
+    // A large Write arrives in two parts, so the receiver places its payload
+    // straight into the region (direct data placement) before the CRC is
+    // there to check: the CRC failure still gives 2/0/0x02 and ends the
+    // stream; nothing after it is accepted.
+    let ask = Ask {
+        crc: true,
+        ..Ask::default()
+    };
+    let mut i = iut_with(ask, 4, 0);
+    let mr = target(&i, Access::all_remote());
+    let big = i.pd.reg_mr(64 << 10, Access::all_remote()).unwrap();
+    let u = tagged(op::WRITE, big.rkey(), big.addr(), true, &[0x6Bu8; 30_000]);
+    let mut f = i.peer.fpdu(&u);
+    let n = f.len();
+    f[n - 2] ^= 0x01;
+    i.peer.send_raw(&f[..1000]);
+    std::thread::sleep(Duration::from_millis(50));
+    i.peer.send_raw(&f[1000..]);
+    // Followed by a valid Write that must not be placed.
+    let after = tagged(op::WRITE, mr.rkey(), mr.addr(), true, b"after");
+    i.peer.send(&after);
+    let mr_after = mr.to_vec(0, 5).unwrap();
+    i.expect_terminate(&u, e(2, 0, 0x02, NONE));
+    assert_eq!(mr.to_vec(0, 5).unwrap(), mr_after);
+    assert_ne!(mr.to_vec(0, 5).unwrap(), b"after");
+}
+
+#[test]
+fn directly_placed_writes_split_anywhere_land_intact() {
+    // Large Writes (direct placement) with CRC on, the stream cut into
+    // uneven pieces with pauses so every phase (header, payload, trailer)
+    // is hit; then a Read Request reads it all back through us.
+    let ask = Ask {
+        crc: true,
+        ..Ask::default()
+    };
+    let mut i = iut_with(ask, 4, 0);
+    let big = i.pd.reg_mr(256 << 10, Access::all_remote()).unwrap();
+    let data: Vec<u8> = (0..200_000u32).map(|k| (k * 13 % 251) as u8).collect();
+    let mut stream = Vec::new();
+    let mut at = 0;
+    while at < data.len() {
+        let n = (data.len() - at).min(60_000);
+        let u = tagged(op::WRITE, big.rkey(), big.addr() + at as u64, true, &data[at..at + n]);
+        stream.extend(i.peer.fpdu(&u));
+        at += n;
+    }
+    for (k, piece) in stream.chunks(7_777).enumerate() {
+        i.peer.send_raw(piece);
+        if k % 5 == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    let (rq, _) = read_request(0x99, 0, 8, big.rkey(), big.addr() + 199_992);
+    i.peer.send(&rq);
+    let resp = i.peer.read_until(|_| true).expect("a Read Response");
+    assert_eq!(&resp[ddp::TAGGED_HEADER_LEN..], &data[199_992..]);
+    assert_eq!(big.to_vec(0, data.len()).unwrap(), data);
+    assert_eq!(i.qp.state(), QpState::Rts);
+}

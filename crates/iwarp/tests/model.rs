@@ -362,6 +362,16 @@ fn run(ops: &[Op], crc: bool) -> Result<(), TestCaseError> {
         let got = u64::from_ne_bytes(atom.to_vec(k * 8, 8).unwrap().try_into().unwrap());
         prop_assert_eq!(got, *want, "atomic word {} after all ops", k);
     }
+    // A local Write completion does not mean remote placement (RFC 5040
+    // §5.5 rule 9); a Read issued after the Writes returns only once they
+    // are placed (RDMAP-ORD-12). Then the remote area must equal the model.
+    let fence = SendWr::new(
+        u64::MAX,
+        WrOpcode::RdmaRead { remote: rem(&data, 0) },
+        vec![sink.sge(0, 1)],
+    );
+    p.a.post_send_one(fence).unwrap();
+    prop_assert_eq!(p.cq_a.wait(Some(T)).map(|w| w.status), Some(WcStatus::Success));
     prop_assert!(
         data.to_vec(0, DATA).unwrap() == data_model,
         "remote data area equals the model"

@@ -105,6 +105,17 @@ fn move_all(p: &Pair, read: bool, local: &MemoryRegion, remote: &MemoryRegion, d
         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
         done = wc.wr_id as usize + 1;
     }
+    if !read {
+        // Local completion of a Write is not remote placement (RFC 5040 §5.5
+        // rule 9): a Read after them returns once they are placed (ORD-12).
+        let ra = RemoteAddr {
+            addr: remote.addr(),
+            rkey: remote.rkey(),
+        };
+        p.a.post_send_one(SendWr::new(u64::MAX, WrOpcode::RdmaRead { remote: ra }, vec![local.sge(0, 1)]))
+            .unwrap();
+        assert_eq!(p.cq_a.wait(Some(T)).unwrap().status, WcStatus::Success);
+    }
     t0.elapsed()
 }
 

@@ -184,6 +184,35 @@ impl Buffer {
         Ok(())
     }
 
+    /// `readv(2)` from `fd` into `off..off + len` of this buffer, then
+    /// into `tail` (the next protocol headers): direct data placement that
+    /// also fetches what follows, in one call. Returns the octets read, the
+    /// buffer range filled first; 0 means end of stream.
+    pub fn recv_into_then(&self, fd: RawFd, off: usize, len: usize, tail: &mut [u8]) -> std::io::Result<usize> {
+        let p = self
+            .range(off, len)
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, OutOfBounds))?;
+        let iov = [
+            libc::iovec {
+                iov_base: p as *mut libc::c_void,
+                iov_len: len,
+            },
+            libc::iovec {
+                iov_base: tail.as_mut_ptr() as *mut libc::c_void,
+                iov_len: tail.len(),
+            },
+        ];
+        // SAFETY: the first iovec is a checked range of the live mapping
+        // (alive for &self), the second a borrowed mutable slice; the kernel
+        // writes at most their lengths.
+        let n = unsafe { libc::readv(fd, iov.as_ptr(), 2) };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
     /// `read(2)` from `fd` straight into `off..off + len` (direct data
     /// placement of a tagged segment's payload). Returns the octets read;
     /// 0 means end of stream.
@@ -335,6 +364,12 @@ mod tests {
         assert_eq!(&got[4..24], &data[10..30]);
         assert_eq!(&got[24..], b"tail");
         assert!(dst.recv_into(r.as_raw_fd(), 60, 8).is_err(), "out of bounds refused");
+        assert_eq!(writev(w.as_raw_fd(), &parts).unwrap(), 28);
+        let mut tail = [0u8; 10];
+        assert_eq!(dst.recv_into_then(r.as_raw_fd(), 0, 20, &mut tail).unwrap(), 28);
+        dst.read(0, &mut got[..20]).unwrap();
+        assert_eq!(&got[..4], b"head");
+        assert_eq!(&tail[..8], &[&data[26..30], &b"tail"[..]].concat()[..]);
         let _ = (&mut r, &mut w);
     }
 

@@ -1220,50 +1220,61 @@ impl Proto {
         Ok(())
     }
 
-    fn on_write(&mut self, stag: u32, to: u64, payload: &[u8], _last: bool) -> RxResult {
+    /// Where a Write's payload of `len` octets goes (RFC 5041 §7.2 checks).
+    fn write_target(&mut self, stag: u32, to: u64, len: usize) -> Result<Option<(Arc<Buffer>, usize)>, Fatal> {
         self.last_was_write = true;
-        if payload.is_empty() {
+        if len == 0 {
             // Zero-length Write: no STag validation (catalogue A.5 #6, as siw).
-            return Ok(());
+            return Ok(None);
         }
         let r = self
             .dev
             .mem()
-            .check(stag, self.pd, self.qpn, to, payload.len() as u64, Access::REMOTE_WRITE)
+            .check(stag, self.pd, self.qpn, to, len as u64, Access::REMOTE_WRITE)
             .map_err(|e| Fatal::new(ddp_tagged_cause(e)))?;
-        r.buffer
-            .write(r.offset, payload)
-            .map_err(|_| Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS))?;
+        Ok(Some((r.buffer, r.offset)))
+    }
+
+    fn on_write(&mut self, stag: u32, to: u64, payload: &[u8], _last: bool) -> RxResult {
+        if let Some((buf, off)) = self.write_target(stag, to, payload.len())? {
+            buf.write(off, payload)
+                .map_err(|_| Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS))?;
+        }
         Ok(())
     }
 
-    fn on_read_response(&mut self, stag: u32, to: u64, payload: &[u8], last: bool) -> RxResult {
+    /// Where a Read Response segment of `len` octets goes: the sink of the
+    /// oldest outstanding Read (RFC 5040 §5.2.2).
+    fn read_response_target(&mut self, len: usize, last: bool) -> Result<Option<(Arc<Buffer>, usize)>, Fatal> {
         // Matrix row 23: a Read Response with no Read outstanding.
-        let Some(head) = self.orq.front_mut() else {
+        let Some(head) = self.orq.front() else {
             return Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE));
         };
         match &head.kind {
             OrqKind::Rtr => {
-                if !payload.is_empty() || !last {
+                if len != 0 || !last {
                     return Err(Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS));
                 }
+                Ok(None)
             }
-            OrqKind::Atomic { .. } => return Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE)),
+            OrqKind::Atomic { .. } => Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE)),
             OrqKind::Read { sink } => {
                 // RFC 5040 §5.2.2 MAY: check the response against the request (matrix row 25).
-                let _ = (stag, to);
-                let end = head.received.checked_add(payload.len()).filter(|e| *e <= sink.len);
-                let Some(end) = end else {
+                if head.received.checked_add(len).is_none_or(|e| e > sink.len) {
                     return Err(Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS));
-                };
-                sink.buf
-                    .write(sink.off + head.received, payload)
-                    .map_err(|_| Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS))?;
-                head.received = end;
+                }
+                Ok(Some((sink.buf.clone(), sink.off + head.received)))
             }
         }
+    }
+
+    /// A Read Response segment of `len` octets was placed.
+    fn read_response_placed(&mut self, len: usize, last: bool) {
+        if let Some(head) = self.orq.front_mut() {
+            head.received += len;
+        }
         if last {
-            let done = self.orq.pop_front().expect("checked");
+            let Some(done) = self.orq.pop_front() else { return };
             if let Some(id) = done.slot {
                 if let Some(s) = self.slot_mut(id) {
                     s.byte_len = done.received as u32;
@@ -1272,7 +1283,45 @@ impl Proto {
                 self.deliver_send_completions();
             }
         }
+    }
+
+    fn on_read_response(&mut self, _stag: u32, _to: u64, payload: &[u8], last: bool) -> RxResult {
+        if let Some((buf, off)) = self.read_response_target(payload.len(), last)? {
+            buf.write(off, payload)
+                .map_err(|_| Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS))?;
+        }
+        self.read_response_placed(payload.len(), last);
         Ok(())
+    }
+
+    /// Direct data placement (RFC 5041 §1): for a tagged Write or Read
+    /// Response segment whose header (`hdr`: the 14 DDP/RDMAP octets) has
+    /// arrived, the region its `len` payload octets go to, so the receive
+    /// path can `read` them straight into place. `None`: take the ordinary
+    /// path (which also raises any error this segment deserves).
+    pub(crate) fn direct_target(&mut self, hdr: &[u8], len: usize) -> Option<(Arc<Buffer>, usize)> {
+        if self.term_sent || self.term_received || self.rtr.is_some() {
+            return None;
+        }
+        let h = Header::parse(hdr).ok()?;
+        if h.rdmap_ctrl >> 6 != 1 {
+            return None;
+        }
+        let Addr::Tagged { stag, to } = h.addr else { return None };
+        match h.rdmap_ctrl & 0x0F {
+            op::WRITE => self.write_target(stag, to, len).ok().flatten(),
+            op::READ_RESPONSE => self.read_response_target(len, h.last).ok().flatten(),
+            _ => None,
+        }
+    }
+
+    /// The payload announced by [`Proto::direct_target`] is in place and
+    /// its FPDU passed the CRC check.
+    pub(crate) fn direct_placed(&mut self, hdr: &[u8], len: usize) {
+        let Ok(h) = Header::parse(hdr) else { return };
+        if h.rdmap_ctrl & 0x0F == op::READ_RESPONSE {
+            self.read_response_placed(len, h.last);
+        }
     }
 
     fn on_send(&mut self, opcode: u8, msn: u32, mo: u32, inv_stag: u32, payload: &[u8], last: bool) -> RxResult {
@@ -1628,6 +1677,97 @@ struct RxIo {
     start: usize,
     end: usize,
     eof: bool,
+    /// A tagged segment whose payload is being read straight into place.
+    direct: Option<Direct>,
+}
+
+/// Tagged payloads at least this long are placed directly.
+const DIRECT_MIN: usize = 4096;
+/// MPA ULPDU_Length plus the 14-octet tagged DDP/RDMAP header.
+const TAGGED_FPDU_HEAD: usize = fpdu::HEADER_LEN + ddp::TAGGED_HEADER_LEN;
+
+/// Direct data placement of one FPDU (RFC 5041 §1, "placement" without an
+/// intermediate buffer): header checked, payload `read` into the region,
+/// then pad and CRC from the ordinary buffer.
+struct Direct {
+    head: [u8; TAGGED_FPDU_HEAD],
+    buf: Arc<Buffer>,
+    off: usize,
+    len: usize,
+    done: usize,
+    /// Pad and CRC octets after the payload.
+    trailer: usize,
+    total: usize,
+}
+
+impl RxIo {
+    /// At an FPDU boundary with only the start of a large tagged segment
+    /// buffered: set up direct placement (copying the part already here).
+    fn start_direct(&mut self, p: &mut Proto) -> bool {
+        let avail = self.end - self.start;
+        if self.deframer.config().markers || !self.deframer.at_boundary() || avail < TAGGED_FPDU_HEAD {
+            return false;
+        }
+        let b = &self.buf[self.start..self.end];
+        let ulpdu = usize::from(u16::from_be_bytes([b[0], b[1]]));
+        let total = fpdu::fpdu_len(ulpdu);
+        if avail >= total
+            || b[2] & 0x80 == 0
+            || ulpdu < ddp::TAGGED_HEADER_LEN + DIRECT_MIN
+            || ulpdu > usize::from(self.deframer.config().max_ulpdu_len)
+        {
+            return false;
+        }
+        let len = ulpdu - ddp::TAGGED_HEADER_LEN;
+        let Some((buf, off)) = p.direct_target(&b[fpdu::HEADER_LEN..TAGGED_FPDU_HEAD], len) else {
+            return false;
+        };
+        let have = (avail - TAGGED_FPDU_HEAD).min(len);
+        if buf.write(off, &b[TAGGED_FPDU_HEAD..TAGGED_FPDU_HEAD + have]).is_err() {
+            return false;
+        }
+        let mut head = [0u8; TAGGED_FPDU_HEAD];
+        head.copy_from_slice(&b[..TAGGED_FPDU_HEAD]);
+        self.start += TAGGED_FPDU_HEAD + have;
+        self.direct = Some(Direct {
+            head,
+            buf,
+            off,
+            len,
+            done: have,
+            trailer: fpdu::pad_len(ulpdu) + fpdu::CRC_LEN,
+            total,
+        });
+        true
+    }
+
+    /// The payload is in place and the trailer buffered: check the CRC and
+    /// hand the segment to the protocol.
+    fn finish_direct(&mut self, p: &mut Proto) {
+        let Some(d) = self.direct.take() else { return };
+        let t = &self.buf[self.start..self.start + d.trailer];
+        let pad = d.trailer - fpdu::CRC_LEN;
+        self.start += d.trailer;
+        if self.deframer.config().crc {
+            let mut c = crate::crc::Crc32c::new();
+            c.update(&d.head);
+            let _ = d.buf.scan(d.off, d.len, |b| c.update(b));
+            c.update(&t[..pad]);
+            let computed = c.finish();
+            let received = crate::crc::from_wire([t[pad], t[pad + 1], t[pad + 2], t[pad + 3]]);
+            if computed != received {
+                // The payload was placed before the check: the region's
+                // contents are undefined after the error, as for any failed
+                // operation (RFC 5040 §5.5); the stream ends here.
+                let e = self.deframer.fail_crc(computed, received);
+                p.on_stream_error(Some(e.cause()), "MPA CRC error");
+                self.start = self.end;
+                return;
+            }
+        }
+        let _ = self.deframer.skip_fpdu(d.total);
+        p.direct_placed(&d.head[fpdu::HEADER_LEN..], d.len);
+    }
 }
 
 struct Core {
@@ -1715,6 +1855,7 @@ impl IwarpQp {
             start: 0,
             end: n,
             eof: false,
+            direct: None,
         };
         let mut p = p;
         // Receives the application posted before the connection went live
@@ -1773,25 +1914,79 @@ impl IwarpQp {
     fn pump_rx(&self, c: &mut Core) -> bool {
         let mut any = false;
         let Core { p, rx } = c;
+        let fd = self.sock.as_raw_fd();
         loop {
-            // Deliver whole FPDUs already buffered.
-            while rx.start < rx.end && !p.term_sent && !p.term_received {
-                match rx.deframer.next_fpdu(&rx.buf[rx.start..rx.end]) {
-                    Ok((used, ulpdu)) => {
-                        if let Some(u) = ulpdu {
-                            p.on_ulpdu(u);
+            if let Some(d) = rx.direct.as_mut() {
+                if p.term_sent || p.term_received {
+                    rx.direct = None;
+                    break;
+                }
+                if d.done < d.len {
+                    // The payload straight into place, the trailer and the
+                    // next FPDU's header into the buffer, in one readv.
+                    rx.start = 0;
+                    rx.end = 0;
+                    let tail = d.trailer + TAGGED_FPDU_HEAD;
+                    match d
+                        .buf
+                        .recv_into_then(fd, d.off + d.done, d.len - d.done, &mut rx.buf[..tail])
+                    {
+                        Ok(0) => {
+                            rx.eof = true;
+                            p.on_stream_error(None, "peer closed the connection");
                             any = true;
+                            break;
                         }
-                        rx.start += used;
-                        if used == 0 {
+                        Ok(n) => {
+                            let placed = n.min(d.len - d.done);
+                            d.done += placed;
+                            rx.end = n - placed;
+                            any = true;
+                            continue;
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            rx.eof = true;
+                            p.on_stream_error(None, &e.to_string());
+                            any = true;
                             break;
                         }
                     }
-                    Err(e) => {
-                        p.on_stream_error(Some(e.cause()), "MPA framing error");
-                        rx.start = rx.end;
+                }
+                if rx.end - rx.start >= d.trailer {
+                    rx.finish_direct(p);
+                    any = true;
+                    continue;
+                }
+                // Fall through: read the rest of the trailer.
+            } else {
+                // Deliver whole FPDUs already buffered.
+                while rx.start < rx.end && !p.term_sent && !p.term_received {
+                    if rx.start_direct(p) {
                         any = true;
+                        break;
                     }
+                    match rx.deframer.next_fpdu(&rx.buf[rx.start..rx.end]) {
+                        Ok((used, ulpdu)) => {
+                            if let Some(u) = ulpdu {
+                                p.on_ulpdu(u);
+                                any = true;
+                            }
+                            rx.start += used;
+                            if used == 0 {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            p.on_stream_error(Some(e.cause()), "MPA framing error");
+                            rx.start = rx.end;
+                            any = true;
+                        }
+                    }
+                }
+                if rx.direct.is_some() {
+                    continue;
                 }
             }
             if rx.start == rx.end {
@@ -1802,9 +1997,18 @@ impl IwarpQp {
                 break;
             }
             if rx.end == rx.buf.len() {
-                // The deframer copied the partial FPDU; start over.
-                rx.start = 0;
-                rx.end = 0;
+                if rx.direct.is_some() {
+                    // A trailer never straddles a full buffer (it is read
+                    // right after the payload); keep what is there.
+                    let n = rx.end - rx.start;
+                    rx.buf.copy_within(rx.start..rx.end, 0);
+                    rx.start = 0;
+                    rx.end = n;
+                } else {
+                    // The deframer copied the partial FPDU; start over.
+                    rx.start = 0;
+                    rx.end = 0;
+                }
             }
             match (&self.sock).read(&mut rx.buf[rx.end..]) {
                 Ok(0) => {

@@ -160,6 +160,23 @@ impl Deframer {
         !self.in_fpdu
     }
 
+    /// Accounts for one whole FPDU of `total` octets that the caller took
+    /// from the stream itself (direct data placement, CRC checked by the
+    /// caller). Only at an FPDU boundary and without markers.
+    pub fn skip_fpdu(&mut self, total: usize) -> Result<(), FpduError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        debug_assert!(self.at_boundary() && !self.cfg.markers);
+        self.pos += total as u64;
+        Ok(())
+    }
+
+    /// Records a CRC failure found by the caller of [`Deframer::skip_fpdu`].
+    pub fn fail_crc(&mut self, computed: u32, received: u32) -> FpduError {
+        self.fail(FpduError::Crc { computed, received })
+    }
+
     fn fail(&mut self, e: FpduError) -> FpduError {
         self.error = Some(e);
         e
