@@ -172,21 +172,36 @@ fn responder_closes_on_private_data_too_long() {
 
 #[test]
 fn responder_accepts_private_data_at_its_limit() {
-    // 512 octets of PD_Length: the 4-octet IRD/ORD block and 508 of ULP data.
-    let s = server(quick_cfg());
-    let ask = Ask {
-        private_data: vec![0x5A; mpa::MAX_PRIVATE_DATA - mpa::ENHANCED_DATA_LEN],
-        ..Ask::default()
-    };
-    let peer = RawPeer::start(s.addr, &ask);
-    let req = s.listener.get_request(Some(T)).unwrap();
-    assert_eq!(req.private_data(), &ask.private_data[..]);
-    let pd = s.dev.alloc_pd();
-    let cq = s.dev.create_cq(4).unwrap();
-    let reply = vec![0xA5; mpa::MAX_PRIVATE_DATA - mpa::ENHANCED_DATA_LEN];
-    let _qp = req.accept(&pd, QpOptions::new(&cq).private_data(&reply)).unwrap();
-    let peer = peer.finish(&ask);
-    assert_eq!(peer.reply_pd, reply);
+    // Receive: 512 octets of PD_Length (RFC 5044), i.e. the 4-octet IRD/ORD
+    // block and 508 of ULP data. Send: 256 by default (siw's limit; more
+    // crashes Linux 6.1 siw, docs/interop-siw.md D9), 512 when configured.
+    for (tx_limit, reply_len, ok) in [(256, 252, true), (256, 253, false), (512, 508, true)] {
+        let s = server(IwarpConfig {
+            max_private_data_tx: tx_limit,
+            ..quick_cfg()
+        });
+        let ask = Ask {
+            private_data: vec![0x5A; mpa::MAX_PRIVATE_DATA - mpa::ENHANCED_DATA_LEN],
+            ..Ask::default()
+        };
+        let peer = RawPeer::start(s.addr, &ask);
+        let req = s.listener.get_request(Some(T)).unwrap();
+        assert_eq!(req.private_data(), &ask.private_data[..]);
+        let pd = s.dev.alloc_pd();
+        let cq = s.dev.create_cq(4).unwrap();
+        let reply = vec![0xA5; reply_len];
+        let r = req.accept(&pd, QpOptions::new(&cq).private_data(&reply));
+        if ok {
+            assert!(r.is_ok(), "{reply_len} octets within a {tx_limit} limit");
+            let peer = peer.finish(&ask);
+            assert_eq!(peer.reply_pd, reply);
+        } else {
+            assert!(
+                r.is_err(),
+                "{reply_len} octets refused locally under a {tx_limit} limit"
+            );
+        }
+    }
 }
 
 #[test]

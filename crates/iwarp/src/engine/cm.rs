@@ -47,6 +47,7 @@ impl IwarpProvider {
             crc: self.cfg.crc,
             reject_markers: self.cfg.reject_markers,
             max_private_data_rx: self.cfg.max_private_data,
+            max_private_data_tx: self.cfg.max_private_data_tx,
             reply_timeout: self.cfg.reply_timeout,
             request_timeout: self.cfg.request_timeout,
             ..MpaConfig::default()

@@ -55,6 +55,11 @@ pub struct IwarpConfig {
     pub reject_markers: bool,
     /// Largest MPA private data we accept from a peer (RFC 5044: 512; siw: 256).
     pub max_private_data: usize,
+    /// Largest MPA private data we send, IRD/ORD words included. Default
+    /// 256, not RFC 5044's 512: Linux 6.1 siw as initiator dereferences NULL
+    /// on a Reply with more than 256 octets (docs/interop-siw.md, D9). Set
+    /// 512 for the RFC's limit with peers that take it.
+    pub max_private_data_tx: usize,
     /// Initiator's wait for the MPA Reply (siw: 5 s).
     pub reply_timeout: Duration,
     /// Responder's wait for the MPA Request (siw: 10 s).
@@ -74,6 +79,7 @@ impl Default for IwarpConfig {
             p2p: None,
             reject_markers: false,
             max_private_data: crate::wire::mpa::MAX_PRIVATE_DATA,
+            max_private_data_tx: crate::wire::mpa::SIW_MAX_PRIVATE_DATA,
             reply_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             terminate_siw_form: false,
