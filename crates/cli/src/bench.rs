@@ -430,11 +430,15 @@ struct Outcome {
     hist: Option<Histogram<u64>>,
     baseline: Option<Baseline>,
     tcp_port: u16,
+    /// CPU seconds this process used during the measured run (both ends when they share the process).
+    cpu_s: Option<f64>,
 }
 
 struct Baseline {
     gbit: f64,
     hist: Option<Histogram<u64>>,
+    /// CPU seconds this process used during the baseline.
+    cpu_s: Option<f64>,
 }
 
 fn us(h: &Histogram<u64>, q: f64) -> f64 {
@@ -458,6 +462,12 @@ impl Outcome {
             _ => Some(self.gbit() / b.gbit),
         }
     }
+    /// CPU seconds per message, RDMA over TCP (same message count): lower is cheaper.
+    fn cpu_ratio(&self) -> Option<f64> {
+        let b = self.baseline.as_ref()?.cpu_s?;
+        let r = self.cpu_s?;
+        (b > 0.0).then(|| r / b)
+    }
     fn json(&self) -> serde_json::Value {
         let lat = |q| self.hist.as_ref().map(|h| us(h, q));
         let mut v = json!({
@@ -476,6 +486,7 @@ impl Outcome {
             "lat_p50_us": lat(0.5),
             "lat_p99_us": lat(0.99),
             "lat_p999_us": lat(0.999),
+            "cpu_s": self.cpu_s,
         });
         if let Some(b) = &self.baseline {
             let m = v.as_object_mut().unwrap();
@@ -487,6 +498,8 @@ impl Outcome {
                 json!(b.hist.as_ref().map(|h| us(h, 0.99))),
             );
             m.insert("ratio".into(), json!(self.ratio()));
+            m.insert("baseline_cpu_s".into(), json!(b.cpu_s));
+            m.insert("cpu_ratio".into(), json!(self.cpu_ratio()));
             m.insert(
                 "ratio_of".into(),
                 json!(if self.hist.is_some() {
@@ -511,12 +524,13 @@ impl Outcome {
                 );
                 if let Some(b) = &self.baseline {
                     println!(
-                        " {:<10} {:<13} {:<18} {:<20.2} ratio RDMA/TCP {:.3}",
+                        " {:<10} {:<13} {:<18} {:<20.2} ratio RDMA/TCP {:.3} (CPU seconds RDMA/TCP {:.2})",
                         "  TCP",
                         self.iters(),
                         "",
                         b.gbit,
-                        self.ratio().unwrap_or(f64::NAN)
+                        self.ratio().unwrap_or(f64::NAN),
+                        self.cpu_ratio().unwrap_or(f64::NAN)
                     );
                 }
             }
@@ -706,8 +720,10 @@ fn run_test(
         hist: None,
         baseline: None,
         tcp_port,
+        cpu_s: None,
     };
     let prog = Progress::new(progress, op, size);
+    let cpu0 = cpu_secs();
     if lat {
         let c = &mut conns[0];
         let hist = match op {
@@ -725,6 +741,7 @@ fn run_test(
         out.secs = secs;
         out.peak_gbit = peak;
     }
+    out.cpu_s = cpu0.and_then(|c0| Some(cpu_secs()? - c0));
     prog.clear();
     for c in &conns {
         c.qp.disconnect();
@@ -1521,6 +1538,25 @@ fn tcp_open(addr: SocketAddr, mode: u8, req: u32, resp: u32, count: u64) -> Resu
 
 /// The same traffic over plain TCP: same size, same message count per connection, same number of connections.
 fn run_baseline(target: SocketAddr, r: &Outcome, conns: usize) -> Result<Baseline> {
+    let cpu0 = cpu_secs();
+    let mut b = run_baseline_inner(target, r, conns)?;
+    b.cpu_s = cpu0.and_then(|c0| Some(cpu_secs()? - c0));
+    Ok(b)
+}
+
+/// CPU seconds (user + system) this process has used so far, from `/proc/self/stat`
+/// (in USER_HZ = 100 ticks per second, the fixed Linux ABI value); `None` where unavailable.
+fn cpu_secs() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command: state is field 3, utime 14, stime 15.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
+}
+
+fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) -> Result<Baseline> {
     if r.tcp_port == 0 {
         bail!("the server offers no TCP baseline");
     }
@@ -1548,6 +1584,7 @@ fn run_baseline(target: SocketAddr, r: &Outcome, conns: usize) -> Result<Baselin
         return Ok(Baseline {
             gbit: count as f64 * size as f64 * 8.0 / secs / 1e9,
             hist: Some(hist),
+            cpu_s: None,
         });
     }
     let barrier = Arc::new(Barrier::new(conns + 1));
@@ -1626,6 +1663,7 @@ fn run_baseline(target: SocketAddr, r: &Outcome, conns: usize) -> Result<Baselin
     Ok(Baseline {
         gbit: total as f64 * size as f64 * 8.0 / secs / 1e9,
         hist: None,
+        cpu_s: None,
     })
 }
 
