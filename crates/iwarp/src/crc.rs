@@ -67,6 +67,9 @@ pub fn crc32c_iov(parts: &[&[u8]]) -> u32 {
 #[derive(Clone)]
 pub struct Crc32c(Inner);
 
+// Not boxed: FPDU framing creates one per FPDU and must not allocate; the
+// size is what `Crc32c` always had (it wrapped a `Digest`).
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 enum Inner {
     /// crc-fast's digest (wide kernels).

@@ -577,8 +577,8 @@ fn build() -> Capture {
         compare_data: 15,
         compare_mask: u64::MAX,
     };
-    let mut aresp_msn = 1;
-    for (a, orig) in [(fa, 10u64), (cs, 15u64)] {
+    // Atomic Responses: QN 3, their own MSN sequence from 1.
+    for (aresp_msn, (a, orig)) in (1u32..).zip([(fa, 10u64), (cs, 15u64)]) {
         let (v, e) = whole(&Message::AtomicRequest(a), rreq_msn);
         rreq_msn += 1;
         cap.send(&mut c, Dir::C2S, vec![(v, e)]);
@@ -587,7 +587,6 @@ fn build() -> Capture {
             orig_value: orig,
         };
         let (v, e) = whole(&Message::AtomicResponse(r), aresp_msn);
-        aresp_msn += 1;
         cap.send(&mut c, Dir::S2C, vec![(v, e)]);
     }
 
