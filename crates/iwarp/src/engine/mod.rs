@@ -21,12 +21,22 @@
 //!
 //! # Data path
 //!
-//! Transmit: every message is cut into DDP segments of at most MULPDU bytes,
-//! each framed as an MPA FPDU (CRC32c when negotiated) directly into a staging
-//! buffer, then written with one `write` per batch of up to 256 KiB. Receive:
-//! one `read` fills a 256 KiB buffer; whole FPDUs are checked (CRC, DDP, RDMAP)
-//! and their payload copied once into the target region. So each byte is
-//! copied once in user space on each side, beyond the kernel's own copy.
+//! Transmit (`txq`): every message is cut into DDP segments of at most
+//! MULPDU octets and framed as MPA FPDUs onto a gather list. Headers, pads and
+//! CRCs go to a small arena; a payload of 2 KiB or more stays where it is, in
+//! the registered region, and reaches the kernel through `writev` (when CRCs
+//! are on they are computed over the region through a 4 KiB bounce buffer).
+//! Smaller payloads are copied next to their header, which beats an extra
+//! iovec.
+//!
+//! Receive: one `read` fills a 256 KiB buffer; whole FPDUs in it are checked
+//! (CRC, DDP, RDMAP) and placed. When only the start of a large tagged segment
+//! (Write or Read Response, 4 KiB or more) is buffered, its header is checked
+//! first (STag, bounds, rights, PD, or the outstanding Read it answers) and the
+//! rest of the payload is `readv`ed straight into the target region, together
+//! with the FPDU's trailer and the next FPDU's header, so a stream of large
+//! Writes costs one `readv` per FPDU and no userspace copy. The CRC of such an
+//! FPDU is checked once it is in place (see the README's deviations).
 
 pub mod cm;
 pub(crate) mod driver;
