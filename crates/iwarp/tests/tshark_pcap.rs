@@ -724,6 +724,15 @@ fn field_list(cap: &Capture) -> Vec<&'static str> {
     v
 }
 
+/// Says loudly that a test did not check anything. Written straight to the
+/// process's stderr: libtest captures `eprintln!`, which would hide it.
+fn skip(test: &str) {
+    use std::io::Write;
+    let line =
+        format!("\nSKIPPED {test}: `tshark` is not installed (apt-get install -y tshark); nothing was checked\n");
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
 fn tshark_available() -> bool {
     Command::new("tshark")
         .arg("--version")
@@ -779,9 +788,7 @@ mod tempdir {
 #[test]
 fn tshark_decodes_every_message_we_emit() {
     if !tshark_available() {
-        eprintln!(
-            "SKIPPED tshark_decodes_every_message_we_emit: `tshark` is not installed (apt-get install -y tshark)"
-        );
+        skip("tshark_decodes_every_message_we_emit");
         return;
     }
     let cap = build();
@@ -789,6 +796,7 @@ fn tshark_decodes_every_message_we_emit() {
     let frames = cap.frames.clone();
     let (mpa_v2, crc_fpdus, fpdus, nframes) = (cap.mpa_v2_frames, cap.crc_fpdus, cap.fpdus, cap.pcap.frames());
     let (_dir, path) = write_pcap("iwarp-exchange", &cap.pcap.into_bytes());
+    // KEEP_PCAP=/some/file.pcap keeps a copy where you want it.
     if let Ok(keep) = std::env::var("KEEP_PCAP") {
         std::fs::copy(&path, keep).unwrap();
     }
@@ -913,7 +921,7 @@ fn assert_expert_only_mpa_v2(expert: &str, frames: usize) {
 #[test]
 fn tshark_gate_catches_a_bad_crc() {
     if !tshark_available() {
-        eprintln!("SKIPPED tshark_gate_catches_a_bad_crc: `tshark` is not installed (apt-get install -y tshark)");
+        skip("tshark_gate_catches_a_bad_crc");
         return;
     }
     let mut cap = Capture::new();
