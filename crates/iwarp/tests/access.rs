@@ -860,3 +860,93 @@ fn unbound_fast_reg_stag_refused_row_13() {
         0x00,
     );
 }
+
+/// Posts a FetchAdd at `at` on the victim pair and checks the RDMAP Remote
+/// Protection Terminate 0/1/`code` (RFC 7306 §8 applies the Read Request
+/// checks of RDMAP-ERR-07 to atomics).
+fn atomic_fails(w: &World, at: RemoteAddr, code: u8) {
+    let p = &w.victim;
+    p.a.post_send_one(SendWr::new(
+        1,
+        WrOpcode::AtomicFetchAdd { remote: at, add: 1 },
+        vec![w.local.sge(0, 8)],
+    ))
+    .unwrap();
+    let wc = wait(&p.cq_a);
+    assert_eq!(
+        (wc.status, wc.opcode),
+        (WcStatus::RemAccessErr, WcOpcode::FetchAdd),
+        "{wc:?}"
+    );
+    assert_eq!(wc.vendor_err, packed(0, 1, code), "{wc:?}");
+    assert_terminate(p, 0, 1, code);
+    assert_bystander_works(w);
+}
+
+#[test]
+fn atomic_past_end_rdmap_sec_03() {
+    let w = world();
+    let mr = w.pd_b.reg_mr(4096, RW | Access::REMOTE_ATOMIC).unwrap();
+    atomic_fails(&w, remote(&mr, 4096), 0x01);
+}
+
+#[test]
+fn atomic_stag_of_another_pd_rdmap_sec_01() {
+    let w = world();
+    let mr = w.dev.alloc_pd().reg_mr(4096, RW | Access::REMOTE_ATOMIC).unwrap();
+    mr.write(0, &5u64.to_ne_bytes()).unwrap();
+    atomic_fails(&w, remote(&mr, 0), 0x03);
+    assert_eq!(mr.to_vec(0, 8).unwrap(), 5u64.to_ne_bytes(), "target unchanged");
+}
+
+/// Invalidate, then fast-register the same MR again under a new key: the
+/// new STag works, the old one stays dead (SEC-STAG-03, RDMAP-SEC-04).
+#[test]
+fn reregistered_after_invalidate_old_stag_dead_sec_stag_03() {
+    let w = world();
+    let p = &w.victim;
+    let (fr, backing, old) = fast_register_mr(&w, RW, 0x61);
+    p.b.post_send_one(SendWr::new(71, WrOpcode::LocalInv { rkey: old }, vec![]))
+        .unwrap();
+    assert_eq!(wait(&p.cq_b).status, WcStatus::Success);
+    p.b.post_send_one(SendWr::new(
+        72,
+        WrOpcode::RegMr {
+            mr_stag: fr.rkey(),
+            key: 0x62,
+            source_lkey: backing.lkey(),
+            source_addr: backing.addr(),
+            length: 4096,
+            iova: 0x5000_0000,
+            access: RW,
+        },
+        vec![],
+    ))
+    .unwrap();
+    assert_eq!(wait(&p.cq_b).status, WcStatus::Success);
+    let new = fr.stag_with_key(0x62);
+    assert_ne!(new, old);
+    backing.write(8, b"new key").unwrap();
+    p.a.post_send_one(SendWr::new(
+        1,
+        WrOpcode::RdmaRead {
+            remote: RemoteAddr {
+                addr: 0x5000_0008,
+                rkey: new,
+            },
+        },
+        vec![w.local.sge(0, 7)],
+    ))
+    .unwrap();
+    assert_eq!(wait(&p.cq_a).status, WcStatus::Success);
+    assert_eq!(w.local.to_vec(0, 7).unwrap(), b"new key");
+    read_fails(
+        &w,
+        RemoteAddr {
+            addr: 0x5000_0000,
+            rkey: old,
+        },
+        8,
+        0x00,
+    );
+}
