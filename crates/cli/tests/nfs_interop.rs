@@ -312,3 +312,56 @@ fn nfs_write_multi_mib_read_back_by_the_guest() {
     }
     lab.kernel_clean();
 }
+
+/// Issue 7 faults: the server stopping mid-READ (`vm.sh nfs stop`) gives the caller a clear
+/// error within the call timeout and the retries, and no hang (RPCR-MEM-05: the requester
+/// retransmits after reconnecting, the reconnect is refused, the RPC fails).
+#[test]
+fn nfs_server_stops_mid_read() {
+    let Some(lab) = lab("nfs_server_stops_mid_read") else {
+        return;
+    };
+    let local = tmp("fault.bin");
+    let child = Command::new("ip")
+        .args(["netns", "exec", NS, "timeout", "120", BIN, "nfs", "get"])
+        .arg(target("/data-16M.bin"))
+        .arg(&local)
+        .args(["--rsize", "4K", "--timeout", "10"])
+        .env("RUST_BACKTRACE", "0")
+        .env("RUST_LIB_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("softrdma nfs get");
+    // wait until data flows, then stop the server
+    let t0 = std::time::Instant::now();
+    while std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0) < 256 << 10 {
+        assert!(t0.elapsed().as_secs() < 60, "no data arrived");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let stop = Command::new("./vm.sh")
+        .args(["nfs", "stop"])
+        .current_dir(&lab.dir)
+        .output()
+        .unwrap();
+    assert!(stop.status.success());
+    let t1 = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    eprintln!("after nfs stop: {} in {:?}: {err}", out.status, t1.elapsed());
+    let start = Command::new("./vm.sh")
+        .args(["nfs", "start"])
+        .current_dir(&lab.dir)
+        .output()
+        .unwrap();
+    assert!(start.status.success(), "vm.sh nfs start");
+    // a clear error, not the timeout(1) kill (exit 124), not a partial file passed off as whole
+    assert!(!out.status.success());
+    assert_ne!(out.status.code(), Some(124), "softrdma nfs get hung");
+    assert!(
+        err.contains("READ") && (err.contains("connection") || err.contains("reply")),
+        "{err}"
+    );
+    assert!(std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0) < 16 << 20);
+    lab.kernel_clean();
+}
