@@ -44,7 +44,8 @@ What each operation measures (the client posts, the server's CPU is only involve
 
 Bandwidth (default) posts up to --depth work requests per QP, signaling one in every
 depth/4 (at most 64) as perftest's --cq-mod does; the clock stops after an 8-byte RDMA Read per QP completes,
-so every Write is placed in the server's memory, not just handed to TCP.
+so every Write is placed in the server's memory, not just handed to TCP. BW peak is the best
+window of at least 100 ms and 16 signaled completions.
 --baseline tcp repeats the same pattern over plain TCP sockets in the same run (a stream of
 the same message size and count for write/send, server -> client for read, a request/response
 ping-pong for --lat and atomics) and prints RDMA/TCP: for bandwidth higher is better, for
@@ -57,7 +58,7 @@ Examples:
   softrdma bench read --size 1M --qps 4 --crc on
   softrdma bench send --lat --size 8 --baseline tcp           # p50/p99/p99.9 against a TCP ping-pong
   softrdma bench atomic --depth 16 --json
-  softrdma bench --listen 0.0.0.0:18515 write                 # server on one host (op is ignored)
+  softrdma bench --listen 0.0.0.0:18515                       # server on one host (serves one session)
   softrdma bench write --connect 10.0.0.1:18515 --size 1M     # client on another
 ";
 
@@ -859,7 +860,9 @@ fn bandwidth(
     let mut batch: Vec<SendWr> = Vec::with_capacity(depth as usize);
     let start = Instant::now();
     let mut total_done = 0u64;
-    let (mut win_start, mut win_done, mut peak) = (start, 0u64, 0.0f64);
+    // Peak: the best window of at least 100 ms and 16 signaled completions (each
+    // completion reports cq_mod messages at once, so fewer would quantize the rate).
+    let (mut win_start, mut win_done, mut win_events, mut peak) = (start, 0u64, 0u32, 0.0f64);
     let mut posting = true;
     let mut spins = 0u32;
     loop {
@@ -940,6 +943,7 @@ fn bandwidth(
                     c.completed = n + 1;
                     total_done += done;
                     win_done += done;
+                    win_events += 1;
                 }
                 KIND_RECV => {
                     c.credits += grant as u64;
@@ -954,10 +958,11 @@ fn bandwidth(
         if !wcs.is_empty() {
             let now = Instant::now();
             let w = now.duration_since(win_start);
-            if w >= Duration::from_millis(100) {
+            if w >= Duration::from_millis(100) && win_events >= 16 {
                 peak = peak.max(win_done as f64 * len as f64 * 8.0 / w.as_secs_f64() / 1e9);
                 win_start = now;
                 win_done = 0;
+                win_events = 0;
             }
             prog.tick(start, total_done, len as u64);
         }

@@ -210,6 +210,9 @@ fn bench_bandwidth_with_tcp_baseline_human_and_json() {
     let b = num(v, "baseline_gbit_per_s");
     assert!(b > 0.0, "{v}");
     assert!((num(v, "ratio") - num(v, "gbit_per_s") / b).abs() < 1e-9, "{v}");
+    // Both runs' CPU seconds (10 ms resolution) and their ratio.
+    assert!(num(v, "cpu_s") >= 0.0 && num(v, "baseline_cpu_s") >= 0.0, "{v}");
+    assert!(v["cpu_ratio"].is_number() || num(v, "baseline_cpu_s") == 0.0, "{v}");
 
     let out = ok(&["bench", "write", "--size", "64K", "--iters", "300", "--baseline", "tcp"]);
     for want in [
