@@ -2,55 +2,11 @@
 //! Covers RDMAP-SND-01/03, RDMAP-WR-02, RDMAP-RD-01/04/08, RDMAP-ORD-15,
 //! RDMAP-SND-06, RFC 7306 atomics and immediate data, and Terminate on a bad STag.
 
-use std::time::Duration;
 use verbs::*;
 
-const T: Duration = Duration::from_secs(10);
+mod pair;
 
-struct Pair {
-    _dev: Device,
-    pd: ProtectionDomain,
-    cq_a: CompletionQueue,
-    cq_b: CompletionQueue,
-    a: QueuePair,
-    b: QueuePair,
-}
-
-fn pair_with(cfg: iwarp::IwarpConfig, pd_b_separate: bool) -> Pair {
-    let dev = iwarp::open_device(cfg).unwrap();
-    let pd = dev.alloc_pd();
-    let pd_b = if pd_b_separate { dev.alloc_pd() } else { pd.clone() };
-    let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = listener.local_addr();
-    let cq_a = dev.create_cq(4096).unwrap();
-    let cq_b = dev.create_cq(4096).unwrap();
-    let (cqb2, pdb2) = (cq_b.clone(), pd_b.clone());
-    let server = std::thread::spawn(move || {
-        let req = listener.get_request(Some(T)).unwrap();
-        assert_eq!(req.private_data(), b"hello");
-        req.accept(&pdb2, QpOptions::new(&cqb2).rd_atomic(16, 16).private_data(b"welcome"))
-            .unwrap()
-    });
-    let a = pd
-        .connect(addr, QpOptions::new(&cq_a).rd_atomic(16, 16).private_data(b"hello"), T)
-        .unwrap();
-    let b = server.join().unwrap();
-    assert_eq!(a.conn_info().peer_private_data, b"welcome");
-    assert_eq!(a.get_event(Some(T)), Some(CmEvent::Established));
-    assert_eq!(b.get_event(Some(T)), Some(CmEvent::Established));
-    Pair {
-        _dev: dev,
-        pd,
-        cq_a,
-        cq_b,
-        a,
-        b,
-    }
-}
-
-fn pair() -> Pair {
-    pair_with(iwarp::IwarpConfig::default(), false)
-}
+use pair::*;
 
 fn wait(cq: &CompletionQueue) -> WorkCompletion {
     cq.wait(Some(T)).expect("completion within timeout")

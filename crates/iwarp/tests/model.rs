@@ -15,6 +15,9 @@ use proptest::prelude::*;
 use std::time::Duration;
 use verbs::*;
 
+mod pair;
+use pair::pair_crc;
+
 const T: Duration = Duration::from_secs(20);
 const SRC: usize = 192 << 10; // A's source area (never changes)
 const DATA: usize = 192 << 10; // B's data area (target of Writes, source of Reads)
@@ -82,42 +85,6 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-struct Pair {
-    _dev: Device,
-    pd: ProtectionDomain,
-    cq_a: CompletionQueue,
-    cq_b: CompletionQueue,
-    a: QueuePair,
-    b: QueuePair,
-}
-
-fn pair(crc: bool) -> Pair {
-    let dev = iwarp::open_device(iwarp::IwarpConfig {
-        crc,
-        ..Default::default()
-    })
-    .unwrap();
-    let pd = dev.alloc_pd();
-    let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = listener.local_addr();
-    let (cq_a, cq_b) = (dev.create_cq(1024).unwrap(), dev.create_cq(1024).unwrap());
-    let (pd2, cq2) = (pd.clone(), cq_b.clone());
-    let srv = std::thread::spawn(move || {
-        let r = listener.get_request(Some(T)).unwrap();
-        r.accept(&pd2, QpOptions::new(&cq2).rd_atomic(8, 8)).unwrap()
-    });
-    let a = pd.connect(addr, QpOptions::new(&cq_a).rd_atomic(8, 8), T).unwrap();
-    let b = srv.join().unwrap();
-    Pair {
-        _dev: dev,
-        pd,
-        cq_a,
-        cq_b,
-        a,
-        b,
-    }
-}
-
 fn fill(mr: &MemoryRegion, seed: u8) -> Vec<u8> {
     let v: Vec<u8> = (0..mr.len())
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed ^ (i >> 9) as u8))
@@ -135,7 +102,7 @@ struct ExpectRecv {
 }
 
 fn run(ops: &[Op], crc: bool) -> Result<(), TestCaseError> {
-    let p = pair(crc);
+    let p = pair_crc(crc);
     let src = p.pd.reg_mr(SRC, Access::LOCAL_WRITE).unwrap();
     let src_model = fill(&src, 1);
     let data = p.pd.reg_mr(DATA, Access::all_remote()).unwrap();

@@ -6,43 +6,12 @@ use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 use verbs::*;
 
+mod pair;
+use pair::{Pair, pair_crc};
+
 const T: Duration = Duration::from_secs(30);
 const GIB: usize = 1 << 30;
 const CHUNK: usize = 1 << 20;
-
-struct Pair {
-    _dev: Device,
-    pd: ProtectionDomain,
-    cq_a: CompletionQueue,
-    a: QueuePair,
-    _b: QueuePair,
-}
-
-fn pair(crc: bool) -> Pair {
-    let dev = iwarp::open_device(iwarp::IwarpConfig {
-        crc,
-        ..Default::default()
-    })
-    .unwrap();
-    let pd = dev.alloc_pd();
-    let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = listener.local_addr();
-    let (cq_a, cq_b) = (dev.create_cq(4096).unwrap(), dev.create_cq(4096).unwrap());
-    let (pd2, cq2) = (pd.clone(), cq_b.clone());
-    let srv = std::thread::spawn(move || {
-        let r = listener.get_request(Some(T)).unwrap();
-        r.accept(&pd2, QpOptions::new(&cq2).rd_atomic(16, 16)).unwrap()
-    });
-    let a = pd.connect(addr, QpOptions::new(&cq_a).rd_atomic(16, 16), T).unwrap();
-    let b = srv.join().unwrap();
-    Pair {
-        _dev: dev,
-        pd,
-        cq_a,
-        a,
-        _b: b,
-    }
-}
 
 /// A region of `len` bytes of a deterministic pseudo-random pattern.
 fn patterned(pd: &ProtectionDomain, len: usize, seed: u64) -> MemoryRegion {
@@ -112,15 +81,19 @@ fn move_all(p: &Pair, read: bool, local: &MemoryRegion, remote: &MemoryRegion, d
             addr: remote.addr(),
             rkey: remote.rkey(),
         };
-        p.a.post_send_one(SendWr::new(u64::MAX, WrOpcode::RdmaRead { remote: ra }, vec![local.sge(0, 1)]))
-            .unwrap();
+        p.a.post_send_one(SendWr::new(
+            u64::MAX,
+            WrOpcode::RdmaRead { remote: ra },
+            vec![local.sge(0, 1)],
+        ))
+        .unwrap();
         assert_eq!(p.cq_a.wait(Some(T)).unwrap().status, WcStatus::Success);
     }
     t0.elapsed()
 }
 
 fn gib(crc: bool, read: bool) {
-    let p = pair(crc);
+    let p = pair_crc(crc);
     let src = patterned(&p.pd, GIB, if read { 7 } else { 3 });
     let dst = p.pd.reg_mr(GIB, Access::all_remote()).unwrap();
     let want = sha256(&src);

@@ -1916,111 +1916,91 @@ impl IwarpQp {
         let Core { p, rx } = c;
         let fd = self.sock.as_raw_fd();
         loop {
-            if let Some(d) = rx.direct.as_mut() {
-                if p.term_sent || p.term_received {
-                    rx.direct = None;
-                    break;
+            if p.term_sent || p.term_received {
+                rx.direct = None;
+                break;
+            }
+            match &rx.direct {
+                Some(d) if d.done == d.len && rx.end - rx.start >= d.trailer => {
+                    rx.finish_direct(p);
+                    any = true;
+                    continue;
                 }
-                if d.done < d.len {
+                Some(_) => {}
+                None => {
+                    // Deliver whole FPDUs already buffered.
+                    while rx.start < rx.end && !p.term_sent && !p.term_received {
+                        if rx.start_direct(p) {
+                            any = true;
+                            break;
+                        }
+                        match rx.deframer.next_fpdu(&rx.buf[rx.start..rx.end]) {
+                            Ok((used, ulpdu)) => {
+                                if let Some(u) = ulpdu {
+                                    p.on_ulpdu(u);
+                                    any = true;
+                                }
+                                rx.start += used;
+                                if used == 0 {
+                                    break;
+                                }
+                            }
+                            Err(e) => {
+                                p.on_stream_error(Some(e.cause()), "MPA framing error");
+                                rx.start = rx.end;
+                                any = true;
+                            }
+                        }
+                    }
+                    if rx.direct.is_some() {
+                        continue;
+                    }
+                }
+            }
+            if rx.eof || p.term_sent || p.term_received {
+                break;
+            }
+            let res = match rx.direct.as_mut() {
+                Some(d) if d.done < d.len => {
                     // The payload straight into place, the trailer and the
                     // next FPDU's header into the buffer, in one readv.
                     rx.start = 0;
                     rx.end = 0;
                     let tail = d.trailer + TAGGED_FPDU_HEAD;
-                    match d
-                        .buf
+                    d.buf
                         .recv_into_then(fd, d.off + d.done, d.len - d.done, &mut rx.buf[..tail])
-                    {
-                        Ok(0) => {
-                            rx.eof = true;
-                            p.on_stream_error(None, "peer closed the connection");
-                            any = true;
-                            break;
-                        }
-                        Ok(n) => {
+                        .inspect(|&n| {
                             let placed = n.min(d.len - d.done);
                             d.done += placed;
                             rx.end = n - placed;
-                            any = true;
-                            continue;
+                        })
+                }
+                _ => {
+                    if rx.start == rx.end {
+                        rx.start = 0;
+                        rx.end = 0;
+                    } else if rx.end == rx.buf.len() {
+                        if rx.direct.is_some() {
+                            // Part of a trailer: keep it.
+                            rx.buf.copy_within(rx.start..rx.end, 0);
+                            rx.end -= rx.start;
+                        } else {
+                            // The deframer copied the partial FPDU.
+                            rx.end = 0;
                         }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                        Err(e) => {
-                            rx.eof = true;
-                            p.on_stream_error(None, &e.to_string());
-                            any = true;
-                            break;
-                        }
+                        rx.start = 0;
                     }
+                    (&self.sock).read(&mut rx.buf[rx.end..]).inspect(|&n| rx.end += n)
                 }
-                if rx.end - rx.start >= d.trailer {
-                    rx.finish_direct(p);
-                    any = true;
-                    continue;
-                }
-                // Fall through: read the rest of the trailer.
-            } else {
-                // Deliver whole FPDUs already buffered.
-                while rx.start < rx.end && !p.term_sent && !p.term_received {
-                    if rx.start_direct(p) {
-                        any = true;
-                        break;
-                    }
-                    match rx.deframer.next_fpdu(&rx.buf[rx.start..rx.end]) {
-                        Ok((used, ulpdu)) => {
-                            if let Some(u) = ulpdu {
-                                p.on_ulpdu(u);
-                                any = true;
-                            }
-                            rx.start += used;
-                            if used == 0 {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            p.on_stream_error(Some(e.cause()), "MPA framing error");
-                            rx.start = rx.end;
-                            any = true;
-                        }
-                    }
-                }
-                if rx.direct.is_some() {
-                    continue;
-                }
-            }
-            if rx.start == rx.end {
-                rx.start = 0;
-                rx.end = 0;
-            }
-            if rx.eof || p.term_sent || p.term_received {
-                break;
-            }
-            if rx.end == rx.buf.len() {
-                if rx.direct.is_some() {
-                    // A trailer never straddles a full buffer (it is read
-                    // right after the payload); keep what is there.
-                    let n = rx.end - rx.start;
-                    rx.buf.copy_within(rx.start..rx.end, 0);
-                    rx.start = 0;
-                    rx.end = n;
-                } else {
-                    // The deframer copied the partial FPDU; start over.
-                    rx.start = 0;
-                    rx.end = 0;
-                }
-            }
-            match (&self.sock).read(&mut rx.buf[rx.end..]) {
+            };
+            match res {
                 Ok(0) => {
                     rx.eof = true;
                     p.on_stream_error(None, "peer closed the connection");
                     any = true;
                     break;
                 }
-                Ok(n) => {
-                    rx.end += n;
-                    any = true;
-                }
+                Ok(_) => any = true,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
