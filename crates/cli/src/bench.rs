@@ -407,11 +407,11 @@ pub fn run(args: Args) -> Result<()> {
     if !args.json && printed_header {
         println!("{}", "-".repeat(87));
     }
-    if let Some(h) = server {
-        if res.is_ok() {
-            h.join().map_err(|_| anyhow!("server thread panicked"))??;
-        }
-        // On error the server thread may still wait for the next test; the process exits anyway.
+    // On error the server thread may still wait for the next test; the process exits anyway.
+    if let Some(h) = server
+        && res.is_ok()
+    {
+        h.join().map_err(|_| anyhow!("server thread panicked"))??;
     }
     res
 }
@@ -866,12 +866,11 @@ fn bandwidth(
     let mut posting = true;
     let mut spins = 0u32;
     loop {
-        if posting {
-            if let Stop::Time(d) = stop
-                && start.elapsed() >= d
-            {
-                posting = false;
-            }
+        if posting
+            && let Stop::Time(d) = stop
+            && start.elapsed() >= d
+        {
+            posting = false;
         }
         let limit = match stop {
             Stop::Iters(n) => n,
@@ -892,7 +891,7 @@ fn bandwidth(
                     batch.clear();
                     for _ in 0..room {
                         let n = c.posted + batch.len() as u64;
-                        let signaled = (n + 1) % cq_mod == 0 || n + 1 == limit;
+                        let signaled = (n + 1).is_multiple_of(cq_mod) || n + 1 == limit;
                         let remote = RemoteAddr {
                             addr: c.reply.addr,
                             rkey: c.reply.rkey,
@@ -1401,7 +1400,7 @@ fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hel
                     Some(_) => return Ok(()),
                     None => {
                         idle += 1;
-                        if idle % 4096 == 0 && closed(&qp.get_event(Some(Duration::ZERO))) {
+                        if idle.is_multiple_of(4096) && closed(&qp.get_event(Some(Duration::ZERO))) {
                             return Ok(());
                         }
                         std::hint::spin_loop();
@@ -1436,7 +1435,7 @@ fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hel
                     i += 1;
                 } else {
                     idle += 1;
-                    if idle % 4096 == 0 && closed(&qp.get_event(Some(Duration::ZERO))) {
+                    if idle.is_multiple_of(4096) && closed(&qp.get_event(Some(Duration::ZERO))) {
                         return Ok(());
                     }
                     std::hint::spin_loop();
