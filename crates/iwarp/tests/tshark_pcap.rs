@@ -37,7 +37,22 @@
 //!   and 0x9 (Immediate Data with SE) are not in its table: the DDP header
 //!   and the RDMAP control octet are decoded (opcode shown as a bare number),
 //!   the 8 octets of immediate data are left undissected (`data`), and no
-//!   expert item or malformed mark is raised. See `IMMEDIATE_AS_DECODED`.
+//!   expert item or malformed mark is raised (see `immediate`).
+//! * The Terminated DDP Header is given 14 octets when the Terminate's EType
+//!   value is 1 and 18 otherwise, whatever the layer and the echoed header's
+//!   own T bit: right for DDP tagged (1/1/x) and untagged (1/2/x) errors,
+//!   wrong for an RDMAP Remote Protection error on a Read Request (0/1/x,
+//!   size class 70), where it shows 14 of our 18 octets and starts the
+//!   Terminated RDMA Header 4 octets early. Our layout is RFC 5040 §4.8's;
+//!   the test asserts tshark's reading (`wireshark_term_ddp_len`).
+//! * The segments of a Send are reassembled (pref
+//!   `iwarp_ddp_rdmap.reassemble_iwarp_rdma_send`, on by default): only the
+//!   last one shows the payload, as the whole message.
+//! * Number formats in `-T fields`: STag and TO of the DDP header in hex,
+//!   Invalidate STag, Read Request and atomic fields in decimal (atomic
+//!   masks in hex), Terminate layer/type/code as `0x0N`; IPv4 and TCP
+//!   checksums are verified only with `ip.check_checksum` /
+//!   `tcp.check_checksum` set, and then read 1 (good).
 //!
 //! If `tshark` is not installed the test prints why and returns without
 //! checking (`scripts/test.sh` / `.ci/run` install it, so CI always checks).
