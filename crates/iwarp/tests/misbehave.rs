@@ -764,3 +764,35 @@ fn directly_placed_writes_split_anywhere_land_intact() {
     assert_eq!(big.to_vec(0, data.len()).unwrap(), data);
     assert_eq!(i.qp.state(), QpState::Rts);
 }
+
+#[test]
+fn read_response_into_deregistered_sink_sec_stag_02() {
+    // The IUT's Read sink is deregistered while the Read is outstanding:
+    // the response is not placed, the Read completes LOC_PROT_ERR, and the
+    // IUT ends the stream with a local catastrophic Terminate (row 28).
+    let mut i = iut(0);
+    let sink = i.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let remote = RemoteAddr {
+        addr: 0x9000,
+        rkey: 0x77,
+    };
+    i.qp.post_send_one(SendWr::new(5, WrOpcode::RdmaRead { remote }, vec![sink.sge(0, 64)]))
+        .unwrap();
+    let req = i
+        .peer
+        .read_until(|u| u[0] & 0x80 == 0 && u[1] & 0x0F == op::READ_REQUEST)
+        .unwrap();
+    let rr = ReadRequest::parse(&req[ddp::UNTAGGED_HEADER_LEN..]).unwrap();
+    let buffer = sink.buffer().cloned();
+    drop(sink);
+    let u = tagged(op::READ_RESPONSE, rr.sink_stag, rr.sink_to, true, &[0xEE; 64]);
+    i.peer.send(&u);
+    let wc = i.cq.wait(Some(T)).unwrap();
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::LocProtErr), "{wc:?}");
+    if let Some(b) = buffer {
+        let mut got = [0u8; 64];
+        b.read(0, &mut got).unwrap();
+        assert_eq!(got, [0u8; 64], "nothing placed in the deregistered region");
+    }
+    i.expect_terminate(&u, e(0, 0, 0x00, NONE));
+}

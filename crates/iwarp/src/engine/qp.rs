@@ -179,6 +179,8 @@ struct Slot {
 enum OrqKind {
     Read {
         sink: Piece,
+        /// The local sink, checked again when the response starts to land.
+        sge: Option<verbs::Sge>,
     },
     Atomic {
         sink: Piece,
@@ -209,6 +211,9 @@ enum Irq {
 
 struct RecvWqe {
     wr_id: u64,
+    /// Checked when posted and again when a message starts to land in it
+    /// (the region may have been deregistered meanwhile, SEC-STAG-02).
+    sges: Vec<verbs::Sge>,
     pieces: Vec<Piece>,
     cap: usize,
 }
@@ -539,6 +544,7 @@ impl Proto {
             let (pieces, cap) = self.resolve(&wr.sg_list, Access::LOCAL_WRITE).map_err(bad)?;
             self.rq.push_back(RecvWqe {
                 wr_id: wr.wr_id,
+                sges: wr.sg_list.clone(),
                 pieces,
                 cap,
             });
@@ -875,7 +881,10 @@ impl Proto {
                 };
                 self.orq.push_back(Orq {
                     slot: Some(id),
-                    kind: OrqKind::Read { sink },
+                    kind: OrqKind::Read {
+                        sink,
+                        sge: wr.sg_list.first().filter(|s| s.length > 0).cloned(),
+                    },
                     received: 0,
                 });
                 Some(self.header_only(
@@ -1258,12 +1267,23 @@ impl Proto {
                 Ok(None)
             }
             OrqKind::Atomic { .. } => Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE)),
-            OrqKind::Read { sink } => {
+            OrqKind::Read { sink, sge } => {
                 // RFC 5040 §5.2.2 MAY: check the response against the request (matrix row 25).
                 if head.received.checked_add(len).is_none_or(|e| e > sink.len) {
                     return Err(Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS));
                 }
-                Ok(Some((sink.buf.clone(), sink.off + head.received)))
+                let target = (sink.buf.clone(), sink.off + head.received);
+                if head.received == 0
+                    && let Some(sge) = sge.clone()
+                    && self.resolve(std::slice::from_ref(&sge), Access::LOCAL_WRITE).is_err()
+                {
+                    // The sink was deregistered while the Read was outstanding.
+                    if let Some(id) = head.slot {
+                        self.finish_slot(id, WcStatus::LocProtErr);
+                    }
+                    return Err(Fatal::bare(cause::RDMAP_LOCAL_CATASTROPHIC_ERR));
+                }
+                Ok(Some(target))
             }
         }
     }
@@ -1336,9 +1356,20 @@ impl Proto {
                 return Err(Fatal::new(cause::DDP_ERR_U_INVALID_MO));
             }
             // Matrix row 1: no receive posted (iWARP has no RNR retry).
-            let Some(wqe) = self.rq.pop_front() else {
+            let Some(mut wqe) = self.rq.pop_front() else {
                 return Err(Fatal::new(cause::DDP_ERR_U_NO_BUFFER));
             };
+            match self.resolve(&wqe.sges, Access::LOCAL_WRITE) {
+                Ok((pieces, cap)) => (wqe.pieces, wqe.cap) = (pieces, cap),
+                Err(e) => {
+                    // The receive's memory went away after it was posted:
+                    // local protection error, and a local catastrophic
+                    // Terminate (A.4.6 row 28), as siw does.
+                    tracing::info!(qp = self.qpn, "receive {}: {e}", wqe.wr_id);
+                    self.push_recv_completion(wc(wqe.wr_id, WcStatus::LocProtErr, WcOpcode::Recv, self.qpn));
+                    return Err(Fatal::bare(cause::RDMAP_LOCAL_CATASTROPHIC_ERR));
+                }
+            }
             self.rx_send = Some(RxSend { wqe, msn, got: 0 });
         }
         let rs = self.rx_send.as_mut().expect("set above");
