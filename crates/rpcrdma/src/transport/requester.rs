@@ -32,6 +32,7 @@ pub struct RdmaClient {
     conn: Mutex<Option<Arc<Conn>>>,
     xids: XidSource,
     connects: std::sync::atomic::AtomicU32,
+    pool: Arc<Pool>,
 }
 
 enum Fail {
@@ -51,6 +52,7 @@ impl RdmaClient {
             conn: Mutex::new(None),
             xids: XidSource::new(),
             connects: 0.into(),
+            pool: Arc::new(Pool::default()),
         };
         c.connection()?;
         Ok(c)
@@ -64,6 +66,13 @@ impl RdmaClient {
     /// How many connections were made (1 + reconnects).
     pub fn connects(&self) -> u32 {
         self.connects.load(Ordering::Relaxed)
+    }
+
+    /// Memory regions this client allocated for RPC chunks and Sends so far:
+    /// they are pooled and fast-registered again (with a new key) per RPC, so
+    /// this stays small however many RPCs are made.
+    pub fn regions_allocated(&self) -> u64 {
+        self.pool.allocated.load(Ordering::Relaxed)
     }
 
     /// The configuration.
@@ -81,7 +90,7 @@ impl RdmaClient {
         if let Some(old) = g.take() {
             old.shutdown();
         }
-        let c = Conn::open(&self.pd, self.addr, &self.cfg)?;
+        let c = Conn::open(&self.pd, self.addr, &self.cfg, self.pool.clone())?;
         self.connects.fetch_add(1, Ordering::Relaxed);
         *g = Some(c.clone());
         Ok(c)
@@ -136,16 +145,96 @@ impl Drop for RdmaClient {
     }
 }
 
+/// Registered memory kept for reuse across RPCs and connections of one client
+/// (same PD): a local region and a fast-register MR over it. A pair goes back
+/// only after its STag was invalidated (the RPC completed with a Reply or an
+/// RDMA_ERROR); each use fast-registers it again with a new key (RPCR-MEM-01:
+/// memory is still registered per RPC, but not allocated and faulted in per RPC).
+#[derive(Default)]
+struct Pool {
+    free: Mutex<Vec<(MemoryRegion, MemoryRegion)>>,
+    /// Scratch buffers the returned chunks are copied into for decoding
+    /// (reused, so they are neither zeroed nor faulted in per RPC).
+    scratch: Mutex<Vec<Vec<u8>>>,
+    /// Regions registered with `reg_mr` so far.
+    allocated: std::sync::atomic::AtomicU64,
+}
+
+/// Pairs kept at most (bounds the memory a client holds when idle).
+const POOL_MAX: usize = 64;
+
+impl Pool {
+    fn take(&self, pd: &ProtectionDomain, len: usize) -> Result<(MemoryRegion, MemoryRegion), verbs::Error> {
+        let len = len.max(1);
+        {
+            let mut f = self.free.lock().unwrap();
+            // the smallest pair that fits
+            let best = f
+                .iter()
+                .enumerate()
+                .filter(|(_, (l, _))| l.len() >= len)
+                .min_by_key(|(_, (l, _))| l.len())
+                .map(|(i, _)| i);
+            if let Some(i) = best {
+                return Ok(f.swap_remove(i));
+            }
+        }
+        // round up so that later RPCs of similar size reuse it
+        let cap = len.next_power_of_two().max(4096);
+        let local = pd.reg_mr(cap, Access::LOCAL_WRITE)?;
+        self.allocated.fetch_add(1, Ordering::Relaxed);
+        let fr = pd.alloc_mr(cap as u64)?;
+        Ok((local, fr))
+    }
+
+    fn give(&self, pair: (MemoryRegion, MemoryRegion)) {
+        let mut f = self.free.lock().unwrap();
+        if f.len() < POOL_MAX {
+            f.push(pair);
+        }
+    }
+
+    fn scratch(&self) -> Vec<u8> {
+        self.scratch.lock().unwrap().pop().unwrap_or_default()
+    }
+
+    fn give_scratch(&self, v: Vec<u8>) {
+        let mut s = self.scratch.lock().unwrap();
+        if s.len() < POOL_MAX {
+            s.push(v);
+        }
+    }
+
+    /// A send buffer (local only; no STag is handed out).
+    fn take_send(&self, pd: &ProtectionDomain, len: usize) -> Result<(MemoryRegion, MemoryRegion), verbs::Error> {
+        self.take(pd, len)
+    }
+}
+
 /// A registration for one RPC: the local bytes and the fast-registered STag
 /// the peer uses.
 struct Region {
-    local: MemoryRegion,
-    _fr: MemoryRegion,
+    pair: Option<(MemoryRegion, MemoryRegion)>,
     stag: u32,
+    addr: u64,
+    pool: Arc<Pool>,
+    /// Set once the STag is known to be invalid again: the pair may be reused.
+    reusable: bool,
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.reusable
+            && let Some(p) = self.pair.take()
+        {
+            self.pool.give(p);
+        }
+    }
 }
 
 impl Region {
     fn new(
+        pool: &Arc<Pool>,
         pd: &ProtectionDomain,
         len: usize,
         init: Option<&[u8]>,
@@ -153,13 +242,12 @@ impl Region {
         key: u8,
         wrs: &mut Vec<SendWr>,
     ) -> Result<Region, verbs::Error> {
-        let local = pd.reg_mr(len.max(1), Access::LOCAL_WRITE)?;
+        let (local, fr) = pool.take(pd, len)?;
         if let Some(d) = init {
             local
                 .write(0, d)
                 .map_err(|_| verbs::Error::InvalidArgument("region too small".into()))?;
         }
-        let fr = pd.alloc_mr(len.max(1) as u64)?;
         let stag = fr.stag_with_key(key);
         wrs.push(
             SendWr::new(
@@ -177,31 +265,51 @@ impl Region {
             )
             .flags(SendFlags::empty()),
         );
-        Ok(Region { local, _fr: fr, stag })
+        let addr = local.addr();
+        Ok(Region {
+            pair: Some((local, fr)),
+            stag,
+            addr,
+            pool: pool.clone(),
+            reusable: false,
+        })
+    }
+
+    fn local(&self) -> &MemoryRegion {
+        &self.pair.as_ref().expect("present until drop").0
     }
 
     fn segment(&self, off: usize, len: u32) -> Segment {
         Segment {
             handle: self.stag,
             length: len,
-            offset: self.local.addr() + off as u64,
+            offset: self.addr + off as u64,
         }
     }
 
-    /// Bytes of a returned segment (checked against what was provided before).
-    fn gather(&self, segs: &[Segment], out: &mut Vec<u8>) -> Result<(), RpcError> {
-        for s in segs {
-            let off = s
-                .offset
-                .checked_sub(self.local.addr())
-                .ok_or(RpcError::Decode(XdrError::Overflow))?;
-            let start = out.len();
-            out.resize(start + s.length as usize, 0);
-            self.local
-                .read(off as usize, &mut out[start..])
-                .map_err(|_| RpcError::Decode(XdrError::Overflow))?;
+    /// Copy the bytes of the returned segments (checked against what was
+    /// provided before) to the start of `out`; returns how many. `out` only
+    /// grows (and is only zeroed) when it is too short.
+    fn gather(&self, segs: &[Segment], out: &mut Vec<u8>) -> Result<usize, RpcError> {
+        let bad = || RpcError::Decode(XdrError::Overflow);
+        let total = segs
+            .iter()
+            .try_fold(0usize, |a, s| a.checked_add(s.length as usize))
+            .filter(|&t| t <= self.local().len())
+            .ok_or_else(bad)?;
+        if out.len() < total {
+            out.resize(total, 0);
         }
-        Ok(())
+        let mut at = 0;
+        for s in segs {
+            let off = s.offset.checked_sub(self.addr).ok_or_else(bad)?;
+            let end = at + s.length as usize;
+            self.local()
+                .read(usize::try_from(off).map_err(|_| bad())?, &mut out[at..end])
+                .map_err(|_| bad())?;
+            at = end;
+        }
+        Ok(total)
     }
 }
 
@@ -216,43 +324,57 @@ impl Done {
         let (h, len) =
             Header::decode(&self.msg, &Limits::default()).map_err(|_| RpcError::Decode(XdrError::Overflow))?;
         let lists = h.body.lists().cloned().unwrap_or_default();
-        let mut bufs: Vec<Vec<u8>> = Vec::with_capacity(lists.writes.len());
-        for w in &lists.writes {
-            let mut v = Vec::new();
-            if let Some(r) = &self.write_region {
-                r.gather(&w.segments, &mut v)?;
+        // the returned Write chunks and the Reply chunk, copied out of the
+        // registered region into reused scratch buffers
+        let mut bufs: Vec<(Vec<u8>, usize)> = Vec::with_capacity(lists.writes.len() + 1);
+        let r = (|| {
+            for w in &lists.writes {
+                let mut v = self.write_region.as_ref().map(|r| r.pool.scratch()).unwrap_or_default();
+                let n = match &self.write_region {
+                    Some(r) => r.gather(&w.segments, &mut v)?,
+                    None => 0,
+                };
+                bufs.push((v, n));
             }
-            bufs.push(v);
+            let long = !matches!(&h.body, Body::Msg(_));
+            if long {
+                let mut v = self.write_region.as_ref().map(|r| r.pool.scratch()).unwrap_or_default();
+                let n = match (&self.write_region, &lists.reply) {
+                    (Some(r), Some(rc)) => r.gather(&rc.segments, &mut v)?,
+                    _ => 0,
+                };
+                bufs.push((v, n));
+            }
+            let returned: Vec<ReturnedWriteChunk<'_>> = lists
+                .writes
+                .iter()
+                .zip(&bufs)
+                .map(|(w, (b, n))| {
+                    if w.is_empty_chunk() {
+                        ReturnedWriteChunk::Empty
+                    } else {
+                        ReturnedWriteChunk::Data(&b[..*n])
+                    }
+                })
+                .collect();
+            let payload: &[u8] = if long {
+                let (b, n) = bufs.last().expect("pushed");
+                &b[..*n]
+            } else {
+                &self.msg[len..]
+            };
+            decode_reply(
+                &mut Decoder::with_chunks(payload, ChunkSource::Write(&returned)),
+                xid,
+                decode,
+            )
+        })();
+        if let Some(reg) = &self.write_region {
+            for (v, _) in bufs {
+                reg.pool.give_scratch(v);
+            }
         }
-        let returned: Vec<ReturnedWriteChunk<'_>> = lists
-            .writes
-            .iter()
-            .zip(&bufs)
-            .map(|(w, b)| {
-                if w.is_empty_chunk() {
-                    ReturnedWriteChunk::Empty
-                } else {
-                    ReturnedWriteChunk::Data(b)
-                }
-            })
-            .collect();
-        let long;
-        let payload: &[u8] = match &h.body {
-            Body::Msg(_) => &self.msg[len..],
-            _ => {
-                let mut v = Vec::new();
-                if let (Some(r), Some(rc)) = (&self.write_region, &lists.reply) {
-                    r.gather(&rc.segments, &mut v)?;
-                }
-                long = v;
-                &long
-            }
-        };
-        decode_reply(
-            &mut Decoder::with_chunks(payload, ChunkSource::Write(&returned)),
-            xid,
-            decode,
-        )
+        r
     }
 }
 
@@ -274,6 +396,7 @@ struct State {
 
 struct Conn {
     pd: ProtectionDomain,
+    pool: Arc<Pool>,
     qp: QueuePair,
     neg: Negotiated,
     recv_mr: MemoryRegion,
@@ -286,7 +409,7 @@ struct Conn {
 }
 
 impl Conn {
-    fn open(pd: &ProtectionDomain, addr: SocketAddr, cfg: &RdmaConfig) -> Result<Arc<Conn>, RpcError> {
+    fn open(pd: &ProtectionDomain, addr: SocketAddr, cfg: &RdmaConfig, pool: Arc<Pool>) -> Result<Arc<Conn>, RpcError> {
         let err = |e: verbs::Error| RpcError::Disconnected(e.to_string());
         let credits = cfg.credits.max(1);
         let cq = pd.device().create_cq(8 * credits as usize + 64).map_err(err)?;
@@ -324,6 +447,7 @@ impl Conn {
         std::thread::sleep(cfg.connect_settle);
         let conn = Arc::new(Conn {
             pd: pd.clone(),
+            pool,
             qp,
             neg,
             recv_mr,
@@ -398,6 +522,7 @@ impl Conn {
             + res.reply_chunk.map_or(0, |c| c as usize);
         if !res.write_chunks.is_empty() || res.reply_chunk.is_some() {
             let r = Region::new(
+                &self.pool,
                 &self.pd,
                 total,
                 None,
@@ -433,6 +558,7 @@ impl Conn {
                     data.extend_from_slice(&stream[it.range.clone()]);
                 }
                 let r = Region::new(
+                    &self.pool,
                     &self.pd,
                     bytes,
                     Some(&data),
@@ -456,6 +582,7 @@ impl Conn {
             CallForm::Long => {
                 // RPCR-LNG-01/02/08: the whole Payload stream, pad included, at Position zero
                 let r = Region::new(
+                    &self.pool,
                     &self.pd,
                     stream.len(),
                     Some(&stream),
@@ -494,10 +621,11 @@ impl Conn {
             let header = Header::new(xid, st.credits.requested(), body);
             let mut msg = header.to_vec().map_err(|e| local(e.to_string()))?;
             msg.extend_from_slice(payload);
-            let send_mr = self
-                .pd
-                .reg_mr(msg.len().max(1), Access::LOCAL_WRITE)
+            let send_pair = self
+                .pool
+                .take_send(&self.pd, msg.len())
                 .map_err(|e| local(e.to_string()))?;
+            let send_mr = &send_pair.0;
             let _ = send_mr.write(0, &msg);
             wrs.push(SendWr::new(
                 wrid::SEND | u64::from(xid),
@@ -530,7 +658,15 @@ impl Conn {
                 }
                 Err(RecvTimeoutError::Disconnected) => Err(RpcError::Disconnected("client closed".into())),
             };
-            drop(send_mr);
+            // a Reply or RDMA_ERROR arrived: the Send was delivered and every
+            // STag of this RPC is invalid again, so the memory can be reused
+            let delivered = matches!(&r, Ok(_) | Err(RpcError::RdmaError(_)));
+            if delivered {
+                self.pool.give(send_pair);
+                for reg in [&mut read_region, &mut write_region].into_iter().flatten() {
+                    reg.reusable = true;
+                }
+            }
             drop(read_region);
             match r {
                 Ok(msg) => Ok(Done { msg, write_region }),

@@ -34,6 +34,34 @@ impl<S: Sink + ?Sized> Sink for &mut S {
     }
 }
 
+impl Encoder<Vec<u8>> {
+    /// A DDP-eligible `opaque<max>` of `len` bytes that `fill` appends to the
+    /// stream in place (no intermediate buffer, no zero-fill first): encoded and
+    /// recorded exactly as [`Encoder::put_opaque_ddp`] would encode them. `fill`
+    /// must append exactly `len` bytes ([`XdrError::ChunkLengthMismatch`] otherwise).
+    pub fn put_opaque_ddp_with(
+        &mut self,
+        len: usize,
+        max: usize,
+        fill: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<(), XdrError> {
+        self.put_len(len, max)?;
+        self.record(self.position(), len)?;
+        let at = self.sink.len();
+        self.sink.reserve(len + 3);
+        fill(&mut self.sink);
+        let added = self.sink.len() - at;
+        if added != len {
+            self.sink.truncate(at);
+            return Err(XdrError::ChunkLengthMismatch {
+                chunk: added,
+                item: len,
+            });
+        }
+        self.pad(len)
+    }
+}
+
 /// A sink over a caller-provided buffer (for example a registered send buffer).
 #[derive(Debug)]
 pub struct SliceSink<'b> {
