@@ -123,7 +123,7 @@ fn split_target(t: &str) -> Result<(IpAddr, String)> {
             .ok_or_else(|| anyhow!("expected SERVER:/export/path, got {t:?}"))?
     };
     if !path.starts_with('/') {
-        bail!("the path in {t:?} must be absolute");
+        bail!("the path in {t:?} must be absolute (SERVER:/export/path)");
     }
     let ip = match host.parse::<IpAddr>() {
         Ok(ip) => ip,
