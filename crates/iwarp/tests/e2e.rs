@@ -230,3 +230,33 @@ fn peer_to_peer_each_rtr_type_rfc6581() {
         );
     }
 }
+
+#[test]
+fn a_busy_poller_that_goes_away_leaves_no_stall() {
+    // The application busy-polls B's CQ long enough for B's QP to mute the
+    // progress thread (NAPI-style), then stops polling without going through
+    // a blocking wait. A Read from A must still be answered by B: the
+    // progress thread takes over once the poller is gone.
+    let p = pair();
+    let mb = p.pd.reg_mr(4096, Access::all_remote()).unwrap();
+    mb.write(0, b"answered").unwrap();
+    let ma = p.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_millis(5) {
+        assert!(p.cq_b.poll_one().is_none());
+    }
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let remote = RemoteAddr {
+        addr: mb.addr(),
+        rkey: mb.rkey(),
+    };
+    p.a.post_send_one(SendWr::new(1, WrOpcode::RdmaRead { remote }, vec![ma.sge(0, 8)]))
+        .unwrap();
+    // Sleep-wait only: nobody polls B.
+    let wc = p
+        .cq_a
+        .wait_spin(std::time::Duration::ZERO, Some(T))
+        .expect("the Read completes");
+    assert_eq!(wc.status, WcStatus::Success);
+    assert_eq!(ma.to_vec(0, 8).unwrap(), b"answered");
+}

@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 pub trait Progress: Send + Sync {
     /// Returns true if anything happened.
     fn progress(&self) -> bool;
+    /// The polling thread stops polling and goes to sleep: a provider that
+    /// relied on it (busy polling) must make progress on its own again.
+    fn parked(&self) {}
 }
 
 /// The CQ had no room: the provider must move the QP that produced the
@@ -133,6 +136,20 @@ impl CompletionQueue {
         any
     }
 
+    fn park_progress(&self) {
+        let qps: Vec<_> = self
+            .inner
+            .attached
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for q in qps {
+            q.parked();
+        }
+    }
+
     fn take(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
         let mut s = self.inner.state.lock().unwrap();
         let n = max.min(s.entries.len());
@@ -178,6 +195,7 @@ impl CompletionQueue {
             }
             std::hint::spin_loop();
         }
+        self.park_progress();
         let mut s = self.inner.state.lock().unwrap();
         loop {
             if let Some(wc) = s.entries.pop_front() {

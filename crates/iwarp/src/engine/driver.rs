@@ -21,7 +21,15 @@ use std::time::Duration;
 pub(crate) trait Pollable: Send + Sync {
     /// The socket may be readable and/or writable: make non-blocking progress.
     fn on_event(&self, readable: bool, writable: bool);
+    /// Called on muted connections every [`UNMUTE_CHECK`]: returns false
+    /// once the connection unmuted itself (its busy poller went away).
+    fn still_muted(&self) -> bool {
+        false
+    }
 }
+
+/// How often the progress thread checks muted connections.
+pub(crate) const UNMUTE_CHECK: Duration = Duration::from_micros(100);
 
 const WAKER: Token = Token(usize::MAX);
 
@@ -29,6 +37,9 @@ pub(crate) struct Driver {
     registry: Registry,
     waker: Waker,
     conns: Mutex<HashMap<usize, Weak<dyn Pollable>>>,
+    /// Connections whose readable events are muted because an application
+    /// thread is busy-polling them (like Linux's NAPI busy polling).
+    muted: Mutex<Vec<usize>>,
     next: AtomicUsize,
     stop: AtomicBool,
 }
@@ -43,6 +54,7 @@ impl Driver {
             registry,
             waker,
             conns: Mutex::new(HashMap::new()),
+            muted: Mutex::new(Vec::new()),
             next: AtomicUsize::new(1),
             stop: AtomicBool::new(false),
         });
@@ -65,6 +77,35 @@ impl Driver {
     pub(crate) fn deregister(&self, fd: RawFd, token: Token) {
         let _ = self.registry.deregister(&mut SourceFd(&fd));
         self.conns.lock().unwrap().remove(&token.0);
+        self.muted.lock().unwrap().retain(|t| *t != token.0);
+    }
+
+    /// Stops readable wake-ups of this thread for `fd`: an application
+    /// thread busy-polls it, so waking here would only steal a core from it.
+    pub(crate) fn mute(&self, fd: RawFd, token: Token) {
+        if self
+            .registry
+            .reregister(&mut SourceFd(&fd), token, Interest::WRITABLE)
+            .is_ok()
+        {
+            let mut m = self.muted.lock().unwrap();
+            let was_empty = m.is_empty();
+            m.push(token.0);
+            drop(m);
+            if was_empty {
+                // Shorten the sleep so the mute is checked.
+                let _ = self.waker.wake();
+            }
+        }
+    }
+
+    /// Restores readable wake-ups; an `epoll_ctl` MOD re-checks readiness,
+    /// so data that arrived meanwhile raises an event at once.
+    pub(crate) fn unmute(&self, fd: RawFd, token: Token) {
+        let _ = self
+            .registry
+            .reregister(&mut SourceFd(&fd), token, Interest::READABLE | Interest::WRITABLE);
+        self.muted.lock().unwrap().retain(|t| *t != token.0);
     }
 
     #[allow(dead_code)]
@@ -83,7 +124,12 @@ impl Drop for Driver {
 fn run(mut poll: Poll, driver: Weak<Driver>) {
     let mut events = Events::with_capacity(256);
     loop {
-        if let Err(e) = poll.poll(&mut events, Some(Duration::from_secs(1))) {
+        let timeout = match driver.upgrade() {
+            Some(d) if !d.muted.lock().unwrap().is_empty() => UNMUTE_CHECK,
+            Some(_) => Duration::from_secs(1),
+            None => return,
+        };
+        if let Err(e) = poll.poll(&mut events, Some(timeout)) {
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
             }
@@ -103,6 +149,16 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
                 let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
                 let writable = ev.is_writable() || ev.is_write_closed() || ev.is_error();
                 c.on_event(readable, writable);
+            }
+        }
+        let muted: Vec<usize> = d.muted.lock().unwrap().clone();
+        for t in muted {
+            let conn = d.conns.lock().unwrap().get(&t).and_then(Weak::upgrade);
+            match conn {
+                Some(c) => {
+                    c.still_muted();
+                }
+                None => d.muted.lock().unwrap().retain(|x| *x != t),
             }
         }
     }

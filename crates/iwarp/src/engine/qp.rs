@@ -20,6 +20,7 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 use verbs::buffer::Buffer;
 use verbs::cm::{CmEvent, ConnInfo, QpOps, TerminateInfo};
 use verbs::cq::Progress;
@@ -1812,6 +1813,7 @@ pub struct IwarpQp {
     sock: TcpStream,
     driver: Arc<Driver>,
     token: Mutex<Option<mio::Token>>,
+    busy: BusyPoll,
     core: Mutex<Core>,
     poke: Poke,
     state: Arc<AtomicU8>,
@@ -1902,6 +1904,7 @@ impl IwarpQp {
             sock,
             driver: driver.clone(),
             token: Mutex::new(None),
+            busy: BusyPoll::new(),
             core: Mutex::new(Core { p, rx }),
             poke: Poke::new(),
             state: p_state,
@@ -2089,11 +2092,82 @@ impl Pollable for IwarpQp {
     fn on_event(&self, _readable: bool, _writable: bool) {
         self.kick();
     }
+    fn still_muted(&self) -> bool {
+        if !self.busy.idle_for(BUSY_POLL_IDLE) {
+            return true;
+        }
+        self.unmute();
+        false
+    }
+}
+
+/// A poller that has polled without a gap this long is busy-polling.
+const BUSY_POLL_AFTER: Duration = Duration::from_micros(20);
+/// A gap between polls this long ends busy polling.
+const BUSY_POLL_GAP: Duration = Duration::from_micros(10);
+/// A busy poller silent this long is gone: the progress thread takes over.
+const BUSY_POLL_IDLE: Duration = Duration::from_micros(100);
+
+impl IwarpQp {
+    fn unmute(&self) {
+        if self.busy.muted.swap(false, Ordering::AcqRel)
+            && let Some(t) = *self.token.lock().unwrap()
+        {
+            self.driver.unmute(self.sock.as_raw_fd(), t);
+            self.kick();
+        }
+    }
 }
 
 impl Progress for IwarpQp {
     fn progress(&self) -> bool {
+        if self.busy.note_poll(BUSY_POLL_GAP, BUSY_POLL_AFTER)
+            && let Some(t) = *self.token.lock().unwrap()
+        {
+            // An application thread spins on this QP's CQ: it reads the
+            // socket itself, so the progress thread need not wake for it.
+            self.driver.mute(self.sock.as_raw_fd(), t);
+        }
         self.kick()
+    }
+    fn parked(&self) {
+        self.unmute();
+    }
+}
+
+/// Busy-poll bookkeeping of one QP (timestamps in ns since a process epoch).
+struct BusyPoll {
+    last: std::sync::atomic::AtomicU64,
+    since: std::sync::atomic::AtomicU64,
+    muted: std::sync::atomic::AtomicBool,
+}
+
+fn now_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
+impl BusyPoll {
+    fn new() -> Self {
+        BusyPoll {
+            last: 0.into(),
+            since: 0.into(),
+            muted: false.into(),
+        }
+    }
+    /// Records a poll; true when this poll makes the QP busy-polled (mute it).
+    fn note_poll(&self, gap: Duration, after: Duration) -> bool {
+        let now = now_ns();
+        let last = self.last.swap(now, Ordering::AcqRel);
+        if now.saturating_sub(last) > gap.as_nanos() as u64 {
+            self.since.store(now, Ordering::Release);
+            return false;
+        }
+        now.saturating_sub(self.since.load(Ordering::Acquire)) >= after.as_nanos() as u64
+            && !self.muted.swap(true, Ordering::AcqRel)
+    }
+    fn idle_for(&self, d: Duration) -> bool {
+        now_ns().saturating_sub(self.last.load(Ordering::Acquire)) >= d.as_nanos() as u64
     }
 }
 
