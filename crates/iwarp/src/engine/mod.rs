@@ -17,7 +17,14 @@
 //!   device therefore uses no CPU, and hundreds of QPs share one thread.
 //!
 //! Contention is settled with try-locks that never lose a wake-up
-//! ([`driver::Poke`]).
+//! (`driver::Poke`).
+//!
+//! Busy polling: when an application thread keeps polling a QP's CQ (no gap
+//! over 10 µs for 20 µs), the QP stops the progress thread's readable
+//! wake-ups for its socket, since the poller reads the socket itself and a
+//! third thread waking on a 2-core machine would only steal its core. The
+//! wake-ups come back when the poller sleeps in a CQ wait, or after 100 µs
+//! without a poll (the progress thread checks muted QPs on that period).
 //!
 //! # Data path
 //!
