@@ -24,7 +24,7 @@ mod types;
 pub use types::*;
 
 use crate::client::{Auth, Call, RpcClient, RpcError};
-use crate::xdr::{Decoder, Encoder, ReplySizing, XdrDecode, XdrEncode, XdrError, roundup_u32};
+use crate::xdr::{Decoder, ReplySizing, XdrDecode, XdrEncode, XdrError, roundup_u32};
 
 /// NFS program number.
 pub const PROGRAM: u32 = 100_003;
@@ -178,7 +178,7 @@ impl<C: RpcClient> Nfs3Client<C> {
         &self,
         proc_: u32,
         name: &'static str,
-        args: &(dyn Fn(&mut Encoder<Vec<u8>>) -> Result<(), XdrError> + Sync),
+        args: crate::client::ArgsFn<'_>,
         reply: ReplySizing,
         decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
     ) -> Result<T, NfsError> {
@@ -328,6 +328,7 @@ impl<C: RpcClient> Nfs3Client<C> {
             "READDIRPLUS",
             &|e| args.encode(e),
             sizing::readdirplus(args.maxcount),
+            #[allow(clippy::redundant_closure)] // a fn item is not general enough over the lifetime
             |d| ReaddirplusRes::decode(d),
         )? {
             Res::Ok(o) => Ok(o),
