@@ -29,10 +29,14 @@
 //!   its retransmission gets ERR_CHUNK (RFC 8166 §4.5.3). The Requester treats
 //!   RDMA_ERROR as a permanent failure of that RPC and retransmits (same XID)
 //!   after a reconnect when the connection is lost or a Reply does not come.
+//! * **Reverse direction** (RFC 8167, Short messages only): [`RdmaServer::backchannels`]
+//!   calls a client opened with [`RdmaClient::connect_with_backchannel`] (see [`backchannel`]).
 
+pub mod backchannel;
 mod requester;
 mod responder;
 
+pub use backchannel::{BC_CREDITS, Backchannel};
 pub use requester::RdmaClient;
 pub use responder::{RdmaServer, ServerStats, StatsSnapshot};
 
@@ -97,5 +101,6 @@ pub(crate) mod wrid {
     pub const REG: u64 = 4 << 56;
     pub const READ: u64 = 5 << 56;
     pub const WRITE: u64 = 6 << 56;
+    pub const BC_SEND: u64 = 7 << 56;
     pub const KIND: u64 = 0xff << 56;
 }

@@ -33,6 +33,7 @@ pub struct RdmaClient {
     xids: XidSource,
     connects: std::sync::atomic::AtomicU32,
     pool: Arc<Pool>,
+    backchannel: Option<Arc<crate::server::Registry>>,
 }
 
 enum Fail {
@@ -45,7 +46,29 @@ enum Fail {
 impl RdmaClient {
     /// Connect to a Responder at `addr` using `pd`'s device.
     pub fn connect(pd: &ProtectionDomain, addr: SocketAddr, cfg: RdmaConfig) -> Result<RdmaClient, RpcError> {
+        Self::open(pd, addr, cfg, None)
+    }
+
+    /// Connect and also serve RFC 8167 reverse-direction Calls from the Responder with
+    /// `registry` (Short messages only; [`super::BC_CREDITS`] extra receives on every
+    /// connection). The upper layer tells the server that it may now call back (§6).
+    pub fn connect_with_backchannel(
+        pd: &ProtectionDomain,
+        addr: SocketAddr,
+        cfg: RdmaConfig,
+        registry: Arc<crate::server::Registry>,
+    ) -> Result<RdmaClient, RpcError> {
+        Self::open(pd, addr, cfg, Some(registry))
+    }
+
+    fn open(
+        pd: &ProtectionDomain,
+        addr: SocketAddr,
+        cfg: RdmaConfig,
+        backchannel: Option<Arc<crate::server::Registry>>,
+    ) -> Result<RdmaClient, RpcError> {
         let c = RdmaClient {
+            backchannel,
             pd: pd.clone(),
             addr,
             cfg,
@@ -90,7 +113,13 @@ impl RdmaClient {
         if let Some(old) = g.take() {
             old.shutdown();
         }
-        let c = Conn::open(&self.pd, self.addr, &self.cfg, self.pool.clone())?;
+        let c = Conn::open(
+            &self.pd,
+            self.addr,
+            &self.cfg,
+            self.pool.clone(),
+            self.backchannel.clone(),
+        )?;
         self.connects.fetch_add(1, Ordering::Relaxed);
         *g = Some(c.clone());
         Ok(c)
@@ -397,6 +426,11 @@ struct State {
 struct Conn {
     pd: ProtectionDomain,
     pool: Arc<Pool>,
+    /// RFC 8167: the registry that answers reverse-direction Calls.
+    backchannel: Option<Arc<crate::server::Registry>>,
+    /// Send buffers of reverse-direction Replies in flight, by work request id.
+    bc_sends: Mutex<HashMap<u64, (MemoryRegion, MemoryRegion)>>,
+    bc_next: std::sync::atomic::AtomicU64,
     qp: QueuePair,
     neg: Negotiated,
     recv_mr: MemoryRegion,
@@ -409,7 +443,13 @@ struct Conn {
 }
 
 impl Conn {
-    fn open(pd: &ProtectionDomain, addr: SocketAddr, cfg: &RdmaConfig, pool: Arc<Pool>) -> Result<Arc<Conn>, RpcError> {
+    fn open(
+        pd: &ProtectionDomain,
+        addr: SocketAddr,
+        cfg: &RdmaConfig,
+        pool: Arc<Pool>,
+        backchannel: Option<Arc<crate::server::Registry>>,
+    ) -> Result<Arc<Conn>, RpcError> {
         let err = |e: verbs::Error| RpcError::Disconnected(e.to_string());
         let credits = cfg.credits.max(1);
         let cq = pd.device().create_cq(8 * credits as usize + 64).map_err(err)?;
@@ -424,10 +464,12 @@ impl Conn {
         // (>= the reply threshold, which is min(server send, our receive)),
         // posted before the connection goes live
         let recv_size = mine.recv_size as usize;
+        // RFC 8167 §4.3.1: BC_CREDITS more for reverse-direction Calls
+        let slots = credits + if backchannel.is_some() { super::BC_CREDITS } else { 0 };
         let recv_mr = pd
-            .reg_mr(recv_size * credits as usize, Access::LOCAL_WRITE)
+            .reg_mr(recv_size * slots as usize, Access::LOCAL_WRITE)
             .map_err(err)?;
-        let recvs: Vec<RecvWr> = (0..credits as usize)
+        let recvs: Vec<RecvWr> = (0..slots as usize)
             .map(|i| RecvWr {
                 wr_id: wrid::RECV | i as u64,
                 sg_list: vec![recv_mr.sge(i * recv_size, recv_size as u32)],
@@ -436,8 +478,8 @@ impl Conn {
         let mut opts = QpOptions::new(&cq)
             .rd_atomic(cfg.rd_atomic, cfg.rd_atomic)
             .post_recv(recvs);
-        opts.attr.max_recv_wr = opts.attr.max_recv_wr.max(credits);
-        opts.attr.max_send_wr = opts.attr.max_send_wr.max(8 * credits);
+        opts.attr.max_recv_wr = opts.attr.max_recv_wr.max(slots);
+        opts.attr.max_send_wr = opts.attr.max_send_wr.max(8 * credits + 2 * super::BC_CREDITS);
         if cfg.private_data {
             opts = opts.private_data(&local.encode());
         }
@@ -448,6 +490,9 @@ impl Conn {
         let conn = Arc::new(Conn {
             pd: pd.clone(),
             pool,
+            backchannel,
+            bc_sends: Mutex::new(HashMap::new()),
+            bc_next: std::sync::atomic::AtomicU64::new(0),
             qp,
             neg,
             recv_mr,
@@ -721,8 +766,17 @@ impl Conn {
                         sg_list: vec![self.recv_mr.sge(off, self.recv_size as u32)],
                     }])
                     .map_err(|e| e.to_string())?;
+                if let Some(reg) = &self.backchannel
+                    && let kind @ super::backchannel::Kind::Call { .. } = super::backchannel::classify(&msg)
+                {
+                    return self.answer_reverse_call(reg, kind);
+                }
                 let inv = (wc.opcode == WcOpcode::Recv).then_some(wc.invalidated_rkey).flatten();
                 self.on_reply(&msg, inv)
+            }
+            wrid::BC_SEND => {
+                self.bc_sends.lock().unwrap().remove(&wc.wr_id);
+                Ok(())
             }
             wrid::INV => {
                 let xid = (wc.wr_id & 0xffff_ffff) as u32;
@@ -734,6 +788,23 @@ impl Conn {
             }
             _ => Ok(()),
         }
+    }
+
+    /// RFC 8167 §5.2: answer a reverse-direction Call with a Short Reply.
+    fn answer_reverse_call(
+        &self,
+        reg: &crate::server::Registry,
+        kind: super::backchannel::Kind<'_>,
+    ) -> Result<(), String> {
+        let Some(m) = super::backchannel::answer(reg, kind, self.neg.thresholds.call as usize) else {
+            return Ok(());
+        };
+        let pair = self.pool.take_send(&self.pd, m.len()).map_err(|e| e.to_string())?;
+        pair.0.write(0, &m).map_err(|_| "send buffer".to_string())?;
+        let id = wrid::BC_SEND | (self.bc_next.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff);
+        let wr = SendWr::new(id, WrOpcode::Send, vec![pair.0.sge(0, m.len() as u32)]);
+        self.bc_sends.lock().unwrap().insert(id, pair);
+        self.qp.post_send(&[wr]).map_err(|e| e.to_string())
     }
 
     fn on_reply(&self, msg: &[u8], invalidated: Option<u32>) -> Result<(), String> {

@@ -13,6 +13,7 @@ use verbs::{
     RecvWr, RemoteAddr, SendFlags, SendWr, WcStatus, WorkCompletion, WrOpcode,
 };
 
+use super::backchannel::{self, BC_CREDITS, Backchannel};
 use super::{RdmaConfig, wrid};
 use crate::credits::ResponderCredits;
 use crate::inline::{ReplyForm, Thresholds, plan_reply};
@@ -75,6 +76,7 @@ pub struct StatsSnapshot {
 /// A running RPC-over-RDMA server.
 pub struct RdmaServer {
     addr: SocketAddr,
+    conns: Arc<Mutex<Vec<std::sync::Weak<backchannel::Shared>>>>,
     stop: Arc<AtomicBool>,
     stats: Arc<ServerStats>,
     accept: Option<JoinHandle<()>>,
@@ -93,7 +95,8 @@ impl RdmaServer {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(ServerStats::default());
         let failed = Arc::new(Mutex::new(FailedXids::new(1024)));
-        let (stop2, stats2, dev) = (stop.clone(), stats.clone(), dev.clone());
+        let conns: Arc<Mutex<Vec<std::sync::Weak<backchannel::Shared>>>> = Arc::default();
+        let (stop2, stats2, dev, conns2) = (stop.clone(), stats.clone(), dev.clone(), conns.clone());
         let accept = std::thread::Builder::new()
             .name("rpcrdma-accept".into())
             .spawn(move || {
@@ -101,18 +104,19 @@ impl RdmaServer {
                     let Ok(req) = listener.get_request(Some(Duration::from_millis(50))) else {
                         continue;
                     };
-                    let (reg, cfg, failed, stop, stats) = (
+                    let (reg, cfg, failed, stop, stats, conns) = (
                         registry.clone(),
                         cfg.clone(),
                         failed.clone(),
                         stop2.clone(),
                         stats2.clone(),
+                        conns2.clone(),
                     );
                     let pd = dev.alloc_pd();
                     let _ = std::thread::Builder::new()
                         .name("rpcrdma-server".into())
                         .spawn(move || {
-                            if let Err(e) = serve(req, &pd, reg, cfg, failed, stop, stats) {
+                            if let Err(e) = serve(req, &pd, reg, cfg, failed, stop, stats, &conns) {
                                 tracing::debug!("rpcrdma server connection: {e}");
                             }
                         });
@@ -121,6 +125,7 @@ impl RdmaServer {
             .map_err(verbs::Error::Io)?;
         Ok(RdmaServer {
             addr,
+            conns,
             stop,
             stats,
             accept: Some(accept),
@@ -130,6 +135,13 @@ impl RdmaServer {
     /// The listening address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Handles for RFC 8167 reverse-direction calls, one per open connection (oldest first).
+    pub fn backchannels(&self) -> Vec<Backchannel> {
+        let mut g = self.conns.lock().unwrap();
+        g.retain(|w| w.upgrade().is_some_and(|s| !s.closed.load(Ordering::Acquire)));
+        g.iter().filter_map(|w| w.upgrade()).map(Backchannel).collect()
     }
 
     /// Counters.
@@ -171,7 +183,8 @@ impl Drop for RdmaServer {
 type Fatal = String;
 
 struct Conn {
-    qp: QueuePair,
+    qp: Arc<QueuePair>,
+    bc: Arc<backchannel::Shared>,
     cq: CompletionQueue,
     pd: ProtectionDomain,
     th: Thresholds,
@@ -193,6 +206,7 @@ struct Conn {
     stats: Arc<ServerStats>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn serve(
     req: ConnectRequest,
     pd: &ProtectionDomain,
@@ -201,6 +215,7 @@ fn serve(
     failed: Arc<Mutex<FailedXids>>,
     stop: Arc<AtomicBool>,
     stats: Arc<ServerStats>,
+    conns: &Mutex<Vec<std::sync::Weak<backchannel::Shared>>>,
 ) -> Result<(), Fatal> {
     let e = |e: verbs::Error| e.to_string();
     let credits = cfg.credits.max(1);
@@ -217,10 +232,10 @@ fn serve(
     // RPCR-CRD-04: the receives for the largest grant are posted before the
     // connection goes live (rdma_cm order: create_qp, post_recv, accept)
     let recv_size = mine.recv_size as usize;
-    let recv_mr = pd
-        .reg_mr(recv_size * credits as usize, Access::LOCAL_WRITE)
-        .map_err(e)?;
-    let recvs: Vec<RecvWr> = (0..credits as usize)
+    // RFC 8167 §4.3.2: BC_CREDITS more for reverse-direction Replies
+    let slots = credits + BC_CREDITS;
+    let recv_mr = pd.reg_mr(recv_size * slots as usize, Access::LOCAL_WRITE).map_err(e)?;
+    let recvs: Vec<RecvWr> = (0..slots as usize)
         .map(|i| RecvWr {
             wr_id: wrid::RECV | i as u64,
             sg_list: vec![recv_mr.sge(i * recv_size, recv_size as u32)],
@@ -229,17 +244,20 @@ fn serve(
     let mut opts = QpOptions::new(&cq)
         .rd_atomic(cfg.rd_atomic, cfg.rd_atomic)
         .post_recv(recvs);
-    opts.attr.max_recv_wr = opts.attr.max_recv_wr.max(credits);
+    opts.attr.max_recv_wr = opts.attr.max_recv_wr.max(slots);
     if cfg.private_data {
         opts = opts.private_data(&local.encode());
     }
-    let qp = req.accept(pd, opts).map_err(e)?;
+    let qp = Arc::new(req.accept(pd, opts).map_err(e)?);
+    let bc = backchannel::Shared::new(qp.clone(), pd.clone(), neg.thresholds);
+    conns.lock().unwrap().push(Arc::downgrade(&bc));
     stats.connections.fetch_add(1, Ordering::Relaxed);
     let send_mr = pd
         .reg_mr(neg.thresholds.reply.max(1024) as usize, Access::LOCAL_WRITE)
         .map_err(e)?;
     let mut c = Conn {
         qp,
+        bc,
         cq,
         pd: pd.clone(),
         th: neg.thresholds,
@@ -264,6 +282,7 @@ fn serve(
         stats,
     };
     let r = c.run();
+    c.bc.close();
     if r.is_err() {
         c.stats.fatal.fetch_add(1, Ordering::Relaxed);
     }
@@ -311,6 +330,13 @@ impl Conn {
                     sg_list: vec![self.recv_mr.sge(off, self.recv_size as u32)],
                 }])
                 .map_err(|e| e.to_string())?;
+            if let backchannel::Kind::Reply { xid, payload } = backchannel::classify(&msg) {
+                // RFC 8167: a reverse-direction Reply, not a forward Call
+                if !self.bc.deliver(xid, payload) {
+                    self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+                continue;
+            }
             if self.overrun {
                 // more Calls than granted (RPCR-CRD-01 violated by the peer)
                 return Err("credit overrun by the requester".into());
@@ -324,8 +350,16 @@ impl Conn {
         let Some(wc) = self.cq.wait(Some(timeout)) else {
             return Ok(None);
         };
-        if wc.wr_id & wrid::KIND == wrid::RECV && wc.status == WcStatus::Success && self.credits.on_call().is_err() {
-            self.overrun = true;
+        if wc.wr_id & wrid::KIND == wrid::RECV && wc.status == WcStatus::Success {
+            // reverse-direction Replies have their own receives and are not Calls (RFC 8167 §4.1)
+            let slot = (wc.wr_id & !wrid::KIND) as usize;
+            let head = self
+                .recv_mr
+                .to_vec(slot * self.recv_size, (wc.byte_len as usize).min(36))
+                .unwrap_or_default();
+            if !backchannel::looks_like_reverse_reply(&head) && self.credits.on_call().is_err() {
+                self.overrun = true;
+            }
         }
         Ok(Some(wc))
     }
