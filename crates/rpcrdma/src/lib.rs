@@ -40,6 +40,9 @@
 //! | [`validate`] | what to do with a received message (acceptance matrix B.4.5) | 8166 §4.5, §4.6, §6.1 |
 //! | [`credits`] | credit grants and overrun detection for both roles | 8166 §3.3.1, §3.3.3 |
 //! | [`inline`] | inline thresholds; Short / Chunked / Long for Calls and Replies | 8166 §3.3.2, §3.5, §4.3.3 |
+//! | [`transport::backchannel`] | reverse-direction calls (Short messages) | 8167 |
+//! | [`nfs3`] | NFSv3 client subset with the RFC 8267 binding; [`nfs3::memfs`] in-memory server | 1813, 8267 |
+//! | [`mount`], [`portmap`] | MOUNT v3 MNT/UMNT; rpcbind v2 GETPORT | 1813 App. I, 1833 |
 //!
 //! ## What the transport engine calls
 //!
