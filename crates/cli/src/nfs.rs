@@ -453,7 +453,7 @@ pub fn run(args: Args) -> Result<()> {
             let t = Instant::now();
             let n = get(&s.nfs, &fh, a.size, &o, &mut *out)?;
             out.flush()?;
-            summary(&o, "get", n, t.elapsed(), &s.info, &local);
+            summary(&o, "get", n, t.elapsed(), &s.info, &local, connects(s.nfs.rpc()));
             Ok(())
         }
         Cmd::Put { local, target } => {
@@ -489,22 +489,42 @@ pub fn run(args: Args) -> Result<()> {
             if a.size != data.len() as u64 {
                 bail!("after WRITE the server reports {} bytes, not {}", a.size, data.len());
             }
-            summary(&o, "put", data.len() as u64, t.elapsed(), &s.info, &target);
+            summary(
+                &o,
+                "put",
+                data.len() as u64,
+                t.elapsed(),
+                &s.info,
+                &target,
+                connects(s.nfs.rpc()),
+            );
             Ok(())
         }
     }
 }
 
-fn summary(o: &Opts, op: &str, bytes: u64, d: Duration, via: &str, what: &str) {
+fn connects(c: &Client) -> u32 {
+    match c {
+        Client::Tcp(_) => 1,
+        Client::Rdma(r) => r.connects(),
+    }
+}
+
+fn summary(o: &Opts, op: &str, bytes: u64, d: Duration, via: &str, what: &str, connects: u32) {
     let mbs = bytes as f64 / d.as_secs_f64().max(1e-9) / 1e6;
     if o.json {
         println!(
             "{}",
-            json!({"op": op, "bytes": bytes, "seconds": d.as_secs_f64(), "mb_per_s": mbs, "via": via, "path": what, "rsize": o.rsize, "wsize": o.wsize})
+            json!({"op": op, "bytes": bytes, "seconds": d.as_secs_f64(), "mb_per_s": mbs, "via": via, "path": what, "rsize": o.rsize, "wsize": o.wsize, "connects": connects})
         );
     } else {
+        let re = if connects > 1 {
+            format!(", {} reconnect(s)", connects - 1)
+        } else {
+            String::new()
+        };
         eprintln!(
-            "{op}: {bytes} bytes in {:.3} s ({mbs:.1} MB/s) via {via} -> {what}",
+            "{op}: {bytes} bytes in {:.3} s ({mbs:.1} MB/s) via {via}{re} -> {what}",
             d.as_secs_f64()
         );
     }
