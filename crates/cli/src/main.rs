@@ -17,8 +17,8 @@ mod bench;
 mod demo;
 mod devices;
 mod nfs;
-mod rping;
 mod rpc;
+mod rping;
 
 #[derive(Parser)]
 #[command(
