@@ -28,31 +28,41 @@ pub struct Args {
 
 #[derive(clap::Subcommand)]
 enum Cmd {
-    /// Serve the demo program over TCP and RDMA until interrupted.
+    /// Serve the demo program (0x20000099: NULL, ECHO, READ, WRITE) over ONC RPC on TCP
+    /// (record marking) and over RPC-over-RDMA v1 on iWARP at the same time, until interrupted.
     Serve {
+        /// Address of the ONC RPC over TCP listener.
         #[arg(long, default_value = "127.0.0.1:20048")]
         tcp: SocketAddr,
+        /// Address of the RPC-over-RDMA (iWARP) listener; 20049 is NFS/RDMA's port.
         #[arg(long, default_value = "127.0.0.1:20049")]
         rdma: SocketAddr,
     },
-    /// Make calls to a running server.
+    /// Make calls to a running `softrdma rpc serve`.
     Call {
+        /// Transport: ONC RPC over TCP, or RPC-over-RDMA on iWARP.
         #[arg(long, default_value = "rdma", value_parser = ["tcp", "rdma"])]
         transport: String,
+        /// Server address (default: the serve defaults for the chosen transport).
         #[arg(long)]
         addr: Option<SocketAddr>,
-        /// null, echo, read, write
+        /// Procedure: null, echo (data both ways), read (SIZE bytes back, through a write
+        /// chunk over RDMA when large), write (SIZE bytes out, through a read chunk).
         #[arg(long, default_value = "read", value_parser = ["null", "echo", "read", "write"])]
         proc_: String,
+        /// Bytes of bulk data per call; K, M suffixes.
         #[arg(long, value_parser = parse_size, default_value = "4K")]
         size: u64,
+        /// Number of calls.
         #[arg(long, default_value_t = 1)]
         count: u32,
     },
     /// Time READ calls over TCP and/or RDMA (servers started in-process on loopback).
     Bench {
+        /// READ reply size in bytes (over RDMA, moved by a write chunk); K, M suffixes.
         #[arg(long, value_parser = parse_size, default_value = "1M")]
         size: u64,
+        /// Which transports to time; `both` prints the RDMA/TCP ratio.
         #[arg(long, default_value = "both", value_parser = ["tcp", "rdma", "both"])]
         transport: String,
         /// Calls per transport (default: enough for 512 MiB, at least 20).
@@ -61,6 +71,7 @@ enum Cmd {
         /// Concurrent callers (one connection each).
         #[arg(long, default_value_t = 1)]
         threads: u32,
+        /// One JSON object with both transports' MiB/s and the ratio.
         #[arg(long)]
         json: bool,
     },
