@@ -3,11 +3,11 @@
 //! RPCR-WRC-01, RPCR-RDC-01, RPCR-LNG-01/04). The Requester and Responder talk over real
 //! loopback iWARP through a recording TCP relay; the recorded byte stream (MPA handshake with
 //! RFC 8797 private data, FPDUs) is written as a pcap with synthetic Ethernet/IPv4/TCP headers
-//! (`common/pcap.rs`, copied from the iwarp tests) and decoded by tshark. Skips with a message
+//! (the iwarp tests' `common/pcap.rs`, shared by path) and decoded by tshark. Skips with a message
 //! when tshark is not installed (`scripts/test.sh` installs it).
 
 #[allow(dead_code)]
-#[path = "common/pcap.rs"]
+#[path = "../../iwarp/tests/common/pcap.rs"]
 mod pcap;
 
 use std::io::{Read, Write};
