@@ -120,32 +120,27 @@ impl CompletionQueue {
         self.inner.state.lock().unwrap().overflowed
     }
 
-    fn drive_progress(&self) -> bool {
-        let qps: Vec<_> = self
-            .inner
+    /// The attached QPs still alive (collected so no lock is held while they run).
+    fn attached_qps(&self) -> Vec<Arc<dyn Progress>> {
+        self.inner
             .attached
             .lock()
             .unwrap()
             .iter()
             .filter_map(Weak::upgrade)
-            .collect();
+            .collect()
+    }
+
+    fn drive_progress(&self) -> bool {
         let mut any = false;
-        for q in qps {
+        for q in self.attached_qps() {
             any |= q.progress();
         }
         any
     }
 
     fn park_progress(&self) {
-        let qps: Vec<_> = self
-            .inner
-            .attached
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for q in qps {
+        for q in self.attached_qps() {
             q.parked();
         }
     }
