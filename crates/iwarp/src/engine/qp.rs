@@ -12,7 +12,7 @@ use crate::wire::cause::{self, TermCause};
 use crate::wire::ddp::{self, Addr, Header};
 use crate::wire::fpdu;
 use crate::wire::fpdu::{Deframer, DeframerConfig, Framer};
-use crate::wire::rdmap::{AtomicOp, AtomicRequest, AtomicResponse, ReadRequest};
+use crate::wire::rdmap::{AtomicOp, AtomicRequest, AtomicResponse, ReadRequest, op, qn};
 use crate::wire::terminate::{self, Offending};
 use std::collections::VecDeque;
 use std::io::Read;
@@ -30,30 +30,6 @@ use verbs::{
     Access, CompletionQueue, Device, Error, QpInitAttr, QpState, RecvWr, Result, SendFlags, SendWr, WcOpcode, WcStatus,
     WorkCompletion, WrOpcode,
 };
-
-/// RDMAP opcodes (RFC 5040 §4.2 Fig. 4, RFC 7306 §4.1 Fig. 2).
-pub(crate) mod op {
-    pub const WRITE: u8 = 0x0;
-    pub const READ_REQUEST: u8 = 0x1;
-    pub const READ_RESPONSE: u8 = 0x2;
-    pub const SEND: u8 = 0x3;
-    pub const SEND_INV: u8 = 0x4;
-    pub const SEND_SE: u8 = 0x5;
-    pub const SEND_SE_INV: u8 = 0x6;
-    pub const TERMINATE: u8 = 0x7;
-    pub const IMM: u8 = 0x8;
-    pub const IMM_SE: u8 = 0x9;
-    pub const ATOMIC_REQUEST: u8 = 0xA;
-    pub const ATOMIC_RESPONSE: u8 = 0xB;
-}
-
-/// Untagged queue numbers (RFC 5040 §5, RFC 7306 §5.2).
-pub(crate) mod qn {
-    pub const SEND: u32 = 0;
-    pub const READ_REQUEST: u32 = 1;
-    pub const TERMINATE: u32 = 2;
-    pub const ATOMIC_RESPONSE: u32 = 3;
-}
 
 /// RDMAP control octet: RV = 01b (RFC 5040 §4.1) and the opcode.
 const fn rdmap_ctrl(opcode: u8) -> u8 {
@@ -648,19 +624,11 @@ impl Proto {
         let msn = self.tx_msn[qn::TERMINATE as usize];
         let len = repr.ulpdu_len();
         let mark = self.tx.position();
-        if let Ok(w) = self.framer.wire_len(len) {
-            let framer = &mut self.framer;
-            let mut ok = false;
-            self.tx.push_bytes(w, |out| {
-                ok = framer
-                    .emit(len, out, |u| {
-                        let _ = repr.emit_ulpdu(u, msn);
-                    })
-                    .is_ok();
-            });
-            if !ok {
-                self.tx.truncate_to(mark);
-            }
+        let framed = frame_copy(&mut self.framer, &mut self.tx, len, |u| {
+            let _ = repr.emit_ulpdu(u, msn);
+        });
+        if !framed {
+            self.tx.truncate_to(mark);
         }
         // The failing work request (if ours) gets the local status.
         self.enter_error();
@@ -1035,19 +1003,11 @@ impl Proto {
                 )
             } else {
                 let (off, rh, src) = (m.off, &m.rdmap_hdr, &m.src);
-                let Ok(w) = self.framer.wire_len(ulpdu_len) else { break };
-                let framer = &mut self.framer;
-                let mut ok = false;
-                self.tx.push_bytes(w, |out| {
-                    ok = framer
-                        .emit(ulpdu_len, out, |u| {
-                            let _ = h.emit(u);
-                            u[ddp_len..hdr_len].copy_from_slice(rh);
-                            src.copy_out(off, &mut u[hdr_len..]);
-                        })
-                        .is_ok();
-                });
-                ok
+                frame_copy(&mut self.framer, &mut self.tx, ulpdu_len, |u| {
+                    let _ = h.emit(u);
+                    u[ddp_len..hdr_len].copy_from_slice(rh);
+                    src.copy_out(off, &mut u[hdr_len..]);
+                })
             };
             if !ok {
                 self.tx.truncate_to(mark);
@@ -1598,6 +1558,18 @@ impl Proto {
         }
         self.shutdown_when_drained = true;
     }
+}
+
+/// Frames one whole FPDU into the arena, `fill` writing its ULPDU (header-only
+/// messages, small payloads, the Terminate, everything when markers are on).
+/// False if it could not be framed; the caller undoes what was queued.
+fn frame_copy(framer: &mut Framer, tx: &mut TxQueue, ulpdu_len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
+    let Ok(w) = framer.wire_len(ulpdu_len) else {
+        return false;
+    };
+    let mut ok = false;
+    tx.push_bytes(w, |out| ok = framer.emit(ulpdu_len, out, fill).is_ok());
+    ok
 }
 
 /// Frames one FPDU whose payload stays in registered memory: header octets

@@ -31,6 +31,31 @@ pub use hdr::{
     AtomicResponsePacket, IMMEDIATE_LEN, ImmediatePacket, READ_REQUEST_LEN, ReadRequest, ReadRequestPacket, Truncated,
 };
 
+/// RDMAP opcodes as octets (RFC 5040 §4.2 Fig. 4, RFC 7306 §4.1 Fig. 2), for
+/// code that builds or matches the control octet directly (see [`Opcode`]).
+pub mod op {
+    pub const WRITE: u8 = 0x0;
+    pub const READ_REQUEST: u8 = 0x1;
+    pub const READ_RESPONSE: u8 = 0x2;
+    pub const SEND: u8 = 0x3;
+    pub const SEND_INV: u8 = 0x4;
+    pub const SEND_SE: u8 = 0x5;
+    pub const SEND_SE_INV: u8 = 0x6;
+    pub const TERMINATE: u8 = 0x7;
+    pub const IMM: u8 = 0x8;
+    pub const IMM_SE: u8 = 0x9;
+    pub const ATOMIC_REQUEST: u8 = 0xA;
+    pub const ATOMIC_RESPONSE: u8 = 0xB;
+}
+
+/// Untagged queue numbers (RFC 5040 §5, RFC 7306 §5.2).
+pub mod qn {
+    pub const SEND: u32 = 0;
+    pub const READ_REQUEST: u32 = 1;
+    pub const TERMINATE: u32 = 2;
+    pub const ATOMIC_RESPONSE: u32 = 3;
+}
+
 mod field {
     /// RV, RDMA Version (RFC 5040 §4.1).
     pub const RV_MASK: u8 = 0xc0;

@@ -8,27 +8,13 @@
 use iwarp::wire::ddp::{self, Addr, Header};
 use iwarp::wire::fpdu::{Deframer, DeframerConfig, Framer};
 use iwarp::wire::mpa::{self, EnhancedData, FrameKind, RtrSet};
+pub use iwarp::wire::rdmap::op;
 use iwarp::wire::terminate::{self, TermWireForm};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// RDMAP opcodes (RFC 5040 §4.3, RFC 7306 §8).
-pub mod op {
-    pub const WRITE: u8 = 0x0;
-    pub const READ_REQUEST: u8 = 0x1;
-    pub const READ_RESPONSE: u8 = 0x2;
-    pub const SEND: u8 = 0x3;
-    pub const SEND_INV: u8 = 0x4;
-    pub const SEND_SE: u8 = 0x5;
-    pub const SEND_SE_INV: u8 = 0x6;
-    pub const TERMINATE: u8 = 0x7;
-    pub const IMM: u8 = 0x8;
-    pub const ATOMIC_REQUEST: u8 = 0xA;
-    pub const ATOMIC_RESPONSE: u8 = 0xB;
-}
 
 /// RDMAP control octet: RV = 01, the opcode in the low nibble.
 pub const fn ctrl(opcode: u8) -> u8 {
