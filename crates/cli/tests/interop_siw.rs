@@ -16,34 +16,20 @@
 //! The cases hold a process-wide mutex and an flock on `/var/tmp/rdmalab/softrdma-interop.lock`,
 //! so parallel test threads and other test processes never share the guest's rping.
 
+#[path = "common/lab.rs"]
+mod lab_common;
+
+use lab_common::{LAB_STATE, Lab, NS, acquire, gate, lab_dir, vm_exec};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, mpsc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
-const NS: &str = "rdmalab";
 const HOST_IP: &str = "192.168.77.1";
 const GUEST_IP: &str = "192.168.77.2";
-const LAB_STATE: &str = "/var/tmp/rdmalab";
-
-/// The lab's scripts, or why the lab cannot be used.
-fn lab_dir() -> Result<PathBuf, String> {
-    let dir = std::env::var_os("RDMALAB_REPO")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/lab"));
-    if dir.join("vm.sh").exists() {
-        Ok(dir)
-    } else {
-        Err(format!("no lab scripts at {} (set RDMALAB_REPO)", dir.display()))
-    }
-}
-
-fn gate() -> String {
-    std::env::var("SOFTRDMA_INTEROP").unwrap_or_default()
-}
 
 fn is_root() -> bool {
     Command::new("id")
@@ -90,14 +76,14 @@ fn bring_up() -> Result<PathBuf, String> {
     if !have("qemu-system-x86_64") {
         return Err("qemu-system-x86_64 is not installed (the lab's setup.sh installs it)".into());
     }
-    if vm_exec_in(&dir, "true", 20).0 != 0 {
+    if vm_exec(&dir, "true", 20).0 != 0 {
         eprintln!("interop: starting the lab VM (vm.sh start)");
         let out = Command::new("./vm.sh")
             .arg("start")
             .current_dir(&dir)
             .output()
             .map_err(|e| format!("vm.sh start: {e}"))?;
-        if !out.status.success() || vm_exec_in(&dir, "true", 30).0 != 0 {
+        if !out.status.success() || vm_exec(&dir, "true", 30).0 != 0 {
             return Err(format!(
                 "vm.sh start failed: {}{}",
                 String::from_utf8_lossy(&out.stdout),
@@ -105,72 +91,17 @@ fn bring_up() -> Result<PathBuf, String> {
             ));
         }
     }
-    let (rc, out) = vm_exec_in(&dir, "rdma link show | grep -q 'siw0/1 state ACTIVE' && echo ok", 20);
+    let (rc, out) = vm_exec(&dir, "rdma link show | grep -q 'siw0/1 state ACTIVE' && echo ok", 20);
     if rc != 0 || !out.contains("ok") {
         return Err(format!("siw0 is not active in the guest: {out}"));
     }
     Ok(dir)
 }
 
-/// One lab user at a time: this process's tests and other processes.
-struct Lab {
-    dir: PathBuf,
-    _guard: MutexGuard<'static, ()>,
-    _flock: std::fs::File,
-}
-
 fn lab(test: &str) -> Option<Lab> {
-    static UP: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    static M: Mutex<()> = Mutex::new(());
-    let guard = M.lock().unwrap_or_else(|e| e.into_inner());
-    match UP.get_or_init(bring_up) {
-        Ok(dir) => {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(Path::new(LAB_STATE).join("softrdma-interop.lock"))
-                .expect("lock file");
-            f.lock().expect("flock");
-            let lab = Lab {
-                dir: dir.clone(),
-                _guard: guard,
-                _flock: f,
-            };
-            lab.kernel_check_init();
-            Some(lab)
-        }
-        Err(why) => {
-            if gate() == "require" {
-                panic!("{test}: the lab is required (SOFTRDMA_INTEROP=require) but cannot be used: {why}");
-            }
-            eprintln!("SKIPPED {test}: kernel siw interop lab unavailable: {why}");
-            None
-        }
-    }
-}
-
-fn vm_exec_in(dir: &Path, script: &str, timeout: u64) -> (i32, String) {
-    let mut child = match Command::new("./vm.sh")
-        .args(["exec", "-t", &timeout.to_string(), "-"])
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => return (-1, e.to_string()),
-    };
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        let _ = stdin.write_all(script.as_bytes());
-    }
-    let out = child.wait_with_output().expect("vm.sh exec");
-    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
-    s.push_str(&String::from_utf8_lossy(&out.stderr));
-    (out.status.code().unwrap_or(-1), s)
+    let lab = acquire(test, "kernel siw interop lab", bring_up)?;
+    lab.kernel_check_init();
+    Some(lab)
 }
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
@@ -206,7 +137,7 @@ fn parse_exit(log: &str) -> Option<i32> {
 
 impl Lab {
     fn exec(&self, script: &str, timeout: u64) -> (i32, String) {
-        vm_exec_in(&self.dir, script, timeout)
+        vm_exec(&self.dir, script, timeout)
     }
 
     fn kernel_check_init(&self) {

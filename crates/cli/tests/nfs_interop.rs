@@ -15,31 +15,17 @@
 //! skip into a failure. Holds the same flock as the siw tests
 //! (`/var/tmp/rdmalab/softrdma-interop.lock`).
 
+#[path = "common/lab.rs"]
+mod lab_common;
+
+use lab_common::{LAB_STATE, Lab, NS, acquire, gate, lab_dir, vm_exec};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
 
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
-const NS: &str = "rdmalab";
-const LAB_STATE: &str = "/var/tmp/rdmalab";
 const SERVER: &str = "192.168.77.2";
 const DATA_SHA: &str = "e714128f587492c193d3b34c78fce3d78f3abd153b833deb84c5a986d2be9c91";
 const HELLO_SHA: &str = "d57f0ce5369cdaef06951c8d5b374343b0b724c0cca153223de4446ab81986b2";
-
-fn gate() -> String {
-    std::env::var("SOFTRDMA_INTEROP").unwrap_or_default()
-}
-
-fn lab_dir() -> Result<PathBuf, String> {
-    let dir = std::env::var_os("RDMALAB_REPO")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/lab"));
-    if dir.join("vm.sh").exists() {
-        Ok(dir)
-    } else {
-        Err(format!("no lab scripts at {} (set RDMALAB_REPO)", dir.display()))
-    }
-}
 
 fn sh_ok(cmd: &str) -> bool {
     Command::new("sh")
@@ -49,29 +35,6 @@ fn sh_ok(cmd: &str) -> bool {
         .status()
         .map(|s| s.success())
         .unwrap_or(false)
-}
-
-fn vm_exec(dir: &Path, script: &str, timeout: u64) -> (i32, String) {
-    let mut child = match Command::new("./vm.sh")
-        .args(["exec", "-t", &timeout.to_string(), "-"])
-        .current_dir(dir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => return (-1, e.to_string()),
-    };
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().unwrap();
-        let _ = stdin.write_all(script.as_bytes());
-    }
-    let out = child.wait_with_output().expect("vm.sh exec");
-    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
-    s.push_str(&String::from_utf8_lossy(&out.stderr));
-    (out.status.code().unwrap_or(-1), s)
 }
 
 fn bring_up() -> Result<PathBuf, String> {
@@ -114,39 +77,8 @@ fn bring_up() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-struct Lab {
-    dir: PathBuf,
-    _guard: MutexGuard<'static, ()>,
-    _flock: std::fs::File,
-}
-
 fn lab(test: &str) -> Option<Lab> {
-    static UP: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    static M: Mutex<()> = Mutex::new(());
-    let guard = M.lock().unwrap_or_else(|e| e.into_inner());
-    match UP.get_or_init(bring_up) {
-        Ok(dir) => {
-            let f = std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(Path::new(LAB_STATE).join("softrdma-interop.lock"))
-                .expect("lock file");
-            f.lock().expect("flock");
-            Some(Lab {
-                dir: dir.clone(),
-                _guard: guard,
-                _flock: f,
-            })
-        }
-        Err(why) => {
-            if gate() == "require" {
-                panic!("{test}: the lab is required (SOFTRDMA_INTEROP=require) but cannot be used: {why}");
-            }
-            eprintln!("SKIPPED {test}: kernel NFS/RDMA interop lab unavailable: {why}");
-            None
-        }
-    }
+    acquire(test, "kernel NFS/RDMA interop lab", bring_up)
 }
 
 impl Lab {
