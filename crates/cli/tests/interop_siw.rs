@@ -298,11 +298,14 @@ fn our_server(args: &[&str]) -> OurServer {
     });
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let line = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .expect("our server listens");
-        if line.starts_with("rdma_bind_addr successful") {
-            return OurServer { child, lines: rx, port };
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.starts_with("rdma_bind_addr successful") => return OurServer { child, lines: rx, port },
+            Ok(_) => {}
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("our server listens: {e}");
+            }
         }
     }
 }

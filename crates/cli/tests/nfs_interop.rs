@@ -271,12 +271,30 @@ fn nfs_server_stops_mid_read() {
         assert!(t0.elapsed().as_secs() < 60, "no data arrived");
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    let ts = std::time::Instant::now();
     let stop = Command::new("./vm.sh")
         .args(["nfs", "stop"])
         .current_dir(&lab.dir)
         .output()
         .unwrap();
-    assert!(stop.status.success());
+    if !stop.status.success() {
+        // what the guest was doing: tasks in D state (their kernel stacks), nfsd, the kernel log
+        let (_, diag) = vm_exec(
+            &lab.dir,
+            "cat /proc/fs/nfsd/threads; rdma res show cm_id; rdma res show qp; \
+             for p in /proc/[0-9]*; do s=$(awk '{print $3}' $p/stat 2>/dev/null); \
+             [ \"$s\" = D ] && { echo \"== $p $(cat $p/comm)\"; cat $p/stack; }; done; dmesg | tail -n 60",
+            60,
+        );
+        panic!(
+            "vm.sh nfs stop: {} after {:?}\n{}{}\n--- guest ---\n{diag}",
+            stop.status,
+            ts.elapsed(),
+            String::from_utf8_lossy(&stop.stdout),
+            String::from_utf8_lossy(&stop.stderr)
+        );
+    }
+    eprintln!("vm.sh nfs stop took {:?}", ts.elapsed());
     let t1 = std::time::Instant::now();
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);

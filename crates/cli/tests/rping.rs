@@ -47,11 +47,14 @@ fn start_server(port: u16, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
         }
     });
     loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("server prints rdma_bind_addr successful");
-        if line.starts_with("rdma_bind_addr successful") {
-            return (child, rx);
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) if line.starts_with("rdma_bind_addr successful") => return (child, rx),
+            Ok(_) => {}
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("server prints rdma_bind_addr successful: {e}");
+            }
         }
     }
 }
@@ -86,7 +89,12 @@ fn run(count: u32, size: usize, server_extra: &[&str], client_extra: &[&str]) ->
         .output()
         .expect("run softrdma rping -c");
     let status = server.wait_with_output().expect("server exits after the disconnect");
-    let server_lines: Vec<String> = lines.try_iter().collect();
+    // The server has exited, but its reader thread may still hold lines it has not forwarded:
+    // read until the thread sees EOF and drops its sender (not just what has arrived so far).
+    let mut server_lines = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(10)) {
+        server_lines.push(line);
+    }
     let stdout = String::from_utf8_lossy(&out.stdout);
     Run {
         client_ok: out.status.success(),

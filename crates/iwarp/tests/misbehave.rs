@@ -253,7 +253,7 @@ fn row06_untagged_bad_ddp_version() {
 fn row07_tagged_bad_ddp_version() {
     let mut i = iut(0);
     let mut u = tagged(op::WRITE, 0x1234, 0, true, b"x");
-    u[0] = (u[0] & !0x03) | 0x00; // DV = 0
+    u[0] &= !0x03; // DV = 0
     i.peer.send(&u);
     i.expect_terminate(&u, e(1, 1, 0x04, NONE));
 }

@@ -288,9 +288,9 @@ fn run(ops: &[Op], crc: bool) -> Result<(), TestCaseError> {
         p.a.post_send(chunk).unwrap();
     }
     // RDMAP-ORD-15: requester completions in posting order, all successful.
-    for i in 0..ops.len() {
+    for (i, op) in ops.iter().enumerate() {
         let wc = p.cq_a.wait(Some(T)).expect("a requester completion");
-        prop_assert_eq!(wc.status, WcStatus::Success, "op {} {:?}", i, &ops[i]);
+        prop_assert_eq!(wc.status, WcStatus::Success, "op {} {:?}", i, op);
         prop_assert_eq!(wc.wr_id, i as u64, "completions in posting order");
     }
     // Receives in Send order, with the model's content.

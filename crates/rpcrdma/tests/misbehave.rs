@@ -375,7 +375,7 @@ fn responder_failed_rdma_read_then_err_chunk_on_retransmission() {
     let mut call = rpc_call(0x51, demo::WRITE, &[7, 2000]);
     call[..4].copy_from_slice(&0x51u32.to_be_bytes());
     let m = msg(0x51, 1, Body::Msg(lists), &call);
-    r.send(&[m.clone()]);
+    r.send(std::slice::from_ref(&m));
     assert!(r.recv(T).is_err(), "connection lost");
     let r2 = Raw::connect(&dev, srv.local_addr());
     null_works(&r2, 2);

@@ -1235,7 +1235,7 @@ impl Proto {
                 }
                 let target = (sink.buf.clone(), sink.off + head.received);
                 if head.received == 0
-                    && let Some(sge) = sge.clone()
+                    && let Some(sge) = *sge
                     && self.resolve(std::slice::from_ref(&sge), Access::LOCAL_WRITE).is_err()
                 {
                     // The sink was deregistered while the Read was outstanding.

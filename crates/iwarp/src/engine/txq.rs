@@ -59,11 +59,11 @@ impl TxQueue {
         self.arena.resize(start + len, 0);
         fill(&mut self.arena[start..]);
         self.queued += len as u64;
-        if let Some(Part::Arena { start: s, len: l }) = self.parts.back_mut() {
-            if *s + *l == start {
-                *l += len;
-                return;
-            }
+        if let Some(Part::Arena { start: s, len: l }) = self.parts.back_mut()
+            && *s + *l == start
+        {
+            *l += len;
+            return;
         }
         self.parts.push_back(Part::Arena { start, len });
     }

@@ -192,10 +192,10 @@ impl RawPeer {
                 let (used, u) = self.deframer.next_fpdu(&self.buf).expect("IUT's FPDUs deframe");
                 let u = u.map(|u| u.to_vec());
                 self.buf.drain(..used);
-                if let Some(u) = u {
-                    if pred(&u) {
-                        return Some(u);
-                    }
+                if let Some(u) = u
+                    && pred(&u)
+                {
+                    return Some(u);
                 }
                 if used == 0 {
                     break;

@@ -156,17 +156,73 @@ pub struct ReadReply {
     pub attributes: Option<Fattr>,
 }
 
+/// How an [`Nfs3Client`] answers NFS3ERR_JUKEBOX (RFC 1813 §2.6: "the server initiated the
+/// request, but was not able to complete it in a timely fashion. The client should wait and
+/// then try the request with a new RPC transaction ID").
+///
+/// Linux's client waits `NFS_JUKEBOX_RETRY_TIME` (5 s) and retries forever on a hard mount;
+/// a tool wants a bound, so the default retries 5 times with a delay that starts at 250 ms
+/// and doubles (7.75 s in all) before the status reaches the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JukeboxRetry {
+    /// Retries after the first answer (0: JUKEBOX goes straight to the caller).
+    pub retries: u32,
+    /// The first delay; each further one doubles, capped at [`JukeboxRetry::max_delay`].
+    pub delay: std::time::Duration,
+    /// The longest single delay.
+    pub max_delay: std::time::Duration,
+}
+
+impl Default for JukeboxRetry {
+    fn default() -> Self {
+        JukeboxRetry {
+            retries: 5,
+            delay: std::time::Duration::from_millis(250),
+            max_delay: std::time::Duration::from_secs(5),
+        }
+    }
+}
+
 /// An NFSv3 client on an RPC client of either transport.
 #[derive(Debug)]
 pub struct Nfs3Client<C> {
     rpc: C,
     auth: Auth,
+    jukebox: JukeboxRetry,
 }
 
 impl<C: RpcClient> Nfs3Client<C> {
     /// NFSv3 over `rpc` with credential `auth` (servers usually want AUTH_SYS).
     pub fn new(rpc: C, auth: Auth) -> Self {
-        Nfs3Client { rpc, auth }
+        Nfs3Client {
+            rpc,
+            auth,
+            jukebox: JukeboxRetry::default(),
+        }
+    }
+
+    /// How NFS3ERR_JUKEBOX is retried (see [`JukeboxRetry`]).
+    pub fn with_jukebox_retry(mut self, policy: JukeboxRetry) -> Self {
+        self.jukebox = policy;
+        self
+    }
+
+    /// Run `op` again while it answers NFS3ERR_JUKEBOX, as [`JukeboxRetry`] says. Each try is a
+    /// new RPC with a new XID (the RPC layer assigns one per call).
+    fn retry_jukebox<T>(&self, mut op: impl FnMut() -> Result<T, NfsError>) -> Result<T, NfsError> {
+        let mut delay = self.jukebox.delay;
+        let mut tries = 0;
+        loop {
+            match op() {
+                Err(e) if e.status() == Some(NfsStat::JUKEBOX) && tries < self.jukebox.retries => {
+                    tries += 1;
+                    tracing::debug!(error = %e, try_ = tries, ?delay, "NFS3ERR_JUKEBOX, retrying");
+                    std::thread::sleep(delay);
+                    delay = (delay * 2).min(self.jukebox.max_delay);
+                }
+                r => return r,
+            }
+        }
     }
 
     /// The RPC client.
@@ -195,6 +251,10 @@ impl<C: RpcClient> Nfs3Client<C> {
 
     /// GETATTR.
     pub fn getattr(&self, fh: &Fh) -> Result<Fattr, NfsError> {
+        self.retry_jukebox(|| self.getattr_once(fh))
+    }
+
+    fn getattr_once(&self, fh: &Fh) -> Result<Fattr, NfsError> {
         match self.call(procs::GETATTR, "GETATTR", &|e| fh.encode(e), sizing::getattr(), |d| {
             GetattrRes::decode(d)
         })? {
@@ -208,6 +268,10 @@ impl<C: RpcClient> Nfs3Client<C> {
 
     /// LOOKUP `name` in `dir`.
     pub fn lookup(&self, dir: &Fh, name: &[u8]) -> Result<LookupOk, NfsError> {
+        self.retry_jukebox(|| self.lookup_once(dir, name))
+    }
+
+    fn lookup_once(&self, dir: &Fh, name: &[u8]) -> Result<LookupOk, NfsError> {
         let args = DirOp {
             dir: dir.clone(),
             name: name.to_vec(),
@@ -242,6 +306,10 @@ impl<C: RpcClient> Nfs3Client<C> {
 
     /// READ up to `buf.len()` bytes at `offset` into `buf`.
     pub fn read_into(&self, fh: &Fh, offset: u64, buf: &mut [u8]) -> Result<ReadReply, NfsError> {
+        self.retry_jukebox(|| self.read_into_once(fh, offset, &mut *buf))
+    }
+
+    fn read_into_once(&self, fh: &Fh, offset: u64, buf: &mut [u8]) -> Result<ReadReply, NfsError> {
         let count = u32::try_from(buf.len()).map_err(|_| NfsError::Other("READ count too large".into()))?;
         let args = ReadArgs {
             file: fh.clone(),
@@ -285,6 +353,10 @@ impl<C: RpcClient> Nfs3Client<C> {
 
     /// WRITE `data` at `offset`.
     pub fn write(&self, fh: &Fh, offset: u64, data: &[u8], stable: Stable) -> Result<WriteOk, NfsError> {
+        self.retry_jukebox(|| self.write_once(fh, offset, data, stable))
+    }
+
+    fn write_once(&self, fh: &Fh, offset: u64, data: &[u8], stable: Stable) -> Result<WriteOk, NfsError> {
         let count = u32::try_from(data.len()).map_err(|_| NfsError::Other("WRITE too large".into()))?;
         let args = WriteArgs {
             file: fh.clone(),
@@ -303,6 +375,10 @@ impl<C: RpcClient> Nfs3Client<C> {
 
     /// CREATE `name` in `dir`.
     pub fn create(&self, dir: &Fh, name: &[u8], how: CreateHow) -> Result<CreateOk, NfsError> {
+        self.retry_jukebox(|| self.create_once(dir, name, how))
+    }
+
+    fn create_once(&self, dir: &Fh, name: &[u8], how: CreateHow) -> Result<CreateOk, NfsError> {
         let args = CreateArgs {
             where_: DirOp {
                 dir: dir.clone(),
@@ -323,6 +399,10 @@ impl<C: RpcClient> Nfs3Client<C> {
 
     /// One READDIRPLUS call.
     pub fn readdirplus(&self, args: &ReaddirplusArgs) -> Result<ReaddirplusOk, NfsError> {
+        self.retry_jukebox(|| self.readdirplus_once(args))
+    }
+
+    fn readdirplus_once(&self, args: &ReaddirplusArgs) -> Result<ReaddirplusOk, NfsError> {
         match self.call(
             procs::READDIRPLUS,
             "READDIRPLUS",
@@ -370,6 +450,10 @@ impl<C: RpcClient> Nfs3Client<C> {
 
     /// FSINFO.
     pub fn fsinfo(&self, fh: &Fh) -> Result<FsinfoOk, NfsError> {
+        self.retry_jukebox(|| self.fsinfo_once(fh))
+    }
+
+    fn fsinfo_once(&self, fh: &Fh) -> Result<FsinfoOk, NfsError> {
         match self.call(procs::FSINFO, "FSINFO", &|e| fh.encode(e), sizing::fsinfo(), |d| {
             FsinfoRes::decode(d)
         })? {

@@ -362,3 +362,54 @@ fn truncated_and_bad_input() {
         })
     ));
 }
+
+/// RFC 1813 §2.6 NFS3ERR_JUKEBOX: the client waits and retries with a new call, a bounded
+/// number of times, then gives the status to the caller. (Linux's nfsd answers JUKEBOX while
+/// an export is being withdrawn, e.g. between `exportfs -au` and `rpc.nfsd 0`.)
+#[test]
+fn jukebox_is_retried_then_reported() {
+    use std::cell::RefCell;
+    use std::collections::VecDeque;
+    struct Canned(RefCell<VecDeque<Vec<u8>>>, RefCell<u32>);
+    impl RpcClient for Canned {
+        fn call<T>(
+            &self,
+            call: &Call<'_>,
+            decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
+        ) -> Result<T, RpcError> {
+            assert_eq!(call.proc_, procs::GETATTR);
+            *self.1.borrow_mut() += 1;
+            let body = self.0.borrow_mut().pop_front().expect("an unexpected extra call");
+            Ok(decode(&mut Decoder::new(&body)).unwrap())
+        }
+    }
+    let jukebox = 10008u32.to_be_bytes().to_vec();
+    let ok = hex(GETATTR_RES);
+    let fast = JukeboxRetry {
+        retries: 3,
+        delay: std::time::Duration::from_millis(1),
+        max_delay: std::time::Duration::from_millis(2),
+    };
+    let fh: Fh = roundtrip(&hex(GETATTR_ARGS));
+
+    // two JUKEBOX answers, then the attributes
+    let c = Canned(
+        RefCell::new([jukebox.clone(), jukebox.clone(), ok].into()),
+        RefCell::new(0),
+    );
+    let nfs = Nfs3Client::new(c, Auth::None).with_jukebox_retry(fast);
+    assert_eq!(nfs.getattr(&fh).unwrap().fileid, 1);
+    assert_eq!(*nfs.rpc().1.borrow(), 3);
+
+    // JUKEBOX every time: 1 + 3 retries, then the status reaches the caller
+    let c = Canned(RefCell::new(vec![jukebox.clone(); 4].into()), RefCell::new(0));
+    let nfs = Nfs3Client::new(c, Auth::None).with_jukebox_retry(fast);
+    assert_eq!(nfs.getattr(&fh).unwrap_err().status(), Some(NfsStat::JUKEBOX));
+    assert_eq!(*nfs.rpc().1.borrow(), 4);
+
+    // other statuses are not retried
+    let c = Canned(RefCell::new([70u32.to_be_bytes().to_vec()].into()), RefCell::new(0));
+    let nfs = Nfs3Client::new(c, Auth::None).with_jukebox_retry(fast);
+    assert_eq!(nfs.getattr(&fh).unwrap_err().status(), Some(NfsStat::STALE));
+    assert_eq!(*nfs.rpc().1.borrow(), 1);
+}

@@ -69,6 +69,9 @@ impl NfsStat {
     pub const NOTSUPP: NfsStat = NfsStat(10004);
     /// NFS3ERR_SERVERFAULT.
     pub const SERVERFAULT: NfsStat = NfsStat(10006);
+    /// NFS3ERR_JUKEBOX: the server cannot answer now (a file being migrated, an export
+    /// cache being refreshed, a server shutting down); RFC 1813 §2.6: retry later.
+    pub const JUKEBOX: NfsStat = NfsStat(10008);
 
     /// The RFC 1813 name.
     pub fn name(self) -> &'static str {
