@@ -5,6 +5,7 @@
 //! softrdma bench     # perftest-style bandwidth / message rate / latency (write, read, send, atomic)
 //! softrdma devices   # the RDMA devices (providers) this build offers
 //! softrdma info      # one device's attributes and configuration
+//! softrdma perftest  # perftest's own -R exchange, against ib_*_bw/lat on Linux siw
 //! ```
 //!
 //! Each subcommand lives in its own module with a `clap::Args` struct and a
@@ -17,6 +18,7 @@ mod bench;
 mod demo;
 mod devices;
 mod nfs;
+mod perftest;
 mod rpc;
 mod rping;
 
@@ -50,6 +52,9 @@ enum Cmd {
     Rpc(rpc::Args),
     /// NFSv3 client over RPC-over-RDMA or TCP: ls, stat, get, put (SERVER:/export/path).
     Nfs(nfs::Args),
+    /// perftest's ib_{send,write,read}_{bw,lat} -R exchange (rdma_cm mode): measure against
+    /// perftest on Linux siw or an iWARP RNIC, in either role (see `softrdma perftest --help`).
+    Perftest(perftest::Args),
 }
 
 fn main() -> Result<()> {
@@ -65,5 +70,6 @@ fn main() -> Result<()> {
         Cmd::Rping(args) => rping::run(args),
         Cmd::Rpc(args) => rpc::run(args),
         Cmd::Nfs(args) => nfs::run(args),
+        Cmd::Perftest(args) => perftest::run(args),
     }
 }
