@@ -709,17 +709,37 @@ fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> 
         }
     };
 
-    // Teardown as perftest's destroy_ctx: the data connection first, then comm.
-    data.qp.disconnect();
-    let until = Instant::now() + Duration::from_secs(2);
-    while let Some(ev) = data.qp.get_event(Some(until.saturating_duration_since(Instant::now()))) {
-        if ev == CmEvent::Disconnected {
-            break;
-        }
-    }
-    comm.qp.disconnect();
+    teardown(&comm.qp, &data.qp, !peer.softrdma);
     drop(listener);
     Ok(out)
+}
+
+/// Waits up to `secs` for the peer to close `qp` (or for our own close to complete).
+fn await_disconnect(qp: &QueuePair, secs: f64) -> bool {
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    while let Some(ev) = qp.get_event(Some(until.saturating_duration_since(Instant::now()))) {
+        if matches!(ev, CmEvent::Disconnected | CmEvent::ConnectionError(_)) {
+            return true;
+        }
+    }
+    false
+}
+
+/// perftest's `destroy_ctx` order: the data connection first, then comm. Linux siw completed
+/// a Send or Write with IBV_WC_LOC_QP_OP_ERR when we closed right after its message had arrived
+/// here (the last comm message of either side, perftest's last Write in ib_write_lat;
+/// docs/interop-perftest.md, P3), so with a perftest peer we let it close first and only close
+/// ourselves after a grace period. A softrdma peer completes its work requests once they are
+/// on the wire, so between two softrdma ends both close at once.
+fn teardown(comm: &QueuePair, data: &QueuePair, linger: bool) {
+    const GRACE: f64 = 3.0;
+    if !(linger && await_disconnect(data, GRACE)) {
+        data.disconnect();
+        await_disconnect(data, 2.0);
+    }
+    if !(linger && await_disconnect(comm, GRACE)) {
+        comm.disconnect();
+    }
 }
 
 const REPORT_FIELDS: [&str; 5] = [
