@@ -588,3 +588,121 @@ fn receives_posted_before_accept_meet_the_first_send() {
         .unwrap();
     assert_eq!(srv.join().unwrap(), (WcStatus::Success, 64));
 }
+
+/// RFC 8166 §4.5.3 from the Requester's side, against our Responder, with the deliberate chunk
+/// faults `softrdma nfs probe` uses against Linux (RPCR-MEM-05, RPCR-ERR-05, B.4.5 #16, B.5 #6):
+/// - a Write chunk or Reply chunk too small for the reply: RDMA_ERROR/ERR_CHUNK at once, the
+///   connection stays up (the Responder detects it before writing, §4.5.3 third bullet);
+/// - a stale Write-chunk handle: the Responder's RDMA Write meets our Terminate, the connection
+///   ends, the Requester reconnects and retransmits with the same XID, and the Responder, which
+///   remembers the XID, answers ERR_CHUNK instead of repeating the operation;
+/// - a stale Read-chunk handle: the same through the Responder's failed RDMA Read.
+///
+/// After each, a normal call on the same client succeeds.
+#[test]
+fn chunk_faults_get_err_chunk_from_our_responder() {
+    use rpcrdma::client::{Call, RpcClient};
+    use rpcrdma::transport::ChunkFault;
+    use rpcrdma::xdr::ReplySizing;
+
+    let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
+    let srv = RdmaServer::spawn(
+        &dev,
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(demo::registry()),
+        RdmaConfig::default(),
+    )
+    .unwrap();
+    let pd = dev.alloc_pd();
+    let c = RdmaClient::connect(&pd, srv.local_addr(), RdmaConfig::default()).unwrap();
+    let err_chunk = |r: Result<Vec<u8>, RpcError>| matches!(r, Err(RpcError::RdmaError(ErrorBody::Chunk)));
+    let read_args = |size: u32| {
+        move |e: &mut Encoder<Vec<u8>>| {
+            e.put_u32(size)?;
+            e.put_u32(9)
+        }
+    };
+    let decode = |d: &mut rpcrdma::xdr::Decoder<'_>| Ok(d.get_opaque_ddp(demo::MAX_DATA)?.to_vec());
+
+    // a Write chunk of 4 KiB for 64 KiB of data
+    let args = read_args(64 << 10);
+    let short = ReplySizing {
+        max_results: 4 + 4096 + 4,
+        ddp_results: vec![4096],
+    };
+    let call = Call::new(demo::PROGRAM, demo::VERSION, demo::READ, &args, short);
+    assert!(err_chunk(c.call(&call, decode)), "short Write chunk");
+    // a Reply chunk (Long Reply) too small: 64 KiB of data with no Write chunk and 8 KiB of reply
+    let no_ddp = ReplySizing {
+        max_results: 8 << 10,
+        ddp_results: vec![],
+    };
+    let call = Call::new(demo::PROGRAM, demo::VERSION, demo::READ, &args, no_ddp);
+    assert!(err_chunk(c.call(&call, decode)), "short Reply chunk");
+    assert_eq!(c.connects(), 1, "ERR_CHUNK leaves the connection up");
+    assert_eq!(demo::read(&c, 100_000, 3).unwrap(), demo::pattern(100_000, 3));
+
+    // a stale Write-chunk handle: Terminate, reconnect, retransmission, ERR_CHUNK
+    let args = read_args(64 << 10);
+    let call = Call::new(
+        demo::PROGRAM,
+        demo::VERSION,
+        demo::READ,
+        &args,
+        ReplySizing {
+            max_results: 4 + (64 << 10) + 4,
+            ddp_results: vec![64 << 10],
+        },
+    );
+    let r = c.call_with_fault(&call, decode, ChunkFault::StaleWriteHandles);
+    assert!(
+        err_chunk(r.clone()),
+        "stale Write chunk: {:?} after {} connects",
+        r.map(|v| v.len()),
+        c.connects()
+    );
+    assert_eq!(c.connects(), 2, "the Terminate ended the first connection");
+    assert_eq!(demo::read(&c, 100_000, 4).unwrap(), demo::pattern(100_000, 4));
+
+    // a stale Read-chunk handle (a WRITE of 64 KiB goes out through a Read chunk)
+    let data = demo::pattern(64 << 10, 5);
+    let args = |e: &mut Encoder<Vec<u8>>| {
+        e.put_u32(0x7a6)?;
+        e.put_opaque_ddp(&data, demo::MAX_DATA)
+    };
+    let call = Call::new(
+        demo::PROGRAM,
+        demo::VERSION,
+        demo::WRITE,
+        &args,
+        ReplySizing {
+            max_results: 8,
+            ddp_results: vec![],
+        },
+    );
+    let r = c.call_with_fault(
+        &call,
+        |d| Ok((d.get_u32()?, d.get_u32()?)),
+        ChunkFault::StaleReadHandles,
+    );
+    assert!(
+        matches!(r, Err(RpcError::RdmaError(ErrorBody::Chunk))),
+        "stale Read chunk: {r:?}"
+    );
+    assert_eq!(c.connects(), 3);
+    assert_eq!(
+        demo::write(&c, &data).unwrap(),
+        (data.len() as u32, demo::checksum(&data))
+    );
+    let _ = RpcClient::call(
+        &c,
+        &Call::new(
+            demo::PROGRAM,
+            demo::VERSION,
+            demo::NULL,
+            &|_| Ok(()),
+            ReplySizing::default(),
+        ),
+        |_| Ok(()),
+    );
+}

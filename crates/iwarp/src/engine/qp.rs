@@ -630,10 +630,11 @@ impl Proto {
         if !framed {
             self.tx.truncate_to(mark);
         }
-        // The failing work request (if ours) gets the local status.
+        // The event first (see on_terminate), then the failing work request (if ours) gets
+        // the local status.
+        self.events.push(CmEvent::TerminateSent(term_info(&f.cause)));
         self.enter_error();
         self.shutdown_when_drained = true;
-        self.events.push(CmEvent::TerminateSent(term_info(&f.cause)));
     }
 
     // ---------------------------------------------------------------- transmit
@@ -1530,9 +1531,10 @@ impl Proto {
             s.status = Some(st);
             s.vendor_err = pack_cause(&c);
         }
+        // the event first: a consumer woken by the flushed completions finds it already queued
+        self.events.push(CmEvent::TerminateReceived(term_info(&c)));
         self.enter_error();
         self.shutdown_when_drained = true;
-        self.events.push(CmEvent::TerminateReceived(term_info(&c)));
     }
 
     /// The byte stream broke (RFC 5044 framing error, peer FIN or reset).
@@ -1541,15 +1543,15 @@ impl Proto {
             self.terminate(Fatal::bare(c), None);
             return;
         }
+        if !self.disconnected_event {
+            self.disconnected_event = true;
+            self.events.push(CmEvent::Disconnected);
+        }
         if self.state != QpState::Err {
             tracing::info!(qp = self.qpn, "connection closed: {reason}");
             self.enter_error();
         }
         self.shutdown_when_drained = true;
-        if !self.disconnected_event {
-            self.disconnected_event = true;
-            self.events.push(CmEvent::Disconnected);
-        }
     }
 
     pub(crate) fn disconnect(&mut self) {

@@ -37,7 +37,7 @@ mod requester;
 mod responder;
 
 pub use backchannel::{BC_CREDITS, Backchannel};
-pub use requester::RdmaClient;
+pub use requester::{ChunkFault, RdmaClient};
 pub use responder::{RdmaServer, ServerStats, StatsSnapshot};
 
 use std::time::Duration;

@@ -36,6 +36,32 @@ pub struct RdmaClient {
     backchannel: Option<Arc<crate::server::Registry>>,
 }
 
+/// A deliberate fault in the chunk memory a Requester offers for one call, to see how a
+/// Responder handles the RDMA operational errors of RFC 8166 §4.5.3 ("a memory region is no
+/// longer registered"). Used by `softrdma nfs probe` and the interop suite; never by a normal
+/// call. The fault applies to the first transmission only: when the connection is lost, the
+/// retransmission after the reconnect offers valid memory, which is how RFC 8166 §4.5.3
+/// expects a Requester to recover.
+///
+/// (A chunk that is too *small* needs no fault: give the call a [`crate::xdr::ReplySizing`]
+/// smaller than the reply, and the Write or Reply chunk is sized from it.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkFault {
+    /// Advertise the Write list and the Reply chunk with an STag whose 8-bit key is wrong:
+    /// the Responder's first RDMA Write into them meets a Terminate from our RNIC
+    /// (DDP tagged buffer error, invalid STag; RFC 5041 §7.2) and the connection ends.
+    StaleWriteHandles,
+    /// The same for the Read list: the Responder's RDMA Read Request is answered with a
+    /// Terminate (RDMAP remote protection error, invalid STag; RFC 5040 §7.4).
+    StaleReadHandles,
+}
+
+/// The advertised handle of a region under a fault: the same STag index with another key,
+/// so it names no valid registration (RFC 5040 §2.1: the key is the low 8 bits).
+fn stale(stag: u32) -> u32 {
+    stag ^ 0x80
+}
+
 enum Fail {
     /// The connection failed: reconnect and retransmit.
     Retry(RpcError),
@@ -141,6 +167,26 @@ impl RdmaClient {
         call: &Call<'_>,
         decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
     ) -> Result<T, RpcError> {
+        self.call_inner(call, decode, None)
+    }
+
+    /// [`RdmaClient::call`] with a deliberate chunk fault on the first transmission (see
+    /// [`ChunkFault`]): for testing a Responder's RFC 8166 §4.5.3 handling.
+    pub fn call_with_fault<T>(
+        &self,
+        call: &Call<'_>,
+        decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
+        fault: ChunkFault,
+    ) -> Result<T, RpcError> {
+        self.call_inner(call, decode, Some(fault))
+    }
+
+    fn call_inner<T>(
+        &self,
+        call: &Call<'_>,
+        decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
+        mut fault: Option<ChunkFault>,
+    ) -> Result<T, RpcError> {
         let xid = self.xids.next();
         let mut last = RpcError::Disconnected("not connected".into());
         for _attempt in 0..=self.cfg.max_retries {
@@ -152,7 +198,7 @@ impl RdmaClient {
                     continue;
                 }
             };
-            match conn.call_once(xid, call, &self.cfg) {
+            match conn.call_once(xid, call, &self.cfg, fault.take()) {
                 Ok(done) => return done.decode(xid, decode),
                 Err(Fail::Fatal(e)) => return Err(e),
                 Err(Fail::Retry(e)) => {
@@ -547,7 +593,7 @@ impl Conn {
         self.key.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn call_once(&self, xid: u32, call: &Call<'_>, cfg: &RdmaConfig) -> Result<Done, Fail> {
+    fn call_once(&self, xid: u32, call: &Call<'_>, cfg: &RdmaConfig, fault: Option<ChunkFault>) -> Result<Done, Fail> {
         let deadline = Instant::now() + cfg.timeout;
         let local = |e: String| Fail::Fatal(RpcError::Local(e));
         let th = self.neg.thresholds;
@@ -576,16 +622,24 @@ impl Conn {
                 &mut wrs,
             )
             .map_err(|e| local(e.to_string()))?;
+            let bad = fault == Some(ChunkFault::StaleWriteHandles);
+            let seg = |off: usize, cap: u32| {
+                let mut s = r.segment(off, cap);
+                if bad {
+                    s.handle = stale(s.handle);
+                }
+                s
+            };
             let mut off = 0;
             for &cap in &res.write_chunks {
                 lists.writes.push(WriteChunk {
-                    segments: vec![r.segment(off, cap)],
+                    segments: vec![seg(off, cap)],
                 });
                 off += align8(cap as usize);
             }
             if let Some(cap) = res.reply_chunk {
                 lists.reply = Some(WriteChunk {
-                    segments: vec![r.segment(off, cap)],
+                    segments: vec![seg(off, cap)],
                 });
             }
             write_region = Some(r);
@@ -615,9 +669,13 @@ impl Conn {
                 let mut l = lists.clone();
                 let mut off = 0;
                 for it in &red.items {
+                    let mut target = r.segment(off, it.range.len() as u32);
+                    if fault == Some(ChunkFault::StaleReadHandles) {
+                        target.handle = stale(target.handle);
+                    }
                     l.reads.push(ReadSegment {
                         position: it.position,
-                        target: r.segment(off, it.range.len() as u32),
+                        target,
                     });
                     off += it.range.len();
                 }
@@ -637,7 +695,11 @@ impl Conn {
                 )
                 .map_err(|e| local(e.to_string()))?;
                 let mut l = lists.clone();
-                l.reads = position_zero_read_list(&[r.segment(0, stream.len() as u32)]);
+                let mut target = r.segment(0, stream.len() as u32);
+                if fault == Some(ChunkFault::StaleReadHandles) {
+                    target.handle = stale(target.handle);
+                }
+                l.reads = position_zero_read_list(&[target]);
                 read_region = Some(r);
                 (Body::NoMsg(l), &[][..])
             }

@@ -94,7 +94,7 @@ impl RdmaServer {
         let addr = listener.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(ServerStats::default());
-        let failed = Arc::new(Mutex::new(FailedXids::new(1024)));
+        let failed = Arc::new(Recovery::default());
         let conns: Arc<Mutex<Vec<std::sync::Weak<backchannel::Shared>>>> = Arc::default();
         let (stop2, stats2, dev, conns2) = (stop.clone(), stats.clone(), dev.clone(), conns.clone());
         let accept = std::thread::Builder::new()
@@ -196,8 +196,14 @@ struct Conn {
     overrun: bool,
     policy: ResponderPolicy,
     registry: Arc<Registry>,
-    failed: Arc<Mutex<FailedXids>>,
+    failed: Arc<Recovery>,
     backlog: VecDeque<WorkCompletion>,
+    /// XIDs of the latest Replies that wrote into the Requester's memory (at most
+    /// `RECENT_WRITES`): if the connection then ends with a Terminate from the Requester, one
+    /// of those Writes met a bad chunk, and their retransmissions get ERR_CHUNK (RPCR-MEM-05).
+    recent_writes: VecDeque<u32>,
+    /// This connection's serial in [`Recovery::unsettled`].
+    serial: u64,
     stage: Option<MemoryRegion>,
     send_mr: MemoryRegion,
     next_wr: u64,
@@ -206,13 +212,76 @@ struct Conn {
     stats: Arc<ServerStats>,
 }
 
+/// How many Reply XIDs with RDMA Writes a connection remembers for RPCR-MEM-05.
+const RECENT_WRITES: usize = 64;
+
+/// What the connections of one server share for RFC 8166 §4.5.3 (RPCR-MEM-05).
+struct Recovery {
+    /// XIDs whose RDMA operations failed: their retransmissions get ERR_CHUNK.
+    failed: Mutex<FailedXids>,
+    /// XIDs whose Replies wrote into Requester memory, by the serial of the connection that
+    /// sent them, while that connection lives. A retransmission of one of them on another
+    /// connection waits (up to [`SETTLE`]) until the first connection has ended and its fate
+    /// is known: ended by a Terminate, the XID is in `failed`.
+    unsettled: Mutex<std::collections::HashMap<u32, u64>>,
+    settled: std::sync::Condvar,
+    serials: AtomicU64,
+}
+
+impl Default for Recovery {
+    fn default() -> Self {
+        Recovery {
+            failed: Mutex::new(FailedXids::new(1024)),
+            unsettled: Mutex::default(),
+            settled: std::sync::Condvar::new(),
+            serials: AtomicU64::new(1),
+        }
+    }
+}
+
+/// The longest a retransmission waits for the connection that first answered it to end.
+const SETTLE: Duration = Duration::from_secs(2);
+
+impl Recovery {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FailedXids> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wrote(&self, xid: u32, serial: u64) {
+        self.unsettled.lock().unwrap().insert(xid, serial);
+    }
+
+    fn settle(&self, xids: &VecDeque<u32>, serial: u64) {
+        let mut u = self.unsettled.lock().unwrap();
+        for x in xids {
+            if u.get(x) == Some(&serial) {
+                u.remove(x);
+            }
+        }
+        self.settled.notify_all();
+    }
+
+    /// Before `xid` is validated on connection `serial`: wait while another live connection
+    /// holds it as unsettled.
+    fn wait_settled(&self, xid: u32, serial: u64) {
+        let u = self.unsettled.lock().unwrap();
+        let (_u, t) = self
+            .settled
+            .wait_timeout_while(u, SETTLE, |u| u.get(&xid).is_some_and(|&s| s != serial))
+            .unwrap();
+        if t.timed_out() {
+            tracing::debug!(xid, "rpcrdma server: retransmission while its first connection lives");
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn serve(
     req: ConnectRequest,
     pd: &ProtectionDomain,
     registry: Arc<Registry>,
     cfg: RdmaConfig,
-    failed: Arc<Mutex<FailedXids>>,
+    failed: Arc<Recovery>,
     stop: Arc<AtomicBool>,
     stats: Arc<ServerStats>,
     conns: &Mutex<Vec<std::sync::Weak<backchannel::Shared>>>,
@@ -255,6 +324,7 @@ fn serve(
     let send_mr = pd
         .reg_mr(neg.thresholds.reply.max(1024) as usize, Access::LOCAL_WRITE)
         .map_err(e)?;
+    let serial = failed.serials.fetch_add(1, Ordering::Relaxed);
     let mut c = Conn {
         qp,
         bc,
@@ -274,6 +344,8 @@ fn serve(
         registry,
         failed,
         backlog: VecDeque::new(),
+        recent_writes: VecDeque::new(),
+        serial,
         stage: None,
         send_mr,
         next_wr: 1,
@@ -282,6 +354,8 @@ fn serve(
         stats,
     };
     let r = c.run();
+    // the fate of this connection's Writes is known now (recorded as failed by a Terminate)
+    c.failed.settle(&c.recent_writes, c.serial);
     c.bc.close();
     if r.is_err() {
         c.stats.fatal.fetch_add(1, Ordering::Relaxed);
@@ -305,7 +379,7 @@ impl Conn {
                             match ev {
                                 CmEvent::Established => {}
                                 CmEvent::Disconnected => return Ok(()),
-                                other => return Err(format!("{other:?}")),
+                                other => return Err(self.ended_by(other)),
                             }
                         }
                         continue;
@@ -314,6 +388,12 @@ impl Conn {
             };
             if wc.status != WcStatus::Success {
                 if wc.status == WcStatus::WrFlushErr {
+                    // flushed: closed by the peer, or a Terminate put the QP in error
+                    while let Some(ev) = self.qp.get_event(Some(Duration::ZERO)) {
+                        if !matches!(ev, CmEvent::Established | CmEvent::Disconnected) {
+                            return Err(self.ended_by(ev));
+                        }
+                    }
                     return Ok(());
                 }
                 return Err(format!("receive failed: {}", wc.status));
@@ -343,6 +423,21 @@ impl Conn {
             }
             self.on_message(&msg)?;
         }
+    }
+
+    /// The connection ended with `ev`. A Terminate from the Requester means one of our RDMA
+    /// operations met memory it does not accept (RFC 8166 §4.5.3): the Writes of the latest
+    /// Replies are the candidates, so their XIDs get ERR_CHUNK when retransmitted (RPCR-MEM-05).
+    /// A Requester that got its Reply does not retransmit, so this costs the others nothing.
+    fn ended_by(&mut self, ev: CmEvent) -> Fatal {
+        if matches!(ev, CmEvent::TerminateReceived(_)) && !self.recent_writes.is_empty() {
+            let mut failed = self.failed.lock();
+            for &xid in &self.recent_writes {
+                failed.record(xid);
+            }
+            tracing::debug!(xids = ?self.recent_writes, "rpcrdma server: Terminate after chunk writes");
+        }
+        format!("{ev:?}")
     }
 
     /// One completion; Receives (arrivals) are counted against the grant and kept for later.
@@ -411,7 +506,11 @@ impl Conn {
 
     fn on_message(&mut self, msg: &[u8]) -> Result<(), Fatal> {
         let decision = {
-            let failed = self.failed.lock().unwrap();
+            if let Some(x) = msg.get(..4) {
+                let xid = u32::from_be_bytes(x.try_into().expect("4 bytes"));
+                self.failed.wait_settled(xid, self.serial);
+            }
+            let failed = self.failed.lock();
             validate_call(msg, &self.policy, &failed)
         };
         match decision {
@@ -445,7 +544,7 @@ impl Conn {
                     Ok(p) => p,
                     Err(e) => {
                         // RPCR-MEM-05: remember the XID; its retransmission gets ERR_CHUNK
-                        self.failed.lock().unwrap().record(xid);
+                        self.failed.lock().record(xid);
                         return Err(e);
                     }
                 };
@@ -620,6 +719,15 @@ impl Conn {
         if msg.len() > self.send_mr.len() || msg.len() > self.th.reply as usize {
             return Err(format!("reply of {} bytes exceeds the inline threshold", msg.len()));
         }
+        if !writes.is_empty() {
+            if self.recent_writes.len() == RECENT_WRITES
+                && let Some(old) = self.recent_writes.pop_front()
+            {
+                self.failed.settle(&[old].into(), self.serial);
+            }
+            self.recent_writes.push_back(xid);
+            self.failed.wrote(xid, self.serial);
+        }
         let mut wrs = Vec::with_capacity(writes.len() + 1);
         if !writes.is_empty() {
             let total: usize = staged.iter().map(|s| s.len()).sum();
@@ -660,7 +768,7 @@ impl Conn {
         self.qp.post_send(&wrs).map_err(|e| e.to_string())?;
         if let Err(e) = self.wait_for(id) {
             if !writes.is_empty() {
-                self.failed.lock().unwrap().record(xid);
+                self.failed.lock().record(xid);
             }
             return Err(e);
         }
