@@ -10,8 +10,8 @@ bash scripts/setup.sh
 SOFTRDMA_INTEROP=0 cargo test --workspace --release --all-targets --no-fail-fast
 bash scripts/fuzz-smoke.sh
 
-# --- 4. interop with Linux siw and NFS/RDMA (crates/cli/tests/{interop_siw,nfs_interop}.rs,
-#        docs/interop-siw.md, docs/interop-nfs.md) -----------------------------------------
+# --- 4. interop with Linux siw, perftest and NFS/RDMA (crates/cli/tests/{interop_siw,
+#        interop_perftest,nfs_interop}.rs, docs/interop-{siw,perftest,nfs}.md) --------------
 # SOFTRDMA_INTEROP=1 lets the suite build the lab (setup.sh) and start the VM itself; without
 # root, QEMU or the lab directory each test prints SKIPPED and passes. About 5 minutes under
 # TCG once the lab is built. SOFTRDMA_INTEROP=0 skips this step, =require fails on a skip.
@@ -21,6 +21,6 @@ if [ "${SOFTRDMA_INTEROP:-1}" != 0 ]; then
     was_running=0
     if [ -x "$lab/vm.sh" ] && "$lab/vm.sh" exec true >/dev/null 2>&1; then was_running=1; fi
     SOFTRDMA_INTEROP="${SOFTRDMA_INTEROP:-1}" \
-        cargo test --release -p softrdma --test interop_siw --test nfs_interop -- --test-threads=1
+        cargo test --release -p softrdma --test interop_siw --test nfs_interop --test interop_perftest -- --test-threads=1
     if [ "$was_running" = 0 ] && [ -x "$lab/vm.sh" ]; then "$lab/vm.sh" stop || true; fi
 fi

@@ -875,9 +875,9 @@ fn bw_report(p: &Params, posted: &[Instant], completed: &[Instant]) -> BwReport 
     let mut bw_peak = 0.0;
     if n <= 20_000 {
         let mut best = f64::MAX;
-        for i in 0..n {
+        for (i, p) in posted.iter().enumerate().take(n) {
             for (j, c) in completed.iter().enumerate().take(n).skip(i) {
-                let t = secs(posted[i], *c) / (j - i + 1) as f64;
+                let t = secs(*p, *c) / (j - i + 1) as f64;
                 if t > 0.0 && t < best {
                     best = t;
                 }
@@ -933,7 +933,7 @@ fn bw_rdma_client(
         }
         let now = Instant::now();
         for wc in &wcs {
-            ok(wc, wc_op.clone(), what)?;
+            ok(wc, wc_op, what)?;
             completed.push(now);
         }
     }
@@ -1055,7 +1055,7 @@ fn send_bw_server(
                 post_recvs(d, p, 1)?;
                 posted += 1;
             }
-            if (rcnt % p.rx_depth as u64) % credit_every == 0 {
+            if (rcnt % p.rx_depth as u64).is_multiple_of(credit_every) {
                 while credits_out >= p.tx_depth as u64 {
                     let wc = wait_wc(&d.send_cq, &d.qp, deadline, "a credit Write's completion")?;
                     ok(&wc, WcOpcode::RdmaWrite, "credit RDMA Write")?;
@@ -1179,7 +1179,8 @@ fn write_lat(d: &Data, p: &Params, rem: &PingpongDest, client: bool, deadline: I
     let mut posted = Vec::with_capacity(n as usize);
     let mut spins = 0u64;
     while scnt < n || ccnt < n || rcnt < n {
-        if rcnt < n && !(scnt < 1 && !client) {
+        // The server waits for the client's first Write before its own.
+        if rcnt < n && (client || scnt >= 1) {
             rcnt += 1;
             let want = rcnt as u8;
             while read_byte(&d.mr, poll_off) != want {

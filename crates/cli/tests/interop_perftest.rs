@@ -1,0 +1,447 @@
+//! `softrdma perftest` against linux-rdma perftest 6.06 (Debian 4.5+0.17) in rdma_cm mode (`-R`)
+//! over the kernel's soft-iWARP in the QEMU lab (`../shared/lab`, issue 6): each of
+//! `ib_send_bw`, `ib_write_bw`, `ib_read_bw`, `ib_send_lat`, `ib_write_lat`, `ib_read_lat` with
+//! perftest as the server in the guest and our client in the lab's namespace, and the other way
+//! round. Every case checks both exit statuses, both result lines (bytes and iterations, and
+//! where perftest prints the other side's figures, that they are ours), and that the guest
+//! kernel logged no BUG/WARNING/Oops and has no new taint. docs/interop-perftest.md has the
+//! exchange and the figures.
+//!
+//! Requirements exercised against a foreign implementation: RDMAP-WR-01/02 (Writes placed, no
+//! receive consumed: the write tests), RDMAP-RD-01 (Read Request/Response: the read tests),
+//! RDMAP-SND-01/02/03 (Sends consume one receive each, lengths reported, in order: the send
+//! tests and the whole comm exchange), RDMAP-LLP-02 (4 KiB messages as DDP segments).
+//!
+//! Gate as `interop_siw.rs`: `SOFTRDMA_INTEROP=0` skips, unset uses a lab that is built
+//! (`/var/tmp/rdmalab/vmlinuz`), `=1` also builds it, `=require` turns a skip into a failure.
+//! Each case holds the lab (`common/lab.rs`: process mutex + flock), so `--test-threads=1` or
+//! not, one case at a time uses the guest.
+
+#[path = "common/lab.rs"]
+mod lab_common;
+
+use lab_common::{LAB_STATE, Lab, NS, acquire, gate, lab_dir, vm_exec};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+const HOST_IP: &str = "192.168.77.1";
+const GUEST_IP: &str = "192.168.77.2";
+const SIZE: u64 = 4096;
+const ITERS: u64 = 100;
+
+fn bring_up() -> Result<PathBuf, String> {
+    if gate() == "0" {
+        return Err("SOFTRDMA_INTEROP=0".into());
+    }
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    if !root {
+        return Err("not root (the lab needs a network namespace and a tap device)".into());
+    }
+    let dir = lab_dir()?;
+    if !Path::new(LAB_STATE).join("vmlinuz").exists() {
+        if gate() != "1" && gate() != "require" {
+            return Err(format!(
+                "the lab is not built; run {}/setup.sh or set SOFTRDMA_INTEROP=1",
+                dir.display()
+            ));
+        }
+        let st = Command::new("./setup.sh")
+            .current_dir(&dir)
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !st.success() {
+            return Err(format!("setup.sh failed ({st})"));
+        }
+    }
+    if vm_exec(&dir, "true", 20).0 != 0 {
+        let out = Command::new("./vm.sh")
+            .arg("start")
+            .current_dir(&dir)
+            .output()
+            .map_err(|e| format!("vm.sh start: {e}"))?;
+        if !out.status.success() || vm_exec(&dir, "true", 30).0 != 0 {
+            return Err(format!("vm.sh start failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+    }
+    // `ib_write_bw --version` exits with status 1 (VERSION_EXIT is returned as FAILURE).
+    let (_, out) = vm_exec(&dir, "ib_write_bw --version", 20);
+    if !out.contains("Version: ") {
+        return Err(format!("perftest is not in the guest: {out}"));
+    }
+    let (rc, out) = vm_exec(&dir, "rdma link show | grep -q 'siw0/1 state ACTIVE' && echo ok", 20);
+    if rc != 0 || !out.contains("ok") {
+        return Err(format!("siw0 is not active in the guest: {out}"));
+    }
+    Ok(dir)
+}
+
+fn lab(test: &str) -> Option<Lab> {
+    let lab = acquire(test, "kernel siw + perftest interop lab", bring_up)?;
+    let (_, out) = vm_exec(&lab.dir, "dmesg | wc -l > /tmp/softrdma-pt-dmesg-mark", 20);
+    assert!(!out.contains("BUG"), "{out}");
+    Some(lab)
+}
+
+/// No BUG/WARNING/Oops in the guest since `lab()`, no taint beyond siw's O+E.
+fn kernel_check(lab: &Lab) {
+    let (rc, out) = vm_exec(
+        &lab.dir,
+        "m=$(cat /tmp/softrdma-pt-dmesg-mark 2>/dev/null || echo 0); dmesg | tail -n +$((m+1)); \
+         echo tainted=$(cat /proc/sys/kernel/tainted)",
+        20,
+    );
+    assert_eq!(rc, 0, "guest unreachable after the case: {out}");
+    for bad in ["BUG:", "WARNING:", "Oops", "Call Trace", "general protection"] {
+        assert!(!out.contains(bad), "guest kernel reported {bad}:\n{out}");
+    }
+    let t: u64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("tainted="))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("tainted");
+    assert_eq!(t & !(4096 | 8192), 0, "guest kernel taint {t:#x}:\n{out}");
+}
+
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// A fresh port per case (18600..18999), away from perftest's default.
+fn port() -> u16 {
+    let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed) as u32;
+    18600 + ((std::process::id() % 16) * 25 + n) as u16 % 400
+}
+
+/// The line after perftest's (and our) `#bytes` header, split into fields.
+fn result_fields(log: &str) -> Option<Vec<String>> {
+    let mut lines = log.lines();
+    lines.find(|l| l.trim_start().starts_with("#bytes"))?;
+    let l = lines.next()?;
+    Some(l.split_whitespace().map(str::to_owned).collect())
+}
+
+fn exit_of(log: &str) -> Option<i32> {
+    log.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("exit=").and_then(|v| v.trim().parse().ok()))
+}
+
+struct Run {
+    ours_ok: bool,
+    ours: String,
+    guest_exit: Option<i32>,
+    guest: String,
+}
+
+fn common_args(test: &str) -> Vec<String> {
+    vec![
+        "perftest".into(),
+        test.into(),
+        "-s".into(),
+        SIZE.to_string(),
+        "-n".into(),
+        ITERS.to_string(),
+        "--timeout".into(),
+        "30".into(),
+    ]
+}
+
+/// perftest `ib_TEST -R` as the server in the guest, our client in the namespace.
+fn guest_server_case(lab: &Lab, test: &str) -> Run {
+    let p = port();
+    let start = format!(
+        "rm -f /tmp/pts-{p}.log; (timeout 120 ib_{test} -R -d siw0 -p {p} -s {SIZE} -n {ITERS} >/tmp/pts-{p}.log 2>&1; \
+         echo exit=$? >>/tmp/pts-{p}.log) >/dev/null 2>&1 &\n\
+         i=0; while [ $i -lt 200 ]; do ss -tln | grep -q ':{p} ' && exit 0; i=$((i+1)); sleep 0.05; done; \
+         echo 'perftest did not listen'; cat /tmp/pts-{p}.log; exit 1"
+    );
+    let (rc, out) = vm_exec(&lab.dir, &start, 30);
+    assert_eq!(rc, 0, "guest ib_{test} -R server: {out}");
+    let mut args = common_args(test);
+    args.extend([GUEST_IP.into(), "-p".into(), p.to_string()]);
+    let out = Command::new("ip")
+        .args(["netns", "exec", NS, BIN])
+        .args(&args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("softrdma perftest client");
+    let (_, guest) = vm_exec(
+        &lab.dir,
+        &format!(
+            "i=0; while [ $i -lt 300 ]; do grep -q '^exit=' /tmp/pts-{p}.log && break; i=$((i+1)); sleep 0.1; done; \
+             grep -q '^exit=' /tmp/pts-{p}.log || {{ pkill -f 'ib_{test} -R -d siw0 -p {p} '; sleep 0.3; echo killed; }}; \
+             cat /tmp/pts-{p}.log"
+        ),
+        60,
+    );
+    kernel_check(lab);
+    let mut ours = String::from_utf8_lossy(&out.stdout).into_owned();
+    ours.push_str(&String::from_utf8_lossy(&out.stderr));
+    Run {
+        ours_ok: out.status.success(),
+        ours,
+        guest_exit: exit_of(&guest),
+        guest,
+    }
+}
+
+/// Our server in the namespace, perftest `ib_TEST -R` as the client in the guest.
+fn guest_client_case(lab: &Lab, test: &str) -> Run {
+    let p = port();
+    let mut args = common_args(test);
+    args.extend(["-p".into(), p.to_string()]);
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", NS, BIN])
+        .args(&args)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("softrdma perftest server");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ss = Command::new("ip")
+            .args(["netns", "exec", NS, "ss", "-tln"])
+            .output()
+            .unwrap();
+        if String::from_utf8_lossy(&ss.stdout).contains(&format!(":{p} ")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "our server does not listen on {p}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (_, guest) = vm_exec(
+        &lab.dir,
+        &format!(
+            "timeout 120 ib_{test} -R -d siw0 -p {p} -s {SIZE} -n {ITERS} {HOST_IP} >/tmp/ptc-{p}.log 2>&1; \
+             echo exit=$? >>/tmp/ptc-{p}.log; cat /tmp/ptc-{p}.log"
+        ),
+        150,
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if child.try_wait().unwrap().is_none() {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    kernel_check(lab);
+    let mut ours = String::from_utf8_lossy(&out.stdout).into_owned();
+    ours.push_str(&String::from_utf8_lossy(&out.stderr));
+    Run {
+        ours_ok: out.status.success(),
+        ours,
+        guest_exit: exit_of(&guest),
+        guest,
+    }
+}
+
+impl Run {
+    fn assert_ok(&self, what: &str) {
+        assert!(
+            self.ours_ok,
+            "{what}: softrdma failed:\n{}\nguest:\n{}",
+            self.ours, self.guest
+        );
+        assert_eq!(
+            self.guest_exit,
+            Some(0),
+            "{what}: perftest failed:\n{}\nours:\n{}",
+            self.guest,
+            self.ours
+        );
+        for bad in ["Bad wc status", "Completion with error", "Unable to", "Failed"] {
+            assert!(
+                !self.guest.contains(bad),
+                "{what}: perftest printed {bad:?}:\n{}",
+                self.guest
+            );
+        }
+    }
+    fn ours_line(&self) -> Vec<String> {
+        result_fields(&self.ours).unwrap_or_else(|| panic!("no result line from softrdma:\n{}", self.ours))
+    }
+    fn guest_line(&self) -> Vec<String> {
+        result_fields(&self.guest).unwrap_or_else(|| panic!("no result line from perftest:\n{}", self.guest))
+    }
+}
+
+fn assert_size_iters(f: &[String], who: &str) {
+    assert!(f.len() >= 5, "{who}: short result line {f:?}");
+    assert_eq!(f[0], SIZE.to_string(), "{who}: #bytes in {f:?}");
+    assert_eq!(f[1], ITERS.to_string(), "{who}: #iterations in {f:?}");
+    for v in &f[2..5] {
+        let x: f64 = v.parse().unwrap_or_else(|_| panic!("{who}: {v:?} in {f:?}"));
+        assert!(x.is_finite() && x >= 0.0, "{who}: {f:?}");
+    }
+}
+
+/// write/read bw: the server prints the client's figures (xchg_bw_reports), so both lines match.
+fn bw_pair(r: &Run, what: &str) {
+    r.assert_ok(what);
+    let (o, g) = (r.ours_line(), r.guest_line());
+    assert_size_iters(&o, "softrdma");
+    assert_size_iters(&g, "perftest");
+    assert_eq!(&o[..5], &g[..5], "{what}: the server prints the client's report");
+    assert!(o[3].parse::<f64>().unwrap() > 0.0, "{what}: zero bandwidth {o:?}");
+}
+
+/// Each side measures itself (send bw, the ping-pong latencies).
+fn own_lines(r: &Run, what: &str, lat: bool) {
+    r.assert_ok(what);
+    let (o, g) = (r.ours_line(), r.guest_line());
+    assert_size_iters(&o, "softrdma");
+    assert_size_iters(&g, "perftest");
+    if lat {
+        // t_min <= t_typical <= t_max, all positive.
+        for f in [&o, &g] {
+            let v: Vec<f64> = f[2..5].iter().map(|x| x.parse().unwrap()).collect();
+            assert!(v[0] > 0.0 && v[0] <= v[2] && v[2] <= v[1], "{what}: {f:?}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// perftest server in the guest, softrdma client
+
+#[test]
+fn write_bw_kernel_server_our_client() {
+    let Some(lab) = lab("write_bw_kernel_server_our_client") else {
+        return;
+    };
+    let r = guest_server_case(&lab, "write_bw");
+    bw_pair(&r, "write_bw");
+    assert!(
+        r.ours.contains(&format!("verified: {ITERS} RDMA Write completions")),
+        "{}",
+        r.ours
+    );
+}
+
+#[test]
+fn read_bw_kernel_server_our_client() {
+    let Some(lab) = lab("read_bw_kernel_server_our_client") else {
+        return;
+    };
+    let r = guest_server_case(&lab, "read_bw");
+    bw_pair(&r, "read_bw");
+    assert!(
+        r.ours.contains(&format!("verified: {ITERS} RDMA Read completions")),
+        "{}",
+        r.ours
+    );
+}
+
+/// P2 (docs/interop-perftest.md): over iWARP ib_send_bw's receiver grants credits by RDMA
+/// Write into the sender's credit word; without them we would stall after rx_depth Sends.
+#[test]
+fn send_bw_kernel_server_our_client() {
+    let Some(lab) = lab("send_bw_kernel_server_our_client") else {
+        return;
+    };
+    let r = guest_server_case(&lab, "send_bw");
+    own_lines(&r, "send_bw", false);
+    assert!(r.ours.contains("credits from the receiver"), "{}", r.ours);
+}
+
+#[test]
+fn send_lat_kernel_server_our_client() {
+    let Some(lab) = lab("send_lat_kernel_server_our_client") else {
+        return;
+    };
+    let r = guest_server_case(&lab, "send_lat");
+    own_lines(&r, "send_lat", true);
+}
+
+/// ib_write_lat has no closing exchange: P3's teardown order matters most here.
+#[test]
+fn write_lat_kernel_server_our_client() {
+    let Some(lab) = lab("write_lat_kernel_server_our_client") else {
+        return;
+    };
+    let r = guest_server_case(&lab, "write_lat");
+    own_lines(&r, "write_lat", true);
+    assert!(r.ours.contains("sequence byte checked"), "{}", r.ours);
+}
+
+#[test]
+fn read_lat_kernel_server_our_client() {
+    let Some(lab) = lab("read_lat_kernel_server_our_client") else {
+        return;
+    };
+    let r = guest_server_case(&lab, "read_lat");
+    r.assert_ok("read_lat");
+    assert_size_iters(&r.ours_line(), "softrdma");
+    // perftest's read_lat server measures nothing and prints no result line.
+    assert!(result_fields(&r.guest).is_none(), "{}", r.guest);
+}
+
+// ---------------------------------------------------------------------------------------
+// softrdma server, perftest client in the guest
+
+#[test]
+fn write_bw_our_server_kernel_client() {
+    let Some(lab) = lab("write_bw_our_server_kernel_client") else {
+        return;
+    };
+    let r = guest_client_case(&lab, "write_bw");
+    bw_pair(&r, "write_bw");
+}
+
+#[test]
+fn read_bw_our_server_kernel_client() {
+    let Some(lab) = lab("read_bw_our_server_kernel_client") else {
+        return;
+    };
+    let r = guest_client_case(&lab, "read_bw");
+    bw_pair(&r, "read_bw");
+}
+
+#[test]
+fn send_bw_our_server_kernel_client() {
+    let Some(lab) = lab("send_bw_our_server_kernel_client") else {
+        return;
+    };
+    let r = guest_client_case(&lab, "send_bw");
+    own_lines(&r, "send_bw", false);
+    assert!(
+        r.ours.contains(&format!("verified: {ITERS} receives of {SIZE} bytes")),
+        "{}",
+        r.ours
+    );
+}
+
+#[test]
+fn send_lat_our_server_kernel_client() {
+    let Some(lab) = lab("send_lat_our_server_kernel_client") else {
+        return;
+    };
+    let r = guest_client_case(&lab, "send_lat");
+    own_lines(&r, "send_lat", true);
+}
+
+#[test]
+fn write_lat_our_server_kernel_client() {
+    let Some(lab) = lab("write_lat_our_server_kernel_client") else {
+        return;
+    };
+    let r = guest_client_case(&lab, "write_lat");
+    own_lines(&r, "write_lat", true);
+}
+
+#[test]
+fn read_lat_our_server_kernel_client() {
+    let Some(lab) = lab("read_lat_our_server_kernel_client") else {
+        return;
+    };
+    let r = guest_client_case(&lab, "read_lat");
+    r.assert_ok("read_lat");
+    assert_size_iters(&r.guest_line(), "perftest");
+    assert!(r.ours.contains("the client measures"), "{}", r.ours);
+}

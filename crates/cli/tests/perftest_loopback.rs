@@ -1,0 +1,205 @@
+//! `softrdma perftest` against itself over loopback TCP (no lab needed): every test, server
+//! and client as two processes, checking exit statuses, the result lines, that write/read bw
+//! servers print the client's figures (perftest's `xchg_bw_reports`), and that the payload
+//! pattern check between two softrdma ends ran. Also: a server given a peer that is not
+//! perftest fails with a clear error instead of hanging or panicking.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn server(test: &str, port: u16, extra: &[&str]) -> Child {
+    let child = Command::new(BIN)
+        .args([
+            "perftest",
+            test,
+            "--bind",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--timeout",
+            "20",
+        ])
+        .args(extra)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    // No readiness probe (a bare TCP connect is not an MPA peer): the client retries a
+    // refused connect as perftest's does.
+    child
+}
+
+fn client(test: &str, port: u16, extra: &[&str]) -> Output {
+    Command::new(BIN)
+        .args([
+            "perftest",
+            test,
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--timeout",
+            "20",
+        ])
+        .args(extra)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("client")
+}
+
+fn finish(mut c: Child) -> Output {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = c.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    let s = String::from_utf8_lossy(&o.stdout);
+    let line = s.lines().last().unwrap_or_else(|| panic!("no output: {}", text(o)));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {}", text(o)))
+}
+
+/// Runs one test both ends with --json and returns (server, client) JSON.
+fn pair(test: &str, size: &str, iters: &str) -> (serde_json::Value, serde_json::Value) {
+    let port = free_port();
+    let args = ["-s", size, "-n", iters, "--json"];
+    let s = server(test, port, &args);
+    let c = client(test, port, &args);
+    let s = finish(s);
+    assert!(c.status.success(), "client: {}\nserver: {}", text(&c), text(&s));
+    assert!(s.status.success(), "server: {}\nclient: {}", text(&s), text(&c));
+    (json(&s), json(&c))
+}
+
+fn check_common(v: &serde_json::Value, test: &str, size: u64, iters: u64) {
+    assert_eq!(v["test"], test, "{v}");
+    assert_eq!(v["bytes"], size, "{v}");
+    assert_eq!(v["iterations"], iters, "{v}");
+    assert!(v["peer"].as_str().unwrap().starts_with("softrdma"), "{v}");
+}
+
+#[test]
+fn bandwidth_tests_between_two_softrdma_ends() {
+    for test in ["write_bw", "read_bw"] {
+        let (s, c) = pair(test, "8192", "300");
+        check_common(&c, test, 8192, 300);
+        check_common(&s, test, 8192, 300);
+        assert_eq!(s["figures_from"], "peer");
+        for k in ["bw_peak_mb_per_s", "bw_average_mb_per_s", "msg_rate_mpps"] {
+            assert_eq!(s[k], c[k], "{test}: the server reports the client's {k}");
+            assert!(c[k].as_f64().unwrap() > 0.0, "{c}");
+        }
+        assert!(
+            c["verified"].as_str().unwrap().contains("payload pattern checked"),
+            "{c}"
+        );
+    }
+    // Send: more iterations than the default rx depth makes the credit flow control work.
+    let (s, c) = pair("send_bw", "1000", "1500");
+    check_common(&c, "send_bw", 1000, 1500);
+    check_common(&s, "send_bw", 1000, 1500);
+    assert!(
+        s["verified"].as_str().unwrap().contains("payload pattern checked"),
+        "{s}"
+    );
+}
+
+#[test]
+fn latency_tests_between_two_softrdma_ends() {
+    for test in ["write_lat", "send_lat", "read_lat"] {
+        let (s, c) = pair(test, "64", "200");
+        check_common(&c, test, 64, 200);
+        for k in ["t_min_us", "t_typical_us", "t_avg_us", "p99_us", "t_max_us"] {
+            assert!(c[k].as_f64().unwrap() > 0.0, "{test}: {k} in {c}");
+        }
+        assert!(c["t_min_us"].as_f64() <= c["t_typical_us"].as_f64(), "{c}");
+        if test == "read_lat" {
+            assert_eq!(s["figures_from"], "none (the client measures)", "{s}");
+        } else {
+            check_common(&s, test, 64, 200);
+        }
+    }
+}
+
+#[test]
+fn table_output_has_perftest_result_line() {
+    let port = free_port();
+    let s = server("write_bw", port, &["-s", "4096", "-n", "50"]);
+    let c = client("write_bw", port, &["-s", "4096", "-n", "50"]);
+    let s = finish(s);
+    assert!(c.status.success() && s.status.success(), "{}\n{}", text(&c), text(&s));
+    for o in [&c, &s] {
+        let out = String::from_utf8_lossy(&o.stdout);
+        let mut it = out
+            .lines()
+            .skip_while(|l| !l.contains("#bytes     #iterations    BW peak[MB/sec]"));
+        it.next().expect("header");
+        let f: Vec<&str> = it.next().expect("result").split_whitespace().collect();
+        assert_eq!(&f[..2], &["4096", "50"], "{out}");
+    }
+}
+
+/// A peer that is an old perftest (version 5.60): the server refuses it with perftest's own
+/// check (`check_version_compatibility`), a typed error and exit status 1, no panic. The peer is
+/// a raw verbs client that speaks only the first message.
+#[test]
+fn server_refuses_a_peer_older_than_5_70() {
+    use verbs::*;
+    let port = free_port();
+    let s = server("write_bw", port, &[]);
+    let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(16).unwrap();
+    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let qp = loop {
+        match pd.connect(
+            ([127, 0, 0, 1], port).into(),
+            QpOptions::new(&cq).post_recv([RecvWr {
+                wr_id: 9,
+                sg_list: vec![mr.sge(0, 64)],
+            }]),
+            Duration::from_secs(5),
+        ) {
+            Ok(qp) => break qp,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "connect: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    let mut v = [0u8; 16];
+    v[..4].copy_from_slice(b"5.60");
+    mr.write(0, &v).unwrap();
+    qp.post_send_one(SendWr::new(1, WrOpcode::Send, vec![mr.sge(0, 16)]))
+        .unwrap();
+    let wc = cq.wait(Some(Duration::from_secs(5))).expect("send completion");
+    assert_eq!(wc.status, WcStatus::Success);
+    let s = finish(s);
+    drop(qp);
+    let st = text(&s);
+    assert!(!s.status.success(), "server accepted version 5.60: {st}");
+    assert!(st.contains("older than 5.7"), "{st}");
+    assert!(!st.contains("panicked"), "{st}");
+}
