@@ -155,7 +155,7 @@ fn common_args(test: &str) -> Vec<String> {
 fn guest_server_case(lab: &Lab, test: &str) -> Run {
     let p = port();
     let start = format!(
-        "rm -f /tmp/pts-{p}.log; (timeout 120 ib_{test} -R -d siw0 -p {p} -s {SIZE} -n {ITERS} >/tmp/pts-{p}.log 2>&1; \
+        "rm -f /tmp/pts-{p}.log; (timeout 120 ib_{test} -R -F -d siw0 -p {p} -s {SIZE} -n {ITERS} >/tmp/pts-{p}.log 2>&1; \
          echo exit=$? >>/tmp/pts-{p}.log) >/dev/null 2>&1 &\n\
          i=0; while [ $i -lt 200 ]; do ss -tln | grep -q ':{p} ' && exit 0; i=$((i+1)); sleep 0.05; done; \
          echo 'perftest did not listen'; cat /tmp/pts-{p}.log; exit 1"
@@ -174,7 +174,7 @@ fn guest_server_case(lab: &Lab, test: &str) -> Run {
         &lab.dir,
         &format!(
             "i=0; while [ $i -lt 300 ]; do grep -q '^exit=' /tmp/pts-{p}.log && break; i=$((i+1)); sleep 0.1; done; \
-             grep -q '^exit=' /tmp/pts-{p}.log || {{ pkill -f 'ib_{test} -R -d siw0 -p {p} '; sleep 0.3; echo killed; }}; \
+             grep -q '^exit=' /tmp/pts-{p}.log || {{ pkill -f 'ib_{test} -R -F -d siw0 -p {p} '; sleep 0.3; echo killed; }}; \
              cat /tmp/pts-{p}.log"
         ),
         60,
@@ -218,7 +218,7 @@ fn guest_client_case(lab: &Lab, test: &str) -> Run {
     let (_, guest) = vm_exec(
         &lab.dir,
         &format!(
-            "timeout 120 ib_{test} -R -d siw0 -p {p} -s {SIZE} -n {ITERS} {HOST_IP} >/tmp/ptc-{p}.log 2>&1; \
+            "timeout 120 ib_{test} -R -F -d siw0 -p {p} -s {SIZE} -n {ITERS} {HOST_IP} >/tmp/ptc-{p}.log 2>&1; \
              echo exit=$? >>/tmp/ptc-{p}.log; cat /tmp/ptc-{p}.log"
         ),
         150,
@@ -272,38 +272,43 @@ impl Run {
     }
 }
 
-fn assert_size_iters(f: &[String], who: &str) {
+/// `#bytes` and `#iterations` as run; the figures numbers, finite and positive when `strict`.
+/// perftest's own figures are checked loosely: under TCG its clock calibration
+/// (`sample_get_cpu_mhz`) sometimes fails (r^2 < 0.9) and then, with -F, it prints inf/nan
+/// (docs/interop-perftest.md, P5).
+fn assert_size_iters(f: &[String], who: &str, strict: bool) {
     assert!(f.len() >= 5, "{who}: short result line {f:?}");
     assert_eq!(f[0], SIZE.to_string(), "{who}: #bytes in {f:?}");
     assert_eq!(f[1], ITERS.to_string(), "{who}: #iterations in {f:?}");
     for v in &f[2..5] {
         let x: f64 = v.parse().unwrap_or_else(|_| panic!("{who}: {v:?} in {f:?}"));
-        assert!(x.is_finite() && x >= 0.0, "{who}: {f:?}");
+        assert!(!strict || (x.is_finite() && x >= 0.0), "{who}: {f:?}");
     }
 }
 
-/// write/read bw: the server prints the client's figures (xchg_bw_reports), so both lines match.
-fn bw_pair(r: &Run, what: &str) {
+/// write/read bw: the server prints the client's figures (xchg_bw_reports), so both lines match;
+/// `ours_measured`: we are the client, so the figures are ours.
+fn bw_pair(r: &Run, what: &str, ours_measured: bool) {
     r.assert_ok(what);
     let (o, g) = (r.ours_line(), r.guest_line());
-    assert_size_iters(&o, "softrdma");
-    assert_size_iters(&g, "perftest");
+    assert_size_iters(&o, "softrdma", ours_measured);
+    assert_size_iters(&g, "perftest", ours_measured);
     assert_eq!(&o[..5], &g[..5], "{what}: the server prints the client's report");
-    assert!(o[3].parse::<f64>().unwrap() > 0.0, "{what}: zero bandwidth {o:?}");
+    if ours_measured {
+        assert!(o[3].parse::<f64>().unwrap() > 0.0, "{what}: zero bandwidth {o:?}");
+    }
 }
 
 /// Each side measures itself (send bw, the ping-pong latencies).
 fn own_lines(r: &Run, what: &str, lat: bool) {
     r.assert_ok(what);
     let (o, g) = (r.ours_line(), r.guest_line());
-    assert_size_iters(&o, "softrdma");
-    assert_size_iters(&g, "perftest");
+    assert_size_iters(&o, "softrdma", true);
+    assert_size_iters(&g, "perftest", false);
     if lat {
         // t_min <= t_typical <= t_max, all positive.
-        for f in [&o, &g] {
-            let v: Vec<f64> = f[2..5].iter().map(|x| x.parse().unwrap()).collect();
-            assert!(v[0] > 0.0 && v[0] <= v[2] && v[2] <= v[1], "{what}: {f:?}");
-        }
+        let v: Vec<f64> = o[2..5].iter().map(|x| x.parse().unwrap()).collect();
+        assert!(v[0] > 0.0 && v[0] <= v[2] && v[2] <= v[1], "{what}: {o:?}");
     }
 }
 
@@ -316,7 +321,7 @@ fn write_bw_kernel_server_our_client() {
         return;
     };
     let r = guest_server_case(&lab, "write_bw");
-    bw_pair(&r, "write_bw");
+    bw_pair(&r, "write_bw", true);
     assert!(
         r.ours.contains(&format!("verified: {ITERS} RDMA Write completions")),
         "{}",
@@ -330,7 +335,7 @@ fn read_bw_kernel_server_our_client() {
         return;
     };
     let r = guest_server_case(&lab, "read_bw");
-    bw_pair(&r, "read_bw");
+    bw_pair(&r, "read_bw", true);
     assert!(
         r.ours.contains(&format!("verified: {ITERS} RDMA Read completions")),
         "{}",
@@ -377,7 +382,7 @@ fn read_lat_kernel_server_our_client() {
     };
     let r = guest_server_case(&lab, "read_lat");
     r.assert_ok("read_lat");
-    assert_size_iters(&r.ours_line(), "softrdma");
+    assert_size_iters(&r.ours_line(), "softrdma", true);
     // perftest's read_lat server measures nothing and prints no result line.
     assert!(result_fields(&r.guest).is_none(), "{}", r.guest);
 }
@@ -391,7 +396,7 @@ fn write_bw_our_server_kernel_client() {
         return;
     };
     let r = guest_client_case(&lab, "write_bw");
-    bw_pair(&r, "write_bw");
+    bw_pair(&r, "write_bw", false);
 }
 
 #[test]
@@ -400,7 +405,7 @@ fn read_bw_our_server_kernel_client() {
         return;
     };
     let r = guest_client_case(&lab, "read_bw");
-    bw_pair(&r, "read_bw");
+    bw_pair(&r, "read_bw", false);
 }
 
 #[test]
@@ -442,6 +447,6 @@ fn read_lat_our_server_kernel_client() {
     };
     let r = guest_client_case(&lab, "read_lat");
     r.assert_ok("read_lat");
-    assert_size_iters(&r.guest_line(), "perftest");
+    assert_size_iters(&r.guest_line(), "perftest", false);
     assert!(r.ours.contains("the client measures"), "{}", r.ours);
 }
