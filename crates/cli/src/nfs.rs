@@ -25,6 +25,9 @@ use rpcrdma::transport::{RdmaClient, RdmaConfig};
 use rpcrdma::{mount, portmap};
 use serde_json::json;
 
+#[path = "nfs_probe.rs"]
+mod probe;
+
 #[derive(clap::Args)]
 pub struct Args {
     #[command(subcommand)]
@@ -96,6 +99,23 @@ enum Cmd {
     Get { target: String, local: Option<String> },
     /// Copy LOCAL to the server (CREATE, then WRITE FILE_SYNC).
     Put { local: String, target: String },
+    /// Ask how the server handles RPC-over-RDMA chunks it cannot use (RFC 8166 §4.5): READs of
+    /// the file TARGET with a Write chunk or Reply chunk too small, and with a stale Write-chunk
+    /// handle (the server's RDMA Write meets our Terminate; the call is retransmitted after a
+    /// reconnect); with --scratch, a WRITE with a stale Read-chunk handle too. Reports what the
+    /// server answered to each, and whether the client recovered. Exit status 1 when an answer
+    /// is not one RFC 8166 allows or the client did not recover. RDMA only.
+    Probe {
+        /// A regular file of at least 16 KiB, e.g. 192.168.77.2:/export/data-16M.bin.
+        target: String,
+        /// Bytes per READ (clamped to the file's size).
+        #[arg(long, value_parser = parse_size, default_value = "64K")]
+        count: u64,
+        /// A writable directory below the same export for the stale Read-chunk case (it
+        /// creates softrdma-probe-PID there), e.g. /export/scratch.
+        #[arg(long)]
+        scratch: Option<String>,
+    },
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -386,6 +406,22 @@ pub fn run(args: Args) -> Result<()> {
                     fh.hex()
                 );
                 println!("  via {} (export {})", s.info, s.export);
+            }
+            Ok(())
+        }
+        Cmd::Probe { target, count, scratch } => {
+            let s = connect(&o, &target)?;
+            let scratch = match &scratch {
+                Some(d) => Some(
+                    d.strip_prefix(s.export.as_str())
+                        .ok_or_else(|| anyhow!("--scratch {d} is not below the export {}", s.export))?
+                        .to_string(),
+                ),
+                None => None,
+            };
+            let count = u32::try_from(count).unwrap_or(u32::MAX);
+            if !probe::run(&o, &s, count, scratch.as_deref())? {
+                std::process::exit(1);
             }
             Ok(())
         }

@@ -176,3 +176,47 @@ fn bad_targets_are_refused() {
         assert!(String::from_utf8_lossy(&o.stderr).contains("SERVER:/"), "{o:?}");
     }
 }
+
+/// `softrdma nfs probe` against our own Responder (RFC 8166 §4.5.3, RPCR-MEM-05, B.4.5 #16,
+/// B.5 #6): too small a Write chunk or Reply chunk gets ERR_CHUNK on the same connection; a
+/// stale Write-chunk or Read-chunk handle gets a Terminate from the client, the connection ends,
+/// and the retransmission after the reconnect gets ERR_CHUNK (our Responder remembers the XIDs;
+/// Linux's nfsd executes it again instead, see nfs_interop.rs). The client works after each.
+#[test]
+fn probe_chunk_errors_against_our_responder() {
+    let s = srv();
+    let out = s.ok(
+        "rdma",
+        &[
+            "probe",
+            "--json",
+            "127.0.0.1:/export/sub/data.bin",
+            "--scratch",
+            "/export/sub",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["ok"], true, "{v:#}");
+    let cases = v["cases"].as_array().unwrap();
+    let want = [
+        ("short-write-chunk", "RDMA_ERROR ERR_CHUNK", 0),
+        ("short-reply-chunk", "RDMA_ERROR ERR_CHUNK", 0),
+        ("stale-write-handle", "RDMA_ERROR ERR_CHUNK (after 1 reconnect", 1),
+        ("stale-read-handle", "RDMA_ERROR ERR_CHUNK (after 1 reconnect", 1),
+    ];
+    assert_eq!(cases.len(), want.len(), "{v:#}");
+    for (c, (name, observed, reconnects)) in cases.iter().zip(want) {
+        assert_eq!(c["case"], name);
+        assert!(c["observed"].as_str().unwrap().starts_with(observed), "{c:#}");
+        assert_eq!(c["reconnects"], reconnects, "{c:#}");
+        assert_eq!(c["client_ok"], true, "{c:#}");
+    }
+    // the WRITE through the stale Read chunk was not executed: the probe file is empty
+    let observed = cases[3]["observed"].as_str().unwrap();
+    let file = observed.rsplit("(file /").next().unwrap().trim_end_matches(')');
+    assert_eq!(s.fs.get(file).as_deref(), Some(&[][..]), "{file}");
+    // over TCP the probe refuses: it is about RDMA chunks
+    let o = s.run("tcp", &["probe", "127.0.0.1:/export/sub/data.bin"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--transport rdma"));
+}

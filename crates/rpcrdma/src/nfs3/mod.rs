@@ -230,6 +230,11 @@ impl<C: RpcClient> Nfs3Client<C> {
         &self.rpc
     }
 
+    /// The credential the calls carry.
+    pub fn auth(&self) -> &Auth {
+        &self.auth
+    }
+
     fn call<T>(
         &self,
         proc_: u32,
