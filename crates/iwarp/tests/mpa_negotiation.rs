@@ -329,7 +329,11 @@ fn initiator_surfaces_reject_with_private_data() {
     let (mut s, _) = l.accept_request();
     s.write_all(&reply(&mpa::KEY_REPLY, 2, true, b"go away")).unwrap();
     match h.join().unwrap() {
-        Err(Error::Rejected { private_data }) => assert_eq!(private_data, b"go away"),
+        Err(Error::Rejected { private_data, ird_ord }) => {
+            assert_eq!(private_data, b"go away");
+            // reply() sends an enhanced Reply with IRD/ORD 4/4.
+            assert_eq!(ird_ord, Some((4, 4)));
+        }
         other => panic!("expected Rejected, got {:?}", other.map(|_| ())),
     }
 }
@@ -381,11 +385,36 @@ fn initiator_fails_on_reply_private_data_too_long() {
 
 #[test]
 fn initiator_refuses_to_send_private_data_too_long() {
-    // Local misuse: a typed error before anything goes on the wire.
+    // Local misuse: a typed error before anything goes on the wire, not even a TCP connect
+    // (a connect closed at once breaks a Linux siw listener, lab hazard 1). The default
+    // limit is siw's 256 octets of MPA private data: 252 of ours after the IRD/ORD words.
     let l = RawListener::new();
-    let h = client(quick_cfg(), l.addr(), &[1u8; 600]);
-    let r = h.join().unwrap();
-    assert!(r.is_err(), "600 octets of private data refused");
+    l.l.set_nonblocking(true).unwrap();
+    for (cfg, n) in [
+        (quick_cfg(), 253),
+        (
+            IwarpConfig {
+                max_private_data_tx: 512,
+                ..quick_cfg()
+            },
+            509,
+        ),
+        (quick_cfg(), 600),
+    ] {
+        match client(cfg, l.addr(), &vec![1u8; n]).join().unwrap() {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains("private data too long"), "{n}: {m}"),
+            other => panic!("{n} octets: expected InvalidArgument, got {:?}", other.map(|_| ())),
+        }
+        assert!(l.l.accept().is_err(), "{n} octets: no TCP connection may be opened");
+    }
+    // 252 octets (MPA PD 256) are sent.
+    l.l.set_nonblocking(false).unwrap();
+    let h = client(quick_cfg(), l.addr(), &[7u8; 252]);
+    let (mut s, f) = l.accept_request();
+    assert_eq!(u16::from_be_bytes([f[18], f[19]]), 256);
+    assert_eq!(&f[24..], &[7u8; 252][..]);
+    s.write_all(&reply(&mpa::KEY_REPLY, 2, true, b"")).unwrap();
+    assert!(matches!(h.join().unwrap(), Err(Error::Rejected { .. })));
 }
 
 #[test]

@@ -20,8 +20,16 @@ pub enum Error {
     OutOfResources(String),
     #[error("not supported: {0}")]
     NotSupported(String),
-    #[error("connection rejected by peer ({} bytes of private data)", private_data.len())]
-    Rejected { private_data: Vec<u8> },
+    /// The responder refused the connection (`RDMA_CM_EVENT_REJECTED`; iWARP: an MPA Reply
+    /// with R=1). `private_data` is the ULP's, byte for byte, without provider bytes;
+    /// `ird_ord` is the responder's RFC 6581 IRD/ORD block when the Reply carried one (a
+    /// responder short of ORD states there what it needs, RFC 6581 §9.1).
+    #[error("connection rejected by peer ({} bytes of private data{})", private_data.len(),
+        ird_ord.map(|(i, o)| format!(", IRD {i} ORD {o}")).unwrap_or_default())]
+    Rejected {
+        private_data: Vec<u8>,
+        ird_ord: Option<(u16, u16)>,
+    },
     #[error("timed out")]
     Timeout,
     #[error("connection refused")]

@@ -75,6 +75,8 @@ fn ird_ord(p: &ConnParam, dev: &Device) -> IrdOrd {
 fn mpa_err(e: MpaError) -> Error {
     match e {
         MpaError::TimedOut(_) => Error::Timeout,
+        // Our own parameters (e.g. private data over max_private_data_tx): nothing was sent.
+        MpaError::InvalidParam(_) | MpaError::PrivateDataTooLong { .. } => Error::InvalidArgument(e.to_string()),
         other => Error::Protocol(format!("MPA: {other} ({})", other.cause())),
     }
 }
@@ -226,13 +228,17 @@ impl Provider for IwarpProvider {
     }
 
     fn connect(&self, addr: SocketAddr, req: QpRequest, timeout: Duration) -> Result<Arc<dyn QpOps>> {
+        let local = ird_ord(&req.param, req.pd.device());
+        // Refuse what MPA would refuse (private data too long, bad parameters) before the
+        // TCP connect: a connection closed right after it opens is what breaks a Linux 6.1
+        // siw listener (lab hazard 1).
+        Mpa::initiator(Instant::now(), self.mpa_config(), local, &req.param.private_data).map_err(mpa_err)?;
         let mut sock = TcpStream::connect_timeout(&addr, timeout).map_err(|e| match e.kind() {
             std::io::ErrorKind::ConnectionRefused => Error::ConnectionRefused,
             std::io::ErrorKind::TimedOut => Error::Timeout,
             _ => Error::Io(e),
         })?;
         sock.set_nodelay(true)?;
-        let local = ird_ord(&req.param, req.pd.device());
         let mut mpa =
             Mpa::initiator(Instant::now(), self.mpa_config(), local, &req.param.private_data).map_err(mpa_err)?;
         let mut pending = Vec::new();
@@ -254,6 +260,7 @@ impl Provider for IwarpProvider {
             }
             Event::Rejected(r) => Err(Error::Rejected {
                 private_data: r.private_data,
+                ird_ord: r.enhanced.map(|e| (e.ird, e.ord)),
             }),
             Event::ConnectRequest(_) => Err(Error::Protocol("unexpected MPA event".into())),
         }
@@ -365,8 +372,36 @@ impl ConnRequestOps for IncomingRequest {
         let mut out = Vec::new();
         while mpa.poll_transmit(&mut out).is_some() {}
         sock.write_all(&out)?;
+        // RFC 5044 §7.1.2: close after the Reject, but not at once. A FIN in the same TCP
+        // segment as the Reply makes Linux 6.1 siw as initiator drop the Reply (its
+        // data_ready upcall finds the socket no longer ESTABLISHED) and report the close
+        // instead: REJECTED without the private data (docs/interop-siw.md D11). The
+        // initiator closes as soon as it has read the Reject; close after it, at the
+        // latest after REJECT_LINGER.
+        linger_until_peer_closes(&mut sock, REJECT_LINGER);
         let _ = sock.shutdown(std::net::Shutdown::Both);
         Ok(())
+    }
+}
+
+/// The longest a reject waits for the initiator to close first.
+const REJECT_LINGER: Duration = Duration::from_secs(1);
+
+/// Reads (and drops) what the peer sends until it closes, or `limit` passes.
+fn linger_until_peer_closes(sock: &mut TcpStream, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let mut buf = [0u8; 512];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || sock.set_read_timeout(Some(left)).is_err() {
+            return;
+        }
+        match sock.read(&mut buf) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
     }
 }
 
