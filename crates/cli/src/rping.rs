@@ -101,6 +101,19 @@ pub struct RpingArgs {
     /// data (0x00, 0x01, ... 0xff, 0x00, ...) instead of accepting it.
     #[arg(long, hide = true)]
     pub test_reject: Option<usize>,
+    /// Interop testing: connect (client) or accept (server) with this many bytes of private
+    /// data (0x00, 0x01, ...) instead of none.
+    #[arg(long, hide = true)]
+    pub test_pd: Option<usize>,
+    /// Interop testing: stop once the connection is established (after printing the peer's
+    /// private data): the client disconnects after --first-send-delay-ms, the server waits
+    /// for the disconnect. No pings.
+    #[arg(long, hide = true)]
+    pub test_connect_only: bool,
+    /// Interop testing: the largest MPA private data we send, IRD/ORD octets included
+    /// (IwarpConfig::max_private_data_tx; default 256 for siw, at most RFC 5044's 512).
+    #[arg(long, hide = true)]
+    pub test_max_pd_tx: Option<usize>,
     /// Give up when a step (connect, a completion, a connect request) takes longer than
     /// this many seconds; 0 waits forever like rping.
     #[arg(long, default_value_t = 60)]
@@ -358,6 +371,16 @@ impl Endpoint<'_> {
     }
 }
 
+/// The test private data: `n` bytes 0x00, 0x01, ... (wrapping).
+fn test_pattern(n: usize) -> Vec<u8> {
+    (0..n).map(|i| i as u8).collect()
+}
+
+/// Lowercase hex, no separators (how the interop tests compare private data).
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// Runs `softrdma rping`.
 pub fn run(args: RpingArgs) -> Result<()> {
     if args.size < MIN_SIZE || args.size > MAX_SIZE {
@@ -373,6 +396,9 @@ pub fn run(args: RpingArgs) -> Result<()> {
         mpa_revision: args.mpa_rev,
         p2p: args.p2p()?,
         terminate_siw_form: args.siw_terminate,
+        max_private_data_tx: args
+            .test_max_pd_tx
+            .unwrap_or(iwarp::IwarpConfig::default().max_private_data_tx),
         ..Default::default()
     })?;
     if args.server {
@@ -459,15 +485,31 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
         .context("start_buf reg_mr failed")?;
     let timeout = args.timeout().unwrap_or(Duration::from_secs(3600));
     // rping_init_conn_param: responder_resources 1, initiator_depth 1, no private data.
-    let qp = match pd.connect(addr, qp_options(&cq, 1, 1), timeout) {
+    let mut opts = qp_options(&cq, 1, 1);
+    if let Some(n) = args.test_pd {
+        opts = opts.private_data(&test_pattern(n));
+    }
+    let qp = match pd.connect(addr, opts, timeout) {
         Ok(qp) => qp,
-        Err(Error::Rejected { private_data }) => {
-            bail!("cma event RDMA_CM_EVENT_REJECTED, private data {private_data:02x?}")
+        Err(Error::Rejected { private_data, ird_ord }) => {
+            let io = ird_ord.map_or("none".to_string(), |(i, o)| format!("{i}/{o}"));
+            bail!(
+                "cma event RDMA_CM_EVENT_REJECTED, IRD/ORD {io}, private data {} bytes: {}",
+                private_data.len(),
+                hex(&private_data)
+            )
         }
         Err(e) => return Err(e).context(format!("connect error to {addr}")),
     };
     let mut ep = endpoint(args, &pd, qp, cq, "client")?;
     ep.debug(format!("rdma_connect successful: {}", ep.qp.conn_info().detail));
+    if args.test_connect_only {
+        let peer = ep.qp.conn_info().peer_private_data;
+        println!("peer private data {} bytes: {}", peer.len(), hex(&peer));
+        std::thread::sleep(Duration::from_millis(args.first_send_delay_ms));
+        ep.qp.disconnect();
+        return Ok(());
+    }
     ep.post_recv()?;
     if args.first_send_delay_ms > 0 {
         std::thread::sleep(Duration::from_millis(args.first_send_delay_ms));
@@ -556,9 +598,12 @@ fn server(dev: &Device, args: &RpingArgs) -> Result<()> {
             req.private_data().len()
         );
     }
+    if args.test_pd.is_some() || args.test_reject.is_some() || args.test_connect_only {
+        let pd = req.private_data();
+        println!("connect request private data {} bytes: {}", pd.len(), hex(pd));
+    }
     if let Some(n) = args.test_reject {
-        let data: Vec<u8> = (0..n).map(|i| i as u8).collect();
-        req.reject(&data).context("rdma_reject")?;
+        req.reject(&test_pattern(n)).context("rdma_reject")?;
         println!("rejected the connect request with {n} bytes of private data");
         return Ok(());
     }
@@ -567,11 +612,25 @@ fn server(dev: &Device, args: &RpingArgs) -> Result<()> {
     // rdma_accept(NULL): the IRD/ORD the client stated, seen from our side.
     let ird = p.initiator_depth.max(1);
     let ord = p.responder_resources.max(1);
-    let qp = req.accept(&pd, qp_options(&cq, ird, ord)).context("rdma_accept")?;
+    let mut opts = qp_options(&cq, ird, ord);
+    if let Some(n) = args.test_pd {
+        opts = opts.private_data(&test_pattern(n));
+    }
+    let qp = req.accept(&pd, opts).context("rdma_accept")?;
     drop(listener);
     let mut ep = endpoint(args, &pd, qp, cq, "server")?;
     ep.post_recv()?;
     ep.debug(format!("accepted: {}", ep.qp.conn_info().detail));
+    if args.test_connect_only {
+        // The peer decides when the connection ends; a Send from it is not expected.
+        println!("accepted with {} bytes of private data", args.test_pd.unwrap_or(0));
+        let res = match ep.next()? {
+            Step::Disconnected => Ok(()),
+            other => Err(anyhow::anyhow!("connect-only: got {other:?} instead of the disconnect")),
+        };
+        ep.qp.disconnect();
+        return res;
+    }
     let res = server_loop(&mut ep);
     ep.qp.disconnect();
     res
