@@ -4,7 +4,9 @@
 //! softrdma nfs stat SERVER:/export/path [--json]
 //! softrdma nfs ls   SERVER:/export/dir  [--json]
 //! softrdma nfs get  SERVER:/export/file [LOCAL] [--rsize 1M]
-//! softrdma nfs put  LOCAL SERVER:/export/file   [--wsize 1M]
+//! softrdma nfs put  LOCAL SERVER:/export/file   [--wsize 1M] [--stable unstable|file-sync]
+//! softrdma nfs rm   SERVER:/export/file
+//! softrdma nfs probe SERVER:/export/file [--scratch /export/dir]   (RFC 8166 §4.5 chunk errors)
 //! ```
 //!
 //! As Linux mounts: rpcbind GETPORT for mountd and MOUNT v3 MNT over TCP (the
@@ -97,8 +99,19 @@ enum Cmd {
     Ls { target: String },
     /// Copy a file from the server to LOCAL (default: its name in the current directory; `-` for stdout).
     Get { target: String, local: Option<String> },
-    /// Copy LOCAL to the server (CREATE, then WRITE FILE_SYNC).
-    Put { local: String, target: String },
+    /// Copy LOCAL to the server (CREATE, then WRITE; UNSTABLE WRITEs end with a COMMIT).
+    Put {
+        local: String,
+        target: String,
+        /// How WRITE asks the server to store the data: `unstable` (as Linux's client writes
+        /// whole files: the server may cache, one COMMIT at the end makes it stable, and if
+        /// COMMIT's write verifier differs from the WRITEs' the server restarted and the file
+        /// is written again FILE_SYNC) or `file-sync` (every WRITE stable before its reply).
+        #[arg(long, default_value = "unstable", value_parser = ["unstable", "file-sync"])]
+        stable: String,
+    },
+    /// Remove a file (REMOVE; not a directory).
+    Rm { target: String },
     /// Ask how the server handles RPC-over-RDMA chunks it cannot use (RFC 8166 §4.5): READs of
     /// the file TARGET with a Write chunk or Reply chunk too small, and with a stale Write-chunk
     /// handle (the server's RDMA Write meets our Terminate; the call is retransmitted after a
@@ -492,7 +505,22 @@ pub fn run(args: Args) -> Result<()> {
             summary(&o, "get", n, t.elapsed(), &s.info, &local, connects(s.nfs.rpc()));
             Ok(())
         }
-        Cmd::Put { local, target } => {
+        Cmd::Rm { target } => {
+            let s = connect(&o, &target)?;
+            let (dir, name) = match s.rest.trim_end_matches('/').rsplit_once('/') {
+                Some((d, n)) if !n.is_empty() => (d.to_string(), n.to_string()),
+                _ => bail!("{target}: name a file below the export {}", s.export),
+            };
+            let (dfh, _) = s.nfs.lookup_path(&s.root, &dir)?;
+            s.nfs.remove(&dfh, name.as_bytes())?;
+            if o.json {
+                println!("{}", json!({"op": "rm", "path": target, "via": s.info}));
+            } else {
+                println!("removed {target}");
+            }
+            Ok(())
+        }
+        Cmd::Put { local, target, stable } => {
             let s = connect(&o, &target)?;
             let data = if local == "-" {
                 let mut v = Vec::new();
@@ -520,7 +548,12 @@ pub fn run(args: Args) -> Result<()> {
                 None => s.nfs.lookup(&dfh, name.as_bytes())?.object,
             };
             let t = Instant::now();
-            put(&s.nfs, &fh, &data, &o)?;
+            let stable = if stable == "file-sync" {
+                Stable::FileSync
+            } else {
+                Stable::Unstable
+            };
+            put(&s.nfs, &fh, &data, &o, stable)?;
             let a = s.nfs.getattr(&fh)?;
             if a.size != data.len() as u64 {
                 bail!("after WRITE the server reports {} bytes, not {}", a.size, data.len());
@@ -600,23 +633,51 @@ fn get(nfs: &Nfs3Client<Client>, fh: &Fh, size: u64, o: &Opts, out: &mut dyn Wri
     }
 }
 
-fn put(nfs: &Nfs3Client<Client>, fh: &Fh, data: &[u8], o: &Opts) -> Result<()> {
+/// WRITE `data` at 0 as `stable` asks; UNSTABLE writes end with a COMMIT whose verifier must
+/// match every WRITE's (RFC 1813 §3.3.21), else the whole file is written again FILE_SYNC.
+fn put(nfs: &Nfs3Client<Client>, fh: &Fh, data: &[u8], o: &Opts, stable: Stable) -> Result<()> {
+    let verfs = write_all(nfs, fh, data, o, stable)?;
+    if verfs.is_empty() {
+        return Ok(()); // every WRITE came back FILE_SYNC (or DATA_SYNC)
+    }
+    let c = nfs.commit(fh, 0, 0)?;
+    if verfs.iter().any(|v| *v != c.verf) {
+        tracing::warn!("the write verifier changed before COMMIT (the server restarted): writing again FILE_SYNC");
+        eprintln!("nfs put: the server's write verifier changed before COMMIT; writing the file again FILE_SYNC");
+        let again = write_all(nfs, fh, data, o, Stable::FileSync)?;
+        if !again.is_empty() {
+            bail!("the server answered FILE_SYNC WRITEs as UNSTABLE");
+        }
+    }
+    Ok(())
+}
+
+/// WRITE `data` at 0 in `wsize` pieces, `parallel` at a time; the distinct verifiers of the
+/// replies that were not FILE_SYNC/DATA_SYNC (those still need a COMMIT).
+fn write_all(
+    nfs: &Nfs3Client<Client>,
+    fh: &Fh,
+    data: &[u8],
+    o: &Opts,
+    stable: Stable,
+) -> Result<Vec<[u8; nfs3::VERFSIZE]>> {
+    let mut verfs: Vec<[u8; nfs3::VERFSIZE]> = Vec::new();
     let wsize = o.wsize.clamp(512, 64 << 20) as usize;
     let par = o.parallel.clamp(1, 64) as usize;
     let mut prog = Progress::new(o.progress, data.len() as u64);
     let pieces: Vec<(usize, &[u8])> = data.chunks(wsize).enumerate().map(|(i, c)| (i * wsize, c)).collect();
     let mut done = 0u64;
     for round in pieces.chunks(par) {
-        let res: Vec<Result<()>> = std::thread::scope(|s| {
+        let res: Vec<Result<nfs3::WriteOk>> = std::thread::scope(|s| {
             let hs: Vec<_> = round
                 .iter()
                 .map(|&(at, piece)| {
-                    s.spawn(move || -> Result<()> {
-                        let w = nfs.write(fh, at as u64, piece, Stable::FileSync)?;
+                    s.spawn(move || -> Result<nfs3::WriteOk> {
+                        let w = nfs.write(fh, at as u64, piece, stable)?;
                         if w.count as usize != piece.len() {
                             bail!("WRITE at {at}: the server took {} of {} bytes", w.count, piece.len());
                         }
-                        Ok(())
+                        Ok(w)
                     })
                 })
                 .collect();
@@ -625,11 +686,14 @@ fn put(nfs: &Nfs3Client<Client>, fh: &Fh, data: &[u8], o: &Opts) -> Result<()> {
                 .collect()
         });
         for (r, (_, piece)) in res.into_iter().zip(round) {
-            r?;
+            let w = r?;
+            if w.committed == Stable::Unstable && !verfs.contains(&w.verf) {
+                verfs.push(w.verf);
+            }
             done += piece.len() as u64;
         }
         prog.update(done);
     }
     prog.update(data.len() as u64);
-    Ok(())
+    Ok(verfs)
 }

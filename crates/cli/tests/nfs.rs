@@ -220,3 +220,64 @@ fn probe_chunk_errors_against_our_responder() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--transport rdma"));
 }
+
+/// `nfs put` writes UNSTABLE and ends with one COMMIT by default, FILE_SYNC without COMMIT with
+/// `--stable file-sync` (RFC 1813 §3.3.7, §3.3.21); `nfs rm` removes the file (§3.3.12) and
+/// names the NFS error for a missing one. Over TCP and RDMA.
+#[test]
+fn put_unstable_commit_file_sync_and_rm() {
+    use rpcrdma::nfs3::procs;
+    let s = srv();
+    let local = std::env::temp_dir().join(format!("softrdma-nfs-put-{}.bin", std::process::id()));
+    let data: Vec<u8> = (0..(1 << 20) + 3).map(|i: u32| (i % 251) as u8).collect();
+    std::fs::write(&local, &data).unwrap();
+    for t in ["tcp", "rdma"] {
+        for (stable, commits) in [("unstable", 1), ("file-sync", 0)] {
+            let before = s.fs.counters.get(procs::COMMIT);
+            let name = format!("put-{t}-{stable}.bin");
+            s.ok(
+                t,
+                &[
+                    "put",
+                    local.to_str().unwrap(),
+                    &format!("127.0.0.1:/export/{name}"),
+                    "--wsize",
+                    "256K",
+                    "--stable",
+                    stable,
+                ],
+            );
+            assert_eq!(s.fs.get(&name).unwrap(), data, "{t} {stable}");
+            assert_eq!(s.fs.counters.get(procs::COMMIT) - before, commits, "{t} {stable}");
+            let out = s.ok(t, &["rm", &format!("127.0.0.1:/export/{name}")]);
+            assert!(out.contains("removed"), "{out}");
+            assert!(s.fs.get(&name).is_none());
+            let o = s.run(t, &["rm", &format!("127.0.0.1:/export/{name}")]);
+            assert!(!o.status.success());
+            assert!(String::from_utf8_lossy(&o.stderr).contains("NFS3ERR_NOENT"));
+        }
+    }
+    // a server restart between the WRITEs and the COMMIT: the verifier differs, the file is
+    // written again FILE_SYNC and is whole
+    s.fs.restart_at_next_commit();
+    let writes = s.fs.counters.get(procs::WRITE);
+    let o = s.run(
+        "rdma",
+        &[
+            "put",
+            local.to_str().unwrap(),
+            "127.0.0.1:/export/again.bin",
+            "--wsize",
+            "256K",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("write verifier changed"));
+    assert_eq!(
+        s.fs.counters.get(procs::WRITE) - writes,
+        2 * 5,
+        "5 WRITEs, then 5 again"
+    );
+    assert_eq!(s.fs.get("again.bin").unwrap(), data);
+    let _ = std::fs::remove_file(&local);
+}

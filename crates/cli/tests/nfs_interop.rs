@@ -223,9 +223,11 @@ fn nfs_write_multi_mib_read_back_by_the_guest() {
     let local = tmp("up.bin");
     std::fs::write(&local, &data).unwrap();
     let want = sha256(&local);
+    // UNSTABLE + COMMIT (the default, as Linux's client) and FILE_SYNC
     for (name, extra) in [
         ("w-rdma-1m.bin", &["--wsize", "1M"][..]),
         ("w-rdma-64k.bin", &["--wsize", "64K"][..]),
+        ("w-rdma-1m-sync.bin", &["--wsize", "1M", "--stable", "file-sync"][..]),
         ("w-tcp.bin", &["--transport", "tcp"][..]),
     ] {
         let t = target(&format!("/scratch/{name}"));
@@ -234,13 +236,13 @@ fn nfs_write_multi_mib_read_back_by_the_guest() {
         let s = lab.ok(&args);
         let v: serde_json::Value = serde_json::from_str(s.trim()).unwrap();
         eprintln!("WRITE 6 MiB {extra:?}: {:.1} MB/s", v["mb_per_s"].as_f64().unwrap());
-        let (rc, out) = vm_exec(
-            &lab.dir,
-            &format!("sha256sum /export/scratch/{name}; rm -f /export/scratch/{name}"),
-            60,
-        );
+        let (rc, out) = vm_exec(&lab.dir, &format!("sha256sum /export/scratch/{name}"), 60);
         assert_eq!(rc, 0, "{out}");
         assert!(out.contains(&want), "guest sha256 of {name}: {out} (want {want})");
+        // REMOVE through our client; the guest no longer sees the file
+        lab.ok(&["rm", &t]);
+        let (rc, out) = vm_exec(&lab.dir, &format!("test ! -e /export/scratch/{name}"), 30);
+        assert_eq!(rc, 0, "{name} still there after nfs rm: {out}");
     }
     lab.kernel_clean();
 }

@@ -309,3 +309,55 @@ fn chunk_memory_is_pooled_across_rpcs() {
     // covered by the misbehave tests (retransmission after reconnect) staying green
     assert_eq!(l.rdma.snapshot().rdma_errors, 0);
 }
+
+/// RFC 1813 §3.3.7/§3.3.21: UNSTABLE WRITEs come back UNSTABLE with the server's write
+/// verifier, COMMIT returns the same verifier while the server has not restarted and another
+/// one after (the client must then write again); §3.3.12 REMOVE removes a file, answers NOENT
+/// for a missing name and refuses a directory. Over TCP and RDMA.
+#[test]
+fn unstable_write_commit_verifier_and_remove() {
+    let l = lab();
+    let root = mount_root(&l);
+    let cfg = RdmaConfig {
+        inline_send: 4096,
+        inline_recv: 4096,
+        ..RdmaConfig::default()
+    };
+    let rdma = Nfs3Client::new(RdmaClient::connect(&l.pd, l.rdma.local_addr(), cfg).unwrap(), auth());
+    let tcp = Nfs3Client::new(TcpClient::connect(l.tcp.local_addr()).unwrap(), auth());
+    fn check<C: RpcClient>(l: &Lab, nfs: &Nfs3Client<C>, root: &nfs3::Fh, name: &str) {
+        let made = nfs
+            .create(
+                root,
+                name.as_bytes(),
+                CreateHow::Unchecked(Sattr {
+                    mode: Some(0o644),
+                    ..Sattr::default()
+                }),
+            )
+            .unwrap();
+        let fh = made.obj.unwrap();
+        let data = vec![0x5a; 100_000];
+        let w = nfs.write(&fh, 0, &data, Stable::Unstable).unwrap();
+        assert_eq!((w.count, w.committed), (100_000, Stable::Unstable));
+        let c = nfs.commit(&fh, 0, 0).unwrap();
+        assert_eq!(c.verf, w.verf, "no restart: the same verifier");
+        l.fs.restart_writes();
+        let c2 = nfs.commit(&fh, 0, 0).unwrap();
+        assert_ne!(c2.verf, w.verf, "a restarted server has another verifier");
+        let w2 = nfs.write(&fh, 0, &data, Stable::FileSync).unwrap();
+        assert_eq!((w2.committed, w2.verf), (Stable::FileSync, c2.verf));
+        assert_eq!(l.fs.get(name).unwrap(), data);
+        nfs.remove(root, name.as_bytes()).unwrap();
+        assert!(l.fs.get(name).is_none());
+        assert_eq!(
+            nfs.remove(root, name.as_bytes()).unwrap_err().status(),
+            Some(NfsStat::NOENT)
+        );
+        assert_eq!(nfs.remove(root, b"dir").unwrap_err().status(), Some(NfsStat::ISDIR));
+    }
+    check(&l, &rdma, &root, "unstable-rdma.bin");
+    check(&l, &tcp, &root, "unstable-tcp.bin");
+    assert_eq!(l.fs.counters.get(procs::COMMIT), 4);
+    assert_eq!(l.fs.counters.get(procs::REMOVE), 6);
+}

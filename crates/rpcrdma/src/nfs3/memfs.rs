@@ -61,6 +61,10 @@ pub struct MemFs {
     pub counters: Counters,
     /// rtmax/wtmax advertised by FSINFO.
     pub max_io: u32,
+    /// The write verifier (RFC 1813 §3.3.7): the same for every WRITE and COMMIT until
+    /// [`MemFs::restart_writes`] changes it, as a server restart would.
+    write_verf: AtomicU64,
+    restart_at_commit: std::sync::atomic::AtomicBool,
 }
 
 const ROOT: u64 = 1;
@@ -103,7 +107,26 @@ impl MemFs {
             export: export.to_string(),
             counters: Counters::default(),
             max_io: 1 << 20,
+            write_verf: AtomicU64::new(u64::from_be_bytes(VERF)),
+            restart_at_commit: Default::default(),
         })
+    }
+
+    /// Change the write verifier, as a restarted server would: a client that wrote UNSTABLE
+    /// and sees another verifier in COMMIT must write again (RFC 1813 §3.3.21). (The data
+    /// itself stays: this server keeps everything in memory.)
+    pub fn restart_writes(&self) {
+        self.write_verf.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// [`MemFs::restart_writes`] just before the next COMMIT is answered: a client's UNSTABLE
+    /// writes then meet a changed verifier, deterministically.
+    pub fn restart_at_next_commit(&self) {
+        self.restart_at_commit.store(true, Ordering::Relaxed);
+    }
+
+    fn verf(&self) -> [u8; VERFSIZE] {
+        self.write_verf.load(Ordering::Relaxed).to_be_bytes()
     }
 
     /// The root file handle (what MNT returns).
@@ -270,9 +293,58 @@ impl MemFs {
                 after: Some(Self::attr(id, n)),
             },
             count: a.count,
-            committed: Stable::FileSync,
-            verf: VERF,
+            // what was asked for: memory is as stable as it gets here, but a client of
+            // UNSTABLE writes must see them so, and COMMIT them
+            committed: a.stable,
+            verf: self.verf(),
         })
+    }
+
+    fn commit(&self, a: &CommitArgs) -> CommitRes {
+        if self.restart_at_commit.swap(false, Ordering::Relaxed) {
+            self.restart_writes();
+        }
+        let g = self.inner.lock().unwrap();
+        match id_of(&a.file).and_then(|id| g.nodes.get(&id).map(|n| (id, n))) {
+            None => Res::Fail(NfsStat::STALE, Wcc::default()),
+            Some((_, n)) if matches!(n.data, Data::Dir(_)) => Res::Fail(NfsStat::ISDIR, Wcc::default()),
+            Some((id, n)) => Res::Ok(CommitOk {
+                file_wcc: Wcc {
+                    before: Some(Self::wcc_attr(n)),
+                    after: Some(Self::attr(id, n)),
+                },
+                verf: self.verf(),
+            }),
+        }
+    }
+
+    fn remove(&self, a: &DirOp) -> RemoveRes {
+        let mut g = self.inner.lock().unwrap();
+        let Some(dir) = id_of(&a.dir).filter(|id| g.nodes.contains_key(id)) else {
+            return Res::Fail(NfsStat::STALE, Wcc::default());
+        };
+        let before = Some(Self::wcc_attr(&g.nodes[&dir]));
+        let Data::Dir(m) = &g.nodes[&dir].data else {
+            return Res::Fail(NfsStat::NOTDIR, Wcc { before, after: None });
+        };
+        let Some(&id) = m.get(&a.name) else {
+            let after = Some(Self::attr(dir, &g.nodes[&dir]));
+            return Res::Fail(NfsStat::NOENT, Wcc { before, after });
+        };
+        if matches!(g.nodes.get(&id).map(|n| &n.data), Some(Data::Dir(_))) {
+            // REMOVE is for non-directories (RMDIR removes directories)
+            let after = Some(Self::attr(dir, &g.nodes[&dir]));
+            return Res::Fail(NfsStat::ISDIR, Wcc { before, after });
+        }
+        g.nodes.remove(&id);
+        let d = g.nodes.get_mut(&dir).expect("checked");
+        if let Data::Dir(m) = &mut d.data {
+            m.remove(&a.name);
+        }
+        d.mtime = Time::now();
+        d.ctime = d.mtime;
+        let after = Some(Self::attr(dir, d));
+        Res::Ok(Wcc { before, after })
     }
 
     fn create(&self, a: &CreateArgs) -> CreateRes {
@@ -421,8 +493,8 @@ impl MemFs {
         }
     }
 
-    /// Register NFSv3 (NULL, GETATTR, LOOKUP, READ, WRITE, CREATE,
-    /// READDIRPLUS, FSINFO) and MOUNT v3 (NULL, MNT, UMNT) in `reg`.
+    /// Register NFSv3 (NULL, GETATTR, LOOKUP, READ, WRITE, CREATE, REMOVE,
+    /// READDIRPLUS, FSINFO, COMMIT) and MOUNT v3 (NULL, MNT, UMNT) in `reg`.
     pub fn register(self: &Arc<Self>, reg: &mut Registry) {
         reg.register_null(PROGRAM, VERSION);
         let fs = self.clone();
@@ -477,6 +549,18 @@ impl MemFs {
             let a = ReaddirplusArgs::decode(d)?;
             fs.counters.bump(procs::READDIRPLUS);
             Ok(fs.readdirplus(&a).encode(e)?)
+        });
+        let fs = self.clone();
+        reg.register(PROGRAM, VERSION, procs::COMMIT, move |_, d, e| {
+            let a = CommitArgs::decode(d)?;
+            fs.counters.bump(procs::COMMIT);
+            Ok(fs.commit(&a).encode(e)?)
+        });
+        let fs = self.clone();
+        reg.register(PROGRAM, VERSION, procs::REMOVE, move |_, d, e| {
+            let a = DirOp::decode(d)?;
+            fs.counters.bump(procs::REMOVE);
+            Ok(fs.remove(&a).encode(e)?)
         });
         let fs = self.clone();
         reg.register(PROGRAM, VERSION, procs::FSINFO, move |_, d, e| {

@@ -9,8 +9,10 @@
 //! | 6 | READ | result data | Write list (one chunk sized to `count`) when the reply can exceed the inline threshold |
 //! | 7 | WRITE | argument data | Read chunk at the data's Position when the call exceeds the inline threshold |
 //! | 8 | CREATE | - | inline |
+//! | 12 | REMOVE | - | inline |
 //! | 17 | READDIRPLUS | - | Reply chunk (Long Reply) when `maxcount` can exceed the inline threshold |
 //! | 19 | FSINFO | - | inline |
+//! | 21 | COMMIT | - | inline |
 //!
 //! Each procedure's [`ReplySizing`] is its largest reply (RFC 8166 §6.2,
 //! RPCR-ULB-02): from that the Requester decides whether to provide a Write
@@ -44,10 +46,14 @@ pub mod procs {
     pub const WRITE: u32 = 7;
     /// CREATE.
     pub const CREATE: u32 = 8;
+    /// REMOVE.
+    pub const REMOVE: u32 = 12;
     /// READDIRPLUS.
     pub const READDIRPLUS: u32 = 17;
     /// FSINFO.
     pub const FSINFO: u32 = 19;
+    /// COMMIT.
+    pub const COMMIT: u32 = 21;
 }
 /// The NFS/RDMA port (RFC 8267 §6.3; IANA "nfsrdma").
 pub const NFS_RDMA_PORT: u16 = 20049;
@@ -133,6 +139,20 @@ pub mod sizing {
     pub fn readdirplus(maxcount: u32) -> ReplySizing {
         ReplySizing {
             max_results: 4u32.saturating_add(maxcount),
+            ddp_results: vec![],
+        }
+    }
+    /// COMMIT.
+    pub fn commit() -> ReplySizing {
+        ReplySizing {
+            max_results: 4 + WCC_DATA_MAX + VERFSIZE as u32,
+            ddp_results: vec![],
+        }
+    }
+    /// REMOVE.
+    pub fn remove() -> ReplySizing {
+        ReplySizing {
+            max_results: 4 + WCC_DATA_MAX,
             ddp_results: vec![],
         }
     }
@@ -451,6 +471,45 @@ impl<C: RpcClient> Nfs3Client<C> {
             }
         }
         Err(NfsError::Other("READDIRPLUS did not reach eof".into()))
+    }
+
+    /// COMMIT `count` bytes from `offset` (0, 0: all) of earlier UNSTABLE writes.
+    pub fn commit(&self, fh: &Fh, offset: u64, count: u32) -> Result<CommitOk, NfsError> {
+        self.retry_jukebox(|| {
+            let args = CommitArgs {
+                file: fh.clone(),
+                offset,
+                count,
+            };
+            match self.call(procs::COMMIT, "COMMIT", &|e| args.encode(e), sizing::commit(), |d| {
+                CommitRes::decode(d)
+            })? {
+                Res::Ok(o) => Ok(o),
+                Res::Fail(status, _) => Err(NfsError::Status {
+                    proc_: "COMMIT",
+                    status,
+                }),
+            }
+        })
+    }
+
+    /// REMOVE `name` from `dir`.
+    pub fn remove(&self, dir: &Fh, name: &[u8]) -> Result<Wcc, NfsError> {
+        self.retry_jukebox(|| {
+            let args = DirOp {
+                dir: dir.clone(),
+                name: name.to_vec(),
+            };
+            match self.call(procs::REMOVE, "REMOVE", &|e| args.encode(e), sizing::remove(), |d| {
+                RemoveRes::decode(d)
+            })? {
+                Res::Ok(w) => Ok(w),
+                Res::Fail(status, _) => Err(NfsError::Status {
+                    proc_: "REMOVE",
+                    status,
+                }),
+            }
+        })
     }
 
     /// FSINFO.

@@ -413,3 +413,35 @@ fn jukebox_is_retried_then_reported() {
     assert_eq!(nfs.getattr(&fh).unwrap_err().status(), Some(NfsStat::STALE));
     assert_eq!(*nfs.rpc().1.borrow(), 1);
 }
+
+/// COMMIT3args/COMMIT3res and REMOVE3res byte for byte (RFC 1813 §3.3.21, §3.3.12): the
+/// handle as opaque<64>, offset as u64, count; resok = wcc_data then the 8-byte verifier;
+/// REMOVE's resok and resfail are both the directory's wcc_data.
+#[test]
+fn golden_commit_and_remove() {
+    let fh: Fh = roundtrip(&hex(GETATTR_ARGS));
+    let args = CommitArgs {
+        file: fh.clone(),
+        offset: 0x1_0000_0000,
+        count: 0x2000,
+    };
+    let (b, _) = enc(&args);
+    let mut want = hex(GETATTR_ARGS);
+    want.extend_from_slice(&hex("00000001 00000000 00002000"));
+    assert_eq!(b, want);
+    assert_eq!(roundtrip::<CommitArgs>(&want), args);
+    // NFS3_OK, wcc_data with neither side, verifier
+    let ok = hex("00000000 00000000 00000000 6d656d6673000001");
+    let r: CommitRes = roundtrip(&ok);
+    let Res::Ok(o) = r else { panic!("{r:?}") };
+    assert_eq!((o.file_wcc, &o.verf), (Wcc::default(), b"memfs\0\0\x01"));
+    // NFS3ERR_STALE, wcc_data
+    let r: CommitRes = roundtrip(&hex("00000046 00000000 00000000"));
+    assert!(matches!(r, Res::Fail(NfsStat::STALE, _)));
+    let r: RemoveRes = roundtrip(&hex("00000002 00000000 00000000"));
+    assert!(matches!(r, Res::Fail(NfsStat::NOENT, _)));
+    let r: RemoveRes = roundtrip(&hex("00000000 00000000 00000000"));
+    assert_eq!(r, Res::Ok(Wcc::default()));
+    // a truncated verifier is an error, not a panic
+    assert!(CommitRes::decode(&mut Decoder::new(&ok[..ok.len() - 1])).is_err());
+}

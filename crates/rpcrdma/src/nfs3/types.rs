@@ -1074,3 +1074,89 @@ impl<'a> XdrDecode<'a> for FsinfoRes {
         )
     }
 }
+
+/// COMMIT3args (RFC 1813 §3.3.21): flush `count` bytes from `offset` (0 and 0: the whole file)
+/// of UNSTABLE writes to stable storage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitArgs {
+    /// file.
+    pub file: Fh,
+    /// offset.
+    pub offset: u64,
+    /// count.
+    pub count: u32,
+}
+
+impl XdrEncode for CommitArgs {
+    fn encode<S: Sink>(&self, e: &mut Encoder<S>) -> Result<(), XdrError> {
+        self.file.encode(e)?;
+        e.put_u64(self.offset)?;
+        e.put_u32(self.count)
+    }
+}
+
+impl<'a> XdrDecode<'a> for CommitArgs {
+    fn decode(d: &mut Decoder<'a>) -> Result<Self, XdrError> {
+        Ok(CommitArgs {
+            file: Fh::decode(d)?,
+            offset: d.get_u64()?,
+            count: d.get_u32()?,
+        })
+    }
+}
+
+/// COMMIT3resok.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitOk {
+    /// file_wcc.
+    pub file_wcc: Wcc,
+    /// verf: must equal the verifier of the UNSTABLE WRITEs, else the server lost them.
+    pub verf: [u8; VERFSIZE],
+}
+
+/// COMMIT3res.
+pub type CommitRes = Res<CommitOk, Wcc>;
+
+impl XdrEncode for CommitRes {
+    fn encode<S: Sink>(&self, e: &mut Encoder<S>) -> Result<(), XdrError> {
+        encode_res(
+            e,
+            self,
+            |e, o| {
+                o.file_wcc.encode(e)?;
+                e.put_opaque_fixed(&o.verf)
+            },
+            |e, w| w.encode(e),
+        )
+    }
+}
+
+impl<'a> XdrDecode<'a> for CommitRes {
+    fn decode(d: &mut Decoder<'a>) -> Result<Self, XdrError> {
+        decode_res(
+            d,
+            |d| {
+                Ok(CommitOk {
+                    file_wcc: Wcc::decode(d)?,
+                    verf: get_verf(d)?,
+                })
+            },
+            Wcc::decode,
+        )
+    }
+}
+
+/// REMOVE3res (RFC 1813 §3.3.12): the directory's wcc_data either way.
+pub type RemoveRes = Res<Wcc, Wcc>;
+
+impl XdrEncode for RemoveRes {
+    fn encode<S: Sink>(&self, e: &mut Encoder<S>) -> Result<(), XdrError> {
+        encode_res(e, self, |e, w| w.encode(e), |e, w| w.encode(e))
+    }
+}
+
+impl<'a> XdrDecode<'a> for RemoveRes {
+    fn decode(d: &mut Decoder<'a>) -> Result<Self, XdrError> {
+        decode_res(d, Wcc::decode, Wcc::decode)
+    }
+}
