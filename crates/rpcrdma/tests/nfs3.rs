@@ -187,18 +187,23 @@ fn delta(a: StatsSnapshot, b: StatsSnapshot) -> [u64; 6] {
     ]
 }
 
+/// An NFS client over RDMA with Linux's 4 KiB inline thresholds both ways.
+fn rdma_linux_sizes(l: &Lab) -> Nfs3Client<RdmaClient> {
+    let cfg = RdmaConfig {
+        inline_send: 4096,
+        inline_recv: 4096,
+        ..RdmaConfig::default()
+    };
+    Nfs3Client::new(RdmaClient::connect(&l.pd, l.rdma.local_addr(), cfg).unwrap(), auth())
+}
+
 /// RPCR-ULB-01/02: the chunk each procedure uses over RDMA with 4 KiB inline
 /// thresholds (Linux's), for rsize 4 KiB, 64 KiB and 1 MiB.
 #[test]
 fn nfs3_over_rdma_chunk_usage() {
     let l = lab();
     let root = mount_root(&l);
-    let cfg = RdmaConfig {
-        inline_send: 4096,
-        inline_recv: 4096,
-        ..RdmaConfig::default()
-    };
-    let nfs = Nfs3Client::new(RdmaClient::connect(&l.pd, l.rdma.local_addr(), cfg).unwrap(), auth());
+    let nfs = rdma_linux_sizes(&l);
     let neg = nfs.rpc().negotiated().unwrap();
     assert_eq!((neg.thresholds.call, neg.thresholds.reply), (4096, 4096));
     let (fh, _) = nfs.lookup_path(&root, "data-3M.bin").unwrap();
@@ -318,12 +323,7 @@ fn chunk_memory_is_pooled_across_rpcs() {
 fn unstable_write_commit_verifier_and_remove() {
     let l = lab();
     let root = mount_root(&l);
-    let cfg = RdmaConfig {
-        inline_send: 4096,
-        inline_recv: 4096,
-        ..RdmaConfig::default()
-    };
-    let rdma = Nfs3Client::new(RdmaClient::connect(&l.pd, l.rdma.local_addr(), cfg).unwrap(), auth());
+    let rdma = rdma_linux_sizes(&l);
     let tcp = Nfs3Client::new(TcpClient::connect(l.tcp.local_addr()).unwrap(), auth());
     fn check<C: RpcClient>(l: &Lab, nfs: &Nfs3Client<C>, root: &nfs3::Fh, name: &str) {
         let made = nfs
