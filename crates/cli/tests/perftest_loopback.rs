@@ -14,20 +14,19 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-fn server(test: &str, port: u16, extra: &[&str]) -> Child {
-    let child = Command::new(BIN)
-        .args([
-            "perftest",
-            test,
-            "--bind",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "--timeout",
-            "20",
-        ])
+/// `softrdma perftest TEST ARGS.. -p PORT --timeout 20 EXTRA..`
+fn perftest(test: &str, args: &[&str], port: u16, extra: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(["perftest", test])
+        .args(args)
+        .args(["-p", &port.to_string(), "--timeout", "20"])
         .args(extra)
-        .env("RUST_BACKTRACE", "0")
+        .env("RUST_BACKTRACE", "0");
+    c
+}
+
+fn server(test: &str, port: u16, extra: &[&str]) -> Child {
+    let child = perftest(test, &["--bind", "127.0.0.1"], port, extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -38,20 +37,7 @@ fn server(test: &str, port: u16, extra: &[&str]) -> Child {
 }
 
 fn client(test: &str, port: u16, extra: &[&str]) -> Output {
-    Command::new(BIN)
-        .args([
-            "perftest",
-            test,
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "--timeout",
-            "20",
-        ])
-        .args(extra)
-        .env("RUST_BACKTRACE", "0")
-        .output()
-        .expect("client")
+    perftest(test, &["127.0.0.1"], port, extra).output().expect("client")
 }
 
 fn finish(mut c: Child) -> Output {

@@ -475,23 +475,25 @@ impl Comm {
 // The session
 
 /// What one run measured, for printing.
-enum Outcome {
+struct Outcome {
+    peer: String,
+    role: &'static str,
+    measured: Measured,
+}
+
+enum Measured {
     Bw {
         report: BwReport,
         /// The figures are the peer's (write/read bw server, as perftest's server prints).
         from_peer: bool,
-        peer: String,
         verified: String,
-        role: &'static str,
     },
     Lat {
         lat: LatReport,
-        peer: String,
         verified: String,
-        role: &'static str,
     },
     /// read_lat server: the client measures.
-    Nothing { peer: String, role: &'static str },
+    Nothing,
 }
 
 struct Data {
@@ -607,20 +609,17 @@ fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> 
 
     // 5. traffic and the closing exchanges.
     let deadline = Instant::now() + step + Duration::from_millis(p.iters); // generous
-    let out = match (p.test, client) {
+    let measured = match (p.test, client) {
         (Test::WriteBw | Test::ReadBw, true) => {
             let (report, verified) = bw_rdma_client(&data, &p, &rem, verify, deadline)?;
             comm.hand_shake(&my, "sync after the traffic")?;
             for (f, name) in report.encode().iter().zip(REPORT_FIELDS) {
                 comm.xchg(f, name)?; // the server's fields are uninitialised in perftest
             }
-            comm.hand_shake(&my, "ctx_close_connection")?;
-            Outcome::Bw {
+            Measured::Bw {
                 report,
                 from_peer: false,
-                peer: peer_name,
                 verified,
-                role: role_name,
             }
         }
         (Test::WriteBw | Test::ReadBw, false) => {
@@ -630,83 +629,60 @@ fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> 
                 fields.push(comm.xchg(f, name)?);
             }
             let report = BwReport::decode(&fields)?;
-            comm.hand_shake(&my, "ctx_close_connection")?;
             let verified = if p.test == Test::WriteBw {
                 "none on the target (the client verifies by reading back)".into()
             } else {
                 "none (the client reads)".into()
             };
-            Outcome::Bw {
+            Measured::Bw {
                 report,
                 from_peer: true,
-                peer: peer_name,
                 verified,
-                role: role_name,
             }
         }
         (Test::SendBw, true) => {
             comm.hand_shake(&my, "sync before the traffic (receives posted)")?;
             let report = send_bw_client(&data, &p, &rem, deadline)?;
-            comm.hand_shake(&my, "ctx_close_connection")?;
-            Outcome::Bw {
+            Measured::Bw {
                 report,
                 from_peer: false,
-                peer: peer_name,
                 verified: format!("{} Send completions, credits from the receiver", p.iters),
-                role: role_name,
             }
         }
         (Test::SendBw, false) => {
             let posted = post_recvs(&data, &p, p.rx_depth as u64)?;
             comm.hand_shake(&my, "sync before the traffic (receives posted)")?;
             let (report, verified) = send_bw_server(&data, &p, &rem, posted, verify, deadline)?;
-            comm.hand_shake(&my, "ctx_close_connection")?;
-            Outcome::Bw {
+            Measured::Bw {
                 report,
                 from_peer: false,
-                peer: peer_name,
                 verified,
-                role: role_name,
             }
         }
         (Test::WriteLat, _) => {
             let (lat, verified) = write_lat(&data, &p, &rem, client, deadline)?;
-            Outcome::Lat {
-                lat,
-                peer: peer_name,
-                verified,
-                role: role_name,
-            }
+            Measured::Lat { lat, verified }
         }
         (Test::ReadLat, true) => {
             let (lat, verified) = read_lat(&data, &p, &rem, verify, deadline)?;
-            comm.hand_shake(&my, "ctx_close_connection")?;
-            Outcome::Lat {
-                lat,
-                peer: peer_name,
-                verified,
-                role: role_name,
-            }
+            Measured::Lat { lat, verified }
         }
-        (Test::ReadLat, false) => {
-            comm.hand_shake(&my, "ctx_close_connection")?;
-            Outcome::Nothing {
-                peer: peer_name,
-                role: role_name,
-            }
-        }
+        (Test::ReadLat, false) => Measured::Nothing,
         (Test::SendLat, _) => {
             let posted = post_recvs(&data, &p, p.rx_depth as u64)?;
             comm.hand_shake(&my, "sync before the traffic (receives posted)")?;
             let (lat, verified) = send_lat(&data, &p, client, posted, verify, deadline)?;
-            comm.hand_shake(&my, "ctx_close_connection")?;
-            Outcome::Lat {
-                lat,
-                peer: peer_name,
-                verified,
-                role: role_name,
-            }
+            Measured::Lat { lat, verified }
         }
+    };
+    // `ctx_close_connection`: one last `pingpong_dest`, in every test but ib_write_lat.
+    if p.test != Test::WriteLat {
+        comm.hand_shake(&my, "ctx_close_connection")?;
+    }
+    let out = Outcome {
+        peer: peer_name,
+        role: role_name,
+        measured,
     };
 
     teardown(&comm.qp, &data.qp, !peer.softrdma);
@@ -764,6 +740,27 @@ fn pattern(len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i.wrapping_mul(31).wrapping_add(7) % 251) as u8)
         .collect()
+}
+
+/// Between two softrdma ends: the target half holds the pattern (`what` names it in the
+/// error); notes the check in `verified`.
+fn check_pattern(d: &Data, p: &Params, what: &str, verified: &mut String) -> Result<()> {
+    let got =
+        d.mr.to_vec(p.half, p.size as usize)
+            .map_err(|_| anyhow!("data region"))?;
+    if got != pattern(p.size as usize) {
+        bail!("payload check failed: {what} does not hold the pattern");
+    }
+    verified.push_str(", payload pattern checked");
+    Ok(())
+}
+
+/// Where the peer's `pingpong_dest` says its buffer is.
+fn remote_of(rem: &PingpongDest) -> RemoteAddr {
+    RemoteAddr {
+        addr: rem.vaddr,
+        rkey: rem.rkey,
+    }
 }
 
 /// Retries a refused connect, as perftest's client does while the server is not listening
@@ -904,10 +901,7 @@ fn bw_rdma_client(
     deadline: Instant,
 ) -> Result<(BwReport, String)> {
     let n = p.iters as usize;
-    let remote = RemoteAddr {
-        addr: rem.vaddr,
-        rkey: rem.rkey,
-    };
+    let remote = remote_of(rem);
     let (op, wc_op, what) = match p.test.verb() {
         Verb::Write => (WrOpcode::RdmaWrite { remote }, WcOpcode::RdmaWrite, "RDMA Write"),
         _ => (WrOpcode::RdmaRead { remote }, WcOpcode::RdmaRead, "RDMA Read"),
@@ -940,7 +934,6 @@ fn bw_rdma_client(
     let report = bw_report(p, &posted, &completed);
     let mut verified = format!("{n} {what} completions");
     if verify {
-        let expect = pattern(p.size as usize);
         if p.test.verb() == Verb::Write {
             // Read the target back over the same QP: its response follows every Write's placement.
             d.qp.post_send_one(SendWr::new(
@@ -951,13 +944,7 @@ fn bw_rdma_client(
             let wc = wait_wc(&d.send_cq, &d.qp, deadline, "the read-back")?;
             ok(&wc, WcOpcode::RdmaRead, "read-back of the written target")?;
         }
-        let got =
-            d.mr.to_vec(p.half, p.size as usize)
-                .map_err(|_| anyhow!("data region"))?;
-        if got != expect {
-            bail!("payload check failed: the {what} target does not hold the pattern");
-        }
-        verified.push_str(", payload pattern checked");
+        check_pattern(d, p, &format!("the {what} target"), &mut verified)?;
     }
     Ok((report, verified))
 }
@@ -1015,6 +1002,27 @@ fn send_bw_client(d: &Data, p: &Params, _rem: &PingpongDest, deadline: Instant) 
     Ok(bw_report(p, &posted, &completed))
 }
 
+/// A receive of a send test completed: successfully, with `size` bytes (the `rcnt`-th);
+/// reposted while fewer than iters are posted (`rposted`).
+fn recv_done(d: &Data, p: &Params, wc: &WorkCompletion, rcnt: &mut u64, rposted: &mut u64) -> Result<()> {
+    ok(wc, WcOpcode::Recv, "receive")?;
+    if wc.byte_len as u64 != p.size {
+        bail!("receive {} has {} bytes, expected {}", *rcnt + 1, wc.byte_len, p.size);
+    }
+    *rcnt += 1;
+    if *rposted < p.iters {
+        post_recvs(d, p, 1)?;
+        *rposted += 1;
+    }
+    Ok(())
+}
+
+/// Waits for one credit RDMA Write's completion.
+fn credit_write_done(d: &Data, deadline: Instant) -> Result<()> {
+    let wc = wait_wc(&d.send_cq, &d.qp, deadline, "a credit Write's completion")?;
+    ok(&wc, WcOpcode::RdmaWrite, "credit RDMA Write")
+}
+
 /// `run_iter_bw_server` with `send_rcredit`: repost while fewer than iters are posted,
 /// RDMA Write the received count every rx_depth/3 receives.
 fn send_bw_server(
@@ -1046,28 +1054,16 @@ fn send_bw_server(
         first.get_or_insert(now);
         last = now;
         for wc in &wcs {
-            ok(wc, WcOpcode::Recv, "receive")?;
-            if wc.byte_len as u64 != p.size {
-                bail!("receive {} has {} bytes, expected {}", rcnt + 1, wc.byte_len, p.size);
-            }
-            rcnt += 1;
-            if posted < n {
-                post_recvs(d, p, 1)?;
-                posted += 1;
-            }
+            recv_done(d, p, wc, &mut rcnt, &mut posted)?;
             if (rcnt % p.rx_depth as u64).is_multiple_of(credit_every) {
                 while credits_out >= p.tx_depth as u64 {
-                    let wc = wait_wc(&d.send_cq, &d.qp, deadline, "a credit Write's completion")?;
-                    ok(&wc, WcOpcode::RdmaWrite, "credit RDMA Write")?;
+                    credit_write_done(d, deadline)?;
                     credits_out -= 1;
                 }
                 credit_mr
                     .write(0, &wire::encode_credit(rcnt as u32))
                     .map_err(|_| anyhow!("credit region"))?;
-                let remote = RemoteAddr {
-                    addr: rem.vaddr,
-                    rkey: rem.rkey,
-                };
+                let remote = remote_of(rem);
                 d.qp.post_send_one(SendWr::new(
                     rcnt,
                     WrOpcode::RdmaWrite { remote },
@@ -1079,8 +1075,7 @@ fn send_bw_server(
         }
     }
     while credits_out > 0 {
-        let wc = wait_wc(&d.send_cq, &d.qp, deadline, "a credit Write's completion")?;
-        ok(&wc, WcOpcode::RdmaWrite, "credit RDMA Write")?;
+        credit_write_done(d, deadline)?;
         credits_out -= 1;
     }
     let t = last
@@ -1098,13 +1093,7 @@ fn send_bw_server(
     };
     let mut verified = format!("{n} receives of {} bytes", p.size);
     if verify {
-        let got =
-            d.mr.to_vec(p.half, p.size as usize)
-                .map_err(|_| anyhow!("data region"))?;
-        if got != pattern(p.size as usize) {
-            bail!("payload check failed: the last Send does not hold the pattern");
-        }
-        verified.push_str(", payload pattern checked");
+        check_pattern(d, p, "the last Send", &mut verified)?;
     }
     Ok((report, verified))
 }
@@ -1171,10 +1160,7 @@ fn write_lat(d: &Data, p: &Params, rem: &PingpongDest, client: bool, deadline: I
     let n = p.iters;
     let size = p.size as usize;
     let poll_off = p.half + size - 1;
-    let remote = RemoteAddr {
-        addr: rem.vaddr,
-        rkey: rem.rkey,
-    };
+    let remote = remote_of(rem);
     let (mut scnt, mut rcnt, mut ccnt) = (0u64, 0u64, 0u64);
     let mut posted = Vec::with_capacity(n as usize);
     let mut spins = 0u64;
@@ -1226,10 +1212,7 @@ fn write_lat(d: &Data, p: &Params, rem: &PingpongDest, client: bool, deadline: I
 
 /// `run_iter_lat`: one RDMA Read at a time (client only).
 fn read_lat(d: &Data, p: &Params, rem: &PingpongDest, verify: bool, deadline: Instant) -> Result<(LatReport, String)> {
-    let remote = RemoteAddr {
-        addr: rem.vaddr,
-        rkey: rem.rkey,
-    };
+    let remote = remote_of(rem);
     let mut posted = Vec::with_capacity(p.iters as usize);
     for i in 0..p.iters {
         posted.push(Instant::now());
@@ -1244,13 +1227,7 @@ fn read_lat(d: &Data, p: &Params, rem: &PingpongDest, verify: bool, deadline: In
     }
     let mut verified = format!("{} Read completions", p.iters);
     if verify {
-        let got =
-            d.mr.to_vec(p.half, p.size as usize)
-                .map_err(|_| anyhow!("data region"))?;
-        if got != pattern(p.size as usize) {
-            bail!("payload check failed: the Read data does not hold the pattern");
-        }
-        verified.push_str(", payload pattern checked");
+        check_pattern(d, p, "the Read data", &mut verified)?;
     }
     Ok((lat_report(p.size, &posted, 1.0), verified))
 }
@@ -1271,15 +1248,7 @@ fn send_lat(
     while scnt < n || rcnt < n {
         if rcnt < n && !(scnt < 1 && client) {
             let wc = wait_wc(&d.recv_cq, &d.qp, deadline, &format!("Send {} of {n}", rcnt + 1))?;
-            ok(&wc, WcOpcode::Recv, "receive")?;
-            if wc.byte_len as u64 != p.size {
-                bail!("receive {} has {} bytes, expected {}", rcnt + 1, wc.byte_len, p.size);
-            }
-            rcnt += 1;
-            if rposted < n {
-                post_recvs(d, p, 1)?;
-                rposted += 1;
-            }
+            recv_done(d, p, &wc, &mut rcnt, &mut rposted)?;
         }
         if scnt < n {
             posted.push(Instant::now());
@@ -1292,13 +1261,7 @@ fn send_lat(
     }
     let mut verified = format!("{n} Sends each way of {} bytes", p.size);
     if verify {
-        let got =
-            d.mr.to_vec(p.half, p.size as usize)
-                .map_err(|_| anyhow!("data region"))?;
-        if got != pattern(p.size as usize) {
-            bail!("payload check failed: the last Send does not hold the pattern");
-        }
-        verified.push_str(", payload pattern checked");
+        check_pattern(d, p, "the last Send", &mut verified)?;
     }
     Ok((lat_report(p.size, &posted, 2.0), verified))
 }
@@ -1335,13 +1298,12 @@ fn print_header(p: &Params, role: &str, peer: &str, my: &PingpongDest, rem: &Pin
 
 impl Outcome {
     fn print(&self, args: &Args, p: &Params) {
-        match self {
-            Outcome::Bw {
+        let (peer, role) = (&self.peer, self.role);
+        match &self.measured {
+            Measured::Bw {
                 report: r,
                 from_peer,
-                peer,
                 verified,
-                role,
             } => {
                 if args.json {
                     println!(
@@ -1367,12 +1329,7 @@ impl Outcome {
                 }
                 println!(" verified: {verified}");
             }
-            Outcome::Lat {
-                lat: l,
-                peer,
-                verified,
-                role,
-            } => {
+            Measured::Lat { lat: l, verified } => {
                 if args.json {
                     println!(
                         "{}",
@@ -1396,7 +1353,7 @@ impl Outcome {
                 println!("{RESULT_LINE}");
                 println!(" verified: {verified}");
             }
-            Outcome::Nothing { peer, role } => {
+            Measured::Nothing => {
                 if args.json {
                     println!(
                         "{}",
