@@ -20,10 +20,9 @@
 #[path = "common/lab.rs"]
 mod lab_common;
 
-use lab_common::{LAB_STATE, Lab, NS, acquire, gate, lab_dir, vm_exec};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
+use lab_common::{Lab, NS, acquire, bring_up_siw, exit_of, next_port, vm_exec};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
@@ -32,89 +31,26 @@ const GUEST_IP: &str = "192.168.77.2";
 const SIZE: u64 = 4096;
 const ITERS: u64 = 100;
 
+/// The siw lab, with perftest in the guest.
 fn bring_up() -> Result<PathBuf, String> {
-    if gate() == "0" {
-        return Err("SOFTRDMA_INTEROP=0".into());
-    }
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false);
-    if !root {
-        return Err("not root (the lab needs a network namespace and a tap device)".into());
-    }
-    let dir = lab_dir()?;
-    if !Path::new(LAB_STATE).join("vmlinuz").exists() {
-        if gate() != "1" && gate() != "require" {
-            return Err(format!(
-                "the lab is not built; run {}/setup.sh or set SOFTRDMA_INTEROP=1",
-                dir.display()
-            ));
-        }
-        let st = Command::new("./setup.sh")
-            .current_dir(&dir)
-            .status()
-            .map_err(|e| e.to_string())?;
-        if !st.success() {
-            return Err(format!("setup.sh failed ({st})"));
-        }
-    }
-    if vm_exec(&dir, "true", 20).0 != 0 {
-        let out = Command::new("./vm.sh")
-            .arg("start")
-            .current_dir(&dir)
-            .output()
-            .map_err(|e| format!("vm.sh start: {e}"))?;
-        if !out.status.success() || vm_exec(&dir, "true", 30).0 != 0 {
-            return Err(format!("vm.sh start failed: {}", String::from_utf8_lossy(&out.stderr)));
-        }
-    }
+    let dir = bring_up_siw()?;
     // `ib_write_bw --version` exits with status 1 (VERSION_EXIT is returned as FAILURE).
     let (_, out) = vm_exec(&dir, "ib_write_bw --version", 20);
     if !out.contains("Version: ") {
         return Err(format!("perftest is not in the guest: {out}"));
-    }
-    let (rc, out) = vm_exec(&dir, "rdma link show | grep -q 'siw0/1 state ACTIVE' && echo ok", 20);
-    if rc != 0 || !out.contains("ok") {
-        return Err(format!("siw0 is not active in the guest: {out}"));
     }
     Ok(dir)
 }
 
 fn lab(test: &str) -> Option<Lab> {
     let lab = acquire(test, "kernel siw + perftest interop lab", bring_up)?;
-    let (_, out) = vm_exec(&lab.dir, "dmesg | wc -l > /tmp/softrdma-pt-dmesg-mark", 20);
-    assert!(!out.contains("BUG"), "{out}");
+    lab.kernel_check_init();
     Some(lab)
 }
 
-/// No BUG/WARNING/Oops in the guest since `lab()`, no taint beyond siw's O+E.
-fn kernel_check(lab: &Lab) {
-    let (rc, out) = vm_exec(
-        &lab.dir,
-        "m=$(cat /tmp/softrdma-pt-dmesg-mark 2>/dev/null || echo 0); dmesg | tail -n +$((m+1)); \
-         echo tainted=$(cat /proc/sys/kernel/tainted)",
-        20,
-    );
-    assert_eq!(rc, 0, "guest unreachable after the case: {out}");
-    for bad in ["BUG:", "WARNING:", "Oops", "Call Trace", "general protection"] {
-        assert!(!out.contains(bad), "guest kernel reported {bad}:\n{out}");
-    }
-    let t: u64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("tainted="))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("tainted");
-    assert_eq!(t & !(4096 | 8192), 0, "guest kernel taint {t:#x}:\n{out}");
-}
-
-static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
-
 /// A fresh port per case (18600..18999), away from perftest's default.
 fn port() -> u16 {
-    let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed) as u32;
-    18600 + ((std::process::id() % 16) * 25 + n) as u16 % 400
+    next_port(18600, 400)
 }
 
 /// The line after perftest's (and our) `#bytes` header, split into fields.
@@ -125,17 +61,23 @@ fn result_fields(log: &str) -> Option<Vec<String>> {
     Some(l.split_whitespace().map(str::to_owned).collect())
 }
 
-fn exit_of(log: &str) -> Option<i32> {
-    log.lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("exit=").and_then(|v| v.trim().parse().ok()))
-}
-
 struct Run {
     ours_ok: bool,
     ours: String,
     guest_exit: Option<i32>,
     guest: String,
+}
+
+/// Our process's output and perftest's log (with `exit=N` last).
+fn run_of(out: Output, guest: String) -> Run {
+    let mut ours = String::from_utf8_lossy(&out.stdout).into_owned();
+    ours.push_str(&String::from_utf8_lossy(&out.stderr));
+    Run {
+        ours_ok: out.status.success(),
+        ours,
+        guest_exit: exit_of(&guest),
+        guest,
+    }
 }
 
 fn common_args(test: &str) -> Vec<String> {
@@ -179,15 +121,8 @@ fn guest_server_case(lab: &Lab, test: &str) -> Run {
         ),
         60,
     );
-    kernel_check(lab);
-    let mut ours = String::from_utf8_lossy(&out.stdout).into_owned();
-    ours.push_str(&String::from_utf8_lossy(&out.stderr));
-    Run {
-        ours_ok: out.status.success(),
-        ours,
-        guest_exit: exit_of(&guest),
-        guest,
-    }
+    lab.kernel_check();
+    run_of(out, guest)
 }
 
 /// Our server in the namespace, perftest `ib_TEST -R` as the client in the guest.
@@ -231,15 +166,8 @@ fn guest_client_case(lab: &Lab, test: &str) -> Run {
         let _ = child.kill();
     }
     let out = child.wait_with_output().unwrap();
-    kernel_check(lab);
-    let mut ours = String::from_utf8_lossy(&out.stdout).into_owned();
-    ours.push_str(&String::from_utf8_lossy(&out.stderr));
-    Run {
-        ours_ok: out.status.success(),
-        ours,
-        guest_exit: exit_of(&guest),
-        guest,
-    }
+    lab.kernel_check();
+    run_of(out, guest)
 }
 
 impl Run {
@@ -312,141 +240,73 @@ fn own_lines(r: &Run, what: &str, lat: bool) {
     }
 }
 
-// ---------------------------------------------------------------------------------------
-// perftest server in the guest, softrdma client
-
-#[test]
-fn write_bw_kernel_server_our_client() {
-    let Some(lab) = lab("write_bw_kernel_server_our_client") else {
-        return;
-    };
-    let r = guest_server_case(&lab, "write_bw");
-    bw_pair(&r, "write_bw", true);
-    assert!(
-        r.ours.contains(&format!("verified: {ITERS} RDMA Write completions")),
-        "{}",
-        r.ours
-    );
+/// Which end perftest is; softrdma is the other.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Perftest {
+    /// perftest's server in the guest, our client in the namespace.
+    Server,
+    /// Our server in the namespace, perftest's client in the guest.
+    Client,
 }
 
-#[test]
-fn read_bw_kernel_server_our_client() {
-    let Some(lab) = lab("read_bw_kernel_server_our_client") else {
+/// One case (`name`): `ib_{test} -R` as `perftest`, softrdma the other end; the checks for
+/// that test and role, and that our output contains `ours_has`.
+fn case(name: &str, test: &str, perftest: Perftest, ours_has: Option<&str>) {
+    let Some(lab) = lab(name) else {
         return;
     };
-    let r = guest_server_case(&lab, "read_bw");
-    bw_pair(&r, "read_bw", true);
-    assert!(
-        r.ours.contains(&format!("verified: {ITERS} RDMA Read completions")),
-        "{}",
-        r.ours
-    );
+    let our_client = perftest == Perftest::Server;
+    let r = match perftest {
+        Perftest::Server => guest_server_case(&lab, test),
+        Perftest::Client => guest_client_case(&lab, test),
+    };
+    match test {
+        "write_bw" | "read_bw" => bw_pair(&r, test, our_client),
+        "read_lat" => {
+            r.assert_ok(test);
+            if our_client {
+                assert_size_iters(&r.ours_line(), "softrdma", true);
+                // perftest's read_lat server measures nothing and prints no result line.
+                assert!(result_fields(&r.guest).is_none(), "{}", r.guest);
+            } else {
+                assert_size_iters(&r.guest_line(), "perftest", false);
+            }
+        }
+        _ => own_lines(&r, test, test.ends_with("_lat")),
+    }
+    if let Some(want) = ours_has {
+        assert!(r.ours.contains(want), "{}", r.ours);
+    }
 }
 
-/// P2 (docs/interop-perftest.md): over iWARP ib_send_bw's receiver grants credits by RDMA
-/// Write into the sender's credit word; without them we would stall after rx_depth Sends.
-#[test]
-fn send_bw_kernel_server_our_client() {
-    let Some(lab) = lab("send_bw_kernel_server_our_client") else {
-        return;
-    };
-    let r = guest_server_case(&lab, "send_bw");
-    own_lines(&r, "send_bw", false);
-    assert!(r.ours.contains("credits from the receiver"), "{}", r.ours);
+/// `name: "test", Server|Client, ours_has;`: one `#[test]` each.
+macro_rules! cases {
+    ($($(#[$attr:meta])* $name:ident: $test:literal, $perftest:ident, $ours_has:expr;)*) => {$(
+        $(#[$attr])*
+        #[test]
+        fn $name() {
+            case(stringify!($name), $test, Perftest::$perftest, $ours_has);
+        }
+    )*};
 }
 
-#[test]
-fn send_lat_kernel_server_our_client() {
-    let Some(lab) = lab("send_lat_kernel_server_our_client") else {
-        return;
-    };
-    let r = guest_server_case(&lab, "send_lat");
-    own_lines(&r, "send_lat", true);
-}
+cases! {
+    // perftest server in the guest, softrdma client
+    write_bw_kernel_server_our_client: "write_bw", Server, Some(&format!("verified: {ITERS} RDMA Write completions"));
+    read_bw_kernel_server_our_client: "read_bw", Server, Some(&format!("verified: {ITERS} RDMA Read completions"));
+    /// P2 (docs/interop-perftest.md): over iWARP ib_send_bw's receiver grants credits by RDMA
+    /// Write into the sender's credit word; without them we would stall after rx_depth Sends.
+    send_bw_kernel_server_our_client: "send_bw", Server, Some("credits from the receiver");
+    send_lat_kernel_server_our_client: "send_lat", Server, None;
+    /// ib_write_lat has no closing exchange: P3's teardown order matters most here.
+    write_lat_kernel_server_our_client: "write_lat", Server, Some("sequence byte checked");
+    read_lat_kernel_server_our_client: "read_lat", Server, None;
 
-/// ib_write_lat has no closing exchange: P3's teardown order matters most here.
-#[test]
-fn write_lat_kernel_server_our_client() {
-    let Some(lab) = lab("write_lat_kernel_server_our_client") else {
-        return;
-    };
-    let r = guest_server_case(&lab, "write_lat");
-    own_lines(&r, "write_lat", true);
-    assert!(r.ours.contains("sequence byte checked"), "{}", r.ours);
-}
-
-#[test]
-fn read_lat_kernel_server_our_client() {
-    let Some(lab) = lab("read_lat_kernel_server_our_client") else {
-        return;
-    };
-    let r = guest_server_case(&lab, "read_lat");
-    r.assert_ok("read_lat");
-    assert_size_iters(&r.ours_line(), "softrdma", true);
-    // perftest's read_lat server measures nothing and prints no result line.
-    assert!(result_fields(&r.guest).is_none(), "{}", r.guest);
-}
-
-// ---------------------------------------------------------------------------------------
-// softrdma server, perftest client in the guest
-
-#[test]
-fn write_bw_our_server_kernel_client() {
-    let Some(lab) = lab("write_bw_our_server_kernel_client") else {
-        return;
-    };
-    let r = guest_client_case(&lab, "write_bw");
-    bw_pair(&r, "write_bw", false);
-}
-
-#[test]
-fn read_bw_our_server_kernel_client() {
-    let Some(lab) = lab("read_bw_our_server_kernel_client") else {
-        return;
-    };
-    let r = guest_client_case(&lab, "read_bw");
-    bw_pair(&r, "read_bw", false);
-}
-
-#[test]
-fn send_bw_our_server_kernel_client() {
-    let Some(lab) = lab("send_bw_our_server_kernel_client") else {
-        return;
-    };
-    let r = guest_client_case(&lab, "send_bw");
-    own_lines(&r, "send_bw", false);
-    assert!(
-        r.ours.contains(&format!("verified: {ITERS} receives of {SIZE} bytes")),
-        "{}",
-        r.ours
-    );
-}
-
-#[test]
-fn send_lat_our_server_kernel_client() {
-    let Some(lab) = lab("send_lat_our_server_kernel_client") else {
-        return;
-    };
-    let r = guest_client_case(&lab, "send_lat");
-    own_lines(&r, "send_lat", true);
-}
-
-#[test]
-fn write_lat_our_server_kernel_client() {
-    let Some(lab) = lab("write_lat_our_server_kernel_client") else {
-        return;
-    };
-    let r = guest_client_case(&lab, "write_lat");
-    own_lines(&r, "write_lat", true);
-}
-
-#[test]
-fn read_lat_our_server_kernel_client() {
-    let Some(lab) = lab("read_lat_our_server_kernel_client") else {
-        return;
-    };
-    let r = guest_client_case(&lab, "read_lat");
-    r.assert_ok("read_lat");
-    assert_size_iters(&r.guest_line(), "perftest", false);
-    assert!(r.ours.contains("the client measures"), "{}", r.ours);
+    // softrdma server, perftest client in the guest
+    write_bw_our_server_kernel_client: "write_bw", Client, None;
+    read_bw_our_server_kernel_client: "read_bw", Client, None;
+    send_bw_our_server_kernel_client: "send_bw", Client, Some(&format!("verified: {ITERS} receives of {SIZE} bytes"));
+    send_lat_our_server_kernel_client: "send_lat", Client, None;
+    write_lat_our_server_kernel_client: "write_lat", Client, None;
+    read_lat_our_server_kernel_client: "read_lat", Client, Some("the client measures");
 }

@@ -19,12 +19,11 @@
 #[path = "common/lab.rs"]
 mod lab_common;
 
-use lab_common::{LAB_STATE, Lab, NS, acquire, gate, lab_dir, vm_exec};
+use lab_common::{LAB_STATE, Lab, NS, acquire, bring_up_siw, exit_of, gate, have, next_port};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -32,75 +31,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
 const HOST_IP: &str = "192.168.77.1";
 const GUEST_IP: &str = "192.168.77.2";
 
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-fn have(prog: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {prog}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
-/// Brings the lab up once per process: Ok(dir) or the reason to skip.
-fn bring_up() -> Result<PathBuf, String> {
-    if gate() == "0" {
-        return Err("SOFTRDMA_INTEROP=0".into());
-    }
-    if !is_root() {
-        return Err("not root (the lab needs a network namespace and a tap device)".into());
-    }
-    let dir = lab_dir()?;
-    let built = Path::new(LAB_STATE).join("vmlinuz").exists() && Path::new(LAB_STATE).join("initramfs.img").exists();
-    if !built {
-        if gate() != "1" && gate() != "require" {
-            return Err(format!(
-                "the lab is not built ({LAB_STATE}/vmlinuz missing); run {}/setup.sh or set SOFTRDMA_INTEROP=1",
-                dir.display()
-            ));
-        }
-        eprintln!("interop: building the lab with setup.sh (a few minutes the first time)");
-        let st = Command::new("./setup.sh")
-            .current_dir(&dir)
-            .status()
-            .map_err(|e| format!("setup.sh: {e}"))?;
-        if !st.success() {
-            return Err(format!("setup.sh failed ({st})"));
-        }
-    }
-    if !have("qemu-system-x86_64") {
-        return Err("qemu-system-x86_64 is not installed (the lab's setup.sh installs it)".into());
-    }
-    if vm_exec(&dir, "true", 20).0 != 0 {
-        eprintln!("interop: starting the lab VM (vm.sh start)");
-        let out = Command::new("./vm.sh")
-            .arg("start")
-            .current_dir(&dir)
-            .output()
-            .map_err(|e| format!("vm.sh start: {e}"))?;
-        if !out.status.success() || vm_exec(&dir, "true", 30).0 != 0 {
-            return Err(format!(
-                "vm.sh start failed: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-    }
-    let (rc, out) = vm_exec(&dir, "rdma link show | grep -q 'siw0/1 state ACTIVE' && echo ok", 20);
-    if rc != 0 || !out.contains("ok") {
-        return Err(format!("siw0 is not active in the guest: {out}"));
-    }
-    Ok(dir)
-}
-
 fn lab(test: &str) -> Option<Lab> {
-    let lab = acquire(test, "kernel siw interop lab", bring_up)?;
+    let lab = acquire(test, "kernel siw interop lab", bring_up_siw)?;
     lab.kernel_check_init();
     Some(lab)
 }
@@ -154,18 +86,28 @@ fn lab_cm(test: &str) -> Option<Lab> {
     Some(lab)
 }
 
+/// Whether the host has python3 for `what` (a raw iWARP peer in tests/tools); without it
+/// `test` skips, or fails under `require`.
+fn python3(test: &str, what: &str) -> bool {
+    if have("python3") {
+        return true;
+    }
+    if gate() == "require" {
+        panic!("python3 is required for {what}");
+    }
+    eprintln!("SKIPPED {test}: no python3 on the host");
+    false
+}
+
 /// Private data as the tests send it: ours 0x00, 0x01, ... (`--test-pd`, `--test-reject`),
 /// cm_probe's 0x80, 0x81, ...; lowercase hex as both print it.
 fn pd_hex(n: usize, first: u8) -> String {
     (0..n).map(|i| format!("{:02x}", first.wrapping_add(i as u8))).collect()
 }
 
-static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
-
 /// A fresh port per case (7200..7999), so that no case meets another's leftovers.
 fn port() -> u16 {
-    let n = NEXT_PORT.fetch_add(1, Ordering::Relaxed) as u32;
-    7200 + ((std::process::id() % 16) * 50 + n) as u16 % 800
+    next_port(7200, 800)
 }
 
 /// The guest's `rping -s`, running in the background.
@@ -185,50 +127,7 @@ impl GuestRun {
     }
 }
 
-fn parse_exit(log: &str) -> Option<i32> {
-    log.lines()
-        .rev()
-        .find_map(|l| l.strip_prefix("exit=").and_then(|v| v.trim().parse().ok()))
-}
-
 impl Lab {
-    fn exec(&self, script: &str, timeout: u64) -> (i32, String) {
-        vm_exec(&self.dir, script, timeout)
-    }
-
-    fn kernel_check_init(&self) {
-        let (_, out) = self.exec("dmesg | wc -l > /tmp/softrdma-dmesg-mark", 20);
-        assert!(!out.contains("BUG"), "{out}");
-    }
-
-    /// The guest kernel logged no BUG/WARNING/Oops since the last check and has no taint
-    /// beyond O (4096) and E (8192) from the out-of-tree siw module. Returns the new lines.
-    fn kernel_check(&self) -> String {
-        let (rc, out) = self.exec(
-            "m=$(cat /tmp/softrdma-dmesg-mark 2>/dev/null || echo 0); dmesg | tail -n +$((m+1)); \
-             dmesg | wc -l > /tmp/softrdma-dmesg-mark; echo tainted=$(cat /proc/sys/kernel/tainted)",
-            20,
-        );
-        assert_eq!(rc, 0, "guest unreachable after the case: {out}");
-        for bad in [
-            "BUG:",
-            "WARNING:",
-            "Oops",
-            "Call Trace",
-            "general protection",
-            "kernel BUG",
-        ] {
-            assert!(!out.contains(bad), "guest kernel reported {bad}:\n{out}");
-        }
-        let t: u64 = out
-            .lines()
-            .find_map(|l| l.strip_prefix("tainted="))
-            .and_then(|v| v.trim().parse().ok())
-            .expect("tainted");
-        assert_eq!(t & !(4096 | 8192), 0, "guest kernel taint {t:#x}:\n{out}");
-        out
-    }
-
     /// Starts `rping -s` in the guest and waits until siw listens.
     fn guest_server(&self, args: &str) -> GuestServer {
         let port = port();
@@ -256,7 +155,7 @@ impl Lab {
         let exit = if log.lines().any(|l| l == "killed") {
             None
         } else {
-            parse_exit(&log)
+            exit_of(&log)
         };
         GuestRun { log, exit }
     }
@@ -296,7 +195,7 @@ impl Lab {
              echo exit=$? >>/tmp/cc-{port}.log; cat /tmp/cc-{port}.log"
         );
         let (_, log) = self.exec(&script, 40);
-        (parse_exit(&log), log)
+        (exit_of(&log), log)
     }
 
     /// Runs `rping -c` in the guest against our server.
@@ -306,7 +205,7 @@ impl Lab {
              echo exit=$? >>/tmp/cr-{port}.err; cat /tmp/cr-{port}.log; echo '@@stderr'; cat /tmp/cr-{port}.err"
         );
         let (_, log) = self.exec(&script, secs + 30);
-        let exit = parse_exit(&log);
+        let exit = exit_of(&log);
         GuestRun { log, exit }
     }
 }
@@ -601,11 +500,7 @@ fn d1_siw_ignores_bytes_queued_before_it_attaches_the_qp() {
     let Some(lab) = lab_cm("d1_siw_ignores_bytes_queued_before_it_attaches_the_qp") else {
         return;
     };
-    if !have("python3") {
-        if gate() == "require" {
-            panic!("python3 is required for the raw peer");
-        }
-        eprintln!("SKIPPED d1_siw_ignores_bytes_queued_before_it_attaches_the_qp: no python3 on the host");
+    if !python3("d1_siw_ignores_bytes_queued_before_it_attaches_the_qp", "the raw peer") {
         return;
     }
     let peer = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/siw_gap_peer.py");
@@ -880,6 +775,50 @@ fn has_line(log: &str, want: &str) -> bool {
     log.lines().any(|l| l == want)
 }
 
+/// cm_probe's server (`server_args`) in the guest, our client connecting with `n` bytes of
+/// private data: our client's output and the server's; the guest kernel checked.
+fn our_connect_vs_cm_server(lab: &Lab, server_args: &str, n: usize) -> (Output, String) {
+    let port = lab.cm_server(server_args);
+    let out = our_connect_only(port, n, &[]);
+    let guest = lab.cm_server_finish(port, 10);
+    lab.kernel_check();
+    (out, guest)
+}
+
+/// Our server (`server_args`), cm_probe's client (`client_args`) in the guest: the client's
+/// exit code and output, and what our server did; the guest kernel checked.
+fn cm_client_vs_our_server(lab: &Lab, server_args: &[&str], client_args: &str) -> (Option<i32>, String, OurServerRun) {
+    let srv = our_server(server_args);
+    let (exit, guest) = lab.cm_client(srv.port, client_args);
+    let ours = srv.finish(20);
+    lab.kernel_check();
+    (exit, guest, ours)
+}
+
+/// Our server reports cm_probe's `n` bytes of connect request private data, exactly.
+fn assert_request_pd(ours: &OurServerRun, n: usize) {
+    assert_eq!(
+        ours.line("connect request private data"),
+        format!("connect request private data {n} bytes: {}", pd_hex(n, 0x80))
+    );
+}
+
+/// One byte beyond our maximum (253, MPA PD 257 with the IRD/ORD words) in our reject or
+/// accept (`server_args`): refused by our server before anything is sent, and the kernel's
+/// client (`client_args`) sees its connection closed, REJECTED -104 without data (D11).
+fn our_server_refuses_253_bytes(lab: &Lab, server_args: &[&str], client_args: &str) {
+    let (exit, guest, ours) = cm_client_vs_our_server(lab, server_args, client_args);
+    assert!(!ours.ok);
+    assert!(
+        ours.stderr
+            .contains("private data too long: 257 octets (IRD/ORD included), limit 256"),
+        "{}",
+        ours.stderr
+    );
+    assert_eq!(exit, Some(2), "{guest}");
+    assert!(has_line(&guest, "REJECTED status=-104 pd_len=0 pd="), "{guest}");
+}
+
 /// The kernel refuses our connect: cm_probe `rdma_reject`s with n bytes, and our connect
 /// returns the typed `Error::Rejected` with those bytes, exactly, and siw's IRD/ORD block
 /// (1/1, mirrored from our Request): n = 0, 1 and 251, the most siw sends intact (252 is
@@ -891,10 +830,7 @@ fn kernel_rejects_our_connect_with_private_data() {
         return;
     };
     for n in [0, 1, KERNEL_MAX_PD] {
-        let port = lab.cm_server(&format!("--reject {n}"));
-        let out = our_connect_only(port, 5, &[]);
-        let guest = lab.cm_server_finish(port, 10);
-        lab.kernel_check();
+        let (out, guest) = our_connect_vs_cm_server(&lab, &format!("--reject {n}"), 5);
         let (_, stderr) = text(&out);
         assert!(!out.status.success(), "{n}: {guest}");
         let req = format!("CONNECT_REQUEST pd_len=5 pd={} ird=1 ord=1", pd_hex(5, 0));
@@ -924,15 +860,9 @@ fn host_server_rejects_kernel_client_with_private_data() {
         return;
     };
     for n in [0, 1, 16, OUR_MAX_PD] {
-        let srv = our_server(&["--test-reject", &n.to_string()]);
-        let (exit, guest) = lab.cm_client(srv.port, "--pd 3");
-        let ours = srv.finish(20);
-        lab.kernel_check();
+        let (exit, guest, ours) = cm_client_vs_our_server(&lab, &["--test-reject", &n.to_string()], "--pd 3");
         assert!(ours.ok, "{}", ours.stderr);
-        assert_eq!(
-            ours.line("connect request private data"),
-            format!("connect request private data 3 bytes: {}", pd_hex(3, 0x80))
-        );
+        assert_request_pd(&ours, 3);
         assert!(
             ours.line("rejected the connect request")
                 .contains(&format!("with {n} bytes"))
@@ -951,19 +881,7 @@ fn host_server_rejects_kernel_client_with_private_data() {
     assert_ne!(guest.exit, Some(0), "{}", guest.log);
     assert_eq!(guest.count("ping data"), 0);
     // One byte beyond: refused locally, the connection closed without a Reply.
-    let srv = our_server(&["--test-reject", "253"]);
-    let (exit, guest) = lab.cm_client(srv.port, "--pd 3");
-    let ours = srv.finish(20);
-    lab.kernel_check();
-    assert!(!ours.ok);
-    assert!(
-        ours.stderr
-            .contains("private data too long: 257 octets (IRD/ORD included), limit 256"),
-        "{}",
-        ours.stderr
-    );
-    assert_eq!(exit, Some(2), "{guest}");
-    assert!(has_line(&guest, "REJECTED status=-104 pd_len=0 pd="), "{guest}");
+    our_server_refuses_253_bytes(&lab, &["--test-reject", "253"], "--pd 3");
 }
 
 /// Kernel client -> our server on accepted connections: the connect request carries 0, 1
@@ -978,33 +896,16 @@ fn kernel_client_private_data_limits_with_our_server() {
         return;
     };
     for (n, reply) in [(0, 0), (1, 1), (KERNEL_MAX_PD, OUR_MAX_PD)] {
-        let srv = our_server(&["--test-connect-only", "--test-pd", &reply.to_string()]);
-        let (exit, guest) = lab.cm_client(srv.port, &format!("--pd {n}"));
-        let ours = srv.finish(20);
-        lab.kernel_check();
+        let server_args = ["--test-connect-only", "--test-pd", &reply.to_string()];
+        let (exit, guest, ours) = cm_client_vs_our_server(&lab, &server_args, &format!("--pd {n}"));
         assert!(ours.ok, "{}\nguest: {guest}", ours.stderr);
-        assert_eq!(
-            ours.line("connect request private data"),
-            format!("connect request private data {n} bytes: {}", pd_hex(n, 0x80))
-        );
+        assert_request_pd(&ours, n);
         assert_eq!(exit, Some(0), "{guest}");
         let want = format!("ESTABLISHED pd_len={reply} pd={} ird=1 ord=1", pd_hex(reply, 0));
         assert!(has_line(&guest, &want), "{n}/{reply}: {guest}");
         assert!(has_line(&guest, "DISCONNECTED"), "{guest}");
     }
-    let srv = our_server(&["--test-connect-only", "--test-pd", "253"]);
-    let (exit, guest) = lab.cm_client(srv.port, "--pd 1");
-    let ours = srv.finish(20);
-    lab.kernel_check();
-    assert!(!ours.ok);
-    assert!(
-        ours.stderr
-            .contains("private data too long: 257 octets (IRD/ORD included), limit 256"),
-        "{}",
-        ours.stderr
-    );
-    assert_eq!(exit, Some(2), "{guest}");
-    assert!(has_line(&guest, "REJECTED status=-104 pd_len=0 pd="), "{guest}");
+    our_server_refuses_253_bytes(&lab, &["--test-connect-only", "--test-pd", "253"], "--pd 1");
 }
 
 /// Our client -> the kernel's server on accepted connections: our connect's 0, 1 and 252
@@ -1022,10 +923,7 @@ fn our_client_private_data_limits_with_kernel_server() {
         return;
     };
     for (n, reply) in [(0, 0), (1, 1), (OUR_MAX_PD, KERNEL_MAX_PD)] {
-        let port = lab.cm_server(&format!("--accept {reply}"));
-        let out = our_connect_only(port, n, &[]);
-        let guest = lab.cm_server_finish(port, 10);
-        lab.kernel_check();
+        let (out, guest) = our_connect_vs_cm_server(&lab, &format!("--accept {reply}"), n);
         let (stdout, stderr) = text(&out);
         assert!(out.status.success(), "{stderr}\nguest: {guest}");
         let want = format!("peer private data {reply} bytes: {}", pd_hex(reply, 0x80));
@@ -1065,10 +963,7 @@ fn our_client_private_data_limits_with_kernel_server() {
         );
     }
     // rdma_accept with 253 bytes: EINVAL from siw_accept, which closes the connection.
-    let port = lab.cm_server("--accept 253");
-    let out = our_connect_only(port, 0, &[]);
-    let guest = lab.cm_server_finish(port, 10);
-    lab.kernel_check();
+    let (out, guest) = our_connect_vs_cm_server(&lab, "--accept 253", 0);
     let (_, stderr) = text(&out);
     assert!(!out.status.success());
     assert!(
@@ -1094,10 +989,7 @@ fn d10_siw_pd_length_wraps_above_251_bytes() {
         return;
     };
     for (server, announced) in [("--reject 252", 0), ("--reject 255", 3), ("--accept 252", 0)] {
-        let port = lab.cm_server(server);
-        let out = our_connect_only(port, 5, &[]);
-        let guest = lab.cm_server_finish(port, 10);
-        lab.kernel_check();
+        let (out, guest) = our_connect_vs_cm_server(&lab, server, 5);
         let (_, stderr) = text(&out);
         assert!(!out.status.success());
         let want = format!("MPA frame has S set but only {announced} octets of private data");
@@ -1115,10 +1007,7 @@ fn d10_siw_pd_length_wraps_above_251_bytes() {
     lab.kernel_check();
     assert_eq!(exit, Some(0), "{guest}");
     assert!(ours.ok, "{}", ours.stderr);
-    assert_eq!(
-        ours.line("connect request private data"),
-        "connect request private data 1 bytes: 80"
-    );
+    assert_request_pd(&ours, 1);
 }
 
 /// D11: siw as initiator loses a Reject's private data when the responder's FIN arrives in
@@ -1139,11 +1028,10 @@ fn d11_siw_initiator_drops_a_reject_that_comes_with_the_fin() {
     let Some(lab) = lab_cm("d11_siw_initiator_drops_a_reject_that_comes_with_the_fin") else {
         return;
     };
-    if !have("python3") {
-        if gate() == "require" {
-            panic!("python3 is required for the raw responder");
-        }
-        eprintln!("SKIPPED d11_siw_initiator_drops_a_reject_that_comes_with_the_fin: no python3 on the host");
+    if !python3(
+        "d11_siw_initiator_drops_a_reject_that_comes_with_the_fin",
+        "the raw responder",
+    ) {
         return;
     }
     let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/mpa_reject_fin.py");

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// The lab's network namespace (host side 192.168.77.1, guest 192.168.77.2).
@@ -91,5 +92,128 @@ pub fn acquire(test: &str, what: &str, bring_up: fn() -> Result<PathBuf, String>
             eprintln!("SKIPPED {test}: {what} unavailable: {why}");
             None
         }
+    }
+}
+
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+pub fn have(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Brings the lab up for the siw tests: built (or built now under `=1`/`require`), the VM
+/// running and siw0 active in the guest. Ok(dir) or the reason to skip.
+pub fn bring_up_siw() -> Result<PathBuf, String> {
+    if gate() == "0" {
+        return Err("SOFTRDMA_INTEROP=0".into());
+    }
+    if !is_root() {
+        return Err("not root (the lab needs a network namespace and a tap device)".into());
+    }
+    let dir = lab_dir()?;
+    let built = Path::new(LAB_STATE).join("vmlinuz").exists() && Path::new(LAB_STATE).join("initramfs.img").exists();
+    if !built {
+        if gate() != "1" && gate() != "require" {
+            return Err(format!(
+                "the lab is not built ({LAB_STATE}/vmlinuz missing); run {}/setup.sh or set SOFTRDMA_INTEROP=1",
+                dir.display()
+            ));
+        }
+        eprintln!("interop: building the lab with setup.sh (a few minutes the first time)");
+        let st = Command::new("./setup.sh")
+            .current_dir(&dir)
+            .status()
+            .map_err(|e| format!("setup.sh: {e}"))?;
+        if !st.success() {
+            return Err(format!("setup.sh failed ({st})"));
+        }
+    }
+    if !have("qemu-system-x86_64") {
+        return Err("qemu-system-x86_64 is not installed (the lab's setup.sh installs it)".into());
+    }
+    if vm_exec(&dir, "true", 20).0 != 0 {
+        eprintln!("interop: starting the lab VM (vm.sh start)");
+        let out = Command::new("./vm.sh")
+            .arg("start")
+            .current_dir(&dir)
+            .output()
+            .map_err(|e| format!("vm.sh start: {e}"))?;
+        if !out.status.success() || vm_exec(&dir, "true", 30).0 != 0 {
+            return Err(format!(
+                "vm.sh start failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    let (rc, out) = vm_exec(&dir, "rdma link show | grep -q 'siw0/1 state ACTIVE' && echo ok", 20);
+    if rc != 0 || !out.contains("ok") {
+        return Err(format!("siw0 is not active in the guest: {out}"));
+    }
+    Ok(dir)
+}
+
+/// The status a guest script appended as `exit=N` (the last such line).
+pub fn exit_of(log: &str) -> Option<i32> {
+    log.lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("exit=").and_then(|v| v.trim().parse().ok()))
+}
+
+/// A fresh port per case in `base..base + span`, a sixteenth of the range per process (by
+/// pid), so that no case meets another's leftovers.
+pub fn next_port(base: u16, span: u16) -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) as u32;
+    base + ((std::process::id() % 16) * (span as u32 / 16) + n) as u16 % span
+}
+
+impl Lab {
+    pub fn exec(&self, script: &str, timeout: u64) -> (i32, String) {
+        vm_exec(&self.dir, script, timeout)
+    }
+
+    /// Marks the guest kernel log's current end for `kernel_check`.
+    pub fn kernel_check_init(&self) {
+        let (_, out) = self.exec("dmesg | wc -l > /tmp/softrdma-dmesg-mark", 20);
+        assert!(!out.contains("BUG"), "{out}");
+    }
+
+    /// The guest kernel logged no BUG/WARNING/Oops since the last check and has no taint
+    /// beyond O (4096) and E (8192) from the out-of-tree siw module. Returns the new lines.
+    pub fn kernel_check(&self) -> String {
+        let (rc, out) = self.exec(
+            "m=$(cat /tmp/softrdma-dmesg-mark 2>/dev/null || echo 0); dmesg | tail -n +$((m+1)); \
+             dmesg | wc -l > /tmp/softrdma-dmesg-mark; echo tainted=$(cat /proc/sys/kernel/tainted)",
+            20,
+        );
+        assert_eq!(rc, 0, "guest unreachable after the case: {out}");
+        for bad in [
+            "BUG:",
+            "WARNING:",
+            "Oops",
+            "Call Trace",
+            "general protection",
+            "kernel BUG",
+        ] {
+            assert!(!out.contains(bad), "guest kernel reported {bad}:\n{out}");
+        }
+        let t: u64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("tainted="))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("tainted");
+        assert_eq!(t & !(4096 | 8192), 0, "guest kernel taint {t:#x}:\n{out}");
+        out
     }
 }

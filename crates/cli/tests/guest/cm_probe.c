@@ -133,6 +133,21 @@ static void print_other(struct rdma_cm_event *ev)
 	fflush(stdout);
 }
 
+/* The next CM event is `type` (acknowledged): 0; none came: 4; another (printed): 3. */
+static int expect_event(struct rdma_event_channel *ch, enum rdma_cm_event_type type, const char *what)
+{
+	struct rdma_cm_event *ev = next_event(ch, what);
+
+	if (!ev)
+		return 4;
+	if (ev->event != type) {
+		print_other(ev);
+		return 3;
+	}
+	rdma_ack_cm_event(ev);
+	return 0;
+}
+
 static int make_qp(struct rdma_cm_id *id)
 {
 	struct ibv_qp_init_attr attr;
@@ -316,26 +331,16 @@ static int client(const char *ip, const char *port, int pd_n, int hold_ms)
 		printf("ERROR resolve_addr errno=%d\n", errno);
 		return 1;
 	}
-	ev = next_event(ch, "ADDR_RESOLVED");
-	if (!ev)
-		return 4;
-	if (ev->event != RDMA_CM_EVENT_ADDR_RESOLVED) {
-		print_other(ev);
-		return 3;
-	}
-	rdma_ack_cm_event(ev);
+	rc = expect_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED, "ADDR_RESOLVED");
+	if (rc)
+		return rc;
 	if (rdma_resolve_route(id, 2000)) {
 		printf("ERROR resolve_route errno=%d\n", errno);
 		return 1;
 	}
-	ev = next_event(ch, "ROUTE_RESOLVED");
-	if (!ev)
-		return 4;
-	if (ev->event != RDMA_CM_EVENT_ROUTE_RESOLVED) {
-		print_other(ev);
-		return 3;
-	}
-	rdma_ack_cm_event(ev);
+	rc = expect_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, "ROUTE_RESOLVED");
+	if (rc)
+		return rc;
 	if (make_qp(id))
 		return 1;
 	memset(&param, 0, sizeof(param));

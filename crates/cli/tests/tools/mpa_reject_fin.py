@@ -43,23 +43,18 @@ def main():
     reply = b"MPA ID Rep Frame" + bytes([0x30, 2]) + struct.pack(">H", 4 + n) + struct.pack(">HH", 1, 1) + data
     if separate:
         s.sendall(reply)
-        s.settimeout(2)
-        try:
-            while s.recv(512):
-                pass
-        except OSError:
-            pass
     else:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
         s.sendall(reply)
         s.shutdown(socket.SHUT_WR)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
-        s.settimeout(2)
-        try:
-            while s.recv(512):
-                pass
-        except OSError:
+    # Until the peer closes (at most 2 s).
+    s.settimeout(2)
+    try:
+        while s.recv(512):
             pass
+    except OSError:
+        pass
     s.close()
     print("closed", flush=True)
     return 0
