@@ -198,9 +198,10 @@ struct Conn {
     registry: Arc<Registry>,
     failed: Arc<Recovery>,
     backlog: VecDeque<WorkCompletion>,
-    /// XIDs of the latest Replies that wrote into the Requester's memory (at most
-    /// `RECENT_WRITES`): if the connection then ends with a Terminate from the Requester, one
-    /// of those Writes met a bad chunk, and their retransmissions get ERR_CHUNK (RPCR-MEM-05).
+    /// XIDs of the latest Calls whose chunks we read or whose Replies wrote into the
+    /// Requester's memory (at most `RECENT_WRITES`): if the connection then ends with a
+    /// Terminate from the Requester, one of those RDMA operations met a bad chunk, and their
+    /// retransmissions get ERR_CHUNK (RPCR-MEM-05).
     recent_writes: VecDeque<u32>,
     /// This connection's serial in [`Recovery::unsettled`].
     serial: u64,
@@ -212,15 +213,15 @@ struct Conn {
     stats: Arc<ServerStats>,
 }
 
-/// How many Reply XIDs with RDMA Writes a connection remembers for RPCR-MEM-05.
+/// How many XIDs with RDMA Reads or Writes a connection remembers for RPCR-MEM-05.
 const RECENT_WRITES: usize = 64;
 
 /// What the connections of one server share for RFC 8166 §4.5.3 (RPCR-MEM-05).
 struct Recovery {
     /// XIDs whose RDMA operations failed: their retransmissions get ERR_CHUNK.
     failed: Mutex<FailedXids>,
-    /// XIDs whose Replies wrote into Requester memory, by the serial of the connection that
-    /// sent them, while that connection lives. A retransmission of one of them on another
+    /// XIDs whose chunks were read or whose Replies wrote into Requester memory, by the serial
+    /// of the connection that did it, while that connection lives. A retransmission of one of them on another
     /// connection waits (up to [`SETTLE`]) until the first connection has ended and its fate
     /// is known: ended by a Terminate, the XID is in `failed`.
     unsettled: Mutex<std::collections::HashMap<u32, u64>>,
@@ -425,6 +426,21 @@ impl Conn {
         }
     }
 
+    /// `xid`'s RDMA Reads or Writes are about to touch the Requester's memory: until this
+    /// connection ends, a retransmission of it on another connection waits for its fate.
+    fn note_rdma(&mut self, xid: u32) {
+        if self.recent_writes.contains(&xid) {
+            return;
+        }
+        if self.recent_writes.len() == RECENT_WRITES
+            && let Some(old) = self.recent_writes.pop_front()
+        {
+            self.failed.settle(&[old].into(), self.serial);
+        }
+        self.recent_writes.push_back(xid);
+        self.failed.wrote(xid, self.serial);
+    }
+
     /// The connection ended with `ev`. A Terminate from the Requester means one of our RDMA
     /// operations met memory it does not accept (RFC 8166 §4.5.3): the Writes of the latest
     /// Replies are the candidates, so their XIDs get ERR_CHUNK when retransmitted (RPCR-MEM-05).
@@ -540,6 +556,9 @@ impl Conn {
                     chunks.push(p0);
                 }
                 chunks.extend(vc.read_chunks.iter());
+                if !chunks.is_empty() {
+                    self.note_rdma(xid);
+                }
                 let pulled = match self.pull(&chunks) {
                     Ok(p) => p,
                     Err(e) => {
@@ -720,13 +739,7 @@ impl Conn {
             return Err(format!("reply of {} bytes exceeds the inline threshold", msg.len()));
         }
         if !writes.is_empty() {
-            if self.recent_writes.len() == RECENT_WRITES
-                && let Some(old) = self.recent_writes.pop_front()
-            {
-                self.failed.settle(&[old].into(), self.serial);
-            }
-            self.recent_writes.push_back(xid);
-            self.failed.wrote(xid, self.serial);
+            self.note_rdma(xid);
         }
         let mut wrs = Vec::with_capacity(writes.len() + 1);
         if !writes.is_empty() {
