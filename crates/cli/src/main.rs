@@ -50,7 +50,7 @@ enum Cmd {
     Rping(rping::RpingArgs),
     /// ONC RPC over TCP and RPC-over-RDMA: serve, call and benchmark the demo program.
     Rpc(rpc::Args),
-    /// NFSv3 client over RPC-over-RDMA or TCP: ls, stat, get, put (SERVER:/export/path).
+    /// NFSv3 client over RPC-over-RDMA or TCP: ls, stat, get, put, rm, and probe (how a server answers chunk errors) on SERVER:/export/path.
     Nfs(nfs::Args),
     /// perftest's ib_{send,write,read}_{bw,lat} -R exchange (rdma_cm mode): measure against
     /// perftest on Linux siw or an iWARP RNIC, in either role (see `softrdma perftest --help`).
