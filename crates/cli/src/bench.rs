@@ -149,19 +149,9 @@ pub struct Args {
     events: bool,
 }
 
+/// A message size: [`crate::units::parse_size`], between 1 byte and 4 GiB - 1.
 fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t.strip_suffix("iB").or_else(|| t.strip_suffix('B')).unwrap_or(t);
-    let (num, mult) = match t.char_indices().last() {
-        Some((i, 'k' | 'K')) => (&t[..i], 1u64 << 10),
-        Some((i, 'm' | 'M')) => (&t[..i], 1 << 20),
-        Some((i, 'g' | 'G')) => (&t[..i], 1 << 30),
-        _ => (t, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("bad size {s:?} (examples: 64, 4K, 1M)"))?;
-    let v = n.checked_mul(mult).ok_or_else(|| format!("size {s:?} too large"))?;
+    let v = crate::units::parse_size(s)?;
     if v == 0 || v > u32::MAX as u64 {
         return Err(format!("size {s:?} must be between 1 and 4G-1 bytes"));
     }

@@ -21,6 +21,7 @@ mod nfs;
 mod perftest;
 mod rpc;
 mod rping;
+mod units;
 
 #[derive(Parser)]
 #[command(

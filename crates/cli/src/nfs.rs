@@ -27,6 +27,8 @@ use rpcrdma::transport::{RdmaClient, RdmaConfig};
 use rpcrdma::{mount, portmap};
 use serde_json::json;
 
+use crate::units::parse_size;
+
 #[path = "nfs_probe.rs"]
 mod probe;
 
@@ -129,19 +131,6 @@ enum Cmd {
         #[arg(long)]
         scratch: Option<String>,
     },
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .map(|n| n * mul)
-        .map_err(|e| format!("bad size {s:?}: {e}"))
 }
 
 /// `SERVER:/path` -> (server address, path).

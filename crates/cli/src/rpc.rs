@@ -20,6 +20,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::units::parse_size;
+
 #[derive(clap::Args)]
 pub struct Args {
     #[command(subcommand)]
@@ -75,19 +77,6 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, mul) = match s.chars().last() {
-        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .map(|n| n * mul)
-        .map_err(|e| format!("bad size {s:?}: {e}"))
 }
 
 fn device() -> Result<verbs::Device> {
