@@ -16,6 +16,8 @@
 //! The cases hold a process-wide mutex and an flock on `/var/tmp/rdmalab/softrdma-interop.lock`,
 //! so parallel test threads and other test processes never share the guest's rping.
 
+#[path = "common/child.rs"]
+mod child;
 #[path = "common/lab.rs"]
 mod lab_common;
 
@@ -280,27 +282,8 @@ fn our_server(args: &[&str]) -> OurServer {
         .stderr(Stdio::piped())
         .spawn()
         .expect("softrdma rping -s");
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) if line.starts_with("rdma_bind_addr successful") => return OurServer { child, lines: rx, port },
-            Ok(_) => {}
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("our server listens: {e}");
-            }
-        }
-    }
+    let lines = child::lines_once_ready(&mut child, "rdma_bind_addr successful", Duration::from_secs(10));
+    OurServer { child, lines, port }
 }
 
 impl OurServer {

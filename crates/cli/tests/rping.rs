@@ -2,7 +2,9 @@
 //! verification, CRC on and off (and asked for by one side only), several sizes,
 //! and the rping argument checks.
 
-use std::io::{BufRead, BufReader};
+#[path = "common/child.rs"]
+mod child;
+
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -37,26 +39,8 @@ fn start_server(port: u16, extra: &[&str]) -> (Child, mpsc::Receiver<String>) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn softrdma rping -s");
-    let out = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    loop {
-        match rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(line) if line.starts_with("rdma_bind_addr successful") => return (child, rx),
-            Ok(_) => {}
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("server prints rdma_bind_addr successful: {e}");
-            }
-        }
-    }
+    let rx = child::lines_once_ready(&mut child, "rdma_bind_addr successful", Duration::from_secs(10));
+    (child, rx)
 }
 
 struct Run {
