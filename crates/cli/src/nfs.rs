@@ -187,6 +187,36 @@ struct Session {
     _dev: Option<verbs::Device>,
 }
 
+impl Session {
+    /// The directory holding the file the target names, and the file's name in it.
+    fn parent_of(&self, target: &str) -> Result<(Fh, String)> {
+        let (dir, name) = match self.rest.trim_end_matches('/').rsplit_once('/') {
+            Some((d, n)) if !n.is_empty() => (d, n),
+            _ => bail!("{target}: name a file below the export {}", self.export),
+        };
+        let (dfh, _) = self.nfs.lookup_path(&self.root, dir)?;
+        Ok((dfh, name.to_string()))
+    }
+}
+
+/// CREATE (UNCHECKED) `name` in `dir` as an empty file of mode 0644; its handle (from
+/// CREATE's reply, else a LOOKUP).
+fn create_empty(nfs: &Nfs3Client<Client>, dir: &Fh, name: &str) -> Result<Fh> {
+    let c = nfs.create(
+        dir,
+        name.as_bytes(),
+        CreateHow::Unchecked(Sattr {
+            mode: Some(0o644),
+            size: Some(0),
+            ..Sattr::default()
+        }),
+    )?;
+    Ok(match c.obj {
+        Some(fh) => fh,
+        None => nfs.lookup(dir, name.as_bytes())?.object,
+    })
+}
+
 fn tcp_connect(addr: SocketAddr, timeout: Duration) -> Result<TcpClient> {
     // fail fast when nobody listens
     drop(
@@ -496,11 +526,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         Cmd::Rm { target } => {
             let s = connect(&o, &target)?;
-            let (dir, name) = match s.rest.trim_end_matches('/').rsplit_once('/') {
-                Some((d, n)) if !n.is_empty() => (d.to_string(), n.to_string()),
-                _ => bail!("{target}: name a file below the export {}", s.export),
-            };
-            let (dfh, _) = s.nfs.lookup_path(&s.root, &dir)?;
+            let (dfh, name) = s.parent_of(&target)?;
             s.nfs.remove(&dfh, name.as_bytes())?;
             if o.json {
                 println!("{}", json!({"op": "rm", "path": target, "via": s.info}));
@@ -518,24 +544,8 @@ pub fn run(args: Args) -> Result<()> {
             } else {
                 std::fs::read(&local).with_context(|| format!("reading {local}"))?
             };
-            let (dir, name) = match s.rest.trim_end_matches('/').rsplit_once('/') {
-                Some((d, n)) if !n.is_empty() => (d.to_string(), n.to_string()),
-                _ => bail!("{target}: name a file below the export {}", s.export),
-            };
-            let (dfh, _) = s.nfs.lookup_path(&s.root, &dir)?;
-            let c = s.nfs.create(
-                &dfh,
-                name.as_bytes(),
-                CreateHow::Unchecked(Sattr {
-                    mode: Some(0o644),
-                    size: Some(0),
-                    ..Sattr::default()
-                }),
-            )?;
-            let fh = match c.obj {
-                Some(fh) => fh,
-                None => s.nfs.lookup(&dfh, name.as_bytes())?.object,
-            };
+            let (dfh, name) = s.parent_of(&target)?;
+            let fh = create_empty(&s.nfs, &dfh, &name)?;
             let t = Instant::now();
             let stable = if stable == "file-sync" {
                 Stable::FileSync

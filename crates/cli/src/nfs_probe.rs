@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, bail};
 use rpcrdma::client::{Call, RpcError};
-use rpcrdma::nfs3::{self, CreateHow, Fh, Ftype, ReadArgs, ReadRes, Res, Sattr, Stable, WriteArgs, WriteRes, procs};
+use rpcrdma::nfs3::{self, Fh, Ftype, ReadArgs, ReadRes, Res, Stable, WriteArgs, WriteRes, procs};
 use rpcrdma::transport::{ChunkFault, RdmaClient};
 use rpcrdma::wire::ErrorBody;
 use rpcrdma::xdr::{ReplySizing, XdrDecode, XdrEncode};
@@ -236,19 +236,7 @@ fn stale_read(
         return Err(anyhow!("--scratch {dir} is not a directory"));
     }
     let name = format!("softrdma-probe-{}", std::process::id());
-    let made = s.nfs.create(
-        &dfh,
-        name.as_bytes(),
-        CreateHow::Unchecked(Sattr {
-            mode: Some(0o644),
-            size: Some(0),
-            ..Default::default()
-        }),
-    )?;
-    let fh = match made.obj {
-        Some(f) => f,
-        None => s.nfs.lookup(&dfh, name.as_bytes())?.object,
-    };
+    let fh = super::create_empty(&s.nfs, &dfh, &name)?;
     let args = WriteArgs {
         file: fh.clone(),
         offset: 0,
