@@ -94,7 +94,7 @@ impl RdmaServer {
         let addr = listener.local_addr();
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(ServerStats::default());
-        let failed = Arc::new(Recovery::default());
+        let recovery = Arc::new(Recovery::default());
         let conns: Arc<Mutex<Vec<std::sync::Weak<backchannel::Shared>>>> = Arc::default();
         let (stop2, stats2, dev, conns2) = (stop.clone(), stats.clone(), dev.clone(), conns.clone());
         let accept = std::thread::Builder::new()
@@ -104,10 +104,10 @@ impl RdmaServer {
                     let Ok(req) = listener.get_request(Some(Duration::from_millis(50))) else {
                         continue;
                     };
-                    let (reg, cfg, failed, stop, stats, conns) = (
+                    let (reg, cfg, recovery, stop, stats, conns) = (
                         registry.clone(),
                         cfg.clone(),
-                        failed.clone(),
+                        recovery.clone(),
                         stop2.clone(),
                         stats2.clone(),
                         conns2.clone(),
@@ -116,7 +116,7 @@ impl RdmaServer {
                     let _ = std::thread::Builder::new()
                         .name("rpcrdma-server".into())
                         .spawn(move || {
-                            if let Err(e) = serve(req, &pd, reg, cfg, failed, stop, stats, &conns) {
+                            if let Err(e) = serve(req, &pd, reg, cfg, recovery, stop, stats, &conns) {
                                 tracing::debug!("rpcrdma server connection: {e}");
                             }
                         });
@@ -196,13 +196,13 @@ struct Conn {
     overrun: bool,
     policy: ResponderPolicy,
     registry: Arc<Registry>,
-    failed: Arc<Recovery>,
+    recovery: Arc<Recovery>,
     backlog: VecDeque<WorkCompletion>,
     /// XIDs of the latest Calls whose chunks we read or whose Replies wrote into the
-    /// Requester's memory (at most `RECENT_WRITES`): if the connection then ends with a
+    /// Requester's memory (at most `RECENT_RDMA`): if the connection then ends with a
     /// Terminate from the Requester, one of those RDMA operations met a bad chunk, and their
     /// retransmissions get ERR_CHUNK (RPCR-MEM-05).
-    recent_writes: VecDeque<u32>,
+    recent_rdma: VecDeque<u32>,
     /// This connection's serial in [`Recovery::unsettled`].
     serial: u64,
     stage: Option<MemoryRegion>,
@@ -214,7 +214,7 @@ struct Conn {
 }
 
 /// How many XIDs with RDMA Reads or Writes a connection remembers for RPCR-MEM-05.
-const RECENT_WRITES: usize = 64;
+const RECENT_RDMA: usize = 64;
 
 /// What the connections of one server share for RFC 8166 §4.5.3 (RPCR-MEM-05).
 struct Recovery {
@@ -248,11 +248,11 @@ impl Recovery {
         self.failed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn wrote(&self, xid: u32, serial: u64) {
+    fn unsettle(&self, xid: u32, serial: u64) {
         self.unsettled.lock().unwrap().insert(xid, serial);
     }
 
-    fn settle(&self, xids: &VecDeque<u32>, serial: u64) {
+    fn settle<'a>(&self, xids: impl IntoIterator<Item = &'a u32>, serial: u64) {
         let mut u = self.unsettled.lock().unwrap();
         for x in xids {
             if u.get(x) == Some(&serial) {
@@ -282,7 +282,7 @@ fn serve(
     pd: &ProtectionDomain,
     registry: Arc<Registry>,
     cfg: RdmaConfig,
-    failed: Arc<Recovery>,
+    recovery: Arc<Recovery>,
     stop: Arc<AtomicBool>,
     stats: Arc<ServerStats>,
     conns: &Mutex<Vec<std::sync::Weak<backchannel::Shared>>>,
@@ -325,7 +325,7 @@ fn serve(
     let send_mr = pd
         .reg_mr(neg.thresholds.reply.max(1024) as usize, Access::LOCAL_WRITE)
         .map_err(e)?;
-    let serial = failed.serials.fetch_add(1, Ordering::Relaxed);
+    let serial = recovery.serials.fetch_add(1, Ordering::Relaxed);
     let mut c = Conn {
         qp,
         bc,
@@ -343,9 +343,9 @@ fn serve(
             max_chunk: cfg.max_chunk,
         },
         registry,
-        failed,
+        recovery,
         backlog: VecDeque::new(),
-        recent_writes: VecDeque::new(),
+        recent_rdma: VecDeque::new(),
         serial,
         stage: None,
         send_mr,
@@ -355,8 +355,8 @@ fn serve(
         stats,
     };
     let r = c.run();
-    // the fate of this connection's Writes is known now (recorded as failed by a Terminate)
-    c.failed.settle(&c.recent_writes, c.serial);
+    // the fate of this connection's RDMA Reads and Writes is known now (recorded as failed by a Terminate)
+    c.recovery.settle(&c.recent_rdma, c.serial);
     c.bc.close();
     if r.is_err() {
         c.stats.fatal.fetch_add(1, Ordering::Relaxed);
@@ -429,16 +429,16 @@ impl Conn {
     /// `xid`'s RDMA Reads or Writes are about to touch the Requester's memory: until this
     /// connection ends, a retransmission of it on another connection waits for its fate.
     fn note_rdma(&mut self, xid: u32) {
-        if self.recent_writes.contains(&xid) {
+        if self.recent_rdma.contains(&xid) {
             return;
         }
-        if self.recent_writes.len() == RECENT_WRITES
-            && let Some(old) = self.recent_writes.pop_front()
+        if self.recent_rdma.len() == RECENT_RDMA
+            && let Some(old) = self.recent_rdma.pop_front()
         {
-            self.failed.settle(&[old].into(), self.serial);
+            self.recovery.settle([&old], self.serial);
         }
-        self.recent_writes.push_back(xid);
-        self.failed.wrote(xid, self.serial);
+        self.recent_rdma.push_back(xid);
+        self.recovery.unsettle(xid, self.serial);
     }
 
     /// The connection ended with `ev`. A Terminate from the Requester means one of our RDMA
@@ -446,12 +446,12 @@ impl Conn {
     /// Replies are the candidates, so their XIDs get ERR_CHUNK when retransmitted (RPCR-MEM-05).
     /// A Requester that got its Reply does not retransmit, so this costs the others nothing.
     fn ended_by(&mut self, ev: CmEvent) -> Fatal {
-        if matches!(ev, CmEvent::TerminateReceived(_)) && !self.recent_writes.is_empty() {
-            let mut failed = self.failed.lock();
-            for &xid in &self.recent_writes {
+        if matches!(ev, CmEvent::TerminateReceived(_)) && !self.recent_rdma.is_empty() {
+            let mut failed = self.recovery.lock();
+            for &xid in &self.recent_rdma {
                 failed.record(xid);
             }
-            tracing::debug!(xids = ?self.recent_writes, "rpcrdma server: Terminate after chunk writes");
+            tracing::debug!(xids = ?self.recent_rdma, "rpcrdma server: Terminate after RDMA on chunks");
         }
         format!("{ev:?}")
     }
@@ -524,9 +524,9 @@ impl Conn {
         let decision = {
             if let Some(x) = msg.get(..4) {
                 let xid = u32::from_be_bytes(x.try_into().expect("4 bytes"));
-                self.failed.wait_settled(xid, self.serial);
+                self.recovery.wait_settled(xid, self.serial);
             }
-            let failed = self.failed.lock();
+            let failed = self.recovery.lock();
             validate_call(msg, &self.policy, &failed)
         };
         match decision {
@@ -563,7 +563,7 @@ impl Conn {
                     Ok(p) => p,
                     Err(e) => {
                         // RPCR-MEM-05: remember the XID; its retransmission gets ERR_CHUNK
-                        self.failed.lock().record(xid);
+                        self.recovery.lock().record(xid);
                         return Err(e);
                     }
                 };
@@ -781,7 +781,7 @@ impl Conn {
         self.qp.post_send(&wrs).map_err(|e| e.to_string())?;
         if let Err(e) = self.wait_for(id) {
             if !writes.is_empty() {
-                self.failed.lock().record(xid);
+                self.recovery.lock().record(xid);
             }
             return Err(e);
         }
