@@ -580,14 +580,11 @@ fn nfs_wire_chunk_usage_matches_linux_reference() {
     let ours = chunk_usage(&pcap);
     let linux = chunk_usage(&reference);
     eprintln!("ours:  {ours:?}\nlinux: {linux:?}");
-    let msg = |p: u32| {
-        Shape {
-            proc_: 0,
-            read_list: false,
-            write_list: false,
-            reply_chunk: false,
-        }
-        .with(p)
+    let msg = |proc_: u32| Shape {
+        proc_,
+        read_list: false,
+        write_list: false,
+        reply_chunk: false,
     };
     // the chunk usage the binding prescribes, in both captures
     for (key, want) in [
@@ -625,10 +622,6 @@ fn nfs_wire_chunk_usage_matches_linux_reference() {
 }
 
 impl Shape {
-    fn with(mut self, p: u32) -> Shape {
-        self.proc_ = p;
-        self
-    }
     fn read(mut self) -> Shape {
         self.read_list = true;
         self
