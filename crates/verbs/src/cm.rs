@@ -12,6 +12,7 @@ use crate::cq::{CompletionQueue, Progress};
 use crate::device::{Device, ProtectionDomain};
 use crate::error::{Error, Result};
 use crate::notify::EventQueue;
+use crate::qp_attr::{QpAttr, QpType, check_modify};
 use crate::types::{ConnParam, QpInitAttr, QpState, RecvWr, SendWr};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -321,6 +322,40 @@ impl QueuePair {
     /// Graceful disconnect (`rdma_disconnect`).
     pub fn disconnect(&self) {
         self.ops.disconnect()
+    }
+    /// The QP's type: a QP of the connection manager is reliable connected.
+    pub fn qp_type(&self) -> QpType {
+        QpType::Rc
+    }
+    /// Modifies the QP (`ibv_modify_qp`). The call is checked against the
+    /// IBTA transition table first ([`check_modify`]), then the provider
+    /// carries it out. A QP made by the connection manager was moved to RTR
+    /// and RTS by it, so the only transition left to the application is to
+    /// ERR (outstanding work completes with `WrFlushErr`); others are refused
+    /// with `NotSupported`, as the kernel's iw_cm QPs refuse them.
+    pub fn modify_qp(&self, attr: &QpAttr) -> Result<()> {
+        check_modify(self.qp_type(), self.state(), attr)?;
+        match attr.qp_state {
+            Some(QpState::Err) => {
+                self.ops.set_error();
+                Ok(())
+            }
+            to => Err(Error::NotSupported(format!(
+                "{to:?}: the connection manager drives this QP's transitions; only ERR is left to the application"
+            ))),
+        }
+    }
+    /// The QP's current attributes (`ibv_query_qp`): state and the negotiated
+    /// Read/atomic depths.
+    pub fn query_qp(&self) -> QpAttr {
+        let info = self.ops.conn_info();
+        let clamp = |v: u32| v.min(u8::MAX as u32) as u8;
+        QpAttr {
+            qp_state: Some(self.state()),
+            max_rd_atomic: Some(clamp(info.initiator_depth)),
+            max_dest_rd_atomic: Some(clamp(info.responder_resources)),
+            ..QpAttr::default()
+        }
     }
     /// Forces the QP to the error state; outstanding work completes with `WrFlushErr`.
     pub fn set_error(&self) {

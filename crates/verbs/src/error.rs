@@ -30,6 +30,9 @@ pub enum Error {
         private_data: Vec<u8>,
         ird_ord: Option<(u16, u16)>,
     },
+    /// `modify_qp` broke the IBTA transition rules (see [`crate::qp_attr`]).
+    #[error(transparent)]
+    ModifyQp(#[from] crate::qp_attr::ModifyQpError),
     #[error("timed out")]
     Timeout,
     #[error("connection refused")]

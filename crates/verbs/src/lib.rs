@@ -42,10 +42,15 @@ pub mod device;
 pub mod error;
 pub mod mem;
 pub mod notify;
+pub mod qp_attr;
 pub mod types;
 
 pub use cm::{CmEvent, ConnInfo, ConnectRequest, Listener, QpOptions, QueuePair, TerminateInfo};
 pub use cq::CompletionQueue;
 pub use device::{Device, MemoryRegion, ProtectionDomain};
 pub use error::{Error, Result};
+pub use qp_attr::{
+    AhAttr, Gid, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpType, RtrAttr, RtsAttr, TransitionRule, check_modify,
+    transition_rule,
+};
 pub use types::*;
