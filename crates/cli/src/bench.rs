@@ -308,12 +308,9 @@ fn qp_attr(send: u32, recv: u32) -> QpInitAttr {
 
 pub fn run(args: Args) -> Result<()> {
     let crc = args.crc == "on";
-    let dev_cfg = iwarp::IwarpConfig {
-        crc,
-        ..Default::default()
-    };
+    let dev_cfg = crate::providers::crc(crc);
     if let Some(addr) = args.listen {
-        let dev = iwarp::open_device(dev_cfg)?;
+        let dev = crate::providers::open(None, &dev_cfg)?;
         let listener = dev.listen(addr).with_context(|| format!("listening on {addr}"))?;
         let tcp = TcpListener::bind(SocketAddr::new(listener.local_addr().ip(), 0))?;
         eprintln!(
@@ -351,11 +348,11 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         vec![args.size.unwrap_or(if args.lat { 8 } else { 65536 })]
     };
-    let dev = iwarp::open_device(dev_cfg.clone())?;
+    let dev = crate::providers::open(None, &dev_cfg)?;
     let (target, server) = match args.connect {
         Some(a) => (a, None),
         None => {
-            let sdev = iwarp::open_device(dev_cfg)?;
+            let sdev = crate::providers::open(None, &dev_cfg)?;
             let listener = sdev.listen("127.0.0.1:0".parse()?)?;
             let tcp = spawn_tcp_server(TcpListener::bind("127.0.0.1:0")?)?;
             let addr = listener.local_addr();

@@ -26,10 +26,7 @@ fn expect(cq: &CompletionQueue, what: &str) -> Result<WorkCompletion> {
 }
 
 fn demo(crc: bool) -> Result<()> {
-    let dev = iwarp::open_device(iwarp::IwarpConfig {
-        crc,
-        ..Default::default()
-    })?;
+    let dev = crate::providers::open(None, &crate::providers::crc(crc))?;
     let pd = dev.alloc_pd();
     let listener = dev.listen("127.0.0.1:0".parse()?)?;
     let addr = listener.local_addr();

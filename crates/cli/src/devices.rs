@@ -1,9 +1,11 @@
 //! `softrdma devices` and `softrdma info`: the providers this build offers,
-//! their limits (`verbs::DeviceAttr`) and configuration (`iwarp::IwarpConfig`).
+//! their limits (`verbs::DeviceAttr`) and configuration, all through the device
+//! registry (`crate::providers`).
 
+use crate::providers;
 use anyhow::{Result, bail};
 use serde_json::json;
-use verbs::DeviceAttr;
+use verbs::{ConfigValue, DeviceAttr, DeviceOptions};
 
 /// List the RDMA devices (providers) this build offers.
 #[derive(clap::Args)]
@@ -27,28 +29,9 @@ pub struct InfoArgs {
     json: bool,
 }
 
-/// One device of this build: its provider configuration.
-struct Entry {
-    provider: &'static str,
-    transport: &'static str,
-    cfg: iwarp::IwarpConfig,
-}
-
-fn entries(crc: bool) -> Vec<Entry> {
-    vec![Entry {
-        provider: "iwarp",
-        transport: "iWARP (RDMAP RFC 5040/7306, DDP RFC 5041, MPA RFC 5044/6581) over kernel TCP",
-        cfg: iwarp::IwarpConfig {
-            crc,
-            ..Default::default()
-        },
-    }]
-}
-
-/// The attributes as the provider reports them through the verbs API.
-fn attr_of(e: &Entry) -> Result<DeviceAttr> {
-    let dev = iwarp::open_device(e.cfg.clone())?;
-    Ok(dev.attr().clone())
+/// The attributes a device reports through the verbs API (`ibv_query_device`).
+fn attr_of(device: &str, opts: &DeviceOptions) -> Result<DeviceAttr> {
+    Ok(providers::open(Some(device), opts)?.attr().clone())
 }
 
 fn attr_json(a: &DeviceAttr) -> serde_json::Value {
@@ -73,75 +56,91 @@ fn attr_json(a: &DeviceAttr) -> serde_json::Value {
     })
 }
 
-fn config_json(c: &iwarp::IwarpConfig) -> serde_json::Value {
-    json!({
-        "crc": c.crc,
-        "mpa_revision": c.mpa_revision,
-        "markers": if c.reject_markers { "refused" } else { "never requested; inserted if the peer requires them" },
-        "reject_markers": c.reject_markers,
-        "p2p": c.p2p.as_ref().map(|v| v.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>()),
-        "max_private_data": c.max_private_data,
-        "reply_timeout_ms": c.reply_timeout.as_millis() as u64,
-        "request_timeout_ms": c.request_timeout.as_millis() as u64,
-        "terminate_siw_form": c.terminate_siw_form,
-        "max_ulpdu": c.max_ulpdu,
-    })
+fn value_json(v: &ConfigValue) -> serde_json::Value {
+    match v {
+        ConfigValue::Bool(b) => json!(b),
+        ConfigValue::Num(n) => json!(n),
+        ConfigValue::Text(t) => json!(t),
+        ConfigValue::Null => serde_json::Value::Null,
+        ConfigValue::List(l) => json!(l),
+    }
 }
 
 pub fn run_devices(args: DevicesArgs) -> Result<()> {
-    let es = entries(false);
+    let list = providers::registry().list();
     if args.json {
-        for e in &es {
-            let a = attr_of(e)?;
+        for p in &list {
+            let a = attr_of(&p.device, &DeviceOptions::new())?;
             println!(
                 "{}",
                 json!({
-                    "name": e.cfg.name,
-                    "provider": e.provider,
-                    "transport": e.transport,
+                    "name": p.device,
+                    "provider": p.provider,
+                    "transport": p.transport.as_str(),
+                    "description": p.description,
                     "fw_ver": a.fw_ver,
                     "max_qp": a.max_qp,
                     "max_mr_size": a.max_mr_size,
+                    "options": p.params.iter().map(|o| json!({"name": o.name, "default": o.default, "help": o.help})).collect::<Vec<_>>(),
                 })
             );
         }
         return Ok(());
     }
-    println!("    {:<16} {:<8} transport", "device", "provider");
-    println!("    {:<16} {:<8} ---------", "------", "--------");
-    for e in &es {
-        println!("    {:<16} {:<8} {}", e.cfg.name, e.provider, e.transport);
+    println!("    {:<16} {:<8} {:<11} protocols", "device", "provider", "transport");
+    println!("    {:<16} {:<8} {:<11} ---------", "------", "--------", "---------");
+    for p in &list {
+        println!(
+            "    {:<16} {:<8} {:<11} {}",
+            p.device,
+            p.provider,
+            p.transport.as_str(),
+            p.description
+        );
     }
     Ok(())
 }
 
 pub fn run_info(args: InfoArgs) -> Result<()> {
-    let es = entries(args.crc == "on");
-    let e = match &args.device {
-        None => &es[0],
-        Some(n) => match es.iter().find(|e| &e.cfg.name == n) {
-            Some(e) => e,
-            None => bail!("no device {n:?} (see `softrdma devices`)"),
+    let reg = providers::registry();
+    let f = match &args.device {
+        None => reg
+            .list()
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("this build offers no device"))?,
+        Some(n) => match reg.find(n) {
+            Ok(f) => f.info(),
+            Err(e) => bail!("{e} (see `softrdma devices`)"),
         },
     };
-    let a = attr_of(e)?;
+    let opts = providers::crc(args.crc == "on");
+    let a = attr_of(&f.device, &opts)?;
+    let config = reg.find(&f.device)?.describe(&opts)?;
     if args.json {
+        let cfg: serde_json::Map<String, serde_json::Value> = config
+            .iter()
+            .map(|c| (c.key.to_string(), value_json(&c.value)))
+            .collect();
         println!(
             "{}",
             json!({
-                "name": e.cfg.name,
-                "provider": e.provider,
-                "transport": e.transport,
+                "name": f.device,
+                "provider": f.provider,
+                "transport": f.transport.as_str(),
                 "attr": attr_json(&a),
-                "config": config_json(&e.cfg),
+                "config": cfg,
             })
         );
         return Ok(());
     }
-    let c = &e.cfg;
-    println!("hca_id: {}", c.name);
-    println!("        provider:                       {}", e.provider);
-    println!("        transport:                      {}", e.transport);
+    println!("hca_id: {}", f.device);
+    println!("        provider:                       {}", f.provider);
+    println!(
+        "        transport:                      {} ({})",
+        f.transport.as_str(),
+        f.description
+    );
     println!("        fw_ver:                         {}", a.fw_ver);
     println!("        vendor_id:                      {:#x}", a.vendor_id);
     println!("        max_qp:                         {}", a.max_qp);
@@ -163,56 +162,11 @@ pub fn run_info(args: InfoArgs) -> Result<()> {
     );
     println!(
         "        atomic_cap:                     {}",
-        if a.atomic_cap {
-            "RFC 7306 FetchAdd, CmpSwap"
-        } else {
-            "none"
-        }
+        if a.atomic_cap { "FetchAdd, CmpSwap" } else { "none" }
     );
     println!("    configuration:");
-    println!(
-        "        MPA CRC32c:                     {}",
-        if c.crc {
-            "requested (used if either side asks)"
-        } else {
-            "not requested (used if the peer asks)"
-        }
-    );
-    println!(
-        "        MPA revision:                   {} ({})",
-        c.mpa_revision,
-        if c.mpa_revision >= 2 {
-            "RFC 6581, enhanced connection setup"
-        } else {
-            "RFC 5044"
-        }
-    );
-    println!(
-        "        markers:                        {}",
-        if c.reject_markers {
-            "peers requiring markers are refused"
-        } else {
-            "not requested; inserted if the peer requires them"
-        }
-    );
-    println!(
-        "        peer-to-peer (RTR):             {}",
-        match &c.p2p {
-            None => "off".to_string(),
-            Some(v) => format!("on, RTR types {v:?}"),
-        }
-    );
-    println!("        max ULPDU (FPDU payload):       {} bytes", c.max_ulpdu);
-    println!("        max private data accepted:      {} bytes", c.max_private_data);
-    println!("        MPA Reply timeout (initiator):  {:?}", c.reply_timeout);
-    println!("        MPA Request timeout (responder):{:?}", c.request_timeout);
-    println!(
-        "        Terminate bit order:            {}",
-        if c.terminate_siw_form {
-            "Linux siw's"
-        } else {
-            "RFC 5040's"
-        }
-    );
+    for c in &config {
+        println!("        {:<32}{}", format!("{}:", c.label), c.text);
+    }
     Ok(())
 }

@@ -19,6 +19,7 @@ mod demo;
 mod devices;
 mod nfs;
 mod perftest;
+mod providers;
 mod rpc;
 mod rping;
 mod units;

@@ -289,10 +289,7 @@ fn connect(o: &Opts, target: &str) -> Result<Session> {
         (Client::Tcp(tcp_connect(a, timeout)?), None, format!("tcp {a}"))
     } else {
         let a = SocketAddr::new(ip, o.port.unwrap_or(nfs3::NFS_RDMA_PORT));
-        let dev = iwarp::open_device(iwarp::IwarpConfig {
-            crc: o.crc,
-            ..Default::default()
-        })?;
+        let dev = crate::providers::open(None, &crate::providers::crc(o.crc))?;
         let inline = o.inline.clamp(1024, 1 << 20) as u32;
         let cfg = RdmaConfig {
             inline_send: inline,

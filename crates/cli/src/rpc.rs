@@ -80,7 +80,7 @@ enum Cmd {
 }
 
 fn device() -> Result<verbs::Device> {
-    iwarp::open_device(iwarp::IwarpConfig::default()).map_err(|e| anyhow!("{e}"))
+    crate::providers::open(None, &verbs::DeviceOptions::new())
 }
 
 pub fn run(args: Args) -> Result<()> {

@@ -125,21 +125,16 @@ impl RpingArgs {
         (self.timeout > 0).then(|| Duration::from_secs(self.timeout))
     }
 
-    fn p2p(&self) -> Result<Option<Vec<iwarp::engine::Rtr>>> {
-        use iwarp::engine::Rtr;
-        if self.p2p == "none" {
-            return Ok(None);
+    /// The provider settings these options stand for.
+    fn device_options(&self) -> verbs::DeviceOptions {
+        let mut o = crate::providers::crc(self.crc == "on")
+            .with("mpa_rev", self.mpa_rev)
+            .with("p2p", &self.p2p)
+            .with("terminate_form", if self.siw_terminate { "siw" } else { "rfc" });
+        if let Some(n) = self.test_max_pd_tx {
+            o.set("max_private_data_tx", n);
         }
-        let mut v = Vec::new();
-        for t in self.p2p.split(',') {
-            v.push(match t.trim() {
-                "write" => Rtr::Write,
-                "read" => Rtr::Read,
-                "send" => Rtr::Send,
-                other => bail!("unknown RTR type {other:?} (none, write, read, send)"),
-            });
-        }
-        Ok(Some(v))
+        o
     }
 }
 
@@ -391,16 +386,7 @@ pub fn run(args: RpingArgs) -> Result<()> {
             MAX_SIZE + 1
         );
     }
-    let dev = iwarp::open_device(iwarp::IwarpConfig {
-        crc: args.crc == "on",
-        mpa_revision: args.mpa_rev,
-        p2p: args.p2p()?,
-        terminate_siw_form: args.siw_terminate,
-        max_private_data_tx: args
-            .test_max_pd_tx
-            .unwrap_or(iwarp::IwarpConfig::default().max_private_data_tx),
-        ..Default::default()
-    })?;
+    let dev = crate::providers::open(None, &args.device_options())?;
     if args.server {
         server(&dev, &args)
     } else {

@@ -297,7 +297,14 @@ fn devices_and_info_json() {
     assert_eq!(v.len(), 1);
     assert_eq!(v[0]["name"], "siw_soft0");
     assert_eq!(v[0]["provider"], "iwarp");
-    assert!(v[0]["transport"].as_str().unwrap().contains("TCP"));
+    assert_eq!(v[0]["transport"], "iWARP");
+    assert!(v[0]["description"].as_str().unwrap().contains("TCP"));
+    // The registry lists each provider's settings with their defaults.
+    let opts = v[0]["options"].as_array().unwrap();
+    assert!(
+        opts.iter().any(|o| o["name"] == "crc" && o["default"] == "off"),
+        "{opts:?}"
+    );
     assert!(ok(&["devices"]).contains("siw_soft0"));
 
     let v = &json_lines(&ok(&["info", "--json", "--crc", "on"]))[0];
@@ -310,5 +317,10 @@ fn devices_and_info_json() {
     let text = ok(&["info"]);
     assert!(text.contains("max_qp_rd_atom (IRD):           128"), "{text}");
     assert!(text.contains("MPA revision:                   2"), "{text}");
-    assert!(!run(&["info", "-d", "nosuch"]).status.success());
+    let bad = run(&["info", "-d", "nosuch"]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("siw_soft0"), "names the devices on offer: {err}");
+    // A device can be named by its provider too.
+    assert!(ok(&["info", "-d", "iwarp"]).contains("hca_id: siw_soft0"));
 }

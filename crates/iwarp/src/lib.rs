@@ -11,10 +11,13 @@
 //!
 //! * [`wire`]: sans-I/O parse/emit of every MPA, DDP and RDMAP message.
 //! * [`crc`]: CRC32c for MPA, hardware accelerated.
+//! * [`factory`]: the provider as the device registry ([`verbs::Registry`]) sees it.
 
 pub mod crc;
 pub mod engine;
+pub mod factory;
 pub mod proto;
 pub mod wire;
 
 pub use engine::{IwarpConfig, open_device};
+pub use factory::IwarpFactory;

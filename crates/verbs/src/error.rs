@@ -33,6 +33,9 @@ pub enum Error {
     /// `modify_qp` broke the IBTA transition rules (see [`crate::qp_attr`]).
     #[error(transparent)]
     ModifyQp(#[from] crate::qp_attr::ModifyQpError),
+    /// No registered device has this name ([`crate::Registry`]).
+    #[error("no RDMA device {name:?} (this build offers: {})", available.join(", "))]
+    NoDevice { name: String, available: Vec<String> },
     #[error("timed out")]
     Timeout,
     #[error("connection refused")]

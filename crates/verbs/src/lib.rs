@@ -43,6 +43,7 @@ pub mod error;
 pub mod mem;
 pub mod notify;
 pub mod qp_attr;
+pub mod registry;
 pub mod types;
 
 pub use cm::{CmEvent, ConnInfo, ConnectRequest, Listener, QpOptions, QueuePair, TerminateInfo};
@@ -52,5 +53,8 @@ pub use error::{Error, Result};
 pub use qp_attr::{
     AhAttr, Gid, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpType, RtrAttr, RtsAttr, TransitionRule, check_modify,
     transition_rule,
+};
+pub use registry::{
+    ConfigItem, ConfigValue, DeviceFactory, DeviceOptions, ParamInfo, ProviderInfo, Registry, Transport,
 };
 pub use types::*;

@@ -249,10 +249,7 @@ impl Params {
 /// Runs `softrdma perftest`.
 pub fn run(args: Args) -> Result<()> {
     let p = Params::new(&args)?;
-    let dev = iwarp::open_device(iwarp::IwarpConfig {
-        crc: args.crc == "on",
-        ..Default::default()
-    })?;
+    let dev = crate::providers::open(None, &crate::providers::crc(args.crc == "on"))?;
     let out = match &args.server {
         Some(host) => {
             let addr = resolve(host, args.port)?;
