@@ -1,17 +1,30 @@
 #!/usr/bin/env bash
 # Installs what softrdma's tests need on a fresh Debian/Ubuntu machine (idempotent):
-# tshark (the external decoder of our captures), gcc with librdmacm-dev/libibverbs-dev (the
+# tshark (the external decoder of our captures), g++ (libFuzzer), gcc with librdmacm-dev/libibverbs-dev (the
 # guest's rdma_cm probe in the siw interop tests) and cargo-fuzz (the fuzz smoke run).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO="sudo"
+    else
+        echo "setup: not root and no sudo; install tshark, g++, librdmacm-dev, libibverbs-dev as root, or run this as root" >&2
+        exit 1
+    fi
+fi
 if ! command -v tshark >/dev/null 2>&1; then
     echo "setup: installing tshark"
     $SUDO apt-get update -qq
     # tshark asks whether non-root users may capture; the answer does not matter here.
     echo "wireshark-common wireshark-common/install-setuid boolean false" | $SUDO debconf-set-selections || true
     $SUDO apt-get install -y -qq tshark >/dev/null
+fi
+# libFuzzer (cargo fuzz) is C++ and needs g++.
+if ! command -v g++ >/dev/null 2>&1; then
+    echo "setup: installing g++"
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq g++ >/dev/null
 fi
 # The interop tests build a small rdma_cm program for the lab's guest (crates/cli/tests/guest/
 # cm_probe.c) against the host's librdmacm/libibverbs (Debian's rdma-core, as in the guest).
