@@ -56,6 +56,29 @@ fn attr_json(a: &DeviceAttr) -> serde_json::Value {
     })
 }
 
+/// One port as `ibv_devinfo -v` shows it.
+struct Port {
+    num: u8,
+    attr: verbs::PortAttr,
+    gids: Vec<verbs::Gid>,
+    pkeys: Vec<u16>,
+}
+
+fn ports_of(dev: &verbs::Device) -> Result<Vec<Port>> {
+    (1..=dev.phys_port_cnt())
+        .map(|num| {
+            let attr = dev.query_port(num)?;
+            let gids = (0..attr.gid_tbl_len)
+                .map(|i| dev.query_gid(num, i))
+                .collect::<verbs::Result<_>>()?;
+            let pkeys = (0..attr.pkey_tbl_len)
+                .map(|i| dev.query_pkey(num, i))
+                .collect::<verbs::Result<_>>()?;
+            Ok(Port { num, attr, gids, pkeys })
+        })
+        .collect()
+}
+
 fn value_json(v: &ConfigValue) -> serde_json::Value {
     match v {
         ConfigValue::Bool(b) => json!(b),
@@ -115,7 +138,9 @@ pub fn run_info(args: InfoArgs) -> Result<()> {
         },
     };
     let opts = providers::crc(args.crc == "on");
-    let a = attr_of(&f.device, &opts)?;
+    let dev = providers::open(Some(&f.device), &opts)?;
+    let a = dev.attr().clone();
+    let ports = ports_of(&dev)?;
     let config = reg.find(&f.device)?.describe(&opts)?;
     if args.json {
         let cfg: serde_json::Map<String, serde_json::Value> = config
@@ -129,6 +154,18 @@ pub fn run_info(args: InfoArgs) -> Result<()> {
                 "provider": f.provider,
                 "transport": f.transport.as_str(),
                 "attr": attr_json(&a),
+                "phys_port_cnt": dev.phys_port_cnt(),
+                "ports": ports.iter().map(|p| json!({
+                    "port": p.num,
+                    "state": p.attr.state.as_str(),
+                    "max_mtu": p.attr.max_mtu.bytes(),
+                    "active_mtu": p.attr.active_mtu.bytes(),
+                    "link_layer": format!("{:?}", p.attr.link_layer),
+                    "lid": p.attr.lid,
+                    "sm_lid": p.attr.sm_lid,
+                    "gids": p.gids.iter().map(|g| g.to_string()).collect::<Vec<_>>(),
+                    "pkeys": p.pkeys.iter().map(|k| format!("{k:#06x}")).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
                 "config": cfg,
             })
         );
@@ -164,6 +201,35 @@ pub fn run_info(args: InfoArgs) -> Result<()> {
         "        atomic_cap:                     {}",
         if a.atomic_cap { "FetchAdd, CmpSwap" } else { "none" }
     );
+    println!("        phys_port_cnt:                  {}", dev.phys_port_cnt());
+    for p in &ports {
+        let a = &p.attr;
+        println!("                port:   {}", p.num);
+        println!(
+            "                        state:                  {} ({})",
+            a.state.as_str(),
+            a.state as u8
+        );
+        println!(
+            "                        max_mtu:                {} ({})",
+            a.max_mtu.bytes(),
+            a.max_mtu as u8
+        );
+        println!(
+            "                        active_mtu:             {} ({})",
+            a.active_mtu.bytes(),
+            a.active_mtu as u8
+        );
+        println!("                        sm_lid:                 {}", a.sm_lid);
+        println!("                        port_lid:               {}", a.lid);
+        println!("                        link_layer:             {:?}", a.link_layer);
+        for (i, g) in p.gids.iter().enumerate() {
+            println!("                        GID[{i:>3}]:               {g}");
+        }
+        for (i, k) in p.pkeys.iter().enumerate() {
+            println!("                        P_Key[{i:>3}]:             {k:#06x}");
+        }
+    }
     println!("    configuration:");
     for c in &config {
         println!("        {:<32}{}", format!("{}:", c.label), c.text);

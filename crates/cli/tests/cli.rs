@@ -314,9 +314,20 @@ fn devices_and_info_json() {
     assert_eq!(v["config"]["crc"], true);
     assert_eq!(v["config"]["mpa_revision"], 2);
     assert!(num(&v["config"], "max_ulpdu") > 0.0);
+    // ibv_devinfo -v's port section: one Ethernet port, up, the default P_Key.
+    assert_eq!(v["phys_port_cnt"], 1);
+    let port = &v["ports"][0];
+    assert_eq!(
+        (port["port"].as_u64(), port["state"].as_str()),
+        (Some(1), Some("PORT_ACTIVE"))
+    );
+    assert_eq!(port["link_layer"], "Ethernet");
+    assert_eq!(port["pkeys"][0], "0xffff");
+    assert_eq!(port["gids"].as_array().map(Vec::len), Some(1));
     let text = ok(&["info"]);
     assert!(text.contains("max_qp_rd_atom (IRD):           128"), "{text}");
     assert!(text.contains("MPA revision:                   2"), "{text}");
+    assert!(text.contains("state:                  PORT_ACTIVE (4)"), "{text}");
     let bad = run(&["info", "-d", "nosuch"]);
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);

@@ -12,7 +12,8 @@ use crate::cq::{CompletionQueue, Progress};
 use crate::device::{Device, ProtectionDomain};
 use crate::error::{Error, Result};
 use crate::notify::EventQueue;
-use crate::qp_attr::{QpAttr, QpType, check_modify};
+use crate::port::{DEFAULT_PKEY, PortAttr};
+use crate::qp_attr::{Gid, QpAttr, QpType, check_modify};
 use crate::types::{ConnParam, QpInitAttr, QpState, RecvWr, SendWr};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -119,6 +120,23 @@ pub trait Provider: Send + Sync {
     ) -> Result<Box<dyn ListenerOps>>;
     /// Connects actively; returns once established, rejected or failed.
     fn connect(&self, addr: SocketAddr, req: QpRequest, timeout: Duration) -> Result<Arc<dyn QpOps>>;
+    /// Number of ports (numbered from 1).
+    fn phys_port_cnt(&self) -> u8 {
+        1
+    }
+    /// Attributes of a port that exists (the caller checked the number).
+    fn query_port(&self, _port_num: u8) -> PortAttr {
+        PortAttr::default()
+    }
+    /// The port's GID table; the default is one zero GID, as an iWARP device
+    /// (addressed by IP and TCP port) reports it.
+    fn gid_table(&self, _port_num: u8) -> Vec<Gid> {
+        vec![Gid::default()]
+    }
+    /// The port's P_Key table; the default is the default partition alone.
+    fn pkey_table(&self, _port_num: u8) -> Vec<u16> {
+        vec![DEFAULT_PKEY]
+    }
 }
 
 /// A listening endpoint (`rdma_listen`).

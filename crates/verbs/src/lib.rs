@@ -42,6 +42,7 @@ pub mod device;
 pub mod error;
 pub mod mem;
 pub mod notify;
+pub mod port;
 pub mod qp_attr;
 pub mod registry;
 pub mod types;
@@ -50,6 +51,7 @@ pub use cm::{CmEvent, ConnInfo, ConnectRequest, Listener, QpOptions, QueuePair, 
 pub use cq::CompletionQueue;
 pub use device::{Device, MemoryRegion, ProtectionDomain};
 pub use error::{Error, Result};
+pub use port::{DEFAULT_PKEY, LinkLayer, PortAttr, PortState};
 pub use qp_attr::{
     AhAttr, Gid, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpType, RtrAttr, RtsAttr, TransitionRule, check_modify,
     transition_rule,
