@@ -8,6 +8,7 @@
 //! QP reports [`CmEvent`]s: established, disconnected, and a Terminate received
 //! or sent, with its layer/type/code.
 
+use crate::async_event::QpEventRoute;
 use crate::cq::{CompletionQueue, Progress};
 use crate::device::{Device, ProtectionDomain};
 use crate::error::{Error, Result};
@@ -290,7 +291,8 @@ impl QueuePair {
         opts: QpOptions,
         create: impl FnOnce(QpRequest) -> Result<Arc<dyn QpOps>>,
     ) -> Result<QueuePair> {
-        let events = Arc::new(EventQueue::new());
+        let route = QpEventRoute::new(pd.device());
+        let events = route.cm_queue();
         let req = QpRequest {
             pd: pd.clone(),
             send_cq: opts.send_cq.clone(),
@@ -301,6 +303,7 @@ impl QueuePair {
             initial_recvs: opts.initial_recvs,
         };
         let ops = create(req)?;
+        route.bind(ops.qp_num());
         Ok(QueuePair {
             ops,
             events,

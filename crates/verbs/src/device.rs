@@ -16,6 +16,7 @@ pub(crate) struct DeviceInner {
     pub mem: MemTable,
     pub next_pd: AtomicU32,
     pub provider: Arc<dyn Provider>,
+    pub async_events: Arc<crate::notify::EventQueue<crate::async_event::AsyncEvent>>,
 }
 
 /// An RDMA device (`ibv_context`): a provider instance with its memory table.
@@ -35,6 +36,7 @@ impl Device {
                 mem: MemTable::new(),
                 next_pd: AtomicU32::new(1),
                 provider,
+                async_events: Arc::new(crate::notify::EventQueue::new()),
             }),
         }
     }

@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod async_event;
 pub mod buffer;
 pub mod cm;
 pub mod cq;
@@ -47,6 +48,7 @@ pub mod qp_attr;
 pub mod registry;
 pub mod types;
 
+pub use async_event::AsyncEvent;
 pub use cm::{CmEvent, ConnInfo, ConnectRequest, Listener, QpOptions, QueuePair, TerminateInfo};
 pub use cq::CompletionQueue;
 pub use device::{Device, MemoryRegion, ProtectionDomain};

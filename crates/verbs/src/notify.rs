@@ -9,9 +9,13 @@ use std::sync::{Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+/// Called with each item as it is pushed, before waiters see it.
+type Tap<T> = Box<dyn Fn(&T) + Send + Sync>;
+
 pub struct EventQueue<T> {
     state: Mutex<(VecDeque<T>, Vec<Waker>, bool)>,
     cond: Condvar,
+    tap: Option<Tap<T>>,
 }
 
 impl<T> Default for EventQueue<T> {
@@ -19,6 +23,7 @@ impl<T> Default for EventQueue<T> {
         EventQueue {
             state: Mutex::new((VecDeque::new(), Vec::new(), false)),
             cond: Condvar::new(),
+            tap: None,
         }
     }
 }
@@ -28,7 +33,19 @@ impl<T> EventQueue<T> {
         Self::default()
     }
 
+    /// A queue that also shows every pushed item to `tap` (the verbs layer
+    /// derives device-wide asynchronous events from a QP's CM events this way).
+    pub fn with_tap(tap: impl Fn(&T) + Send + Sync + 'static) -> Self {
+        EventQueue {
+            tap: Some(Box::new(tap)),
+            ..Self::default()
+        }
+    }
+
     pub fn push(&self, v: T) {
+        if let Some(tap) = &self.tap {
+            tap(&v);
+        }
         let wakers = {
             let mut s = self.state.lock().unwrap();
             s.0.push_back(v);
