@@ -6,6 +6,7 @@
 //! softrdma devices   # the RDMA devices (providers) this build offers
 //! softrdma info      # one device's attributes and configuration
 //! softrdma perftest  # perftest's own -R exchange, against ib_*_bw/lat on Linux siw
+//! softrdma completions bash   # shell completions; `softrdma man DIR` writes man pages
 //! ```
 //!
 //! Each subcommand lives in its own module with a `clap::Args` struct and a
@@ -22,6 +23,7 @@ mod perftest;
 mod providers;
 mod rpc;
 mod rping;
+mod sigpipe;
 mod units;
 
 #[derive(Parser)]
@@ -57,9 +59,40 @@ enum Cmd {
     /// perftest's ib_{send,write,read}_{bw,lat} -R exchange (rdma_cm mode): measure against
     /// perftest on Linux siw or an iWARP RNIC, in either role (see `softrdma perftest --help`).
     Perftest(perftest::Args),
+    /// Print a shell completion script: `softrdma completions bash > /etc/bash_completion.d/softrdma`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Write man pages (softrdma.1 and one per subcommand, softrdma-bench.1, ...) into DIR.
+    Man {
+        /// Directory to write the pages into (created if missing).
+        dir: std::path::PathBuf,
+    },
+}
+
+/// `softrdma completions SHELL`: the script on stdout.
+fn completions(shell: clap_complete::Shell) -> Result<()> {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    clap_complete::generate(shell, &mut cmd, "softrdma", &mut std::io::stdout());
+    Ok(())
+}
+
+/// `softrdma man DIR`: one roff page per command.
+fn man_pages(dir: &std::path::Path) -> Result<()> {
+    use clap::CommandFactory;
+    std::fs::create_dir_all(dir)?;
+    let cmd = Cli::command();
+    clap_mangen::generate_to(cmd, dir)?;
+    for e in std::fs::read_dir(dir)? {
+        println!("{}", e?.path().display());
+    }
+    Ok(())
 }
 
 fn main() -> Result<()> {
+    sigpipe::restore_default();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
@@ -73,5 +106,7 @@ fn main() -> Result<()> {
         Cmd::Rpc(args) => rpc::run(args),
         Cmd::Nfs(args) => nfs::run(args),
         Cmd::Perftest(args) => perftest::run(args),
+        Cmd::Completions { shell } => completions(shell),
+        Cmd::Man { dir } => man_pages(&dir),
     }
 }

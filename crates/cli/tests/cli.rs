@@ -335,3 +335,40 @@ fn devices_and_info_json() {
     // A device can be named by its provider too.
     assert!(ok(&["info", "-d", "iwarp"]).contains("hca_id: siw_soft0"));
 }
+
+#[test]
+fn completions_and_man_pages() {
+    let bash = ok(&["completions", "bash"]);
+    assert!(bash.contains("_softrdma()") && bash.contains("perftest"), "{bash}");
+    assert!(ok(&["completions", "zsh"]).contains("#compdef softrdma"));
+    assert!(!run(&["completions", "tcsh"]).status.success());
+    let dir = std::env::temp_dir().join(format!("softrdma-man-{}", std::process::id()));
+    let listed = ok(&["man", dir.to_str().unwrap()]);
+    for page in [
+        "softrdma.1",
+        "softrdma-bench.1",
+        "softrdma-rping.1",
+        "softrdma-nfs-get.1",
+    ] {
+        let p = dir.join(page);
+        assert!(p.exists() && listed.contains(page), "{page}: {listed}");
+        let roff = std::fs::read_to_string(&p).unwrap();
+        assert!(roff.starts_with(".ie") || roff.contains(".TH"), "{page} is not roff");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    // `softrdma completions bash | head -0`: the reader is gone before the first write.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["completions", "bash"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+}
