@@ -312,3 +312,127 @@ fn devices_and_info_json() {
     assert!(text.contains("MPA revision:                   2"), "{text}");
     assert!(!run(&["info", "-d", "nosuch"]).status.success());
 }
+
+// ---------------------------------------------------------------------------------------
+// The bench server's resource model (issue 12: "the same resource model applies to every
+// server softrdma has": idle timeout, one client at a time with a clear refusal, a memory
+// cap per session, no spinning while idle; Diagnostics: failed sessions exit non-zero).
+
+/// `softrdma bench --listen 127.0.0.1:0 EXTRA`: the child, its address, its stderr reader.
+fn bench_server(extra: &[&str]) -> (Child, String, BufReader<std::process::ChildStderr>) {
+    let mut server = Command::new(BIN)
+        .args(["bench", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let addr = line
+        .split_whitespace()
+        .find(|w| w.starts_with("127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    (server, addr, err)
+}
+
+/// A bench client running `args` against `addr` with `--progress`, returned once it has
+/// written its first progress output (its test is running).
+fn running_client(addr: &str, args: &[&str]) -> Child {
+    let mut c = Command::new(BIN)
+        .args(["bench", "--connect", addr, "--progress"])
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut e = c.stderr.take().unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(e.read(&mut b).unwrap(), 1, "the client's progress output");
+    // Keep draining so the client never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut e, &mut std::io::sink()));
+    c
+}
+
+fn proc_cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split_whitespace().collect();
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
+}
+
+/// A client that stops mid-test (SIGSTOP: its connection stays open, nothing comes) is
+/// dropped after `--idle-timeout` with a message naming its QP and address; the server
+/// exits non-zero and sleeps meanwhile (CPU measured from /proc, not wall clock).
+#[test]
+fn bench_server_drops_a_silent_client_and_exits_non_zero() {
+    let (server, addr, mut err) = bench_server(&["--idle-timeout", "3"]);
+    let client = running_client(&addr, &["send", "--size", "4K", "--duration", "100"]);
+    let pid = client.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    std::thread::sleep(Duration::from_millis(500));
+    let c0 = proc_cpu_secs(server.id());
+    std::thread::sleep(Duration::from_millis(1500));
+    let c1 = proc_cpu_secs(server.id());
+    let sout = wait_output(server, Duration::from_secs(30));
+    let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    let _ = wait_output(client, Duration::from_secs(10));
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(!sout.status.success(), "{rest}");
+    assert!(
+        rest.contains("client idle: no message for 3 s (--idle-timeout)"),
+        "{rest}"
+    );
+    assert!(rest.contains("with peer 127.0.0.1:") && rest.contains("QP "), "{rest}");
+    assert!(rest.contains("bench server: session failed"), "{rest}");
+    assert!(c1 - c0 < 0.1, "idle server used {:.3} s CPU in 1.5 s", c1 - c0);
+}
+
+/// While one client's session runs, a second client is refused at once with the reason,
+/// and the first session completes; a session over `--max-session-mem` is refused too.
+#[test]
+fn bench_server_refuses_a_second_client_and_oversized_sessions() {
+    let (server, addr, mut err) = bench_server(&["--max-session-mem", "1M"]);
+    let big = run(&[
+        "bench",
+        "write",
+        "--connect",
+        &addr,
+        "--size",
+        "1M",
+        "--qps",
+        "2",
+        "--iters",
+        "10",
+    ]);
+    assert!(!big.status.success());
+    let e = String::from_utf8_lossy(&big.stderr);
+    assert!(
+        e.contains("the server refused: softrdma bench: 2 QPs of 1048576 bytes exceed"),
+        "{e}"
+    );
+    let first = running_client(&addr, &["send", "--size", "4K", "--duration", "4", "--json"]);
+    let t0 = Instant::now();
+    let second = run(&["bench", "write", "--connect", &addr, "--size", "4K", "--iters", "10"]);
+    assert!(t0.elapsed() < Duration::from_secs(3), "refusal took {:?}", t0.elapsed());
+    assert!(!second.status.success());
+    let e2 = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        e2.contains("the server refused: softrdma bench: busy: serving the session of 127.0.0.1:"),
+        "{e2}"
+    );
+    let out = wait_output(first, Duration::from_secs(30));
+    assert!(out.status.success());
+    assert_eq!(json_lines(&String::from_utf8(out.stdout).unwrap()).len(), 1);
+    let sout = wait_output(server, Duration::from_secs(20));
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(sout.status.success(), "{rest}");
+    assert!(rest.contains("refusing 127.0.0.1:") && rest.contains("busy"), "{rest}");
+}
