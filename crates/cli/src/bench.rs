@@ -18,6 +18,23 @@
 //! Send bandwidth uses credits: the server grants more Sends as it reposts
 //! receives, because iWARP has no receiver-not-ready retry (a Send without a
 //! posted receive ends the connection with a Terminate).
+//!
+//! Resource model of the server (`--listen`; issue 12, the same as for the
+//! other softrdma servers): one client session at a time, told apart by the
+//! random [`Hello::session`] its client draws; a gate thread takes every
+//! connect request at once, so a second client is rejected immediately with
+//! the reason in the reject's private data ("busy: serving the session of
+//! ..."), and so are bad hellos and sessions whose buffers (message size ×
+//! QPs) exceed `--max-session-mem` (1 GiB). A client that goes silent — no
+//! connection for its next test, or no message for `--idle-timeout` (60 s) in
+//! a Send or Write-latency test — is dropped; one-sided tests, whose traffic
+//! the server cannot see, end after `--max-test-secs` (3600 s) at the latest.
+//! Threads: the gate plus one per QP of the running test (at most the
+//! client's `--qps`, bounded by the memory cap). Idle costs no CPU: the
+//! bandwidth server sleeps on its CQ or CM events, the latency servers
+//! busy-poll only while messages flow and sleep after 100 ms without one.
+//! A session that fails (Terminate, reset, silence) is reported at default
+//! log level with QP number and peer address, and the server exits non-zero.
 
 use anyhow::{Context, Result, anyhow, bail};
 use hdrhistogram::Histogram;

@@ -23,6 +23,24 @@
 //! after `-C` pings; the server serves one connection and exits when it is
 //! disconnected. `-v` prints `ping data: ...` (client) and `server ping data:
 //! ...` (server), `-V` compares the buffer that came back with the one sent.
+//!
+//! Failures (issue 12 point 9): a failed session is reported as one line with
+//! the QP number and the peer's address, the first completion that failed
+//! other than by a flush (status as rping prints it, the Terminate cause in
+//! `vendor_err`) and the CM event (Terminate received or sent, peer closed,
+//! reset), whichever the program saw first; the exit status is then non-zero.
+//! Posting to a QP in the Error state completes with `WR_FLUSH_ERR` (as with
+//! rdma-core and siw), so no call order hides the cause. A disconnect where a
+//! ping ends (the server waiting for the next advertisement) ends the session
+//! normally, with "peer closed the connection" on stderr; in the middle of a
+//! ping it fails the session.
+//!
+//! Server resource model (issue 12): one client; the listener is closed once
+//! it is accepted, so a second client's connect is refused. `--timeout` (60 s)
+//! bounds every wait, so a client that connects and goes silent is dropped
+//! with a message naming it. While idle the server sleeps on its CQ (every
+//! event that matters is followed by a completion: a receive is always
+//! posted), waking twice a second.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;

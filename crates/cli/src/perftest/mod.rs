@@ -21,6 +21,12 @@
 //! 5. the traffic, then test-specific closing exchanges: bandwidth reports for
 //!    write/read bw (the server prints the client's figures), one last `pingpong_dest`
 //!    (`ctx_close_connection`) except in `ib_write_lat`, which has none.
+//!
+//! Server resource model (issue 12): one client at a time — the listener is dropped once
+//! the comm connection is accepted (a second client's connect is refused) and a fresh one
+//! takes the data connection; `--timeout` (60 s) bounds every step, so a silent client is
+//! dropped with a message naming its QP and address; a session that ends early (peer
+//! closed, reset, Terminate) is reported with the cause, QP and address, and exits non-zero.
 
 pub mod wire;
 
