@@ -385,7 +385,7 @@ pub fn run(args: Args) -> Result<()> {
             listener.local_addr(),
             tcp.local_addr()?
         );
-        let tcp = spawn_tcp_server(tcp)?;
+        let tcp = spawn_tcp_server(tcp, Limits::of(&args))?;
         return serve(&dev, &listener, Some(tcp), Limits::of(&args));
     }
     let op = args
@@ -421,7 +421,7 @@ pub fn run(args: Args) -> Result<()> {
         None => {
             let sdev = iwarp::open_device(dev_cfg)?;
             let listener = sdev.listen("127.0.0.1:0".parse()?)?;
-            let tcp = spawn_tcp_server(TcpListener::bind("127.0.0.1:0")?)?;
+            let tcp = spawn_tcp_server(TcpListener::bind("127.0.0.1:0")?, Limits::of(&args))?;
             let addr = listener.local_addr();
             let limits = Limits::of(&args);
             let h = std::thread::Builder::new()
@@ -672,6 +672,8 @@ struct ClientQp {
     posted: u64,
     completed: u64,
     credits: u64,
+    /// Send bandwidth: credit messages received from the server so far.
+    grants: u64,
     /// Sleep on the CQ instead of busy-polling (latency mode).
     events: bool,
 }
@@ -743,6 +745,7 @@ fn run_test(
             posted: 0,
             completed: 0,
             credits: reply.credits as u64,
+            grants: 0,
             events: args.events,
         });
     }
@@ -1009,6 +1012,7 @@ fn bandwidth(
                 }
                 KIND_RECV => {
                     c.credits += grant as u64;
+                    c.grants += 1;
                     c.qp.post_recv(&[RecvWr {
                         wr_id: wc.wr_id,
                         sg_list: vec![mr.sge(0, 8)],
@@ -1063,10 +1067,29 @@ fn bandwidth(
                 total_done += n + 1 - c.completed;
                 c.completed = n + 1;
             }
+            KIND_RECV => conns[q].grants += 1,
             _ => {}
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    if op == Op::Send {
+        // The server grants credit for every `grant` messages it received, needed or not:
+        // take every grant before the disconnect, or a late one meets a closed receive
+        // queue and the server gets a Terminate ("no buffer available") at the test's end.
+        let owed = |c: &ClientQp| c.posted / grant as u64;
+        while conns.iter().any(|c| c.grants < owed(c)) {
+            let wc = cq
+                .wait(Some(T))
+                .ok_or_else(|| anyhow!("no credit message from the server at the end"))?;
+            check(&wc, "credit message")?;
+            let (kind, q, _) = split_wr_id(wc.wr_id);
+            if kind == KIND_RECV
+                && let Some(c) = conns.get_mut(q)
+            {
+                c.grants += 1;
+            }
+        }
+    }
     let avg = total_done as f64 * len as f64 * 8.0 / secs / 1e9;
     if peak == 0.0 || peak < avg {
         peak = peak.max(avg);
@@ -1685,35 +1708,70 @@ impl TcpServer {
     }
 }
 
-fn spawn_tcp_server(l: TcpListener) -> Result<TcpServer> {
+/// Most baseline connections served at once (one thread each; a client opens one per QP).
+const MAX_TCP_CONNS: usize = 256;
+
+/// The baseline listener under the server's [`Limits`]: at most [`MAX_TCP_CONNS`]
+/// connections (more are closed at once, with a message), read and write timeouts of
+/// `--idle-timeout`, message sizes up to `--max-session-mem`, and a pause instead of a
+/// spin when accept fails (EMFILE, ENFILE).
+fn spawn_tcp_server(l: TcpListener, limits: Limits) -> Result<TcpServer> {
     let srv = TcpServer {
         port: l.local_addr()?.port(),
         done: Arc::new((Mutex::new(0), Condvar::new())),
     };
     let done = srv.done.clone();
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::Builder::new().name("bench-tcp".into()).spawn(move || {
         for s in l.incoming() {
-            let Ok(s) = s else { continue };
-            let done = done.clone();
-            let _ = std::thread::Builder::new()
+            let s = match s {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("bench server: baseline accept failed: {e}; pausing 100 ms");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            if open.load(Ordering::Acquire) >= MAX_TCP_CONNS {
+                eprintln!(
+                    "bench server: refusing baseline connection from {}: {MAX_TCP_CONNS} open",
+                    s.peer_addr().map_or("?".into(), |a| a.to_string())
+                );
+                continue;
+            }
+            open.fetch_add(1, Ordering::AcqRel);
+            let (done, open) = (done.clone(), open.clone());
+            let spawned = std::thread::Builder::new()
                 .name("bench-tcp-conn".into())
                 .spawn(move || {
-                    let _ = tcp_serve_conn(s);
+                    let peer = s.peer_addr().ok();
+                    if let Err(e) = tcp_serve_conn(s, limits) {
+                        eprintln!("bench server: baseline connection {peer:?}: {e:#}");
+                    }
+                    open.fetch_sub(1, Ordering::AcqRel);
                     *done.0.lock().unwrap() += 1;
                     done.1.notify_all();
                 });
+            if spawned.is_err() {
+                eprintln!("bench server: no thread for a baseline connection");
+            }
         }
     })?;
     Ok(srv)
 }
 
 /// Header: mode u8, 3 pad, req u32, resp u32, 4 pad, count u64.
-fn tcp_serve_conn(mut s: TcpStream) -> Result<()> {
+fn tcp_serve_conn(mut s: TcpStream, limits: Limits) -> Result<()> {
     s.set_nodelay(true)?;
+    s.set_read_timeout(limits.idle)?;
+    s.set_write_timeout(limits.idle)?;
     let mut h = [0u8; 24];
     s.read_exact(&mut h)?;
     let req = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
     let resp = u32::from_le_bytes(h[8..12].try_into().unwrap()) as usize;
+    if req.max(resp) as u64 > limits.max_mem {
+        bail!("message of {} bytes exceeds --max-session-mem", req.max(resp));
+    }
     let count = u64::from_le_bytes(h[16..24].try_into().unwrap());
     match h[0] {
         TCP_STREAM_IN => {

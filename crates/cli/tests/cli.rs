@@ -436,3 +436,76 @@ fn bench_server_refuses_a_second_client_and_oversized_sessions() {
     assert!(sout.status.success(), "{rest}");
     assert!(rest.contains("refusing 127.0.0.1:") && rest.contains("busy"), "{rest}");
 }
+
+/// The bench server's TCP baseline listener is bounded too: a header asking for a 4 GiB
+/// message is refused (connection closed, no allocation) and a connection that sends
+/// nothing is closed after `--idle-timeout`.
+#[test]
+fn bench_server_baseline_port_is_bounded() {
+    use std::io::Write;
+    let (mut server, addr, mut err) = bench_server(&["--idle-timeout", "2", "--max-session-mem", "16M"]);
+    // The server listens on two TCP ports: iWARP (`addr`) and the baseline.
+    let iwarp: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    let ports: Vec<u16> = listening_ports(server.id())
+        .into_iter()
+        .filter(|p| *p != iwarp)
+        .collect();
+    assert_eq!(ports.len(), 1, "{ports:?}");
+    let mut refused = 0;
+    let mut dropped_silent = false;
+    for port in ports {
+        // (a) an oversized RPC header
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut h = [0u8; 24];
+        h[0] = 3;
+        h[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        h[8..12].copy_from_slice(&8u32.to_le_bytes());
+        h[16..24].copy_from_slice(&1u64.to_le_bytes());
+        let _ = s.write_all(&h);
+        let mut b = [0u8; 1];
+        if matches!(s.read(&mut b), Ok(0)) {
+            refused += 1;
+        }
+        // (b) a silent connection, closed by the server within its idle timeout (+ margin)
+        let mut q = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        q.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let t0 = Instant::now();
+        if matches!(q.read(&mut b), Ok(0)) && t0.elapsed() < Duration::from_secs(9) {
+            dropped_silent = true;
+        }
+    }
+    server.kill().unwrap();
+    let _ = server.wait();
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert_eq!(refused, 1, "{rest}");
+    assert!(dropped_silent, "{rest}");
+    assert!(rest.contains("exceeds --max-session-mem"), "{rest}");
+}
+
+/// The TCP ports process `pid` listens on (from /proc/PID/fd and /proc/net/tcp).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let mut inodes = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        if let Ok(t) = std::fs::read_link(e.path()) {
+            let t = t.to_string_lossy().into_owned();
+            if let Some(i) = t.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')) {
+                inodes.push(i.to_string());
+            }
+        }
+    }
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let mut ports: Vec<u16> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 9 && f[3] == "0A" && inodes.iter().any(|i| i == f[9]))
+                .then(|| u16::from_str_radix(f[1].rsplit(':').next().unwrap(), 16).unwrap())
+        })
+        .collect();
+    ports.sort();
+    ports.dedup();
+    ports
+}
