@@ -18,6 +18,23 @@
 //! Send bandwidth uses credits: the server grants more Sends as it reposts
 //! receives, because iWARP has no receiver-not-ready retry (a Send without a
 //! posted receive ends the connection with a Terminate).
+//!
+//! Resource model of the server (`--listen`; issue 12, the same as for the
+//! other softrdma servers): one client session at a time, told apart by the
+//! random [`Hello::session`] its client draws; a gate thread takes every
+//! connect request at once, so a second client is rejected immediately with
+//! the reason in the reject's private data ("busy: serving the session of
+//! ..."), and so are bad hellos and sessions whose buffers (message size ×
+//! QPs) exceed `--max-session-mem` (1 GiB). A client that goes silent — no
+//! connection for its next test, or no message for `--idle-timeout` (60 s) in
+//! a Send or Write-latency test — is dropped; one-sided tests, whose traffic
+//! the server cannot see, end after `--max-test-secs` (3600 s) at the latest.
+//! Threads: the gate plus one per QP of the running test (at most the
+//! client's `--qps`, bounded by the memory cap). Idle costs no CPU: the
+//! bandwidth server sleeps on its CQ or CM events, the latency servers
+//! busy-poll only while messages flow and sleep after 100 ms without one.
+//! A session that fails (Terminate, reset, silence) is reported at default
+//! log level with QP number and peer address, and the server exits non-zero.
 
 use anyhow::{Context, Result, anyhow, bail};
 use hdrhistogram::Histogram;
@@ -147,6 +164,41 @@ pub struct Args {
     /// busy-polling it; both ends do. Not for write --lat, which polls memory.
     #[arg(long)]
     events: bool,
+    /// Server: drop a client that goes silent for this many seconds (no connection for its
+    /// next test, no message in a Send or Write-latency test); the session then fails.
+    /// 0: never.
+    #[arg(long, default_value_t = 60)]
+    idle_timeout: u64,
+    /// Server: the longest a one-sided test (write/read/atomic bandwidth, read/atomic
+    /// latency) may keep its connections: the server cannot see one-sided traffic, so a
+    /// silent client there is only bounded by this. 0: no limit.
+    #[arg(long, default_value_t = 3600)]
+    max_test_secs: u64,
+    /// Server: the most memory one client session may make the server register (message
+    /// size × QPs); a client asking for more is refused.
+    #[arg(long, default_value = "1G", value_parser = crate::units::parse_size)]
+    max_session_mem: u64,
+}
+
+/// The bench server's resource model: one client session at a time (a second client
+/// is refused at once, with a reason in the reject's private data), idle and test-time
+/// limits, and a memory cap per session. `softrdma bench --help` documents the knobs.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    idle: Option<Duration>,
+    max_test: Option<Duration>,
+    max_mem: u64,
+}
+
+impl Limits {
+    fn of(args: &Args) -> Limits {
+        let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        Limits {
+            idle: secs(args.idle_timeout),
+            max_test: secs(args.max_test_secs),
+            max_mem: args.max_session_mem,
+        }
+    }
 }
 
 /// A message size: [`crate::units::parse_size`], between 1 byte and 4 GiB - 1.
@@ -186,6 +238,17 @@ struct Hello {
     size: u64,
     client_addr: u64,
     client_rkey: u32,
+    /// Drawn at random by the client, the same for all its tests: how the server tells
+    /// the client it serves from a second one.
+    session: u32,
+}
+
+/// A session id for [`Hello::session`]: random, never 0.
+fn new_session_id() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    (h.finish() as u32).max(1)
 }
 
 impl Hello {
@@ -197,7 +260,7 @@ impl Hello {
         b.extend_from_slice(&self.qp_index.to_le_bytes());
         b.extend_from_slice(&self.qps.to_le_bytes());
         b.extend_from_slice(&self.depth.to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(&self.session.to_le_bytes());
         b.extend_from_slice(&self.size.to_le_bytes());
         b.extend_from_slice(&self.client_addr.to_le_bytes());
         b.extend_from_slice(&self.client_rkey.to_le_bytes());
@@ -221,6 +284,7 @@ impl Hello {
             qp_index: u16_at(12),
             qps: u16_at(14),
             depth: u32_at(16),
+            session: u32_at(20),
             size: u64_at(24),
             client_addr: u64_at(32),
             client_rkey: u32_at(40),
@@ -318,8 +382,8 @@ pub fn run(args: Args) -> Result<()> {
             listener.local_addr(),
             tcp.local_addr()?
         );
-        let tcp = spawn_tcp_server(tcp)?;
-        return serve(&dev, &listener, Some(tcp));
+        let tcp = spawn_tcp_server(tcp, Limits::of(&args))?;
+        return serve(&dev, &listener, Some(tcp), Limits::of(&args));
     }
     let op = args
         .op
@@ -354,20 +418,22 @@ pub fn run(args: Args) -> Result<()> {
         None => {
             let sdev = crate::providers::open(None, &dev_cfg)?;
             let listener = sdev.listen("127.0.0.1:0".parse()?)?;
-            let tcp = spawn_tcp_server(TcpListener::bind("127.0.0.1:0")?)?;
+            let tcp = spawn_tcp_server(TcpListener::bind("127.0.0.1:0")?, Limits::of(&args))?;
             let addr = listener.local_addr();
+            let limits = Limits::of(&args);
             let h = std::thread::Builder::new()
                 .name("bench-server".into())
-                .spawn(move || serve(&sdev, &listener, Some(tcp)))?;
+                .spawn(move || serve(&sdev, &listener, Some(tcp), limits))?;
             (addr, Some(h))
         }
     };
     let progress = args.progress || std::io::stderr().is_terminal();
+    let session = new_session_id();
     let mut printed_header = false;
     let mut res = Ok(());
     for (i, &size) in sizes.iter().enumerate() {
         let last = i + 1 == sizes.len();
-        let r = run_test(&dev, target, &args, op, i as u32, size, last, progress).and_then(|mut r| {
+        let r = run_test(&dev, target, &args, op, i as u32, size, last, progress, session).and_then(|mut r| {
             if args.baseline.is_some() {
                 r.baseline = Some(run_baseline(target, &r, args.qps as usize)?);
             }
@@ -603,6 +669,8 @@ struct ClientQp {
     posted: u64,
     completed: u64,
     credits: u64,
+    /// Send bandwidth: credit messages received from the server so far.
+    grants: u64,
     /// Sleep on the CQ instead of busy-polling (latency mode).
     events: bool,
 }
@@ -617,6 +685,7 @@ fn run_test(
     size: u64,
     last: bool,
     progress: bool,
+    session: u32,
 ) -> Result<Outcome> {
     let lat = args.lat;
     let depth = if lat { 1 } else { args.depth };
@@ -648,14 +717,20 @@ fn run_test(
             size,
             client_addr: mr.addr(),
             client_rkey: mr.rkey(),
+            session,
         };
         let opts = QpOptions::new(&cq)
             .attr(qp_attr(depth.max(64) + 8, grant_recvs + 8))
             .rd_atomic(RD_ATOMIC, RD_ATOMIC)
             .private_data(&hello.encode());
-        let qp = pd
-            .connect(target, opts, T)
-            .with_context(|| format!("connecting QP {q} to {target}"))?;
+        let qp = match pd.connect(target, opts, T) {
+            Ok(qp) => qp,
+            Err(Error::Rejected { private_data, .. }) => bail!(
+                "connecting QP {q} to {target}: the server refused: {}",
+                String::from_utf8_lossy(&private_data)
+            ),
+            Err(e) => return Err(e).with_context(|| format!("connecting QP {q} to {target}")),
+        };
         let reply = Reply::decode(&qp.conn_info().peer_private_data)?;
         match qp.get_event(Some(T)) {
             Some(CmEvent::Established) => {}
@@ -667,6 +742,7 @@ fn run_test(
             posted: 0,
             completed: 0,
             credits: reply.credits as u64,
+            grants: 0,
             events: args.events,
         });
     }
@@ -933,6 +1009,7 @@ fn bandwidth(
                 }
                 KIND_RECV => {
                     c.credits += grant as u64;
+                    c.grants += 1;
                     c.qp.post_recv(&[RecvWr {
                         wr_id: wc.wr_id,
                         sg_list: vec![mr.sge(0, 8)],
@@ -987,10 +1064,29 @@ fn bandwidth(
                 total_done += n + 1 - c.completed;
                 c.completed = n + 1;
             }
+            KIND_RECV => conns[q].grants += 1,
             _ => {}
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    if op == Op::Send {
+        // The server grants credit for every `grant` messages it received, needed or not:
+        // take every grant before the disconnect, or a late one meets a closed receive
+        // queue and the server gets a Terminate ("no buffer available") at the test's end.
+        let owed = |c: &ClientQp| c.posted / grant as u64;
+        while conns.iter().any(|c| c.grants < owed(c)) {
+            let wc = cq
+                .wait(Some(T))
+                .ok_or_else(|| anyhow!("no credit message from the server at the end"))?;
+            check(&wc, "credit message")?;
+            let (kind, q, _) = split_wr_id(wc.wr_id);
+            if kind == KIND_RECV
+                && let Some(c) = conns.get_mut(q)
+            {
+                c.grants += 1;
+            }
+        }
+    }
     let avg = total_done as f64 * len as f64 * 8.0 / secs / 1e9;
     if peak == 0.0 || peak < avg {
         peak = peak.max(avg);
@@ -1216,21 +1312,111 @@ fn lat_one_sided(
 // ---------------------------------------------------------------- server
 
 /// Serves one client session: tests until the one flagged last.
-fn serve(dev: &Device, listener: &Listener, tcp: Option<TcpServer>) -> Result<()> {
+/// Takes every connect request off the listener while the server runs, so that a second
+/// client is answered at once: requests of the session being served (the first client's
+/// [`Hello::session`]) go to the session loop; others are rejected with the reason in the
+/// reject's private data, and so are bad hellos and sessions over the memory cap.
+/// Wakes twice a second to notice `stop`.
+fn gate(listener: &Listener, tx: std::sync::mpsc::Sender<(ConnectRequest, Hello)>, stop: &AtomicBool, limits: Limits) {
+    let mut owner: Option<(u32, SocketAddr)> = None;
+    while !stop.load(Ordering::Acquire) {
+        let req = match listener.get_request(Some(Duration::from_millis(500))) {
+            Ok(r) => r,
+            Err(Error::Timeout) => continue,
+            Err(_) => return,
+        };
+        let peer = req.peer_addr();
+        let refuse = |req: ConnectRequest, why: String| {
+            eprintln!("bench server: refusing {peer}: {why}");
+            let _ = req.reject(format!("softrdma bench: {why}").as_bytes());
+        };
+        let hello = match Hello::decode(req.private_data()) {
+            Ok(h) => h,
+            Err(e) => {
+                refuse(req, format!("bad hello: {e}"));
+                continue;
+            }
+        };
+        let mem = (buffer_len(hello.size) as u64 + 64).saturating_mul(hello.qps as u64);
+        if mem > limits.max_mem {
+            refuse(
+                req,
+                format!(
+                    "{} QPs of {} bytes exceed the server's --max-session-mem {}",
+                    hello.qps, hello.size, limits.max_mem
+                ),
+            );
+            continue;
+        }
+        match owner {
+            None => owner = Some((hello.session, peer)),
+            Some((id, _)) if id == hello.session => {}
+            Some((_, first)) => {
+                refuse(
+                    req,
+                    format!("busy: serving the session of {first}; one client at a time"),
+                );
+                continue;
+            }
+        }
+        if tx.send((req, hello)).is_err() {
+            return;
+        }
+    }
+}
+
+fn serve(dev: &Device, listener: &Listener, tcp: Option<TcpServer>, limits: Limits) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| gate(listener, tx, &stop, limits));
+        let r = serve_session(dev, &rx, tcp, limits);
+        stop.store(true, Ordering::Release);
+        if let Err(e) = &r {
+            eprintln!("bench server: session failed: {e:#}");
+        }
+        r
+    })
+}
+
+/// Serves the tests of one client session (see [`gate`]); an error when the client went
+/// silent or a test failed.
+fn serve_session(
+    dev: &Device,
+    rx: &std::sync::mpsc::Receiver<(ConnectRequest, Hello)>,
+    tcp: Option<TcpServer>,
+    limits: Limits,
+) -> Result<()> {
     let pd = dev.alloc_pd();
+    let mut tests = 0u32;
+    let mut client: Option<SocketAddr> = None;
     loop {
         let mut conns: Vec<(QueuePair, CompletionQueue, MemoryRegion, Hello)> = Vec::new();
         let mut want = 1usize;
         while conns.len() < want {
-            let req = listener.get_request(None).context("waiting for a bench client")?;
-            let hello = match Hello::decode(req.private_data()) {
-                Ok(h) => h,
-                Err(e) => {
-                    eprintln!("bench server: rejecting {}: {e}", req.peer_addr());
-                    let _ = req.reject(b"softrdma bench: bad hello");
-                    continue;
-                }
+            let (req, hello) = match (client, limits.idle) {
+                (None, _) | (_, None) => rx.recv().map_err(|_| anyhow!("listener closed"))?,
+                (Some(c), Some(idle)) => match rx.recv_timeout(idle) {
+                    Ok(x) => x,
+                    Err(_) => bail!(
+                        "client {c} went silent: peer closed its connections after {tests} test(s) and \
+                         opened none for the next within {} s (--idle-timeout)",
+                        idle.as_secs()
+                    ),
+                },
             };
+            if hello.test_id != tests || hello.qp_index as usize != conns.len() {
+                eprintln!(
+                    "bench server: refusing {}: test {} QP {} out of order (expected test {tests} QP {})",
+                    req.peer_addr(),
+                    hello.test_id,
+                    hello.qp_index,
+                    conns.len()
+                );
+                let _ = req.reject(b"softrdma bench: test or QP out of order");
+                continue;
+            }
+            client.get_or_insert(req.peer_addr());
             want = hello.qps as usize;
             // [0, L): the client's messages; byte L: the READY value for the client's ready byte.
             let mr = pd.reg_mr(buffer_len(hello.size) + 64, Access::all_remote())?;
@@ -1256,10 +1442,9 @@ fn serve(dev: &Device, listener: &Listener, tcp: Option<TcpServer>) -> Result<()
             let hs: Vec<_> = conns
                 .iter()
                 .map(|(qp, cq, mr, hello)| {
-                    s.spawn(move || match serve_qp(qp, cq, mr, hello) {
-                        // Posting to a QP the client already disconnected is how a test ends.
-                        Err(_) if qp.state() == QpState::Err => Ok(()),
-                        r => r,
+                    s.spawn(move || {
+                        serve_qp(qp, cq, mr, hello, limits)
+                            .with_context(|| format!("QP {} with peer {}", qp.qp_num(), qp.conn_info().peer_addr))
                     })
                 })
                 .collect();
@@ -1267,11 +1452,14 @@ fn serve(dev: &Device, listener: &Listener, tcp: Option<TcpServer>) -> Result<()
                 .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("server QP thread panicked"))))
                 .collect()
         });
-        for r in results {
-            if let Err(e) = r {
-                eprintln!("bench server: {e:#}");
-            }
+        let failed = results.into_iter().filter_map(Result::err).collect::<Vec<_>>();
+        for e in &failed {
+            eprintln!("bench server: test {tests}: {e:#}");
         }
+        if let Some(e) = failed.into_iter().next() {
+            return Err(e.context(format!("test {tests} failed")));
+        }
+        tests += 1;
         if last {
             // Stay until the client's baseline runs, which follow each test, are over.
             let h = &conns[0].3;
@@ -1286,20 +1474,43 @@ fn serve(dev: &Device, listener: &Listener, tcp: Option<TcpServer>) -> Result<()
     }
 }
 
-fn closed(ev: &Option<CmEvent>) -> bool {
-    matches!(
-        ev,
-        Some(
-            CmEvent::Disconnected
-                | CmEvent::ConnectionError(_)
-                | CmEvent::TerminateReceived(_)
-                | CmEvent::TerminateSent(_)
-        )
+/// How a test's connection ended: `Ok` when the client disconnected (how every test ends),
+/// an error naming the cause otherwise.
+fn ended(ev: Option<CmEvent>) -> Option<Result<()>> {
+    match ev? {
+        CmEvent::Disconnected => Some(Ok(())),
+        CmEvent::ConnectionError(e) => Some(Err(anyhow!("peer reset the connection: {e}"))),
+        CmEvent::TerminateReceived(t) => Some(Err(anyhow!("Terminate received from the peer: {t}"))),
+        CmEvent::TerminateSent(t) => Some(Err(anyhow!("Terminate sent to the peer: {t}"))),
+        CmEvent::Established => None,
+    }
+}
+
+/// After a failed completion: the event that explains it (queued before the completions
+/// the engine flushed), or the completion itself. A flush after a plain disconnect is how
+/// a Send test ends.
+fn failed(qp: &QueuePair, wc: &WorkCompletion) -> Result<()> {
+    while let Some(ev) = qp.get_event(Some(Duration::from_millis(200))) {
+        match ended(Some(ev)) {
+            Some(Ok(())) if wc.status == WcStatus::WrFlushErr => return Ok(()),
+            Some(Ok(())) => break,
+            Some(Err(e)) => {
+                return Err(e.context(format!("completion {} (vendor_err {:#x})", wc.status, wc.vendor_err)));
+            }
+            None => {}
+        }
+    }
+    bail!(
+        "completion {:?} {} (vendor_err {:#x})",
+        wc.opcode,
+        wc.status,
+        wc.vendor_err
     )
 }
 
-/// The server's part of one QP's test; returns when the client disconnects.
-fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hello) -> Result<()> {
+/// The server's part of one QP's test; returns when the client disconnects, or an error
+/// when the connection failed or the client went silent ([`Limits`]).
+fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hello, limits: Limits) -> Result<()> {
     let size = hello.size as u32;
     let (echo_off, ready_off, _) = client_layout(hello.size, hello.qps);
     let client = |off: usize| RemoteAddr {
@@ -1316,12 +1527,31 @@ fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hel
             vec![mr.sge(buffer_len(hello.size), 1)],
         ))
     };
+    // Two-sided tests: the time since the client's last message.
+    let mut last_msg = Instant::now();
+    let silent = |last: Instant| -> Result<()> {
+        match limits.idle {
+            Some(idle) if last.elapsed() >= idle => bail!(
+                "client idle: no message for {} s (--idle-timeout); dropping it",
+                idle.as_secs()
+            ),
+            _ => Ok(()),
+        }
+    };
     match (hello.op, hello.lat()) {
         (Op::Write | Op::Read | Op::Atomic, false) | (Op::Read | Op::Atomic, true) => {
-            // One-sided: the provider answers; the application only waits.
+            // One-sided: the provider answers; the application only waits, asleep.
+            let until = limits.max_test.map(|m| Instant::now() + m);
             loop {
-                if closed(&qp.get_event(None)) {
-                    return Ok(());
+                let wait = until.map(|u| u.saturating_duration_since(Instant::now()));
+                if wait == Some(Duration::ZERO) {
+                    bail!(
+                        "one-sided test still connected after {} s (--max-test-secs); dropping it",
+                        limits.max_test.unwrap_or_default().as_secs()
+                    );
+                }
+                if let Some(r) = ended(qp.get_event(wait)) {
+                    return r;
                 }
             }
         }
@@ -1337,9 +1567,12 @@ fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hel
             let mut since_grant = 0u32;
             let mut sent = 0u64;
             loop {
-                match cq.wait(Some(Duration::from_millis(100))) {
+                // The engine queues every event before the completions it flushes, and
+                // receives are always posted: the CQ wakes us for a disconnect too.
+                match cq.wait(Some(Duration::from_millis(500))) {
                     Some(wc) if wc.is_ok() => {
                         if wc.opcode == WcOpcode::Recv {
+                            last_msg = Instant::now();
                             qp.post_recv(&[recv(wc.wr_id)])?;
                             since_grant += 1;
                             if since_grant == grant {
@@ -1349,11 +1582,12 @@ fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hel
                             }
                         }
                     }
-                    Some(_) => return Ok(()), // flushed: the client went away
+                    Some(wc) => return failed(qp, &wc),
                     None => {
-                        if closed(&qp.get_event(Some(Duration::ZERO))) {
-                            return Ok(());
+                        if let Some(r) = ended(qp.get_event(Some(Duration::ZERO))) {
+                            return r;
                         }
+                        silent(last_msg)?;
                     }
                 }
             }
@@ -1369,8 +1603,10 @@ fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hel
             let mut idle = 0u32;
             let events = hello.flags & FLAG_EVENTS != 0;
             loop {
-                let wc = if events {
-                    idle = 4095;
+                // Busy-poll while messages flow (latency); after 100 ms without one, sleep
+                // on the CQ instead of spinning.
+                let sleepy = events || idle >= 4096 && last_msg.elapsed() > Duration::from_millis(100);
+                let wc = if sleepy {
                     cq.wait_spin(Duration::ZERO, Some(Duration::from_millis(100)))
                 } else {
                     cq.poll_one()
@@ -1379,18 +1615,24 @@ fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hel
                     Some(wc) if wc.is_ok() => {
                         idle = 0;
                         if wc.opcode == WcOpcode::Recv {
+                            last_msg = Instant::now();
                             qp.post_recv(&[recv(n)])?;
                             n += 1;
                             qp.post_send_one(SendWr::new(0, WrOpcode::Send, vec![mr.sge(0, wc.byte_len)]))?;
                         }
                     }
-                    Some(_) => return Ok(()),
+                    Some(wc) => return failed(qp, &wc),
                     None => {
-                        idle += 1;
-                        if idle.is_multiple_of(4096) && closed(&qp.get_event(Some(Duration::ZERO))) {
-                            return Ok(());
+                        idle = idle.saturating_add(1);
+                        if sleepy || idle.is_multiple_of(4096) {
+                            if let Some(r) = ended(qp.get_event(Some(Duration::ZERO))) {
+                                return r;
+                            }
+                            silent(last_msg)?;
                         }
-                        std::hint::spin_loop();
+                        if !sleepy {
+                            std::hint::spin_loop();
+                        }
                     }
                 }
             }
@@ -1405,12 +1647,13 @@ fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hel
             loop {
                 wcs.clear();
                 cq.poll(&mut wcs, 16);
-                if wcs.iter().any(|wc| !wc.is_ok()) {
-                    return Ok(());
+                if let Some(wc) = wcs.iter().find(|wc| !wc.is_ok()) {
+                    return failed(qp, wc);
                 }
                 mr.read(last, &mut b)?;
                 if b[0] == stamp(i) {
                     idle = 0;
+                    last_msg = Instant::now();
                     let flags = if i % 64 == 63 {
                         SendFlags::SIGNALED
                     } else {
@@ -1421,11 +1664,20 @@ fn serve_qp(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, hello: &Hel
                     )?;
                     i += 1;
                 } else {
-                    idle += 1;
-                    if idle.is_multiple_of(4096) && closed(&qp.get_event(Some(Duration::ZERO))) {
-                        return Ok(());
+                    idle = idle.saturating_add(1);
+                    // The client's Writes stopped for 100 ms: poll the memory every 10 ms.
+                    let sleepy = idle >= 4096 && last_msg.elapsed() > Duration::from_millis(100);
+                    if sleepy || idle.is_multiple_of(4096) {
+                        if let Some(r) = ended(qp.get_event(Some(Duration::ZERO))) {
+                            return r;
+                        }
+                        silent(last_msg)?;
                     }
-                    std::hint::spin_loop();
+                    if sleepy {
+                        std::thread::sleep(Duration::from_millis(10));
+                    } else {
+                        std::hint::spin_loop();
+                    }
                 }
             }
         }
@@ -1453,35 +1705,70 @@ impl TcpServer {
     }
 }
 
-fn spawn_tcp_server(l: TcpListener) -> Result<TcpServer> {
+/// Most baseline connections served at once (one thread each; a client opens one per QP).
+const MAX_TCP_CONNS: usize = 256;
+
+/// The baseline listener under the server's [`Limits`]: at most [`MAX_TCP_CONNS`]
+/// connections (more are closed at once, with a message), read and write timeouts of
+/// `--idle-timeout`, message sizes up to `--max-session-mem`, and a pause instead of a
+/// spin when accept fails (EMFILE, ENFILE).
+fn spawn_tcp_server(l: TcpListener, limits: Limits) -> Result<TcpServer> {
     let srv = TcpServer {
         port: l.local_addr()?.port(),
         done: Arc::new((Mutex::new(0), Condvar::new())),
     };
     let done = srv.done.clone();
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::Builder::new().name("bench-tcp".into()).spawn(move || {
         for s in l.incoming() {
-            let Ok(s) = s else { continue };
-            let done = done.clone();
-            let _ = std::thread::Builder::new()
+            let s = match s {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("bench server: baseline accept failed: {e}; pausing 100 ms");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            if open.load(Ordering::Acquire) >= MAX_TCP_CONNS {
+                eprintln!(
+                    "bench server: refusing baseline connection from {}: {MAX_TCP_CONNS} open",
+                    s.peer_addr().map_or("?".into(), |a| a.to_string())
+                );
+                continue;
+            }
+            open.fetch_add(1, Ordering::AcqRel);
+            let (done, open) = (done.clone(), open.clone());
+            let spawned = std::thread::Builder::new()
                 .name("bench-tcp-conn".into())
                 .spawn(move || {
-                    let _ = tcp_serve_conn(s);
+                    let peer = s.peer_addr().ok();
+                    if let Err(e) = tcp_serve_conn(s, limits) {
+                        eprintln!("bench server: baseline connection {peer:?}: {e:#}");
+                    }
+                    open.fetch_sub(1, Ordering::AcqRel);
                     *done.0.lock().unwrap() += 1;
                     done.1.notify_all();
                 });
+            if spawned.is_err() {
+                eprintln!("bench server: no thread for a baseline connection");
+            }
         }
     })?;
     Ok(srv)
 }
 
 /// Header: mode u8, 3 pad, req u32, resp u32, 4 pad, count u64.
-fn tcp_serve_conn(mut s: TcpStream) -> Result<()> {
+fn tcp_serve_conn(mut s: TcpStream, limits: Limits) -> Result<()> {
     s.set_nodelay(true)?;
+    s.set_read_timeout(limits.idle)?;
+    s.set_write_timeout(limits.idle)?;
     let mut h = [0u8; 24];
     s.read_exact(&mut h)?;
     let req = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
     let resp = u32::from_le_bytes(h[8..12].try_into().unwrap()) as usize;
+    if req.max(resp) as u64 > limits.max_mem {
+        bail!("message of {} bytes exceeds --max-session-mem", req.max(resp));
+    }
     let count = u64::from_le_bytes(h[16..24].try_into().unwrap());
     match h[0] {
         TCP_STREAM_IN => {
@@ -1685,6 +1972,7 @@ mod tests {
             size: 1 << 20,
             client_addr: 0x1234_5678_9abc,
             client_rkey: 0xdead_beef,
+            session: 0x1234_5678,
         };
         let b = h.encode();
         assert!(b.len() <= 252, "fits siw's private data limit");

@@ -93,9 +93,12 @@ fn man_pages(dir: &std::path::Path) -> Result<()> {
 
 fn main() -> Result<()> {
     sigpipe::restore_default();
+    use std::io::IsTerminal;
+    // Colours only on a terminal: RUST_LOG output to a pipe or file stays plain text.
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match Cli::parse().cmd {
         Cmd::Demo(args) => demo::run(args),

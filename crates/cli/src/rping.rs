@@ -23,6 +23,24 @@
 //! after `-C` pings; the server serves one connection and exits when it is
 //! disconnected. `-v` prints `ping data: ...` (client) and `server ping data:
 //! ...` (server), `-V` compares the buffer that came back with the one sent.
+//!
+//! Failures (issue 12 point 9): a failed session is reported as one line with
+//! the QP number and the peer's address, the first completion that failed
+//! other than by a flush (status as rping prints it, the Terminate cause in
+//! `vendor_err`) and the CM event (Terminate received or sent, peer closed,
+//! reset), whichever the program saw first; the exit status is then non-zero.
+//! Posting to a QP in the Error state completes with `WR_FLUSH_ERR` (as with
+//! rdma-core and siw), so no call order hides the cause. A disconnect where a
+//! ping ends (the server waiting for the next advertisement) ends the session
+//! normally, with "peer closed the connection" on stderr; in the middle of a
+//! ping it fails the session.
+//!
+//! Server resource model (issue 12): one client; the listener is closed once
+//! it is accepted, so a second client's connect is refused. `--timeout` (60 s)
+//! bounds every wait, so a client that connects and goes silent is dropped
+//! with a message naming it. While idle the server sleeps on its CQ (every
+//! event that matters is followed by a completion: a receive is always
+//! posted), waking twice a second.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -219,6 +237,9 @@ struct Endpoint<'a> {
     send_mr: MemoryRegion,
     rdma_mr: MemoryRegion,
     role: &'static str,
+    /// The peer's address and our QP number, for every report about the session.
+    peer: SocketAddr,
+    qpn: u32,
     disconnected: bool,
     /// The rping_rdma_info of the last receive (copied out before the re-post).
     last_info: [u8; INFO_LEN],
@@ -256,33 +277,81 @@ impl Endpoint<'_> {
         Ok(b)
     }
 
-    /// After a failed completion: the Terminate that came with it, if any.
-    fn terminate_event(&self) -> String {
-        let until = Instant::now() + Duration::from_millis(500);
-        while let Some(ev) = self.qp.get_event(Some(until.saturating_duration_since(Instant::now()))) {
-            match ev {
-                CmEvent::TerminateReceived(t) => return format!("; Terminate received from the peer: {t}"),
-                CmEvent::TerminateSent(t) => return format!("; Terminate sent to the peer: {t}"),
-                _ => {}
+    /// Why the session failed, whatever was seen first: the first failed
+    /// completion that is not a flush (status, Terminate cause in
+    /// `vendor_err`) and the CM event (Terminate received or sent, peer
+    /// closed, connection error), each if there is one (issue 12 point 9).
+    ///
+    /// Deterministic, whatever the order the two were seen in: the engine
+    /// queues a failure's event before the completions it flushes, in one
+    /// critical section under the QP's lock; an (empty) post takes that lock,
+    /// so after it every completion of that section is in the CQ.
+    fn failure(&mut self, wc: Option<WorkCompletion>, ev: Option<CmEvent>) -> anyhow::Error {
+        let _ = self.qp.post_send(&[]);
+        let mut cause = wc
+            .clone()
+            .filter(|w| w.status != WcStatus::Success && w.status != WcStatus::WrFlushErr);
+        while cause.is_none() {
+            match self.cq.poll_one() {
+                Some(w) if w.status != WcStatus::Success && w.status != WcStatus::WrFlushErr => cause = Some(w),
+                Some(_) => {}
+                None => break,
             }
         }
-        String::new()
+        // Queued before the completion we saw (see above); the wait only covers a local
+        // failure that has no event.
+        let event = ev.or_else(|| self.cause_event(Duration::from_millis(200)));
+        let mut parts = Vec::new();
+        if let Some(w) = &cause {
+            parts.push(format!(
+                "cq completion failed status {} ({}, vendor_err {:#08x}) on {:?}",
+                ibv_status(w.status),
+                w.status,
+                w.vendor_err,
+                w.opcode
+            ));
+        }
+        match &event {
+            Some(CmEvent::TerminateReceived(t)) => parts.push(format!("Terminate received from the peer: {t}")),
+            Some(CmEvent::TerminateSent(t)) => parts.push(format!("Terminate sent to the peer: {t}")),
+            Some(CmEvent::Disconnected) => parts.push("peer closed the connection".into()),
+            Some(CmEvent::ConnectionError(e)) => parts.push(format!("peer reset the connection: {e}")),
+            _ => {}
+        }
+        if parts.is_empty() {
+            let flushed = wc.map_or(String::new(), |w| format!(" (wr {} {})", w.wr_id, w.status));
+            parts.push(format!("QP in state {:?}{flushed}", self.qp.state()));
+        }
+        anyhow::anyhow!(
+            "{} session failed (QP {}, peer {}): {}",
+            self.role,
+            self.qpn,
+            self.peer,
+            parts.join("; ")
+        )
     }
 
-    /// After a Terminate: the first failed completion, if any.
-    fn failed_completion(&self) -> String {
-        let until = Instant::now() + Duration::from_millis(500);
-        while let Some(wc) = self.cq.wait(Some(until.saturating_duration_since(Instant::now()))) {
-            if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
-                return format!(
-                    "; cq completion failed status {} ({}, vendor_err {:#08x})",
-                    ibv_status(wc.status),
-                    wc.status,
-                    wc.vendor_err
-                );
+    /// The next event other than `Established` (which only rping's debug output shows).
+    fn cause_event(&self, wait: Duration) -> Option<CmEvent> {
+        loop {
+            match self.qp.get_event(Some(wait))? {
+                CmEvent::Established => self.debug("ESTABLISHED"),
+                e => return Some(e),
             }
         }
-        String::new()
+    }
+
+    /// The peer closed the connection: said at default log level with the QP
+    /// and the peer's address (rping's "DISCONNECT EVENT" line too).
+    fn on_disconnect(&mut self) {
+        if !self.disconnected {
+            eprintln!("{} DISCONNECT EVENT...", self.role);
+            eprintln!(
+                "{}: peer closed the connection (QP {}, peer {})",
+                self.role, self.qpn, self.peer
+            );
+            self.disconnected = true;
+        }
     }
 
     /// rping's cq_thread and CM thread folded into one wait: the next receive,
@@ -300,43 +369,50 @@ impl Endpoint<'_> {
                     }
                     match self.qp.get_event(Some(Duration::ZERO)) {
                         Some(CmEvent::Disconnected) => {
-                            eprintln!("{} DISCONNECT EVENT...", self.role);
-                            self.disconnected = true;
+                            self.on_disconnect();
                             continue;
                         }
-                        Some(CmEvent::TerminateReceived(t)) => {
-                            bail!("Terminate received from the peer: {t}{}", self.failed_completion())
-                        }
-                        Some(CmEvent::TerminateSent(t)) => {
-                            bail!("Terminate sent to the peer: {t}{}", self.failed_completion())
-                        }
-                        Some(CmEvent::ConnectionError(e)) => bail!("connection error: {e}"),
                         Some(CmEvent::Established) => {
                             self.debug("ESTABLISHED");
                             continue;
                         }
+                        Some(ev) => return Err(self.failure(None, Some(ev))),
                         None => {}
                     }
+                    let now = Instant::now();
                     if let Some(d) = deadline
-                        && Instant::now() >= d
+                        && now >= d
                     {
-                        bail!("no completion or event for {} s (--timeout)", self.args.timeout);
+                        bail!(
+                            "{} idle: no completion or event for {} s (--timeout); dropping peer {} (QP {})",
+                            self.role,
+                            self.args.timeout,
+                            self.peer,
+                            self.qpn
+                        );
                     }
-                    self.cq.wait(Some(Duration::from_millis(20)))
+                    // A receive is always posted, and the engine queues an event before
+                    // the completions it flushes, so the CQ wakes us for every event that
+                    // matters; the cap only bounds how late the deadline is noticed. An
+                    // idle session wakes twice a second.
+                    let cap = Duration::from_millis(500);
+                    let wait = deadline.map_or(cap, |d| d.saturating_duration_since(now).min(cap));
+                    self.cq.wait(Some(wait))
                 }
             };
             let Some(wc) = wc else { continue };
-            if wc.status != WcStatus::Success {
-                if wc.status == WcStatus::WrFlushErr {
-                    continue;
+            if wc.status == WcStatus::WrFlushErr {
+                // Flushed by whatever moved the QP to Err; its event is already queued.
+                match self.cause_event(Duration::ZERO) {
+                    Some(CmEvent::Disconnected) => {
+                        self.on_disconnect();
+                        continue;
+                    }
+                    ev => return Err(self.failure(Some(wc), ev)),
                 }
-                bail!(
-                    "cq completion failed status {} ({}, vendor_err {:#08x}){}",
-                    ibv_status(wc.status),
-                    wc.status,
-                    wc.vendor_err,
-                    self.terminate_event()
-                );
+            }
+            if wc.status != WcStatus::Success {
+                return Err(self.failure(Some(wc), None));
             }
             match wc.opcode {
                 WcOpcode::Send => self.debug("send completion"),
@@ -427,7 +503,6 @@ fn endpoint<'a>(
     let remote = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     let ep = Endpoint {
         args,
-        qp,
         cq,
         recv_mr: pd
             .reg_mr(INFO_LEN, Access::LOCAL_WRITE)
@@ -435,6 +510,9 @@ fn endpoint<'a>(
         send_mr: pd.reg_mr(INFO_LEN, Access::empty()).context("send_buf reg_mr failed")?,
         rdma_mr: pd.reg_mr(args.size, remote).context("rdma_buf reg_mr failed")?,
         role,
+        peer: qp.conn_info().peer_addr,
+        qpn: qp.qp_num(),
+        qp,
         disconnected: false,
         last_info: [0; INFO_LEN],
     };
@@ -447,14 +525,26 @@ fn endpoint<'a>(
     Ok(ep)
 }
 
-fn expect_step(got: Step, want: Step, state_name: &str) -> Result<bool> {
+/// Checks the step the main loop waited for. A disconnect where a ping ends
+/// (the server waiting for the next advertisement) ends the session: false.
+/// A disconnect in the middle of a ping is a failed session (an error naming
+/// the peer), as is any other step.
+fn expect_step(ep: &Endpoint<'_>, got: Step, want: Step, state_name: &str, at_boundary: bool) -> Result<bool> {
     if got == want {
         return Ok(true);
     }
     if got == Step::Disconnected {
-        // rping: "wait for ... state 10", and a disconnect is not a failure.
+        // rping: "wait for ... state 10".
         eprintln!("wait for {state_name} state 10 (DISCONNECTED)");
-        return Ok(false);
+        if at_boundary {
+            return Ok(false);
+        }
+        bail!(
+            "{} session failed (QP {}, peer {}): peer closed the connection in the middle of a ping (waiting for {state_name})",
+            ep.role,
+            ep.qpn,
+            ep.peer
+        );
     }
     bail!("wait for {state_name}: got {got:?}")
 }
@@ -522,7 +612,8 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
         ));
         ep.post_send_info()?;
         // Wait for the server's go-ahead (its Read completed).
-        if !expect_step(ep.next()?, Step::Recv, "RDMA_WRITE_ADV")? {
+        let step = ep.next()?;
+        if !expect_step(&ep, step, Step::Recv, "RDMA_WRITE_ADV", false)? {
             return Ok(());
         }
         // Advertise the sink buffer; the server RDMA-Writes the data back.
@@ -536,7 +627,8 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
             size
         ));
         ep.post_send_info()?;
-        if !expect_step(ep.next()?, Step::Recv, "RDMA_WRITE_COMPLETE")? {
+        let step = ep.next()?;
+        if !expect_step(&ep, step, Step::Recv, "RDMA_WRITE_COMPLETE", false)? {
             return Ok(());
         }
         let got = ep.rdma_mr.to_vec(0, args.size).map_err(|e| anyhow::anyhow!("{e:?}"))?;
@@ -627,7 +719,8 @@ fn server_loop(ep: &mut Endpoint<'_>) -> Result<()> {
     let size = ep.args.size;
     loop {
         // Wait for the client's start STag/TO/length.
-        if !expect_step(ep.next()?, Step::Recv, "RDMA_READ_ADV")? {
+        let step = ep.next()?;
+        if !expect_step(ep, step, Step::Recv, "RDMA_READ_ADV", true)? {
             return Ok(());
         }
         let (addr, rkey, len) = decode_info(&ep.last_info);
@@ -645,7 +738,8 @@ fn server_loop(ep: &mut Endpoint<'_>) -> Result<()> {
             ))
             .context("post send error")?;
         ep.debug("server posted rdma read req");
-        if !expect_step(ep.next()?, Step::ReadComplete, "RDMA_READ_COMPLETE")? {
+        let step = ep.next()?;
+        if !expect_step(ep, step, Step::ReadComplete, "RDMA_READ_COMPLETE", false)? {
             return Ok(());
         }
         let data = ep.rdma_mr.to_vec(0, size).map_err(|e| anyhow::anyhow!("{e:?}"))?;
@@ -656,7 +750,8 @@ fn server_loop(ep: &mut Endpoint<'_>) -> Result<()> {
         ep.post_send_info()?;
         ep.debug("server posted go ahead");
         // Wait for the client's sink STag/TO/length.
-        if !expect_step(ep.next()?, Step::Recv, "RDMA_WRITE_ADV")? {
+        let step = ep.next()?;
+        if !expect_step(ep, step, Step::Recv, "RDMA_WRITE_ADV", false)? {
             return Ok(());
         }
         let (addr, rkey, len) = decode_info(&ep.last_info);
@@ -672,7 +767,8 @@ fn server_loop(ep: &mut Endpoint<'_>) -> Result<()> {
             ))
             .context("post send error")?;
         ep.debug(format!("rdma write from lkey {:x} len {wlen}", ep.rdma_mr.lkey()));
-        if !expect_step(ep.next()?, Step::WriteComplete, "RDMA_WRITE_COMPLETE")? {
+        let step = ep.next()?;
+        if !expect_step(ep, step, Step::WriteComplete, "RDMA_WRITE_COMPLETE", false)? {
             return Ok(());
         }
         ep.post_send_info()?;

@@ -372,3 +372,200 @@ fn a_closed_pipe_ends_quietly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
 }
+
+// ---------------------------------------------------------------------------------------
+// The bench server's resource model (issue 12: "the same resource model applies to every
+// server softrdma has": idle timeout, one client at a time with a clear refusal, a memory
+// cap per session, no spinning while idle; Diagnostics: failed sessions exit non-zero).
+
+/// `softrdma bench --listen 127.0.0.1:0 EXTRA`: the child, its address, its stderr reader.
+fn bench_server(extra: &[&str]) -> (Child, String, BufReader<std::process::ChildStderr>) {
+    let mut server = Command::new(BIN)
+        .args(["bench", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(server.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let addr = line
+        .split_whitespace()
+        .find(|w| w.starts_with("127.0.0.1:"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    (server, addr, err)
+}
+
+/// A bench client running `args` against `addr` with `--progress`, returned once it has
+/// written its first progress output (its test is running).
+fn running_client(addr: &str, args: &[&str]) -> Child {
+    let mut c = Command::new(BIN)
+        .args(["bench", "--connect", addr, "--progress"])
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut e = c.stderr.take().unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(e.read(&mut b).unwrap(), 1, "the client's progress output");
+    // Keep draining so the client never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut e, &mut std::io::sink()));
+    c
+}
+
+fn proc_cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split_whitespace().collect();
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
+}
+
+/// A client that stops mid-test (SIGSTOP: its connection stays open, nothing comes) is
+/// dropped after `--idle-timeout` with a message naming its QP and address; the server
+/// exits non-zero and sleeps meanwhile (CPU measured from /proc, not wall clock).
+#[test]
+fn bench_server_drops_a_silent_client_and_exits_non_zero() {
+    let (server, addr, mut err) = bench_server(&["--idle-timeout", "3"]);
+    let client = running_client(&addr, &["send", "--size", "4K", "--duration", "100"]);
+    let pid = client.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    std::thread::sleep(Duration::from_millis(500));
+    let c0 = proc_cpu_secs(server.id());
+    std::thread::sleep(Duration::from_millis(1500));
+    let c1 = proc_cpu_secs(server.id());
+    let sout = wait_output(server, Duration::from_secs(30));
+    let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    let _ = wait_output(client, Duration::from_secs(10));
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(!sout.status.success(), "{rest}");
+    assert!(
+        rest.contains("client idle: no message for 3 s (--idle-timeout)"),
+        "{rest}"
+    );
+    assert!(rest.contains("with peer 127.0.0.1:") && rest.contains("QP "), "{rest}");
+    assert!(rest.contains("bench server: session failed"), "{rest}");
+    assert!(c1 - c0 < 0.1, "idle server used {:.3} s CPU in 1.5 s", c1 - c0);
+}
+
+/// While one client's session runs, a second client is refused at once with the reason,
+/// and the first session completes; a session over `--max-session-mem` is refused too.
+#[test]
+fn bench_server_refuses_a_second_client_and_oversized_sessions() {
+    let (server, addr, mut err) = bench_server(&["--max-session-mem", "1M"]);
+    let big = run(&[
+        "bench",
+        "write",
+        "--connect",
+        &addr,
+        "--size",
+        "1M",
+        "--qps",
+        "2",
+        "--iters",
+        "10",
+    ]);
+    assert!(!big.status.success());
+    let e = String::from_utf8_lossy(&big.stderr);
+    assert!(
+        e.contains("the server refused: softrdma bench: 2 QPs of 1048576 bytes exceed"),
+        "{e}"
+    );
+    let first = running_client(&addr, &["send", "--size", "4K", "--duration", "4", "--json"]);
+    let t0 = Instant::now();
+    let second = run(&["bench", "write", "--connect", &addr, "--size", "4K", "--iters", "10"]);
+    assert!(t0.elapsed() < Duration::from_secs(3), "refusal took {:?}", t0.elapsed());
+    assert!(!second.status.success());
+    let e2 = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        e2.contains("the server refused: softrdma bench: busy: serving the session of 127.0.0.1:"),
+        "{e2}"
+    );
+    let out = wait_output(first, Duration::from_secs(30));
+    assert!(out.status.success());
+    assert_eq!(json_lines(&String::from_utf8(out.stdout).unwrap()).len(), 1);
+    let sout = wait_output(server, Duration::from_secs(20));
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(sout.status.success(), "{rest}");
+    assert!(rest.contains("refusing 127.0.0.1:") && rest.contains("busy"), "{rest}");
+}
+
+/// The bench server's TCP baseline listener is bounded too: a header asking for a 4 GiB
+/// message is refused (connection closed, no allocation) and a connection that sends
+/// nothing is closed after `--idle-timeout`.
+#[test]
+fn bench_server_baseline_port_is_bounded() {
+    use std::io::Write;
+    let (mut server, addr, mut err) = bench_server(&["--idle-timeout", "2", "--max-session-mem", "16M"]);
+    // The server listens on two TCP ports: iWARP (`addr`) and the baseline.
+    let iwarp: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
+    let ports: Vec<u16> = listening_ports(server.id())
+        .into_iter()
+        .filter(|p| *p != iwarp)
+        .collect();
+    assert_eq!(ports.len(), 1, "{ports:?}");
+    let mut refused = 0;
+    let mut dropped_silent = false;
+    for port in ports {
+        // (a) an oversized RPC header
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut h = [0u8; 24];
+        h[0] = 3;
+        h[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
+        h[8..12].copy_from_slice(&8u32.to_le_bytes());
+        h[16..24].copy_from_slice(&1u64.to_le_bytes());
+        let _ = s.write_all(&h);
+        let mut b = [0u8; 1];
+        if matches!(s.read(&mut b), Ok(0)) {
+            refused += 1;
+        }
+        // (b) a silent connection, closed by the server within its idle timeout (+ margin)
+        let mut q = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        q.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let t0 = Instant::now();
+        if matches!(q.read(&mut b), Ok(0)) && t0.elapsed() < Duration::from_secs(9) {
+            dropped_silent = true;
+        }
+    }
+    server.kill().unwrap();
+    let _ = server.wait();
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert_eq!(refused, 1, "{rest}");
+    assert!(dropped_silent, "{rest}");
+    assert!(rest.contains("exceeds --max-session-mem"), "{rest}");
+}
+
+/// The TCP ports process `pid` listens on (from /proc/PID/fd and /proc/net/tcp).
+fn listening_ports(pid: u32) -> Vec<u16> {
+    let mut inodes = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        if let Ok(t) = std::fs::read_link(e.path()) {
+            let t = t.to_string_lossy().into_owned();
+            if let Some(i) = t.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')) {
+                inodes.push(i.to_string());
+            }
+        }
+    }
+    let tcp = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let mut ports: Vec<u16> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() > 9 && f[3] == "0A" && inodes.iter().any(|i| i == f[9]))
+                .then(|| u16::from_str_radix(f[1].rsplit(':').next().unwrap(), 16).unwrap())
+        })
+        .collect();
+    ports.sort();
+    ports.dedup();
+    ports
+}

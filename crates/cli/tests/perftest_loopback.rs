@@ -189,3 +189,100 @@ fn server_refuses_a_peer_older_than_5_70() {
     assert!(st.contains("older than 5.7"), "{st}");
     assert!(!st.contains("panicked"), "{st}");
 }
+
+// ---------------------------------------------------------------------------------------
+// The perftest server's resource model and diagnostics (issue 12: one client at a time with
+// a clear refusal, an idle timeout, "peer closed" with QP and address, non-zero exit).
+
+/// Whether a TCP connection to local `port` is ESTABLISHED (from /proc/net/tcp): the
+/// client's comm connection is up, whatever the scheduler did.
+fn established_to(port: u16) -> bool {
+    let t = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    t.lines().skip(1).any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 3 && f[3] == "01" && f[1].ends_with(&format!(":{port:04X}"))
+    })
+}
+
+/// `softrdma perftest TEST ARGS.. -p PORT` without the helper's `--timeout`.
+fn bare(test: &str, port: u16, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(["perftest", test, "-p", &port.to_string()])
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn wait_established(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !established_to(port) {
+        assert!(Instant::now() < deadline, "no connection to port {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// While one client is served, a second one is refused (as perftest: the listener goes
+/// once the comm connection is accepted), and the first session still completes.
+#[test]
+fn perftest_server_refuses_a_second_client() {
+    let port = free_port();
+    let s = server("write_bw", port, &["-s", "4096", "-n", "50", "--json"]);
+    let first = perftest("write_bw", &["127.0.0.1"], port, &["-s", "4096", "-n", "50", "--json"])
+        .args(["--first-send-delay-ms", "5000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_established(port);
+    let t0 = Instant::now();
+    let second = bare(
+        "write_bw",
+        port,
+        &["127.0.0.1", "-s", "4096", "-n", "50", "--timeout", "1"],
+    )
+    .output()
+    .unwrap();
+    assert!(!second.status.success());
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    assert!(text(&second).contains("connection refused"), "{}", text(&second));
+    let c = finish(first);
+    let s = finish(s);
+    assert!(c.status.success(), "{}", text(&c));
+    assert!(s.status.success(), "{}", text(&s));
+}
+
+/// A client that dies after connecting: the server says the peer closed the connection,
+/// with QP number and address, and exits non-zero. A client that connects and goes silent
+/// is dropped after `--timeout` with a message naming it.
+#[test]
+fn perftest_server_reports_a_dead_or_silent_client() {
+    for (kill, server_timeout) in [(true, "30"), (false, "2")] {
+        let port = free_port();
+        let s = bare("send_bw", port, &["--bind", "127.0.0.1", "--timeout", server_timeout])
+            .spawn()
+            .unwrap();
+        let mut c = bare("send_bw", port, &["127.0.0.1", "--first-send-delay-ms", "60000"])
+            .spawn()
+            .unwrap();
+        wait_established(port);
+        if kill {
+            c.kill().unwrap();
+        }
+        let out = finish(s);
+        let _ = c.kill();
+        let _ = c.wait();
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{e}");
+        if kill {
+            assert!(e.contains("peer closed the connection (QP "), "{e}");
+        } else {
+            assert!(
+                e.contains("timed out waiting for") && e.contains("the peer went silent"),
+                "{e}"
+            );
+        }
+        assert!(e.contains(", peer 127.0.0.1:"), "{e}");
+    }
+}

@@ -183,3 +183,220 @@ fn rping_client_without_server_fails() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).is_empty());
 }
+
+// ---------------------------------------------------------------------------------------
+// Failed sessions and the server's resource model (issue 12 point 9 and its Diagnostics and
+// CLI-servers paragraphs).
+
+/// A server child: `softrdma rping -s -d -p 0` (the kernel picks the port), its port, and a
+/// channel of the stdout lines after the ready line.
+struct Server {
+    child: Child,
+    port: u16,
+    lines: mpsc::Receiver<String>,
+}
+
+fn spawn_server(extra: &[&str], env: &[(&str, &str)]) -> Server {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(BIN)
+        .args(["rping", "-s", "-d", "-v", "-a", "127.0.0.1", "-p", "0"])
+        .args(extra)
+        .envs(env.iter().copied())
+        .env_remove("RUST_BACKTRACE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn softrdma rping -s");
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let ready = rx.recv_timeout(Duration::from_secs(20)).expect("server's first line");
+    let port = ready
+        .strip_prefix("rdma_bind_addr successful on ")
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .unwrap_or_else(|| panic!("not a bind line: {ready}"))
+        .port();
+    Server { child, port, lines: rx }
+}
+
+impl Server {
+    /// Waits for the stdout line starting with `prefix` (panics after 20 s).
+    fn wait_line(&self, prefix: &str) -> String {
+        loop {
+            match self.lines.recv_timeout(Duration::from_secs(20)) {
+                Ok(l) if l.starts_with(prefix) => return l,
+                Ok(_) => {}
+                Err(e) => panic!("no {prefix:?} line from the server: {e}"),
+            }
+        }
+    }
+
+    /// Waits for the exit (panics after 60 s): (success, stderr).
+    fn finish(mut self) -> (bool, String) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while self.child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("server did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = self.child.wait_with_output().unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+fn client_cmd(port: u16, extra: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args([
+        "rping",
+        "-c",
+        "-a",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "--timeout",
+        "30",
+    ])
+    .args(extra)
+    .env_remove("RUST_BACKTRACE")
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    c
+}
+
+/// CPU time (user + system) of a process so far, from /proc/PID/stat, in seconds.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // fields 14 and 15 (utime, stime) are 12 and 13 after the state field
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// Issue 12 point 9: a bad-STag RDMA Read — issued by our server (`-s --test-bad-stag`), or
+/// advertised by our client (`-c --test-bad-stag`) — fails the session on both sides, and each
+/// says why at default log level: the server the failed Read's status with its Terminate cause
+/// and the Terminate it received, the client the Terminate it sent, both with QP number and
+/// peer address; both exit non-zero. The report does not depend on which the application saw
+/// first (completion or event), so it is checked over several runs. Also the Diagnostics
+/// paragraph's small point: RUST_LOG output to a pipe carries no ANSI colours. RDMAP-SEC-01
+/// (invalid STag), RDMAP-ERR-07, RDMAP-TRM-02.
+#[test]
+fn rping_bad_stag_read_fails_both_sides_with_status_and_terminate() {
+    for (side, runs) in [("server", 3), ("client", 3)] {
+        for _ in 0..runs {
+            let (sx, cx): (&[&str], &[&str]) = if side == "server" {
+                (&["--test-bad-stag", "--timeout", "30"], &[])
+            } else {
+                (&["--timeout", "30"], &["--test-bad-stag"])
+            };
+            let srv = spawn_server(sx, &[("RUST_LOG", "info")]);
+            let out = client_cmd(srv.port, &[&["-C", "3", "-v"], cx].concat())
+                .output()
+                .unwrap();
+            let cerr = String::from_utf8_lossy(&out.stderr).into_owned();
+            let (sok, serr) = srv.finish();
+            assert!(!sok, "server must fail: {serr}");
+            assert!(!out.status.success(), "client must fail: {cerr}");
+            assert!(serr.contains("Error: server session failed (QP "), "{serr}");
+            assert!(serr.contains(", peer 127.0.0.1:"), "{serr}");
+            assert!(
+                serr.contains("cq completion failed status 10 (remote access error, vendor_err 0x000100) on RdmaRead"),
+                "{side}: {serr}"
+            );
+            assert!(
+                serr.contains("Terminate received from the peer: layer 0 type 1 code 0x00"),
+                "{side}: {serr}"
+            );
+            assert!(!serr.contains("QP is in state"), "{serr}");
+            assert!(cerr.contains("Error: client session failed (QP "), "{cerr}");
+            assert!(
+                cerr.contains("Terminate sent to the peer: layer 0 type 1 code 0x00"),
+                "{side}: {cerr}"
+            );
+            // RUST_LOG=info to a pipe: the engine's own line, without escape sequences.
+            assert!(serr.contains("INFO iwarp::engine::qp: Terminate received"), "{serr}");
+            assert!(!serr.contains('\u{1b}'), "ANSI escapes in piped log output: {serr:?}");
+        }
+    }
+}
+
+/// CLI servers' resource model (issue 12): a client that connects and then goes silent is
+/// dropped after `--timeout` with a message naming it, the server exits non-zero, and the
+/// idle wait costs (almost) no CPU.
+#[test]
+fn rping_server_drops_a_silent_client_after_its_timeout() {
+    let srv = spawn_server(&["--timeout", "3"], &[]);
+    // Connects, then sends nothing for ten minutes.
+    let mut client = client_cmd(srv.port, &["-C", "1", "--first-send-delay-ms", "600000"])
+        .spawn()
+        .unwrap();
+    srv.wait_line("accepted: ");
+    let cpu0 = cpu_secs(srv.child.id());
+    let t0 = std::time::Instant::now();
+    let pid = srv.child.id();
+    let mut cpu1 = cpu0;
+    // Sample the CPU time until the process exits (the last sample before exit counts).
+    while let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|_| cpu_secs(pid)) {
+        cpu1 = c;
+        if t0.elapsed() > Duration::from_secs(2) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (ok, serr) = srv.finish();
+    let _ = client.kill();
+    let _ = client.wait();
+    assert!(!ok, "a dropped session is a failure: {serr}");
+    assert!(
+        serr.contains("server idle: no completion or event for 3 s (--timeout); dropping peer 127.0.0.1:"),
+        "{serr}"
+    );
+    assert!(serr.contains("(QP "), "{serr}");
+    // 2 s of idle session: well under 5 % of one core.
+    assert!(cpu1 - cpu0 < 0.1, "idle server used {:.3} s CPU in 2 s", cpu1 - cpu0);
+}
+
+/// CLI servers' resource model (issue 12): `rping -s` serves one client; a second one that
+/// tries while the first is connected is refused at once (its connect fails, it exits
+/// non-zero), and the first session completes. The server then says its peer closed the
+/// connection, with QP and address, and exits 0 (the session ended where a ping ends).
+#[test]
+fn rping_server_refuses_a_second_client_and_reports_the_close() {
+    let srv = spawn_server(&["--timeout", "30"], &[]);
+    let first = client_cmd(srv.port, &["-C", "2", "-v", "--first-send-delay-ms", "1500"])
+        .spawn()
+        .unwrap();
+    srv.wait_line("accepted: ");
+    let t0 = std::time::Instant::now();
+    let second = client_cmd(srv.port, &["-C", "1"]).output().unwrap();
+    assert!(!second.status.success());
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "refusal took {:?}",
+        t0.elapsed()
+    );
+    let e2 = String::from_utf8_lossy(&second.stderr);
+    assert!(e2.contains("connect error to 127.0.0.1:"), "{e2}");
+    let out = first.wait_with_output().unwrap();
+    let (ok, serr) = srv.finish();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with("ping data"))
+            .count(),
+        2
+    );
+    assert!(ok, "{serr}");
+    assert!(serr.contains("server: peer closed the connection (QP "), "{serr}");
+    assert!(serr.contains(", peer 127.0.0.1:"), "{serr}");
+}

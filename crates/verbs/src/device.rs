@@ -108,9 +108,29 @@ impl ProtectionDomain {
     }
 
     /// Registers `len` bytes of fresh, zeroed, page-aligned memory that the
-    /// region owns (`ibv_reg_mr`). Its tagged offset base is the memory's
-    /// address, as with Linux verbs.
+    /// region owns (`ibv_reg_mr`). Its tagged-offset base is a random,
+    /// page-aligned 64-bit value drawn per region, not the memory's address:
+    /// advertised addresses (Read/Write chunks, rping's and perftest's
+    /// exchanges) then reveal nothing of the process's layout (RFC 5042 §5,
+    /// issue 12 point 7). [`reg_mr_iova`](Self::reg_mr_iova) chooses the base
+    /// (zero-based regions, as hardware offers them).
     pub fn reg_mr(&self, len: usize, access: Access) -> Result<MemoryRegion> {
+        self.register(len, access, random_iova(len as u64))
+    }
+
+    /// Registers `len` bytes like [`reg_mr`](Self::reg_mr), reachable at the
+    /// tagged offsets `iova..iova + len` (rdma-core's `ibv_reg_mr_iova`;
+    /// `iova` 0 gives a zero-based region). Refused if the range wraps 2^64.
+    pub fn reg_mr_iova(&self, len: usize, access: Access, iova: u64) -> Result<MemoryRegion> {
+        if iova.checked_add(len as u64).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "iova {iova:#x} + length {len} wraps 2^64"
+            )));
+        }
+        self.register(len, access, iova)
+    }
+
+    fn register(&self, len: usize, access: Access, iova: u64) -> Result<MemoryRegion> {
         if len as u64 > self.dev.inner.attr.max_mr_size {
             return Err(Error::InvalidArgument(format!("length {len} exceeds max_mr_size")));
         }
@@ -119,7 +139,6 @@ impl ProtectionDomain {
             return Err(Error::InvalidArgument("REMOTE_WRITE requires LOCAL_WRITE".into()));
         }
         let buffer = Arc::new(Buffer::new(len)?);
-        let iova = buffer.addr();
         let stag = self.dev.inner.mem.insert(Entry {
             key: 0,
             pd: self.id,
@@ -168,6 +187,18 @@ impl ProtectionDomain {
             kind: MrKind::FastReg,
         })
     }
+}
+
+/// A random page-aligned tagged-offset base for a region of `len` bytes:
+/// uniform over the pages of the lower 2^63 (never page 0), so `base + len`
+/// cannot wrap 2^64 for any region a device allows, and `base - 1` stays
+/// representable (a peer's access just below the region is a bounds error,
+/// not a wrap).
+fn random_iova(len: u64) -> u64 {
+    use rand::Rng;
+    const PAGE_SHIFT: u32 = 12;
+    let pages = (1u64 << (63 - PAGE_SHIFT)).saturating_sub(len.div_ceil(1 << PAGE_SHIFT));
+    rand::rng().random_range(1..pages.max(2)) << PAGE_SHIFT
 }
 
 impl std::fmt::Debug for ProtectionDomain {

@@ -21,6 +21,12 @@
 //! 5. the traffic, then test-specific closing exchanges: bandwidth reports for
 //!    write/read bw (the server prints the client's figures), one last `pingpong_dest`
 //!    (`ctx_close_connection`) except in `ib_write_lat`, which has none.
+//!
+//! Server resource model (issue 12): one client at a time — the listener is dropped once
+//! the comm connection is accepted (a second client's connect is refused) and a fresh one
+//! takes the data connection; `--timeout` (60 s) bounds every step, so a silent client is
+//! dropped with a message naming its QP and address; a session that ends early (peer
+//! closed, reset, Terminate) is reported with the cause, QP and address, and exits non-zero.
 
 pub mod wire;
 
@@ -281,30 +287,54 @@ enum Role {
 // ---------------------------------------------------------------------------------------
 // Waiting for completions with a deadline, turning events into errors
 
+/// A failed completion with what caused it: the engine queues the event (Terminate, peer
+/// closed) before the completions it flushes, so it is there to be read now.
+fn with_cause(qp: &QueuePair, wc: WorkCompletion, what: &str) -> Result<WorkCompletion> {
+    if wc.status == WcStatus::Success {
+        return Ok(wc);
+    }
+    match check_events(qp, what) {
+        Err(e) => Err(e.context(format!(
+            "{what}: completion with status {} (vendor_err {:#x})",
+            wc.status, wc.vendor_err
+        ))),
+        Ok(()) => Ok(wc),
+    }
+}
+
 fn wait_wc(cq: &CompletionQueue, qp: &QueuePair, deadline: Instant, what: &str) -> Result<WorkCompletion> {
     loop {
         if let Some(wc) = cq.poll_one() {
-            return Ok(wc);
+            return with_cause(qp, wc, what);
         }
         check_events(qp, what)?;
         let now = Instant::now();
         if now >= deadline {
-            bail!("timed out waiting for {what}");
+            bail!(
+                "timed out waiting for {what} (--timeout; QP {}, peer {}): the peer went silent",
+                qp.qp_num(),
+                qp.conn_info().peer_addr
+            );
         }
-        if let Some(wc) = cq.wait(Some((deadline - now).min(Duration::from_millis(20)))) {
-            return Ok(wc);
+        // The cap only bounds how late an event without a completion is seen (the engine
+        // queues events before the completions it flushes): idle costs five wake-ups a second.
+        if let Some(wc) = cq.wait(Some((deadline - now).min(Duration::from_millis(200)))) {
+            return with_cause(qp, wc, what);
         }
     }
 }
 
+/// Turns the QP's events into errors that say what ended the session, with the QP number
+/// and the peer's address (issue 12 Diagnostics: at default log level, exit non-zero).
 fn check_events(qp: &QueuePair, what: &str) -> Result<()> {
     while let Some(ev) = qp.get_event(Some(Duration::ZERO)) {
+        let who = || format!("QP {}, peer {}", qp.qp_num(), qp.conn_info().peer_addr);
         match ev {
             CmEvent::Established => {}
-            CmEvent::Disconnected => bail!("the peer disconnected while we waited for {what}"),
-            CmEvent::TerminateReceived(t) => bail!("Terminate received while waiting for {what}: {t}"),
-            CmEvent::TerminateSent(t) => bail!("Terminate sent while waiting for {what}: {t}"),
-            CmEvent::ConnectionError(e) => bail!("connection error while waiting for {what}: {e}"),
+            CmEvent::Disconnected => bail!("peer closed the connection ({}) while we waited for {what}", who()),
+            CmEvent::TerminateReceived(t) => bail!("Terminate received ({}) while waiting for {what}: {t}", who()),
+            CmEvent::TerminateSent(t) => bail!("Terminate sent ({}) while waiting for {what}: {t}", who()),
+            CmEvent::ConnectionError(e) => bail!("peer reset the connection ({}) while waiting for {what}: {e}", who()),
         }
     }
     Ok(())
@@ -510,7 +540,7 @@ fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> 
     // 1. comm connection.
     let parts = comm_parts(dev, &pd)?;
     let opts = parts.opts.clone();
-    let mut listener = None;
+    let mut listen_again = None;
     let (comm_qp, peer_addr) = match role {
         Role::Client(addr) => {
             let qp = connect_retry(&pd, addr, &opts, step).context("comm connection (rdma_client_connect)")?;
@@ -529,7 +559,11 @@ fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> 
                 .context("waiting for the comm connection (rdma_server_connect)")?;
             let peer = req.peer_addr();
             let qp = req.accept(&pd, opts).context("accepting the comm connection")?;
-            listener = Some(l);
+            // As perftest: the listener goes once the comm connection is accepted, so a
+            // second client is refused while this one is served; the data connection
+            // gets a listener of its own on the same address.
+            listen_again = Some(l.local_addr());
+            drop(l);
             (qp, peer)
         }
     };
@@ -553,7 +587,7 @@ fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> 
     // 3. the data connection between two syncs.
     let zero = PingpongDest::default();
     comm.hand_shake(&zero, "sync before the data connection")?;
-    let data = data_connection(dev, &pd, &p, role, listener.as_ref(), peer_addr, step, peer.softrdma)?;
+    let data = data_connection(dev, &pd, &p, role, listen_again, peer_addr, step, peer.softrdma)?;
     comm.hand_shake(&zero, "sync after the data connection")?;
 
     // 4. addresses.
@@ -683,7 +717,6 @@ fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> 
     };
 
     teardown(&comm.qp, &data.qp, !peer.softrdma);
-    drop(listener);
     Ok(out)
 }
 
@@ -784,7 +817,7 @@ fn data_connection(
     pd: &ProtectionDomain,
     p: &Params,
     role: Role,
-    listener: Option<&Listener>,
+    listen_on: Option<SocketAddr>,
     peer: SocketAddr,
     step: Duration,
     softrdma_peer: bool,
@@ -820,7 +853,10 @@ fn data_connection(
             connect_retry(pd, addr, &opts, step).context("data connection (rdma_cm_client_connection)")?
         }
         Role::Server(_) => {
-            let l = listener.expect("server has a listener");
+            let addr = listen_on.expect("server has listened");
+            let l = dev
+                .listen(addr)
+                .with_context(|| format!("listening on {addr} for the data connection"))?;
             let req = l
                 .get_request(Some(step))
                 .context("waiting for the data connection (rdma_cm_server_connection)")?;

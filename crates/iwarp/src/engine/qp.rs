@@ -419,7 +419,37 @@ impl Proto {
         self.slots.len()
     }
 
+    /// Posts send work requests. In the Error state they are accepted and
+    /// complete at once with `WrFlushErr`, in order behind anything still
+    /// queued (IBTA, rdma-core and Linux siw semantics): an application that
+    /// posts before it polls still learns why the QP failed from the
+    /// completion and event that came first (issue 12 point 9).
     pub(crate) fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
+        if self.state == QpState::Err {
+            for wr in wrs {
+                let id = self.next_slot;
+                self.next_slot += 1;
+                self.slots.push_back(Slot {
+                    id,
+                    wr_id: wr.wr_id,
+                    opcode: match wr.opcode {
+                        WrOpcode::Send | WrOpcode::SendWithInv { .. } | WrOpcode::SendWithImm { .. } => WcOpcode::Send,
+                        WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+                        WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
+                        WrOpcode::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+                        WrOpcode::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
+                        WrOpcode::LocalInv { .. } => WcOpcode::LocalInv,
+                        WrOpcode::RegMr { .. } => WcOpcode::RegMr,
+                    },
+                    signaled: true,
+                    status: Some(WcStatus::WrFlushErr),
+                    byte_len: 0,
+                    vendor_err: 0,
+                });
+            }
+            self.deliver_send_completions();
+            return Ok(());
+        }
         for (index, wr) in wrs.iter().enumerate() {
             let bad = |reason: String| Error::BadWr { index, reason };
             if self.state != QpState::Rts {
@@ -506,10 +536,18 @@ impl Proto {
         Ok(())
     }
 
+    /// Posts receive work requests; in the Error state each completes at
+    /// once with `WrFlushErr` (see [`post_send`](Self::post_send)).
     pub(crate) fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()> {
+        if self.state == QpState::Err {
+            for wr in wrs {
+                self.push_recv_completion(wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn));
+            }
+            return Ok(());
+        }
         for (index, wr) in wrs.iter().enumerate() {
             let bad = |reason: String| Error::BadWr { index, reason };
-            if matches!(self.state, QpState::Err | QpState::Reset) {
+            if self.state == QpState::Reset {
                 return Err(bad(format!("QP is in state {:?}", self.state)));
             }
             if self.rq.len() >= self.attr.max_recv_wr as usize {

@@ -1,0 +1,125 @@
+//! Posting to a QP in the Error state (issue 12 point 9): the work requests
+//! are accepted and complete with `WrFlushErr` behind the completion that
+//! failed, as IBTA, rdma-core and Linux siw do, so an application learns why
+//! its QP failed (the failed completion with its Terminate cause, then the
+//! `TerminateReceived` event) whatever it calls first. Requirement IDs:
+//! RDMAP-ERR-07 (the refused Read), RDMAP-SEC-01 (invalid STag), VERBS flush
+//! semantics of the catalogue's matrix A.4.6 ("then closes that connection").
+//!
+//! The tests wait for the QP to be in Err (its `TerminateReceived` event)
+//! before they post, so no thread schedule can change what they see.
+
+use std::time::Duration;
+use verbs::*;
+
+const T: Duration = Duration::from_secs(10);
+
+struct Pair {
+    a: QueuePair,
+    _b: QueuePair,
+    cq_a: CompletionQueue,
+    local: MemoryRegion,
+}
+
+fn pair() -> Pair {
+    let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
+    let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = listener.local_addr();
+    let cq_a = dev.create_cq(64).unwrap();
+    let cq_b = dev.create_cq(64).unwrap();
+    let pd_a = dev.alloc_pd();
+    let pd_b = dev.alloc_pd();
+    let server = std::thread::spawn(move || {
+        let req = listener.get_request(Some(T)).unwrap();
+        req.accept(&pd_b, QpOptions::new(&cq_b).rd_atomic(8, 8)).unwrap()
+    });
+    let a = pd_a.connect(addr, QpOptions::new(&cq_a).rd_atomic(8, 8), T).unwrap();
+    let b = server.join().unwrap();
+    assert_eq!(a.get_event(Some(T)), Some(CmEvent::Established));
+    assert_eq!(b.get_event(Some(T)), Some(CmEvent::Established));
+    let local = pd_a.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    Pair { a, _b: b, cq_a, local }
+}
+
+/// `a` Reads through an STag the peer never registered; returns once `a`
+/// has the peer's Terminate (so `a` is in Err).
+fn fail_with_bad_stag_read(p: &Pair) -> TerminateInfo {
+    p.a.post_send_one(SendWr::new(
+        7,
+        WrOpcode::RdmaRead {
+            remote: RemoteAddr {
+                addr: 0x1000,
+                rkey: 0x00ab_cd42,
+            },
+        },
+        vec![p.local.sge(0, 64)],
+    ))
+    .unwrap();
+    loop {
+        match p.a.get_event(Some(T)) {
+            Some(CmEvent::TerminateReceived(t)) => {
+                assert_eq!(p.a.state(), QpState::Err);
+                return t;
+            }
+            Some(CmEvent::Disconnected | CmEvent::ConnectionError(_)) => continue,
+            other => panic!("expected TerminateReceived, got {other:?}"),
+        }
+    }
+}
+
+/// A receive posted in Err (rping's first call after its Read failed) is
+/// accepted; the CQ then gives the failed Read with its cause first and the
+/// receive flushed after it.
+#[test]
+fn post_recv_in_error_flushes_behind_the_cause() {
+    let p = pair();
+    let term = fail_with_bad_stag_read(&p);
+    p.a.post_recv(&[RecvWr {
+        wr_id: 21,
+        sg_list: vec![p.local.sge(0, 64)],
+    }])
+    .expect("post_recv in Err is accepted (flushed)");
+    let first = p.cq_a.wait(Some(T)).unwrap();
+    assert_eq!((first.wr_id, first.status), (7, WcStatus::RemAccessErr), "{first:?}");
+    let cause = (u32::from(term.layer) << 16) | (u32::from(term.etype) << 8) | u32::from(term.code);
+    assert_eq!(first.vendor_err, cause, "{first:?} vs {term}");
+    let flushed = p.cq_a.wait(Some(T)).unwrap();
+    assert_eq!(
+        (flushed.wr_id, flushed.status, flushed.opcode),
+        (21, WcStatus::WrFlushErr, WcOpcode::Recv),
+        "{flushed:?}"
+    );
+}
+
+/// Sends posted in Err, signaled or not, complete in order with
+/// `WrFlushErr` and their opcode; nothing is sent.
+#[test]
+fn post_send_in_error_flushes_every_wr_in_order() {
+    let p = pair();
+    fail_with_bad_stag_read(&p);
+    let first = p.cq_a.wait(Some(T)).unwrap();
+    assert_eq!((first.wr_id, first.status), (7, WcStatus::RemAccessErr), "{first:?}");
+    p.a.post_send(&[
+        SendWr::new(31, WrOpcode::Send, vec![p.local.sge(0, 8)]),
+        SendWr::new(
+            32,
+            WrOpcode::RdmaWrite {
+                remote: RemoteAddr { addr: 0, rkey: 1 },
+            },
+            vec![p.local.sge(0, 8)],
+        )
+        .flags(SendFlags::empty()),
+    ])
+    .expect("post_send in Err is accepted (flushed)");
+    let w1 = p.cq_a.wait(Some(T)).unwrap();
+    let w2 = p.cq_a.wait(Some(T)).unwrap();
+    assert_eq!(
+        (w1.wr_id, w1.status, w1.opcode),
+        (31, WcStatus::WrFlushErr, WcOpcode::Send)
+    );
+    assert_eq!(
+        (w2.wr_id, w2.status, w2.opcode),
+        (32, WcStatus::WrFlushErr, WcOpcode::RdmaWrite)
+    );
+    assert!(p.cq_a.poll_one().is_none());
+}
