@@ -55,9 +55,9 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -113,7 +113,7 @@ impl Default for TcpServerConfig {
             listen_backlog: 1024,
             max_record: MAX_RECORD,
             max_fragments: DEFAULT_MAX_FRAGMENTS,
-            max_calls_in_flight: 16,
+            max_calls_in_flight: 8,
             reply_backlog: 8 << 20,
             memory_budget: 512 << 20,
             read_timeout: Duration::from_secs(30),
@@ -146,16 +146,23 @@ impl TcpServer {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let stop = Arc::new(AtomicBool::new(false));
+        let budget = Arc::new(Budget {
+            used: AtomicUsize::new(0),
+            limit: cfg.memory_budget,
+            lock: Mutex::new(()),
+            freed: Condvar::new(),
+        });
         let (jobs_tx, jobs_rx) = channel::<Job>();
         let (done_tx, done_rx) = channel::<Done>();
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         let mut workers = Vec::new();
         for i in 0..cfg.workers.max(1) {
             let (rx, tx, reg, w) = (jobs_rx.clone(), done_tx.clone(), registry.clone(), waker.clone());
+            let (b, st) = (budget.clone(), stop.clone());
             workers.push(
                 std::thread::Builder::new()
                     .name(format!("rpc-tcp-worker-{i}"))
-                    .spawn(move || worker(&rx, &tx, &reg, &w))?,
+                    .spawn(move || worker(&rx, &tx, &reg, &w, &b, &st))?,
             );
         }
         drop(done_tx);
@@ -165,7 +172,7 @@ impl TcpServer {
             cfg,
             conns: HashMap::new(),
             next_token: FIRST_CONN,
-            used: 0,
+            used: budget.clone(),
             starved: BTreeSet::new(),
             attention: BTreeSet::new(),
             jobs: Some(jobs_tx),
@@ -293,12 +300,57 @@ struct Done {
     reply: Option<Vec<u8>>,
 }
 
-fn worker(jobs: &Mutex<Receiver<Job>>, done: &Sender<Done>, reg: &Registry, waker: &Waker) {
+/// The global memory budget, shared by the reactor (which charges and
+/// releases) and the workers (which start no call while it is exceeded: a
+/// call's reply size is unknown until it is built).
+struct Budget {
+    used: AtomicUsize,
+    limit: usize,
+    lock: Mutex<()>,
+    freed: Condvar,
+}
+
+impl Budget {
+    fn charge(&self, n: usize) {
+        self.used.fetch_add(n, Ordering::AcqRel);
+    }
+
+    fn release(&self, n: usize) {
+        let before = self.used.fetch_sub(n, Ordering::AcqRel);
+        if before > self.limit && before - n <= self.limit {
+            let _g = self.lock.lock().unwrap();
+            self.freed.notify_all();
+        }
+    }
+
+    fn over(&self) -> bool {
+        self.used.load(Ordering::Acquire) > self.limit
+    }
+
+    /// Blocks while the budget is exceeded (or until `stop`).
+    fn wait_until_under(&self, stop: &AtomicBool) {
+        let mut g = self.lock.lock().unwrap();
+        while self.over() && !stop.load(Ordering::Acquire) {
+            g = self.freed.wait_timeout(g, Duration::from_millis(200)).unwrap().0;
+        }
+    }
+}
+
+fn worker(
+    jobs: &Mutex<Receiver<Job>>,
+    done: &Sender<Done>,
+    reg: &Registry,
+    waker: &Waker,
+    budget: &Budget,
+    stop: &AtomicBool,
+) {
     loop {
         let job = match jobs.lock().unwrap().recv() {
             Ok(j) => j,
             Err(_) => return,
         };
+        // Replies not yet written count: build no new one while they exceed the budget.
+        budget.wait_until_under(stop);
         let (token, seq, call_len) = (job.token, job.seq, job.record.len());
         let reply = match dispatch(reg, &mut Decoder::new(&job.record), "tcp") {
             Dispatch::Reply { stream, .. } => {
@@ -373,7 +425,7 @@ struct Reactor {
     conns: HashMap<usize, Conn>,
     next_token: usize,
     /// Octets charged to the global budget.
-    used: usize,
+    used: Arc<Budget>,
     /// Connections with calls parked for lack of global budget.
     starved: BTreeSet<usize>,
     /// Connections to give another chance to make progress this round.
@@ -523,7 +575,7 @@ impl Reactor {
 
     fn collect_done(&mut self) {
         while let Ok(d) = self.done.try_recv() {
-            self.used -= d.call_len;
+            self.used.release(d.call_len);
             self.wake_starved();
             let Some(c) = self.conns.get_mut(&d.token) else {
                 continue;
@@ -536,7 +588,7 @@ impl Reactor {
                     if c.out_bytes == 0 {
                         c.write_progress = Instant::now();
                     }
-                    self.used += r.len();
+                    self.used.charge(r.len());
                     c.out_bytes += r.len();
                     slot.1 = Some(r);
                 }
@@ -548,7 +600,7 @@ impl Reactor {
     }
 
     fn wake_starved(&mut self) {
-        if self.used < self.cfg.memory_budget {
+        if !self.used.over() {
             self.attention.append(&mut self.starved);
         }
     }
@@ -601,7 +653,7 @@ impl Reactor {
                         c.out.pop_front();
                         c.out_pos = 0;
                         c.out_bytes -= len;
-                        self.used -= len;
+                        self.used.release(len);
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -618,8 +670,9 @@ impl Reactor {
     fn dispatch_parked(&mut self, t: usize) -> bool {
         let Some(c) = self.conns.get_mut(&t) else { return false };
         let mut moved = false;
-        while c.in_flight < self.cfg.max_calls_in_flight && !c.parked.is_empty() {
-            if self.used > self.cfg.memory_budget {
+        while c.in_flight < self.cfg.max_calls_in_flight && c.out_bytes < self.cfg.reply_backlog && !c.parked.is_empty()
+        {
+            if self.used.over() {
                 self.starved.insert(t);
                 break;
             }
@@ -672,13 +725,14 @@ impl Reactor {
                 input = &input[used..];
                 // Re-charge the partial record: its buffer grew or was handed over.
                 let now_partial = c.reader.buffered();
-                self.used = self.used - c.partial + now_partial;
+                self.used.release(c.partial);
+                self.used.charge(now_partial);
                 c.partial = now_partial;
                 if let Some(rec) = rec {
-                    self.used += rec.len();
+                    self.used.charge(rec.len());
                     c.parked.push_back(rec);
                 }
-                if self.used > self.cfg.memory_budget && c.partial > 0 {
+                if self.used.over() && c.partial > 0 {
                     return Err(Close::Why(format!(
                         "its partial record ({} octets) would take the server over its memory budget of {} octets",
                         c.partial, self.cfg.memory_budget
@@ -702,7 +756,7 @@ impl Reactor {
         let _ = c.sock.shutdown(Shutdown::Both);
         // Calls in flight release their charge when their worker is done.
         let held = c.partial + c.parked.iter().map(Vec::len).sum::<usize>() + c.out_bytes;
-        self.used -= held;
+        self.used.release(held);
         self.starved.remove(&t);
         self.attention.remove(&t);
         if self.refused > 0 && self.conns.len() < self.cfg.max_connections {
