@@ -23,16 +23,20 @@
 //!   [`TcpServerConfig::max_record`] octets (checked at each fragment header
 //!   by [`RecordReader`], before the data arrives; a larger one ends the
 //!   connection). Calls being handled are at most
-//!   [`TcpServerConfig::max_calls_in_flight`]; replies not yet written are
-//!   held up to [`TcpServerConfig::reply_backlog`] octets: while a
-//!   connection's backlog is over that budget (or its calls in flight at the
-//!   limit) the server stops reading its next calls, so a client that never
-//!   reads its replies pins at most the budget plus one reply.
+//!   [`TcpServerConfig::max_calls_in_flight`]. While a connection's replies
+//!   not yet written exceed [`TcpServerConfig::reply_backlog`] octets (or its
+//!   calls in flight are at the limit), none of its calls is handed to a
+//!   worker and the connection is not read: a client that never reads its
+//!   replies pins at most that budget plus the replies of the calls already
+//!   in flight when it was reached.
 //! * **Memory in total.** Partial records, calls in flight and unwritten
 //!   replies of all connections are charged to one budget,
 //!   [`TcpServerConfig::memory_budget`]. A connection whose partial record
-//!   would take the total over it is closed (log line); complete calls wait
-//!   (the connection is not read meanwhile) until the total is back under it.
+//!   would take the total over it is closed (log line). While the total is
+//!   over it (replies wait to be written), no connection is read, workers
+//!   start no new call (a reply's size is known only once it is built) and
+//!   complete calls wait, so the total exceeds the budget by at most the
+//!   replies being built, one per worker, and one read buffer.
 //! * **Time.** A record that stops arriving is dropped with its connection
 //!   after [`TcpServerConfig::read_timeout`]; a connection with nothing in
 //!   progress is closed after [`TcpServerConfig::idle_timeout`]; a reply
@@ -696,6 +700,11 @@ impl Reactor {
         };
         let mut moved = false;
         while !c.read_blocked(&self.cfg) {
+            if self.used.over() {
+                // Replies hold the budget: read on once they are written.
+                self.starved.insert(t);
+                break;
+            }
             let n = match c.sock.read(&mut self.buf) {
                 Ok(0) => {
                     if !c.reader.is_idle() {
@@ -732,6 +741,7 @@ impl Reactor {
                     self.used.charge(rec.len());
                     c.parked.push_back(rec);
                 }
+                // The total was under the budget before this read: this record took it over.
                 if self.used.over() && c.partial > 0 {
                     return Err(Close::Why(format!(
                         "its partial record ({} octets) would take the server over its memory budget of {} octets",
