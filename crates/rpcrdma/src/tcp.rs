@@ -446,6 +446,8 @@ struct Reactor {
 /// Why a connection is closed (the log line's words).
 enum Close {
     Quiet,
+    /// Routine (idle timeout): logged at debug level.
+    Routine(String),
     Why(String),
 }
 
@@ -759,8 +761,10 @@ impl Reactor {
 
     fn close(&mut self, t: usize, why: Close) {
         let Some(mut c) = self.conns.remove(&t) else { return };
-        if let Close::Why(w) = why {
-            tracing::info!("rpc tcp: closing the connection from {}: {w}", c.peer);
+        match why {
+            Close::Quiet => {}
+            Close::Routine(w) => tracing::debug!("rpc tcp: closing the connection from {}: {w}", c.peer),
+            Close::Why(w) => tracing::info!("rpc tcp: closing the connection from {}: {w}", c.peer),
         }
         let _ = self.poll.registry().deregister(&mut c.sock);
         let _ = c.sock.shutdown(Shutdown::Both);
@@ -782,19 +786,22 @@ impl Reactor {
     /// Expires the timeouts.
     fn sweep(&mut self, now: Instant) {
         let cfg = &self.cfg;
-        let expired: Vec<(usize, String)> = self
+        let expired: Vec<(usize, Close)> = self
             .conns
             .iter()
             .filter_map(|(t, c)| {
                 let why = if c.out_bytes > 0 && now - c.write_progress >= cfg.write_timeout {
-                    format!(
+                    Close::Why(format!(
                         "the peer has not read its replies ({} octets waiting) for {:?} (write timeout)",
                         c.out_bytes, cfg.write_timeout
-                    )
+                    ))
                 } else if !c.reader.is_idle() && now - c.record_progress >= cfg.read_timeout {
-                    format!("a record stopped arriving for {:?} (read timeout)", cfg.read_timeout)
+                    Close::Why(format!(
+                        "a record stopped arriving for {:?} (read timeout)",
+                        cfg.read_timeout
+                    ))
                 } else if c.is_idle() && now - c.last_activity >= cfg.idle_timeout {
-                    format!("idle for {:?}", cfg.idle_timeout)
+                    Close::Routine(format!("idle for {:?}", cfg.idle_timeout))
                 } else {
                     return None;
                 };
@@ -802,7 +809,7 @@ impl Reactor {
             })
             .collect();
         for (t, why) in expired {
-            self.close(t, Close::Why(why));
+            self.close(t, why);
         }
     }
 }
