@@ -2,7 +2,8 @@
 //! listener resource model in `iwarp::engine::cm`): a burst of 520 MPA
 //! connects, the cap on connections in MPA negotiation, and 100 peers holding
 //! the listener at its descriptor limit (EMFILE). MPA start-up per RFC 5044
-//! §7.1 and RFC 6581 (requirements C.2.1, C.3).
+//! §7.1 and RFC 6581 (requirements C.2.1, C.3; C.4 for the denial-of-service
+//! class of RFC 5042).
 //!
 //! The EMFILE test runs the listener in a child process (this test binary
 //! re-run with `LISTENER_CHILD` set, see [`child_listener`]) so that its

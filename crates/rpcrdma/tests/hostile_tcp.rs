@@ -2,7 +2,9 @@
 //! the server resource model in `rpcrdma::tcp`): partial records that never
 //! finish, a client that never reads its READ(64 MiB) replies, hundreds of
 //! silent connections, 1,000 idle connections, and 100 peers holding the
-//! server at its descriptor limit (EMFILE).
+//! server at its descriptor limit (EMFILE). Requirements: C.4 (RFC 5042's
+//! denial-of-service class: resource exhaustion by an unauthenticated peer)
+//! and C.5 (ONC RPC, record marking per RFC 5531 §11).
 //!
 //! Each test runs the server in a child process (this test binary re-run with
 //! `HOSTILE_TCP_CHILD` set, see [`child_server`]) so its memory (VmRSS/VmHWM),
@@ -235,7 +237,7 @@ fn read_call(xid: u32, size: u32) -> Vec<u8> {
 /// never finishes pin no more than the configured memory budget (48 MiB
 /// here; 252 MB before), the connections that would exceed it are closed,
 /// and a legitimate client is still served. RPC over TCP record marking,
-/// RFC 5531 §11 (RPCR-FRM-01 baseline transport).
+/// RFC 5531 §11 (requirements C.5).
 #[test]
 fn unfinished_records_are_bounded_by_the_memory_budget() {
     let s = Server::start(&format!("budget={},read_ms=3000", 48 * MIB));
