@@ -393,3 +393,26 @@ fn emfile_backs_off_and_recovers() {
     s.serves(Duration::from_secs(5)).unwrap();
     eprintln!("served {:?} after the peers left", t0.elapsed());
 }
+
+/// Issue 12 "What must hold": a connection cap with a clear refusal. With 4
+/// connections open at the cap of 4, a fifth is closed at once (not left to
+/// hang), and once one of the 4 leaves a new client is served.
+#[test]
+fn the_connection_cap_refuses_at_once() {
+    let s = Server::start("max_conns=4");
+    let mut open: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(s.addr).unwrap()).collect();
+    assert!(
+        wait_for(Duration::from_secs(10), || s.open_fds() >= 4 + 6),
+        "the server accepted the 4"
+    );
+    let mut fifth = TcpStream::connect(s.addr).unwrap();
+    fifth.write_all(&read_call(1, 16)).unwrap();
+    let t0 = Instant::now();
+    assert!(
+        closed_by_server(&mut fifth, Duration::from_secs(5)),
+        "the fifth is refused"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(2), "at once");
+    open.pop();
+    s.serves(Duration::from_secs(10)).unwrap();
+}
