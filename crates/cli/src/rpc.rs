@@ -2,7 +2,7 @@
 //! served over TCP and RPC-over-RDMA at once, called, and benchmarked.
 //!
 //! ```text
-//! softrdma rpc serve [--tcp 127.0.0.1:20048] [--rdma 127.0.0.1:20049]
+//! softrdma rpc serve [--tcp 127.0.0.1:20048] [--rdma 127.0.0.1:20049] [--tcp-idle-timeout 300 ...]
 //! softrdma rpc call --transport rdma --addr 127.0.0.1:20049 --proc read --size 1M
 //! softrdma rpc bench --size 1M --transport both --json
 //! ```
@@ -14,7 +14,7 @@
 use anyhow::{Result, anyhow, bail};
 use rpcrdma::client::RpcClient;
 use rpcrdma::demo;
-use rpcrdma::tcp::{TcpClient, TcpServer};
+use rpcrdma::tcp::{TcpClient, TcpServer, TcpServerConfig};
 use rpcrdma::transport::{RdmaClient, RdmaConfig, RdmaServer};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -39,6 +39,8 @@ enum Cmd {
         /// Address of the RPC-over-RDMA (iWARP) listener; 20049 is NFS/RDMA's port.
         #[arg(long, default_value = "127.0.0.1:20049")]
         rdma: SocketAddr,
+        #[command(flatten)]
+        tcp_limits: TcpLimits,
     },
     /// Make calls to a running `softrdma rpc serve`.
     Call {
@@ -79,16 +81,82 @@ enum Cmd {
     },
 }
 
+/// The ONC RPC over TCP server's limits (`rpcrdma::tcp`'s resource model);
+/// each defaults to `TcpServerConfig::default()`.
+#[derive(clap::Args)]
+struct TcpLimits {
+    /// TCP: connections served at once; more are closed at once [default: 1024].
+    #[arg(long, value_name = "N")]
+    tcp_max_connections: Option<usize>,
+    /// TCP: octets of partial records, calls and unwritten replies of all connections
+    /// together; K, M, G suffixes [default: 512M].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    tcp_memory_budget: Option<u64>,
+    /// TCP: unwritten reply octets per connection above which its next calls are not
+    /// read [default: 8M].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    tcp_reply_backlog: Option<u64>,
+    /// TCP: largest call record accepted [default: 64M].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    tcp_max_record: Option<u64>,
+    /// TCP: seconds a started record may stall before its connection is dropped [default: 30].
+    #[arg(long, value_name = "SECS")]
+    tcp_read_timeout: Option<f64>,
+    /// TCP: seconds a connection with nothing in progress stays open [default: 300].
+    #[arg(long, value_name = "SECS")]
+    tcp_idle_timeout: Option<f64>,
+    /// TCP: seconds a peer may leave its replies unread before it is dropped [default: 30].
+    #[arg(long, value_name = "SECS")]
+    tcp_write_timeout: Option<f64>,
+    /// TCP: threads that run the handlers [default: the CPU count, 2 to 8].
+    #[arg(long, value_name = "N")]
+    tcp_workers: Option<usize>,
+}
+
+impl TcpLimits {
+    fn config(&self) -> Result<TcpServerConfig> {
+        let mut c = TcpServerConfig::default();
+        let size = |v: u64| usize::try_from(v).map_err(|_| anyhow!("{v} does not fit this machine's memory"));
+        let secs =
+            |what: &str, v: f64| Duration::try_from_secs_f64(v).map_err(|e| anyhow!("--tcp-{what}-timeout {v}: {e}"));
+        if let Some(n) = self.tcp_max_connections {
+            c.max_connections = n.max(1);
+        }
+        if let Some(v) = self.tcp_memory_budget {
+            c.memory_budget = size(v)?;
+        }
+        if let Some(v) = self.tcp_reply_backlog {
+            c.reply_backlog = size(v)?;
+        }
+        if let Some(v) = self.tcp_max_record {
+            c.max_record = size(v)?;
+        }
+        if let Some(v) = self.tcp_read_timeout {
+            c.read_timeout = secs("read", v)?;
+        }
+        if let Some(v) = self.tcp_idle_timeout {
+            c.idle_timeout = secs("idle", v)?;
+        }
+        if let Some(v) = self.tcp_write_timeout {
+            c.write_timeout = secs("write", v)?;
+        }
+        if let Some(n) = self.tcp_workers {
+            c.workers = n.max(1);
+        }
+        Ok(c)
+    }
+}
+
 fn device() -> Result<verbs::Device> {
     crate::providers::open(None, &verbs::DeviceOptions::new())
 }
 
 pub fn run(args: Args) -> Result<()> {
     match args.cmd {
-        Cmd::Serve { tcp, rdma } => {
+        Cmd::Serve { tcp, rdma, tcp_limits } => {
             let reg = Arc::new(demo::registry());
             let dev = device()?;
-            let t = TcpServer::spawn(tcp, reg.clone())?;
+            let t = TcpServer::spawn_with(tcp, reg.clone(), tcp_limits.config()?)?;
             let r = RdmaServer::spawn(&dev, rdma, reg, RdmaConfig::default()).map_err(|e| anyhow!("{e}"))?;
             println!(
                 "serving program {:#x} version {} over TCP on {} and RPC-over-RDMA (iWARP) on {}",

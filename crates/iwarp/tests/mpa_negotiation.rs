@@ -472,3 +472,103 @@ fn initiator_insufficient_ird_sends_terminate() {
     let t = decode_terminate(u.expect("whole FPDU"));
     assert_eq!((t.cause.layer.to_nibble(), t.cause.etype, t.cause.code), (2, 0, 0x06));
 }
+
+// ------------------------------------------------ peer-to-peer (RFC 6581 §9.2)
+
+/// RFC 6581 §9.2 (issue 12 point 8; RDMAP/MPA requirements C.3): an
+/// Initiator asking for the peer-to-peer model (A = 1, Write and Read RTRs
+/// offered) from a Responder not configured for p2p gets an accepting Reply
+/// with A = 1 ("If Control Flag A is 1 in the MPA Request message, then the
+/// responder MUST set Control Flag A to 1 in the MPA reply message") and one
+/// RTR type it offered; its zero-length Write RTR is consumed silently, and
+/// its first Send after it lands in the Responder's first receive, with no
+/// Terminate. Checked on the wire.
+#[test]
+fn responder_answers_a_p2p_request_with_p2p_and_takes_the_rtr() {
+    for offer in [
+        RtrSet::WRITE.union(RtrSet::READ),
+        RtrSet::WRITE,
+        RtrSet::READ,
+        RtrSet::SEND,
+    ] {
+        p2p_against_a_non_p2p_responder(offer);
+    }
+}
+
+fn p2p_against_a_non_p2p_responder(offer: RtrSet) {
+    let s = server(quick_cfg());
+    let mut sock = raw_connect(s.addr);
+    let r = mpa::Repr::enhanced(
+        FrameKind::Request,
+        EnhancedData {
+            ird: 4,
+            ord: 4,
+            p2p: true,
+            rtr: offer,
+        },
+        b"p2p",
+    );
+    let mut out = Vec::new();
+    r.emit_vec(&mut out).unwrap();
+    sock.write_all(&out).unwrap();
+    let req = s
+        .listener
+        .get_request(Some(T))
+        .expect("the Request reaches the application");
+    let pd = s.dev.alloc_pd();
+    let cq = s.dev.create_cq(16).unwrap();
+    let accepted = std::thread::spawn(move || req.accept(&pd, QpOptions::new(&cq)).map(|qp| (qp, pd, cq)));
+    let frame = read_mpa_frame(&mut sock);
+    let rep = mpa::Repr::parse_exact(&frame, mpa::MAX_PRIVATE_DATA).expect("the Reply parses");
+    eprintln!("reply: {rep:?}");
+    assert_eq!(rep.kind, FrameKind::Reply);
+    assert!(!rep.reject, "accepted");
+    let e = rep.enhanced.expect("an enhanced Reply");
+    assert!(e.p2p, "A = 1 in the Reply to a Request with A = 1");
+    assert!(
+        !e.rtr.is_empty() && offer.intersection(e.rtr) == e.rtr,
+        "RTR types the Initiator offered ({offer:?}), not {:?}",
+        e.rtr
+    );
+    let (qp, pd, cq) = accepted.join().unwrap().expect("accept");
+    let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    qp.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: vec![mr.sge(0, 64)],
+    }])
+    .unwrap();
+    let mut peer = RawPeer {
+        sock,
+        framer: iwarp::wire::fpdu::Framer::new(false, false),
+        deframer: iwarp::wire::fpdu::Deframer::new(Default::default()),
+        buf: Vec::new(),
+        reply_pd: rep.private_data.to_vec(),
+    };
+    let mut msn = 1;
+    if e.rtr.contains(iwarp::engine::Rtr::Write) {
+        peer.send(&tagged(op::WRITE, 0, 0, true, &[]));
+    } else if e.rtr.contains(iwarp::engine::Rtr::Send) {
+        peer.send(&untagged(op::SEND, 0, 1, 0, true, 0, &[]));
+        msn = 2;
+    } else {
+        // zero-length Read Request: sink STag/TO, size 0, source STag/TO
+        let mut body = vec![0u8; 28];
+        body[0..4].copy_from_slice(&0x1234u32.to_be_bytes());
+        peer.send(&untagged(op::READ_REQUEST, 1, 1, 0, true, 0, &body));
+        let rr = peer.read_until(|_| true).expect("the zero-length Read Response");
+        assert!(
+            rr.len() >= 2 && rr[1] & 0x0f == op::READ_RESPONSE,
+            "Read Response to the RTR"
+        );
+    }
+    peer.send(&untagged(op::SEND, 0, msn, 0, true, 0, b"after rtr"));
+    let wc = cq.wait(Some(T)).expect("the Send arrives");
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (7, WcStatus::Success, 9));
+    assert_eq!(mr.to_vec(0, 9).unwrap(), b"after rtr");
+    peer.sock.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    let mut b = [0u8; 64];
+    assert!(
+        std::io::Read::read(&mut peer.sock, &mut b).is_err(),
+        "nothing (no Terminate) after the Send"
+    );
+}

@@ -125,6 +125,12 @@ impl RecordReader {
         self.state == State::Header { have: 0 } && self.fragments == 0
     }
 
+    /// Bytes of memory the partial record holds (its buffer's capacity), for
+    /// a server's memory accounting; 0 between records.
+    pub fn buffered(&self) -> usize {
+        self.record.capacity()
+    }
+
     /// The peer closed the stream: an error if a record was cut short.
     pub fn finish(&self) -> Result<(), RecordError> {
         if let Some(e) = &self.failed {

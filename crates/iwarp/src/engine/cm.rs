@@ -4,9 +4,30 @@
 //! socket is handed to [`super::qp::IwarpQp`] (non-blocking, on the progress
 //! thread's epoll set).
 //!
-//! The listener accepts on its own thread and runs each handshake on a
-//! short-lived thread, so a slow or silent peer (MPA Request timeout, 10 s as
-//! in siw) never holds up other connections.
+//! # Listener resource model
+//!
+//! Each listener has one thread that sleeps in `epoll_wait` (mio) on the
+//! listening socket and on every accepted socket whose MPA Request has not
+//! yet arrived; it drives the sans-I/O negotiation of all of them, so a slow
+//! or silent peer (MPA Request timeout, [`IwarpConfig::request_timeout`],
+//! 10 s as in siw) never holds up other connections, and a burst of connects
+//! costs no thread each. Bounds, in [`ListenerLimits`]:
+//!
+//! * the `listen(2)` backlog (default 1024, so a burst of hundreds of
+//!   connects is not dropped at SYN time and retried a second later);
+//! * at most [`ListenerLimits::max_handshakes`] connections in negotiation at
+//!   once; more are accepted and closed at once, with one warning log line
+//!   per episode;
+//! * at most 4 KiB buffered per connection in negotiation (an MPA frame is at
+//!   most 532 octets; what follows it stays in the kernel until the
+//!   application accepts);
+//! * when `accept` fails for lack of descriptors or memory (EMFILE, ENFILE,
+//!   ENOBUFS, ENOMEM) the listener backs off (10 ms doubling to 500 ms) instead
+//!   of spinning, logs once per episode, and resumes when a descriptor is free.
+//!
+//! A Request that completed waits in the listener's request queue until the
+//! application accepts or rejects it; the Reply is sent from the application's
+//! thread.
 
 use super::IwarpConfig;
 use super::driver::Driver;
@@ -14,8 +35,11 @@ use super::qp::{IwarpQp, Negotiated, RtrRole};
 use crate::proto::mpa::{Event, IrdOrd, Mpa, MpaConfig, MpaError};
 use crate::wire::mpa::RtrSet;
 use crate::wire::terminate;
+use mio::{Events, Interest, Poll, Token, Waker};
+use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{FromRawFd, IntoRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -197,8 +221,10 @@ impl Provider for IwarpProvider {
         addr: SocketAddr,
         requests: Arc<EventQueue<Box<dyn ConnRequestOps>>>,
     ) -> Result<Box<dyn ListenerOps>> {
-        let l = TcpListener::bind(addr)?;
-        let local = l.local_addr()?;
+        let listener = bind_listener(addr, self.cfg.listener.listen_backlog)?;
+        let local = listener.local_addr()?;
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let stop = Arc::new(AtomicBool::new(false));
         let ctx = Arc::new(ListenCtx {
             mpa: self.mpa_config(),
@@ -208,23 +234,29 @@ impl Provider for IwarpProvider {
                 self.next_qpn.fetch_add(1 << 20, Ordering::Relaxed) + (1 << 20),
             )),
         });
-        let (stop2, requests2) = (stop.clone(), requests.clone());
+        let mut l = ListenLoop {
+            poll,
+            listener,
+            local,
+            max: self.cfg.listener.max_handshakes.max(1),
+            ctx,
+            requests: requests.clone(),
+            stop: stop.clone(),
+            hs: HashMap::new(),
+            next: FIRST_HANDSHAKE,
+            backoff: AcceptBackoff::default(),
+            refused: 0,
+        };
+        l.poll
+            .registry()
+            .register(&mut l.listener, LISTENER, Interest::READABLE)?;
         std::thread::Builder::new()
             .name(format!("iwarp-listen-{}", local.port()))
             .spawn(move || {
-                for s in l.incoming() {
-                    if stop2.load(Ordering::Acquire) {
-                        break;
-                    }
-                    let Ok(s) = s else { continue };
-                    let (ctx, q) = (ctx.clone(), requests2.clone());
-                    let _ = std::thread::Builder::new()
-                        .name("iwarp-mpa".into())
-                        .spawn(move || handshake(ctx, s, q));
-                }
-                requests2.close();
+                l.run();
+                l.requests.close();
             })?;
-        Ok(Box::new(IwarpListener { local, stop }))
+        Ok(Box::new(IwarpListener { local, stop, waker }))
     }
 
     fn connect(&self, addr: SocketAddr, req: QpRequest, timeout: Duration) -> Result<Arc<dyn QpOps>> {
@@ -274,41 +306,360 @@ struct ListenCtx {
     qpn: Arc<AtomicU32>,
 }
 
-fn handshake(ctx: Arc<ListenCtx>, mut sock: TcpStream, q: Arc<EventQueue<Box<dyn ConnRequestOps>>>) {
-    let _ = sock.set_nodelay(true);
-    let Ok(mut mpa) = Mpa::responder(Instant::now(), ctx.mpa.clone()) else {
-        return;
-    };
-    let mut pending = Vec::new();
-    match drive(&mut mpa, &mut sock, &mut pending) {
-        Ok(Event::ConnectRequest(cr)) => {
-            let param = match cr.enhanced {
-                Some(e) => ConnParam {
-                    private_data: cr.private_data.clone(),
-                    responder_resources: e.ird.min(255) as u8,
-                    initiator_depth: e.ord.min(255) as u8,
-                },
-                None => ConnParam {
-                    private_data: cr.private_data.clone(),
-                    ..Default::default()
-                },
-            };
-            let local = sock
-                .local_addr()
-                .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-            let peer = sock.peer_addr().unwrap_or(local);
-            q.push(Box::new(IncomingRequest {
-                ctx,
-                sock,
-                mpa: Mutex::new(mpa),
-                pending,
-                param,
-                local,
-                peer,
-            }));
+/// The limits of a listener (see the module's resource model).
+#[derive(Debug, Clone)]
+pub struct ListenerLimits {
+    /// `listen(2)` backlog (the kernel caps it at `net.core.somaxconn`).
+    pub listen_backlog: i32,
+    /// Connections in MPA negotiation at once; more are closed at once.
+    pub max_handshakes: usize,
+}
+
+impl Default for ListenerLimits {
+    fn default() -> Self {
+        ListenerLimits {
+            listen_backlog: 1024,
+            max_handshakes: 1024,
         }
-        Ok(_) => {}
-        Err(e) => tracing::info!("MPA negotiation with a peer failed: {e}"),
+    }
+}
+
+fn bind_listener(addr: SocketAddr, backlog: i32) -> std::io::Result<mio::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into())?;
+    s.listen(backlog.max(1))?;
+    s.set_nonblocking(true)?;
+    Ok(mio::net::TcpListener::from_std(s.into()))
+}
+
+/// Whether an `accept` error means "out of descriptors or memory": retrying
+/// at once would spin.
+fn is_resource_exhaustion(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// The accept loop's back-off after resource exhaustion: 10 ms doubling to
+/// 500 ms (as Go's and tokio's accept loops), reset by a successful accept;
+/// one log line per episode.
+#[derive(Debug, Default)]
+struct AcceptBackoff {
+    delay: Option<Duration>,
+    until: Option<Instant>,
+    failures: u64,
+}
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(10);
+    const MAX: Duration = Duration::from_millis(500);
+
+    fn failed(&mut self, now: Instant, e: &std::io::Error, local: SocketAddr) {
+        let d = match self.delay {
+            None => {
+                tracing::warn!("iWARP listener {local}: accept failed: {e}; backing off until descriptors are free");
+                Self::FIRST
+            }
+            Some(d) => (d * 2).min(Self::MAX),
+        };
+        self.failures += 1;
+        self.delay = Some(d);
+        self.until = Some(now + d);
+    }
+
+    fn succeeded(&mut self, local: SocketAddr) {
+        if self.delay.take().is_some() {
+            tracing::info!(
+                "iWARP listener {local}: accepting again after {} failed attempts",
+                self.failures
+            );
+        }
+        self.failures = 0;
+        self.until = None;
+    }
+}
+
+const LISTENER: Token = Token(0);
+const WAKER: Token = Token(1);
+const FIRST_HANDSHAKE: usize = 2;
+/// Most octets read ahead from a connection in negotiation.
+const HANDSHAKE_READ: usize = 4096;
+
+/// One accepted connection whose MPA Request is not complete yet.
+struct Handshake {
+    sock: mio::net::TcpStream,
+    mpa: Mpa,
+    pending: Vec<u8>,
+    peer: SocketAddr,
+}
+
+/// The listener's thread: accepts, and runs every negotiation up to the
+/// complete Request (or its failure or timeout).
+struct ListenLoop {
+    poll: Poll,
+    listener: mio::net::TcpListener,
+    local: SocketAddr,
+    max: usize,
+    ctx: Arc<ListenCtx>,
+    requests: Arc<EventQueue<Box<dyn ConnRequestOps>>>,
+    stop: Arc<AtomicBool>,
+    hs: HashMap<usize, Handshake>,
+    next: usize,
+    backoff: AcceptBackoff,
+    /// Connections refused at the handshake cap in this episode.
+    refused: u64,
+}
+
+/// How a negotiation step ended.
+enum Step {
+    /// Waiting for more bytes.
+    More,
+    /// The Request is complete: hand it to the application.
+    Request(crate::proto::mpa::ConnectRequest),
+    /// The negotiation failed (already logged and answered); close.
+    Failed,
+}
+
+impl ListenLoop {
+    fn run(&mut self) {
+        let mut events = Events::with_capacity(256);
+        loop {
+            let now = Instant::now();
+            let mut timeout = self
+                .hs
+                .values()
+                .filter_map(|h| h.mpa.poll_timeout())
+                .min()
+                .map(|t| t.saturating_duration_since(now));
+            if let Some(u) = self.backoff.until {
+                let w = u.saturating_duration_since(now);
+                timeout = Some(timeout.map_or(w, |t| t.min(w)));
+            }
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                tracing::error!("iWARP listener {}: epoll failed: {e}; listener stops", self.local);
+                return;
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            let mut accept = false;
+            let mut ready = Vec::new();
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => accept = true,
+                    WAKER => {}
+                    Token(t) => ready.push(t),
+                }
+            }
+            for t in ready {
+                self.step(t);
+            }
+            let now = Instant::now();
+            match self.backoff.until {
+                Some(u) if u <= now => self.accept_all(now),
+                None if accept => self.accept_all(now),
+                _ => {}
+            }
+            self.expire(Instant::now());
+        }
+    }
+
+    fn accept_all(&mut self, now: Instant) {
+        loop {
+            match self.listener.accept() {
+                Ok((sock, peer)) => {
+                    self.backoff.succeeded(self.local);
+                    if self.hs.len() >= self.max {
+                        if self.refused == 0 {
+                            tracing::warn!(
+                                "iWARP listener {}: refusing {peer}: {} connections in MPA negotiation (the cap); closing new connections at once",
+                                self.local,
+                                self.hs.len()
+                            );
+                        }
+                        self.refused += 1;
+                        let _ = sock.shutdown(std::net::Shutdown::Both);
+                        continue;
+                    }
+                    self.add(sock, peer);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.backoff.until = None;
+                    return;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if is_resource_exhaustion(&e) => {
+                    self.backoff.failed(now, &e, self.local);
+                    return;
+                }
+                Err(e) => tracing::debug!("iWARP listener {}: accept: {e}", self.local),
+            }
+        }
+    }
+
+    fn add(&mut self, mut sock: mio::net::TcpStream, peer: SocketAddr) {
+        let _ = sock.set_nodelay(true);
+        let Ok(mpa) = Mpa::responder(Instant::now(), self.ctx.mpa.clone()) else {
+            return;
+        };
+        let t = self.next;
+        self.next += 1;
+        if let Err(e) = self.poll.registry().register(&mut sock, Token(t), Interest::READABLE) {
+            tracing::warn!("iWARP listener {}: cannot watch {peer}: {e}; closing it", self.local);
+            return;
+        }
+        self.hs.insert(
+            t,
+            Handshake {
+                sock,
+                mpa,
+                pending: Vec::new(),
+                peer,
+            },
+        );
+        // The Request may already be there (edge-triggered).
+        self.step(t);
+    }
+
+    /// Reads what the peer sent and feeds the negotiation.
+    fn step(&mut self, t: usize) {
+        let Some(h) = self.hs.get_mut(&t) else { return };
+        let mut buf = [0u8; HANDSHAKE_READ];
+        let outcome = loop {
+            match feed(h) {
+                Ok(Step::More) => {}
+                Ok(s) => break s,
+                Err(e) => {
+                    tracing::info!("MPA negotiation with {} failed: {e}", h.peer);
+                    break Step::Failed;
+                }
+            }
+            if h.pending.len() >= HANDSHAKE_READ {
+                // feed() consumes whole frames; a full buffer it cannot use is not MPA.
+                break Step::Failed;
+            }
+            let room = HANDSHAKE_READ - h.pending.len();
+            match h.sock.read(&mut buf[..room]) {
+                Ok(0) => {
+                    tracing::info!("MPA negotiation with {}: peer closed the connection", h.peer);
+                    break Step::Failed;
+                }
+                Ok(n) => h.pending.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::info!("MPA negotiation with {}: {e}", h.peer);
+                    break Step::Failed;
+                }
+            }
+        };
+        self.finish(t, outcome);
+    }
+
+    /// Ends a negotiation: hands a complete Request to the application, or
+    /// closes the connection after what the negotiation queued (a Reply with
+    /// R=1, a Terminate).
+    fn finish(&mut self, t: usize, outcome: Step) {
+        let Some(mut h) = self.hs.remove(&t) else { return };
+        let _ = self.poll.registry().deregister(&mut h.sock);
+        if self.refused > 0 && self.hs.len() < self.max {
+            tracing::info!(
+                "iWARP listener {}: below the handshake cap again after refusing {}",
+                self.local,
+                self.refused
+            );
+            self.refused = 0;
+        }
+        // SAFETY: the descriptor comes from a TcpStream that gives it up here.
+        let mut sock = unsafe { TcpStream::from_raw_fd(h.sock.into_raw_fd()) };
+        match outcome {
+            Step::More => {}
+            Step::Failed => {
+                send_terminate(&mut h.mpa, &mut sock);
+                let _ = sock.shutdown(std::net::Shutdown::Both);
+            }
+            Step::Request(cr) => {
+                if sock.set_nonblocking(false).is_err() {
+                    return;
+                }
+                let param = match cr.enhanced {
+                    Some(e) => ConnParam {
+                        private_data: cr.private_data.clone(),
+                        responder_resources: e.ird.min(255) as u8,
+                        initiator_depth: e.ord.min(255) as u8,
+                    },
+                    None => ConnParam {
+                        private_data: cr.private_data.clone(),
+                        ..Default::default()
+                    },
+                };
+                let local = sock
+                    .local_addr()
+                    .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+                self.requests.push(Box::new(IncomingRequest {
+                    ctx: self.ctx.clone(),
+                    sock,
+                    mpa: Mutex::new(h.mpa),
+                    pending: h.pending,
+                    param,
+                    local,
+                    peer: h.peer,
+                }));
+            }
+        }
+    }
+
+    /// Fails the negotiations whose Request did not come in time.
+    fn expire(&mut self, now: Instant) {
+        let due: Vec<usize> = self
+            .hs
+            .iter()
+            .filter(|(_, h)| h.mpa.poll_timeout().is_some_and(|d| d <= now))
+            .map(|(t, _)| *t)
+            .collect();
+        for t in due {
+            let Some(h) = self.hs.get_mut(&t) else { continue };
+            if let Err(e) = h.mpa.handle_timeout(now) {
+                tracing::info!("MPA negotiation with {} failed: {}", h.peer, mpa_err(e));
+                self.finish(t, Step::Failed);
+            }
+        }
+    }
+}
+
+/// Feeds buffered bytes to a negotiation; writes what it queues.
+fn feed(h: &mut Handshake) -> Result<Step> {
+    let mut out = Vec::new();
+    loop {
+        out.clear();
+        while h.mpa.poll_transmit(&mut out).is_some() {}
+        if !out.is_empty() {
+            // A few hundred octets on a fresh connection: the send buffer takes them.
+            h.sock.write_all(&out)?;
+        }
+        if let Some(ev) = h.mpa.poll_event() {
+            return match ev {
+                Event::ConnectRequest(cr) => Ok(Step::Request(cr)),
+                _ => Ok(Step::Failed),
+            };
+        }
+        if let Some(e) = h.mpa.error() {
+            return Err(mpa_err(e.clone()));
+        }
+        if h.pending.is_empty() {
+            return Ok(Step::More);
+        }
+        let used = h.mpa.handle_bytes(Instant::now(), &h.pending).map_err(mpa_err)?;
+        h.pending.drain(..used);
+        if used == 0 {
+            return Ok(Step::More);
+        }
     }
 }
 
@@ -408,6 +759,7 @@ fn linger_until_peer_closes(sock: &mut TcpStream, limit: Duration) {
 struct IwarpListener {
     local: SocketAddr,
     stop: Arc<AtomicBool>,
+    waker: Arc<Waker>,
 }
 
 impl ListenerOps for IwarpListener {
@@ -419,12 +771,8 @@ impl ListenerOps for IwarpListener {
 impl Drop for IwarpListener {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // Wake the blocking accept with a connection of our own; the
-        // accept thread sees the stop flag and closes the listener.
-        let mut a = self.local;
-        if a.ip().is_unspecified() {
-            a.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-        }
-        let _ = TcpStream::connect_timeout(&a, Duration::from_millis(200));
+        // The listener's thread sees the stop flag, closes the listening
+        // socket and the negotiations in progress, and ends the request queue.
+        let _ = self.waker.wake();
     }
 }

@@ -85,6 +85,9 @@ pub struct IwarpConfig {
     pub terminate_siw_form: bool,
     /// Largest ULPDU we send (bounded by MPA's 65535 and by MULPDU).
     pub max_ulpdu: usize,
+    /// Listeners: `listen(2)` backlog and the most connections in MPA
+    /// negotiation at once (see [`cm`]'s listener resource model).
+    pub listener: cm::ListenerLimits,
 }
 
 impl Default for IwarpConfig {
@@ -102,6 +105,7 @@ impl Default for IwarpConfig {
             terminate_siw_form: false,
             // One FPDU per 64 KiB, a multiple of 8 like siw on loopback.
             max_ulpdu: 65_528,
+            listener: cm::ListenerLimits::default(),
         }
     }
 }
