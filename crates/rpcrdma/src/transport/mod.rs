@@ -63,6 +63,22 @@ pub struct RdmaConfig {
     pub max_retries: u32,
     /// Responder: largest Read chunk it pulls (RFC 8166 §8.1.4).
     pub max_chunk: u64,
+    /// Responder: largest total of one Call's Read chunks (Position-Zero included); a
+    /// Call naming more gets ERR_CHUNK without any RDMA Read (RPCR-SEC-05). This is the
+    /// per-connection staging for arguments: a connection answers one Call at a time.
+    pub max_call: u64,
+    /// Responder: largest reply (RPC reply header and results). A procedure whose
+    /// declared bound is larger gets SYSTEM_ERR without running.
+    pub max_reply: u64,
+    /// Responder: staging memory (Read chunks pulled, results to RDMA Write) of all
+    /// connections together; a Call that finds no room gets SYSTEM_ERR.
+    pub max_staging: u64,
+    /// Responder: most connections at once; more connect requests are rejected.
+    pub max_connections: usize,
+    /// Responder: a connection with no message for this long is disconnected (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// Responder: worker threads that serve all connections.
+    pub workers: usize,
     /// Requester: force Long Calls, or never reduce.
     pub call_options: CallOptions,
     /// IRD and ORD for RDMA Reads.
@@ -86,6 +102,12 @@ impl Default for RdmaConfig {
             timeout: Duration::from_secs(30),
             max_retries: 2,
             max_chunk: 64 << 20,
+            max_call: 8 << 20,
+            max_reply: (64 << 20) + (64 << 10),
+            max_staging: 512 << 20,
+            max_connections: 1024,
+            idle_timeout: Some(Duration::from_secs(300)),
+            workers: 4,
             call_options: CallOptions::default(),
             rd_atomic: 16,
             connect_settle: Duration::ZERO,
@@ -102,5 +124,7 @@ pub(crate) mod wrid {
     pub const READ: u64 = 5 << 56;
     pub const WRITE: u64 = 6 << 56;
     pub const BC_SEND: u64 = 7 << 56;
+    /// Not a work request: the Responder's accept thread waking a worker.
+    pub const WAKE: u64 = 8 << 56;
     pub const KIND: u64 = 0xff << 56;
 }
