@@ -543,4 +543,78 @@ mod tests {
         );
         assert_eq!(dispatch(&r, &mut Decoder::new(&[0, 0]), "t"), Dispatch::Drop);
     }
+
+    /// Issue 12 point 5 (RPCR-ULB-02, RFC 8166 §6.2): a procedure's declared reply bound is
+    /// checked against the room before the handler runs; an undeclared one's reply after.
+    #[test]
+    fn reply_bounds_are_checked_before_the_work() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let ran = Arc::new(AtomicU32::new(0));
+        let mut r = Registry::new();
+        let ran2 = ran.clone();
+        r.register_bounded(
+            100,
+            3,
+            1,
+            |d| {
+                Ok(ReplySizing {
+                    max_results: 4 + d.get_u32()?,
+                    ddp_results: vec![],
+                })
+            },
+            move |_, d, e| {
+                ran2.fetch_add(1, Ordering::Relaxed);
+                let n = d.get_u32()?;
+                e.put_opaque(&vec![1u8; n as usize], 1 << 20)?;
+                Ok(())
+            },
+        );
+        r.register(100, 3, 2, |_, d, e| {
+            let n = d.get_u32()?;
+            e.put_opaque(&vec![1u8; n as usize], 1 << 20)?;
+            Ok(())
+        });
+        let room = ReplyRoom {
+            carry: 1024,
+            max_reply: 4096,
+        };
+        let run = |proc_, n: u32| {
+            let m = call(2, 100, 3, proc_, OpaqueAuth::NONE, &n.to_be_bytes());
+            dispatch_within(&r, &mut Decoder::new(&m), "t", room)
+        };
+        // fits: runs
+        assert!(matches!(run(1, 900), Ok(Dispatch::Reply { .. })));
+        assert_eq!(ran.load(Ordering::Relaxed), 1);
+        // more than the transport can carry: refused, not run
+        assert_eq!(
+            run(1, 2000),
+            Err(ReplyTooLarge {
+                xid: 77,
+                bound: 24 + 4 + 2000,
+                carry: 1024
+            })
+        );
+        // more than the server's largest reply: SYSTEM_ERR, not run
+        let Ok(Dispatch::Reply { status, .. }) = run(1, 5000) else {
+            panic!()
+        };
+        assert_eq!(status, ReplyStatus::Accepted(AcceptStat::SystemErr));
+        assert_eq!(
+            ran.load(Ordering::Relaxed),
+            1,
+            "the handler ran only for the call that fits"
+        );
+        // undeclared: the reply is checked after
+        let Ok(Dispatch::Reply { status, .. }) = run(2, 5000) else {
+            panic!()
+        };
+        assert_eq!(status, ReplyStatus::Accepted(AcceptStat::SystemErr));
+        assert!(matches!(run(2, 2000), Ok(Dispatch::Reply { .. })));
+        // a bound whose arguments do not decode: GARBAGE_ARGS, as the handler would
+        let m = call(2, 100, 3, 1, OpaqueAuth::NONE, &[0, 0]);
+        let Ok(Dispatch::Reply { status, .. }) = dispatch_within(&r, &mut Decoder::new(&m), "t", room) else {
+            panic!()
+        };
+        assert_eq!(status, ReplyStatus::Accepted(AcceptStat::GarbageArgs));
+    }
 }

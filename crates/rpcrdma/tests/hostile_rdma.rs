@@ -110,7 +110,11 @@ fn words(m: &[u8]) -> Vec<u32> {
 fn assert_err_chunk(m: &[u8], xid: u32, what: &str) {
     let w = words(m);
     assert!(w.len() >= 5, "{what}: a {}-octet answer {w:x?}", m.len());
-    assert_eq!([w[0], w[1], w[3], w[4]], [xid, 1, 4, 2], "{what}: RDMA_ERROR/ERR_CHUNK, got {w:x?}");
+    assert_eq!(
+        [w[0], w[1], w[3], w[4]],
+        [xid, 1, 4, 2],
+        "{what}: RDMA_ERROR/ERR_CHUNK, got {w:x?}"
+    );
 }
 
 /// A kB figure of /proc/self/status.
@@ -162,7 +166,14 @@ fn short_read_responses_and_huge_read_lists_get_err_chunk() {
         })
         .collect();
     let call = rpc_call(0x10, demo::WRITE, &[7, big, 0, 0, 0, 0, 0, 0, 0, 0]);
-    r.send(&msg(0x10, ChunkLists { reads, ..Default::default() }, &call));
+    r.send(&msg(
+        0x10,
+        ChunkLists {
+            reads,
+            ..Default::default()
+        },
+        &call,
+    ));
     let a = r.reply(|_| 0);
     let grown = status_kb("VmRSS:").saturating_sub(rss0);
     assert_err_chunk(&a, 0x10, "8 x 64 MiB Read list");
@@ -240,7 +251,11 @@ fn read_with_no_room_for_the_result_is_refused_before_the_work() {
     let grown = status_kb("VmHWM:").saturating_sub(hwm0);
     assert!(grown < 48 << 10, "peak RSS grew by {grown} kB: the results were built");
     // READ(100) fits inline
-    r.send(&msg(0x31, ChunkLists::default(), &rpc_call(0x31, demo::READ, &[100, 1])));
+    r.send(&msg(
+        0x31,
+        ChunkLists::default(),
+        &rpc_call(0x31, demo::READ, &[100, 1]),
+    ));
     let a = r.reply(|n| n);
     assert_eq!(words(&a)[..2], [0x31, 1]);
     assert_eq!(words(&a)[7..13], [0x31, 1, 0, 0, 0, 0], "READ(100) accepted");
@@ -315,4 +330,61 @@ fn idle_connections_are_closed() {
     assert!(start.elapsed() >= Duration::from_millis(400));
     null_works(&mut busy, 20);
     assert_eq!(srv.snapshot().idle_closed, 1);
+}
+
+/// Issue 12 point 1 and "what must hold" (a global staging budget). IUT = Responder. With
+/// `max_staging` 512 KiB for the whole server, a WRITE whose 1 MiB Read chunk is within
+/// `max_call` but finds no room gets an RPC SYSTEM_ERR without any RDMA Read, and a
+/// READ(600 KiB) whose result would be staged for its Write chunk gets SYSTEM_ERR instead
+/// of the RDMA Writes; small calls go on.
+#[test]
+fn staging_budget_exhausted_gets_system_err() {
+    let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
+    let srv = server(
+        &dev,
+        RdmaConfig {
+            max_staging: 512 << 10,
+            ..RdmaConfig::default()
+        },
+    );
+    let mut r = Requester::connect(srv.local_addr());
+    null_works(&mut r, 1);
+    let system_err = |a: &[u8], xid: u32| {
+        let w = words(a);
+        assert_eq!(
+            w[w.len() - 6..],
+            [xid, 1, 0, 0, 0, 5],
+            "SYSTEM_ERR for {xid:#x}: {w:x?}"
+        );
+    };
+    let n = 1u32 << 20;
+    let lists = ChunkLists {
+        reads: vec![ReadSegment {
+            position: 48,
+            target: Segment {
+                handle: 0x4242_4200,
+                length: n,
+                offset: 0,
+            },
+        }],
+        ..Default::default()
+    };
+    r.send(&msg(0x40, lists, &rpc_call(0x40, demo::WRITE, &[7, n])));
+    system_err(&r.reply(|n| n), 0x40);
+    assert_eq!(r.reads, 0, "no RDMA Read without staging room");
+    let lists = ChunkLists {
+        writes: vec![WriteChunk {
+            segments: vec![Segment {
+                handle: 0x77,
+                length: 600 << 10,
+                offset: 0,
+            }],
+        }],
+        ..Default::default()
+    };
+    r.send(&msg(0x41, lists, &rpc_call(0x41, demo::READ, &[600 << 10, 1])));
+    system_err(&r.reply(|n| n), 0x41);
+    assert_eq!(srv.snapshot().no_stage, 2);
+    null_works(&mut r, 2);
+    assert_eq!(srv.snapshot().fatal, 0);
 }

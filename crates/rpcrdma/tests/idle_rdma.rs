@@ -53,7 +53,11 @@ fn raise_nofile(n: u64) {
         if r.rlim_cur < n {
             r.rlim_cur = n.max(r.rlim_cur);
             r.rlim_max = r.rlim_max.max(n);
-            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &r), 0, "raising RLIMIT_NOFILE (root?)");
+            assert_eq!(
+                libc::setrlimit(libc::RLIMIT_NOFILE, &r),
+                0,
+                "raising RLIMIT_NOFILE (root?)"
+            );
         }
     }
 }

@@ -376,6 +376,15 @@ enum Pulled {
     NoStage,
 }
 
+/// An accepted RPC reply with SYSTEM_ERR.
+fn system_err(xid: u32) -> Result<Vec<u8>, Fatal> {
+    crate::rpc::encode_reply_header(&crate::rpc::ReplyHeader::accepted(
+        xid,
+        crate::rpc::AcceptStat::SystemErr,
+    ))
+    .map_err(|e| e.to_string())
+}
+
 /// How many XIDs with RDMA Reads or Writes a connection remembers for RPCR-MEM-05.
 const RECENT_RDMA: usize = 64;
 
@@ -1051,11 +1060,7 @@ impl Conn {
 
     /// An RPC reply of SYSTEM_ERR (the server lacks the resources for this Call now).
     fn send_system_err(&mut self, fixed: &FixedHeader, lists: &ChunkLists) -> Result<(), Fatal> {
-        let stream = crate::rpc::encode_reply_header(&crate::rpc::ReplyHeader::accepted(
-            fixed.xid,
-            crate::rpc::AcceptStat::SystemErr,
-        ))
-        .map_err(|e| e.to_string())?;
+        let stream = system_err(fixed.xid)?;
         self.send_reply(fixed, lists, &stream, &[])
     }
 
@@ -1076,6 +1081,17 @@ impl Conn {
         items: &[crate::xdr::DdpItem],
     ) -> Result<(), Fatal> {
         let grant = self.grant()?;
+        self.send_reply_granted(grant, fixed, lists, stream, items)
+    }
+
+    fn send_reply_granted(
+        &mut self,
+        grant: u32,
+        fixed: &FixedHeader,
+        lists: &ChunkLists,
+        stream: &[u8],
+        items: &[crate::xdr::DdpItem],
+    ) -> Result<(), Fatal> {
         let pr = match plan_reply(&self.th, fixed.xid, grant, stream, items, lists) {
             Ok(p) => p,
             Err(e) => {
@@ -1107,6 +1123,18 @@ impl Conn {
         } else {
             vec![stream]
         };
+        let total: usize = staged.iter().map(|s| s.len()).sum();
+        if total > 0 && self.stage(total)?.is_none() {
+            // the server's staging budget has no room for the RDMA Writes now
+            tracing::info!(
+                xid = fixed.xid,
+                qp = self.qpn,
+                "rpcrdma server: staging budget exhausted"
+            );
+            self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
+            let stream = system_err(fixed.xid)?;
+            return self.send_reply_granted(grant, fixed, lists, &stream, &[]);
+        }
         if pr.form == ReplyForm::Short {
             msg.extend_from_slice(&pr.payload);
         }
