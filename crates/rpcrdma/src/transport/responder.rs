@@ -345,6 +345,8 @@ struct Conn {
     last_active: Instant,
     /// We closed it for being idle.
     idle_closed: bool,
+    /// We closed it because the server stops.
+    stopping: bool,
     stats: Arc<ServerStats>,
 }
 
@@ -529,6 +531,7 @@ fn accept_conn(
         timeout: cfg.timeout,
         last_active: Instant::now(),
         idle_closed: false,
+        stopping: false,
         stats: ctx.stats.clone(),
     })
 }
@@ -542,7 +545,8 @@ fn worker(w: &WorkerHandle, stop: &AtomicBool, live: &AtomicUsize, idle: Option<
     loop {
         if stop.load(Ordering::Relaxed) && !stopping {
             stopping = true;
-            for c in st.conns.values() {
+            for c in st.conns.values_mut() {
+                c.stopping = true;
                 c.qp.disconnect();
             }
         }
@@ -633,8 +637,9 @@ struct WorkerState {
 
 impl WorkerState {
     fn take_inbox(&mut self, w: &WorkerHandle, stopping: bool) {
-        for c in w.inbox.lock().unwrap().drain(..) {
+        for mut c in w.inbox.lock().unwrap().drain(..) {
             if stopping {
+                c.stopping = true;
                 c.qp.disconnect();
             }
             self.conns.insert(c.qpn, c);
@@ -690,6 +695,9 @@ impl Conn {
             }
             None if self.idle_closed => {
                 tracing::info!(qp = self.qpn, peer = %self.peer, "rpcrdma server: idle connection closed")
+            }
+            None if self.stopping => {
+                tracing::debug!(qp = self.qpn, peer = %self.peer, "rpcrdma server: connection closed (server stops)")
             }
             None => tracing::info!(qp = self.qpn, peer = %self.peer, "rpcrdma server: peer closed the connection"),
         }
@@ -784,7 +792,12 @@ impl Conn {
             }
             tracing::debug!(xids = ?self.recent_rdma, "rpcrdma server: Terminate after RDMA on chunks");
         }
-        format!("{ev:?}")
+        match ev {
+            CmEvent::TerminateReceived(t) => format!("peer sent a Terminate: {t:?}"),
+            CmEvent::TerminateSent(t) => format!("we sent a Terminate (peer violated the protocol): {t:?}"),
+            CmEvent::ConnectionError(e) => format!("transport error (peer reset?): {e}"),
+            other => format!("{other:?}"),
+        }
     }
 
     /// One completion of this connection; Receives (arrivals) are counted against the grant.
