@@ -124,7 +124,7 @@ impl WorkerHandle {
 }
 
 /// How long the accept thread waits for a connect request before it looks at the stop flag.
-const ACCEPT_POLL: Duration = Duration::from_secs(1);
+const ACCEPT_POLL: Duration = Duration::from_millis(250);
 
 /// A stage larger than this is released after each message (its budget goes back).
 const KEEP_STAGE: usize = 4 << 20;
