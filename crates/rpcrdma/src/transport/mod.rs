@@ -35,9 +35,9 @@
 //! ## The Responder's resource model
 //!
 //! What a remote, unauthenticated peer can make an [`RdmaServer`] spend is bounded by
-//! [`RdmaConfig`] (defaults in brackets):
+//! [`RdmaConfig`]:
 //!
-//! * **Threads**: [`RdmaConfig::workers`] [4] worker threads serve every connection, plus
+//! * **Threads**: [`RdmaConfig::workers`] (default 4) worker threads serve every connection, plus
 //!   one accept thread; no thread per connection. Each worker owns one completion queue that
 //!   the QPs of its connections share; the QP number in each completion says which
 //!   connection it belongs to. A worker answers the Calls of its connections one at a time
@@ -47,13 +47,13 @@
 //!   the nearest idle deadline; nothing wakes periodically (the verbs CQ's blocking wait
 //!   has no slices). The accept thread looks at the stop flag four times a second (a verbs
 //!   listener cannot be woken otherwise), which costs nothing measurable.
-//! * **Connections**: at most [`RdmaConfig::max_connections`] [1024]; a connect request
+//! * **Connections**: at most [`RdmaConfig::max_connections`] (default 1024); a connect request
 //!   beyond that is rejected at the CM level (an MPA Reject, no private data, which an RFC
 //!   8797 peer treats as a refusal) and logged at warn level with the peer's address.
 //! * **Idle timeout**: a connection with no message for [`RdmaConfig::idle_timeout`]
-//!   [5 min] is disconnected cleanly (no Terminate), logged at info level.
+//!   (default 5 min) is disconnected cleanly (no Terminate), logged at info level.
 //! * **Arguments**: a Call's Read chunks together may name at most
-//!   [`RdmaConfig::max_call`] [8 MiB] (and each at most [`RdmaConfig::max_chunk`]):
+//!   [`RdmaConfig::max_call`] (default 8 MiB) (and each at most [`RdmaConfig::max_chunk`]):
 //!   beyond that RDMA_ERROR/ERR_CHUNK, without any RDMA Read (RFC 8166 §8.1.4,
 //!   RPCR-SEC-05). Every Read is signalled and only what its completion says was placed
 //!   counts: a Read Response shorter than its Read gets ERR_CHUNK, the procedure does not
@@ -61,15 +61,15 @@
 //! * **Replies**: a procedure registered with [`crate::server::Registry::register_bounded`]
 //!   declares the largest its reply can get from its arguments; before it runs, a bound
 //!   above what the Call can carry (inline threshold + Write chunks + Reply chunk) gets
-//!   ERR_CHUNK and a bound above [`RdmaConfig::max_reply`] [64 MiB + 64 KiB] gets
+//!   ERR_CHUNK and a bound above [`RdmaConfig::max_reply`] (default 64 MiB + 64 KiB) gets
 //!   SYSTEM_ERR. A reply of a procedure without a bound is checked after it ran (SYSTEM_ERR
 //!   above `max_reply`, ERR_CHUNK when it does not fit the chunks). Since a worker builds one
 //!   reply at a time, replies being built take at most `workers × max_reply`.
 //! * **Staging** (registered memory for pulled Read chunks and results to RDMA Write): all
-//!   connections together at most [`RdmaConfig::max_staging`] [512 MiB]; a connection keeps
+//!   connections together at most [`RdmaConfig::max_staging`] (default 512 MiB); a connection keeps
 //!   a stage of up to 4 MiB between Calls (it counts against the budget) and gives back a
 //!   larger one after each message. A Call that finds no room gets an RPC SYSTEM_ERR.
-//! * **Per connection** besides: `(credits + 8) × inline_recv` of receive buffers [40 KiB]
+//! * **Per connection** besides: `(credits + 8) × inline_recv` of receive buffers (40 KiB by default)
 //!   and one send buffer of the inline reply threshold.
 //! * **Diagnostics**: the end of every connection is logged with its QP number and peer
 //!   address: "peer closed the connection" (info) when the peer disconnected, "connection
