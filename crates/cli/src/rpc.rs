@@ -41,6 +41,8 @@ enum Cmd {
         rdma: SocketAddr,
         #[command(flatten)]
         tcp_limits: TcpLimits,
+        #[command(flatten)]
+        rdma_limits: RdmaLimits,
     },
     /// Make calls to a running `softrdma rpc serve`.
     Call {
@@ -147,17 +149,54 @@ impl TcpLimits {
     }
 }
 
+/// The RPC-over-RDMA Responder's limits (the resource model in `rpcrdma::transport`).
+#[derive(clap::Args)]
+struct RdmaLimits {
+    /// RDMA: most connections at once; more are rejected.
+    #[arg(long, default_value_t = RdmaConfig::default().max_connections)]
+    rdma_max_connections: usize,
+    /// RDMA: seconds without a message before a connection is closed (0: never).
+    #[arg(long, default_value_t = 300)]
+    rdma_idle_timeout: u64,
+    /// RDMA: largest total of one Call's Read chunks (K, M suffixes); more gets ERR_CHUNK.
+    #[arg(long, value_parser = parse_size, default_value = "8M")]
+    rdma_max_call: u64,
+    /// RDMA: largest reply; a procedure whose reply could be larger gets SYSTEM_ERR.
+    #[arg(long, value_parser = parse_size, default_value = "65600K")]
+    rdma_max_reply: u64,
+    /// RDMA: staging memory of all connections together.
+    #[arg(long, value_parser = parse_size, default_value = "512M")]
+    rdma_max_staging: u64,
+    /// RDMA: worker threads serving all connections.
+    #[arg(long, default_value_t = RdmaConfig::default().workers)]
+    rdma_workers: usize,
+}
+
+impl RdmaLimits {
+    fn config(&self) -> RdmaConfig {
+        RdmaConfig {
+            max_connections: self.rdma_max_connections,
+            idle_timeout: (self.rdma_idle_timeout > 0).then(|| Duration::from_secs(self.rdma_idle_timeout)),
+            max_call: self.rdma_max_call,
+            max_reply: self.rdma_max_reply,
+            max_staging: self.rdma_max_staging,
+            workers: self.rdma_workers.max(1),
+            ..RdmaConfig::default()
+        }
+    }
+}
+
 fn device() -> Result<verbs::Device> {
     crate::providers::open(None, &verbs::DeviceOptions::new())
 }
 
 pub fn run(args: Args) -> Result<()> {
     match args.cmd {
-        Cmd::Serve { tcp, rdma, tcp_limits } => {
+        Cmd::Serve { tcp, rdma, tcp_limits, rdma_limits } => {
             let reg = Arc::new(demo::registry());
             let dev = device()?;
             let t = TcpServer::spawn_with(tcp, reg.clone(), tcp_limits.config()?)?;
-            let r = RdmaServer::spawn(&dev, rdma, reg, RdmaConfig::default()).map_err(|e| anyhow!("{e}"))?;
+            let r = RdmaServer::spawn(&dev, rdma, reg, rdma_limits.config()).map_err(|e| anyhow!("{e}"))?;
             println!(
                 "serving program {:#x} version {} over TCP on {} and RPC-over-RDMA (iWARP) on {}",
                 demo::PROGRAM,

@@ -80,38 +80,81 @@ pub fn checksum(data: &[u8]) -> u32 {
         .fold(data.len() as u32, |acc, &b| acc.rotate_left(5) ^ u32::from(b))
 }
 
-/// Register the demo program's procedures in `reg`.
+/// Register the demo program's procedures in `reg`, each with its reply bound
+/// ([`Registry::register_bounded`]): a READ(64 MiB) whose Call provides no room for
+/// the result is refused before the 64 MiB are built (issue 12 point 5).
 pub fn register(reg: &mut Registry) {
     reg.register_null(PROGRAM, VERSION);
-    reg.register(PROGRAM, VERSION, ECHO, |_, d, e| {
-        let data = d.get_opaque_ddp(MAX_DATA)?;
-        e.put_opaque_ddp(data, MAX_DATA)?;
-        Ok(())
-    });
-    reg.register(PROGRAM, VERSION, READ, |_, d, e| {
-        let size = d.get_u32()? as usize;
-        let seed = d.get_u32()?;
-        if size > MAX_DATA {
-            return Err(ProcError::SystemErr);
-        }
-        e.put_opaque_ddp_with(size, MAX_DATA, |v| extend_pattern(v, size, seed))?;
-        e.put_u32(TRAILER)?;
-        Ok(())
-    });
-    reg.register(PROGRAM, VERSION, WRITE, |_, d, e| {
-        let _tag = d.get_u32()?;
-        let data = d.get_opaque_ddp(MAX_DATA)?;
-        e.put_u32(data.len() as u32)?;
-        e.put_u32(checksum(data))?;
-        Ok(())
-    });
-    reg.register(PROGRAM, VERSION, WORDS, |_, d, e| {
-        let words = d.get_array(MAX_WORDS, 4, |d| d.get_u32())?;
-        e.put_array(&words.iter().rev().copied().collect::<Vec<_>>(), MAX_WORDS, |e, w| {
-            e.put_u32(*w)
-        })?;
-        Ok(())
-    });
+    reg.register_bounded(
+        PROGRAM,
+        VERSION,
+        ECHO,
+        |d| Ok(opaque_sizing(d.get_opaque_ddp(MAX_DATA)?.len(), 0)),
+        |_, d, e| {
+            let data = d.get_opaque_ddp(MAX_DATA)?;
+            e.put_opaque_ddp(data, MAX_DATA)?;
+            Ok(())
+        },
+    );
+    reg.register_bounded(
+        PROGRAM,
+        VERSION,
+        READ,
+        |d| {
+            let size = d.get_u32()? as usize;
+            if size > MAX_DATA {
+                return Err(ProcError::SystemErr);
+            }
+            Ok(opaque_sizing(size, 4))
+        },
+        |_, d, e| {
+            let size = d.get_u32()? as usize;
+            let seed = d.get_u32()?;
+            if size > MAX_DATA {
+                return Err(ProcError::SystemErr);
+            }
+            e.put_opaque_ddp_with(size, MAX_DATA, |v| extend_pattern(v, size, seed))?;
+            e.put_u32(TRAILER)?;
+            Ok(())
+        },
+    );
+    reg.register_bounded(
+        PROGRAM,
+        VERSION,
+        WRITE,
+        |_| {
+            Ok(ReplySizing {
+                max_results: 8,
+                ddp_results: vec![],
+            })
+        },
+        |_, d, e| {
+            let _tag = d.get_u32()?;
+            let data = d.get_opaque_ddp(MAX_DATA)?;
+            e.put_u32(data.len() as u32)?;
+            e.put_u32(checksum(data))?;
+            Ok(())
+        },
+    );
+    reg.register_bounded(
+        PROGRAM,
+        VERSION,
+        WORDS,
+        |d| {
+            let n = (d.get_u32()? as usize).min(MAX_WORDS) as u32;
+            Ok(ReplySizing {
+                max_results: 4 + 4 * n,
+                ddp_results: vec![],
+            })
+        },
+        |_, d, e| {
+            let words = d.get_array(MAX_WORDS, 4, |d| d.get_u32())?;
+            e.put_array(&words.iter().rev().copied().collect::<Vec<_>>(), MAX_WORDS, |e, w| {
+                e.put_u32(*w)
+            })?;
+            Ok(())
+        },
+    );
 }
 
 /// A registry holding just the demo program.

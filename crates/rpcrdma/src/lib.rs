@@ -92,6 +92,12 @@
 //! panic; fuzz targets `rpcrdma_header`, `onc_rpc` and `record_marking` check it.
 //! Requirement IDs (RPCR-...) from the project's requirements Part B are named in
 //! the tests that cover them.
+//!
+//! What a hostile peer can make the RPC-over-RDMA Responder spend (threads, CPU while
+//! idle, connections, staging memory, reply sizes, idle time) is bounded and configurable:
+//! see "The Responder's resource model" in [`transport`]. Procedures registered with
+//! [`server::Registry::register_bounded`] declare their largest reply from their arguments,
+//! so [`server::dispatch_within`] refuses a Call whose reply cannot fit before doing the work.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use crate::rpc::{
     AcceptStat, AuthStat, AuthSys, CallHeader, RPC_VERSION, RejectStat, ReplyBody, ReplyHeader, RpcMessage, flavor,
 };
-use crate::xdr::{DdpItem, Decoder, Encoder, XdrDecode, XdrEncode, XdrError};
+use crate::xdr::{DdpItem, Decoder, Encoder, ReplySizing, XdrDecode, XdrEncode, XdrError};
 
 /// The caller's credential, as the server understood it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,10 +86,22 @@ impl From<XdrError> for ProcError {
 pub type Handler =
     Arc<dyn Fn(&CallContext, &mut Decoder<'_>, &mut Encoder<Vec<u8>>) -> Result<(), ProcError> + Send + Sync>;
 
+/// A procedure's reply bound: from its arguments (a copy of the decoder positioned
+/// at them), the largest its results can get, as the Requester provisions for them
+/// (RFC 8166 §6.2, RPCR-ULB-02). A decode error here is answered as the handler's
+/// would be (GARBAGE_ARGS, or ERR_CHUNK over RDMA).
+pub type ReplyBound = Arc<dyn Fn(&mut Decoder<'_>) -> Result<ReplySizing, ProcError> + Send + Sync>;
+
+#[derive(Clone)]
+struct Procedure {
+    handler: Handler,
+    bound: Option<ReplyBound>,
+}
+
 /// Registered programs, versions and procedures.
 #[derive(Clone, Default)]
 pub struct Registry {
-    progs: HashMap<u32, BTreeMap<u32, HashMap<u32, Handler>>>,
+    progs: HashMap<u32, BTreeMap<u32, HashMap<u32, Procedure>>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -114,12 +126,36 @@ impl Registry {
     where
         F: Fn(&CallContext, &mut Decoder<'_>, &mut Encoder<Vec<u8>>) -> Result<(), ProcError> + Send + Sync + 'static,
     {
-        self.progs
-            .entry(prog)
-            .or_default()
-            .entry(vers)
-            .or_default()
-            .insert(proc_, Arc::new(handler));
+        self.progs.entry(prog).or_default().entry(vers).or_default().insert(
+            proc_,
+            Procedure {
+                handler: Arc::new(handler),
+                bound: None,
+            },
+        );
+        self
+    }
+
+    /// Register one procedure with its reply bound: [`dispatch_within`] then checks,
+    /// before the handler runs, that a reply of `bound(args)` fits what the transport
+    /// can carry and the server's largest reply, so a small Call cannot make the server
+    /// build a large result it cannot send (issue 12 point 5). Procedures registered
+    /// with [`Registry::register`] declare no bound: their reply is checked after the
+    /// handler ran.
+    pub fn register_bounded<B, F>(&mut self, prog: u32, vers: u32, proc_: u32, bound: B, handler: F) -> &mut Self
+    where
+        B: Fn(&mut Decoder<'_>) -> Result<ReplySizing, ProcError> + Send + Sync + 'static,
+        F: Fn(&CallContext, &mut Decoder<'_>, &mut Encoder<Vec<u8>>) -> Result<(), ProcError> + Send + Sync + 'static,
+    {
+        self.register(prog, vers, proc_, handler);
+        if let Some(p) = self
+            .progs
+            .get_mut(&prog)
+            .and_then(|v| v.get_mut(&vers))
+            .and_then(|p| p.get_mut(&proc_))
+        {
+            p.bound = Some(Arc::new(bound));
+        }
         self
     }
 
@@ -131,10 +167,10 @@ impl Registry {
 
     /// Add the NULL procedure (0, no arguments, no results) to `prog`/`vers`.
     pub fn register_null(&mut self, prog: u32, vers: u32) -> &mut Self {
-        self.register(prog, vers, 0, |_, _, _| Ok(()))
+        self.register_bounded(prog, vers, 0, |_| Ok(ReplySizing::default()), |_, _, _| Ok(()))
     }
 
-    fn lookup(&self, prog: u32, vers: u32, proc_: u32) -> Result<&Handler, AcceptStat> {
+    fn lookup(&self, prog: u32, vers: u32, proc_: u32) -> Result<&Procedure, AcceptStat> {
         let versions = self.progs.get(&prog).ok_or(AcceptStat::ProgUnavail)?;
         let Some(procs) = versions.get(&vers) else {
             let low = versions.keys().next().copied().unwrap_or(0);
@@ -229,38 +265,112 @@ fn credential(h: &CallHeader<'_>) -> Result<Credential, AuthStat> {
     }
 }
 
+/// What a reply may occupy, checked before a procedure runs ([`dispatch_within`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyRoom {
+    /// The most reply octets (RPC reply header and results) the transport can carry
+    /// for this Call: over RDMA the inline threshold plus the Call's Write chunks and
+    /// Reply chunk. A procedure whose declared bound exceeds it is not run.
+    pub carry: u64,
+    /// The server's largest reply: a procedure whose declared bound exceeds it is not
+    /// run (SYSTEM_ERR), and a reply that comes out larger is replaced by SYSTEM_ERR.
+    pub max_reply: u64,
+}
+
+impl ReplyRoom {
+    /// No limit (what [`dispatch`] uses).
+    pub const UNLIMITED: ReplyRoom = ReplyRoom {
+        carry: u64::MAX,
+        max_reply: u64::MAX,
+    };
+}
+
+/// [`dispatch_within`] refused to run a procedure whose declared reply bound exceeds
+/// [`ReplyRoom::carry`]: over RDMA the Responder answers RDMA_ERROR/ERR_CHUNK (RFC 8166
+/// §4.5.3: the Requester did not provide the reply resources the binding calls for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyTooLarge {
+    /// XID.
+    pub xid: u32,
+    /// The procedure's declared bound (reply header and results).
+    pub bound: u64,
+    /// What the transport could carry.
+    pub carry: u64,
+}
+
+/// Octets of an accepted reply header with an AUTH_NONE verifier (RFC 5531 §9).
+const ACCEPTED_REPLY_HEADER: u64 = 24;
+
 /// Dispatch one call. `dec` holds the whole RPC call message (starting at the
 /// XID), with Read chunks attached when it came over RDMA. `transport` names the
 /// transport for [`CallContext::transport`].
 pub fn dispatch(registry: &Registry, dec: &mut Decoder<'_>, transport: &'static str) -> Dispatch {
+    match dispatch_within(registry, dec, transport, ReplyRoom::UNLIMITED) {
+        Ok(d) => d,
+        // the room is unlimited
+        Err(t) => accepted(t.xid, AcceptStat::SystemErr),
+    }
+}
+
+/// [`dispatch`] with the reply bounded by `room`: a procedure registered with a reply
+/// bound ([`Registry::register_bounded`]) whose bound for these arguments exceeds
+/// `room.max_reply` gets SYSTEM_ERR and one that exceeds `room.carry` gets
+/// [`ReplyTooLarge`], both without running; any reply larger than `room.max_reply`
+/// is replaced by SYSTEM_ERR.
+pub fn dispatch_within(
+    registry: &Registry,
+    dec: &mut Decoder<'_>,
+    transport: &'static str,
+    room: ReplyRoom,
+) -> Result<Dispatch, ReplyTooLarge> {
     let msg = match RpcMessage::decode(dec) {
         Ok(m) => m,
         Err(e) if e.is_chunk_placement_error() => {
-            return Dispatch::ChunkError { xid: 0, error: e };
+            return Ok(Dispatch::ChunkError { xid: 0, error: e });
         }
-        Err(_) => return Dispatch::Drop,
+        Err(_) => return Ok(Dispatch::Drop),
     };
     let RpcMessage::Call(h) = msg else {
-        return Dispatch::Drop;
+        return Ok(Dispatch::Drop);
     };
     let xid = h.xid;
     if h.rpcvers != RPC_VERSION {
-        return reply_only(
+        return Ok(reply_only(
             xid,
             ReplyBody::Denied(RejectStat::RpcMismatch {
                 low: RPC_VERSION,
                 high: RPC_VERSION,
             }),
-        );
+        ));
     }
     let cred = match credential(&h) {
         Ok(c) => c,
-        Err(s) => return reply_only(xid, ReplyBody::Denied(RejectStat::AuthError(s))),
+        Err(s) => return Ok(reply_only(xid, ReplyBody::Denied(RejectStat::AuthError(s)))),
     };
-    let handler = match registry.lookup(h.prog, h.vers, h.proc_) {
+    let procedure = match registry.lookup(h.prog, h.vers, h.proc_) {
         Ok(f) => f,
-        Err(stat) => return accepted(xid, stat),
+        Err(stat) => return Ok(accepted(xid, stat)),
     };
+    if let Some(bound) = &procedure.bound {
+        // issue 12 point 5: know the reply's size before doing the work
+        match bound(&mut dec.clone()) {
+            Ok(sizing) => {
+                let bound = ACCEPTED_REPLY_HEADER + u64::from(sizing.max_results);
+                if bound > room.max_reply {
+                    return Ok(accepted(xid, AcceptStat::SystemErr));
+                }
+                if bound > room.carry {
+                    return Err(ReplyTooLarge {
+                        xid,
+                        bound,
+                        carry: room.carry,
+                    });
+                }
+            }
+            Err(e) => return Ok(proc_error(xid, e)),
+        }
+    }
+    let handler = &procedure.handler;
     let ctx = CallContext {
         xid,
         prog: h.prog,
@@ -275,12 +385,15 @@ pub fn dispatch(registry: &Registry, dec: &mut Decoder<'_>, transport: &'static 
         .encode(&mut out)
         .is_err()
     {
-        return accepted(xid, AcceptStat::SystemErr);
+        return Ok(accepted(xid, AcceptStat::SystemErr));
     }
     let res = handler(&ctx, dec, &mut out).and_then(|()| dec.finish().map_err(ProcError::Decode));
-    match res {
+    Ok(match res {
         Ok(()) => {
             let (stream, items) = out.finish();
+            if stream.len() as u64 > room.max_reply {
+                return Ok(accepted(xid, AcceptStat::SystemErr));
+            }
             Dispatch::Reply {
                 xid,
                 stream,
@@ -288,10 +401,16 @@ pub fn dispatch(registry: &Registry, dec: &mut Decoder<'_>, transport: &'static 
                 status: ReplyStatus::Accepted(AcceptStat::Success),
             }
         }
-        Err(ProcError::Decode(e)) if e.is_chunk_placement_error() => Dispatch::ChunkError { xid, error: e },
-        Err(ProcError::Decode(_)) => accepted(xid, AcceptStat::GarbageArgs),
-        Err(ProcError::SystemErr) => accepted(xid, AcceptStat::SystemErr),
-        Err(ProcError::Auth(s)) => reply_only(xid, ReplyBody::Denied(RejectStat::AuthError(s))),
+        Err(e) => proc_error(xid, e),
+    })
+}
+
+fn proc_error(xid: u32, e: ProcError) -> Dispatch {
+    match e {
+        ProcError::Decode(e) if e.is_chunk_placement_error() => Dispatch::ChunkError { xid, error: e },
+        ProcError::Decode(_) => accepted(xid, AcceptStat::GarbageArgs),
+        ProcError::SystemErr => accepted(xid, AcceptStat::SystemErr),
+        ProcError::Auth(s) => reply_only(xid, ReplyBody::Denied(RejectStat::AuthError(s))),
     }
 }
 
@@ -423,5 +542,79 @@ mod tests {
             Dispatch::Drop
         );
         assert_eq!(dispatch(&r, &mut Decoder::new(&[0, 0]), "t"), Dispatch::Drop);
+    }
+
+    /// Issue 12 point 5 (RPCR-ULB-02, RFC 8166 §6.2): a procedure's declared reply bound is
+    /// checked against the room before the handler runs; an undeclared one's reply after.
+    #[test]
+    fn reply_bounds_are_checked_before_the_work() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let ran = Arc::new(AtomicU32::new(0));
+        let mut r = Registry::new();
+        let ran2 = ran.clone();
+        r.register_bounded(
+            100,
+            3,
+            1,
+            |d| {
+                Ok(ReplySizing {
+                    max_results: 4 + d.get_u32()?,
+                    ddp_results: vec![],
+                })
+            },
+            move |_, d, e| {
+                ran2.fetch_add(1, Ordering::Relaxed);
+                let n = d.get_u32()?;
+                e.put_opaque(&vec![1u8; n as usize], 1 << 20)?;
+                Ok(())
+            },
+        );
+        r.register(100, 3, 2, |_, d, e| {
+            let n = d.get_u32()?;
+            e.put_opaque(&vec![1u8; n as usize], 1 << 20)?;
+            Ok(())
+        });
+        let room = ReplyRoom {
+            carry: 1024,
+            max_reply: 4096,
+        };
+        let run = |proc_, n: u32| {
+            let m = call(2, 100, 3, proc_, OpaqueAuth::NONE, &n.to_be_bytes());
+            dispatch_within(&r, &mut Decoder::new(&m), "t", room)
+        };
+        // fits: runs
+        assert!(matches!(run(1, 900), Ok(Dispatch::Reply { .. })));
+        assert_eq!(ran.load(Ordering::Relaxed), 1);
+        // more than the transport can carry: refused, not run
+        assert_eq!(
+            run(1, 2000),
+            Err(ReplyTooLarge {
+                xid: 77,
+                bound: 24 + 4 + 2000,
+                carry: 1024
+            })
+        );
+        // more than the server's largest reply: SYSTEM_ERR, not run
+        let Ok(Dispatch::Reply { status, .. }) = run(1, 5000) else {
+            panic!()
+        };
+        assert_eq!(status, ReplyStatus::Accepted(AcceptStat::SystemErr));
+        assert_eq!(
+            ran.load(Ordering::Relaxed),
+            1,
+            "the handler ran only for the call that fits"
+        );
+        // undeclared: the reply is checked after
+        let Ok(Dispatch::Reply { status, .. }) = run(2, 5000) else {
+            panic!()
+        };
+        assert_eq!(status, ReplyStatus::Accepted(AcceptStat::SystemErr));
+        assert!(matches!(run(2, 2000), Ok(Dispatch::Reply { .. })));
+        // a bound whose arguments do not decode: GARBAGE_ARGS, as the handler would
+        let m = call(2, 100, 3, 1, OpaqueAuth::NONE, &[0, 0]);
+        let Ok(Dispatch::Reply { status, .. }) = dispatch_within(&r, &mut Decoder::new(&m), "t", room) else {
+            panic!()
+        };
+        assert_eq!(status, ReplyStatus::Accepted(AcceptStat::GarbageArgs));
     }
 }

@@ -54,6 +54,10 @@ fn delta(s: &Setup, f: impl FnOnce()) -> StatsSnapshot {
         replies_inline: b.replies_inline - a.replies_inline,
         replies_write_chunks: b.replies_write_chunks - a.replies_write_chunks,
         replies_long: b.replies_long - a.replies_long,
+        refused: b.refused - a.refused,
+        idle_closed: b.idle_closed - a.idle_closed,
+        short_reads: b.short_reads - a.short_reads,
+        no_stage: b.no_stage - a.no_stage,
     }
 }
 

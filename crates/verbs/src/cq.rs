@@ -196,20 +196,19 @@ impl CompletionQueue {
             if let Some(wc) = s.entries.pop_front() {
                 return Some(wc);
             }
-            // Sleep in short slices so progress that only `poll` can drive
-            // (none today: providers have a background thread) is not starved.
-            let slice = Duration::from_millis(100);
-            let wait = match deadline {
-                None => slice,
+            // Sleep until a provider pushes a completion (providers make progress on their
+            // own threads once parked) or the deadline passes: no periodic wake-ups, so an
+            // idle waiter costs no CPU.
+            s = match deadline {
+                None => self.inner.cond.wait(s).unwrap(),
                 Some(d) => {
                     let now = Instant::now();
                     if now >= d {
                         return None;
                     }
-                    slice.min(d - now)
+                    self.inner.cond.wait_timeout(s, d - now).unwrap().0
                 }
             };
-            s = self.inner.cond.wait_timeout(s, wait).unwrap().0;
         }
     }
 

@@ -31,6 +31,52 @@
 //!   after a reconnect when the connection is lost or a Reply does not come.
 //! * **Reverse direction** (RFC 8167, Short messages only): [`RdmaServer::backchannels`]
 //!   calls a client opened with [`RdmaClient::connect_with_backchannel`] (see [`backchannel`]).
+//!
+//! ## The Responder's resource model
+//!
+//! What a remote, unauthenticated peer can make an [`RdmaServer`] spend is bounded by
+//! [`RdmaConfig`]:
+//!
+//! * **Threads**: [`RdmaConfig::workers`] (default 4) worker threads serve every connection, plus
+//!   one accept thread; no thread per connection. Each worker owns one completion queue that
+//!   the QPs of its connections share; the QP number in each completion says which
+//!   connection it belongs to. A worker answers the Calls of its connections one at a time
+//!   (each connection's in arrival order); while it waits for an RDMA Read or Send of one
+//!   connection, completions of the others are kept for them.
+//! * **CPU while idle**: a worker sleeps in its completion queue with no timeout, or with
+//!   the nearest idle deadline; nothing wakes periodically (the verbs CQ's blocking wait
+//!   has no slices). The accept thread looks at the stop flag four times a second (a verbs
+//!   listener cannot be woken otherwise), which costs nothing measurable.
+//! * **Connections**: at most [`RdmaConfig::max_connections`] (default 1024); a connect request
+//!   beyond that is rejected at the CM level (an MPA Reject, no private data, which an RFC
+//!   8797 peer treats as a refusal) and logged at warn level with the peer's address.
+//! * **Idle timeout**: a connection with no message for [`RdmaConfig::idle_timeout`]
+//!   (default 5 min) is disconnected cleanly (no Terminate), logged at info level.
+//! * **Arguments**: a Call's Read chunks together may name at most
+//!   [`RdmaConfig::max_call`] (default 8 MiB) (and each at most [`RdmaConfig::max_chunk`]):
+//!   beyond that RDMA_ERROR/ERR_CHUNK, without any RDMA Read (RFC 8166 §8.1.4,
+//!   RPCR-SEC-05). Every Read is signalled and only what its completion says was placed
+//!   counts: a Read Response shorter than its Read gets ERR_CHUNK, the procedure does not
+//!   run on the unfilled rest.
+//! * **Replies**: a procedure registered with [`crate::server::Registry::register_bounded`]
+//!   declares the largest its reply can get from its arguments; before it runs, a bound
+//!   above what the Call can carry (inline threshold + Write chunks + Reply chunk) gets
+//!   ERR_CHUNK and a bound above [`RdmaConfig::max_reply`] (default 64 MiB + 64 KiB) gets
+//!   SYSTEM_ERR. A reply of a procedure without a bound is checked after it ran (SYSTEM_ERR
+//!   above `max_reply`, ERR_CHUNK when it does not fit the chunks). Since a worker builds one
+//!   reply at a time, replies being built take at most `workers × max_reply`.
+//! * **Staging** (registered memory for pulled Read chunks and results to RDMA Write): all
+//!   connections together at most [`RdmaConfig::max_staging`] (default 512 MiB); a connection keeps
+//!   a stage of up to 4 MiB between Calls (it counts against the budget) and gives back a
+//!   larger one after each message. A Call that finds no room gets an RPC SYSTEM_ERR.
+//! * **Per connection** besides: `(credits + 8) × inline_recv` of receive buffers (40 KiB by default)
+//!   and one send buffer of the inline reply threshold.
+//! * **Diagnostics**: the end of every connection is logged with its QP number and peer
+//!   address: "peer closed the connection" (info) when the peer disconnected, "connection
+//!   failed: ..." (warn) with the Terminate (received or sent) or RDMA error otherwise.
+//!
+//! A worker waits at most [`RdmaConfig::timeout`] for one RDMA operation of a Call: a peer
+//! that never answers an RDMA Read holds its worker's other connections that long.
 
 pub mod backchannel;
 mod requester;
@@ -63,6 +109,22 @@ pub struct RdmaConfig {
     pub max_retries: u32,
     /// Responder: largest Read chunk it pulls (RFC 8166 §8.1.4).
     pub max_chunk: u64,
+    /// Responder: largest total of one Call's Read chunks (Position-Zero included); a
+    /// Call naming more gets ERR_CHUNK without any RDMA Read (RPCR-SEC-05). This is the
+    /// per-connection staging for arguments: a connection answers one Call at a time.
+    pub max_call: u64,
+    /// Responder: largest reply (RPC reply header and results). A procedure whose
+    /// declared bound is larger gets SYSTEM_ERR without running.
+    pub max_reply: u64,
+    /// Responder: staging memory (Read chunks pulled, results to RDMA Write) of all
+    /// connections together; a Call that finds no room gets SYSTEM_ERR.
+    pub max_staging: u64,
+    /// Responder: most connections at once; more connect requests are rejected.
+    pub max_connections: usize,
+    /// Responder: a connection with no message for this long is disconnected (`None`: never).
+    pub idle_timeout: Option<Duration>,
+    /// Responder: worker threads that serve all connections.
+    pub workers: usize,
     /// Requester: force Long Calls, or never reduce.
     pub call_options: CallOptions,
     /// IRD and ORD for RDMA Reads.
@@ -86,6 +148,12 @@ impl Default for RdmaConfig {
             timeout: Duration::from_secs(30),
             max_retries: 2,
             max_chunk: 64 << 20,
+            max_call: 8 << 20,
+            max_reply: (64 << 20) + (64 << 10),
+            max_staging: 512 << 20,
+            max_connections: 1024,
+            idle_timeout: Some(Duration::from_secs(300)),
+            workers: 4,
             call_options: CallOptions::default(),
             rd_atomic: 16,
             connect_settle: Duration::ZERO,
@@ -102,5 +170,7 @@ pub(crate) mod wrid {
     pub const READ: u64 = 5 << 56;
     pub const WRITE: u64 = 6 << 56;
     pub const BC_SEND: u64 = 7 << 56;
+    /// Not a work request: the Responder's accept thread waking a worker.
+    pub const WAKE: u64 = 8 << 56;
     pub const KIND: u64 = 0xff << 56;
 }

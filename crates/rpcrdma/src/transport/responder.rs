@@ -1,9 +1,10 @@
-//! The Responder (RPC server) on verbs: one thread per connection, Calls
-//! answered in arrival order.
+//! The Responder (RPC server) on verbs: a bounded pool of workers, each sleeping in one
+//! completion queue that its connections' QPs share; each connection's Calls answered in
+//! arrival order. The resource model is in the docs of [`crate::transport`].
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -18,7 +19,7 @@ use super::{RdmaConfig, wrid};
 use crate::credits::ResponderCredits;
 use crate::inline::{ReplyForm, Thresholds, plan_reply};
 use crate::private_data::{PrivateData, Side, negotiate};
-use crate::server::{Dispatch, Registry, dispatch};
+use crate::server::{Dispatch, Registry, ReplyRoom, dispatch_within};
 use crate::validate::{
     CallPayload, FailedXids, ResponderDecision, ResponderPolicy, check_payload_xid, garbage_args_message, validate_call,
 };
@@ -53,6 +54,14 @@ pub struct ServerStats {
     pub replies_write_chunks: AtomicU64,
     /// Long Replies (RDMA_NOMSG through the Reply chunk).
     pub replies_long: AtomicU64,
+    /// Connect requests refused at [`RdmaConfig::max_connections`].
+    pub refused: AtomicU64,
+    /// Connections closed by the idle timeout.
+    pub idle_closed: AtomicU64,
+    /// Calls whose Read chunks came back short (answered ERR_CHUNK).
+    pub short_reads: AtomicU64,
+    /// Calls refused because the staging budget had no room (answered SYSTEM_ERR).
+    pub no_stage: AtomicU64,
 }
 
 /// A plain copy of [`ServerStats`].
@@ -71,6 +80,10 @@ pub struct StatsSnapshot {
     pub replies_inline: u64,
     pub replies_write_chunks: u64,
     pub replies_long: u64,
+    pub refused: u64,
+    pub idle_closed: u64,
+    pub short_reads: u64,
+    pub no_stage: u64,
 }
 
 /// A running RPC-over-RDMA server.
@@ -79,11 +92,69 @@ pub struct RdmaServer {
     conns: Arc<Mutex<Vec<std::sync::Weak<backchannel::Shared>>>>,
     stop: Arc<AtomicBool>,
     stats: Arc<ServerStats>,
+    workers: Vec<Arc<WorkerHandle>>,
     accept: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// A worker's completion queue (shared by its connections' QPs) and its inbox of new
+/// connections.
+struct WorkerHandle {
+    cq: CompletionQueue,
+    inbox: Mutex<Vec<Conn>>,
+    /// Connections this worker serves (for picking the least loaded one).
+    load: AtomicUsize,
+}
+
+impl WorkerHandle {
+    /// Wake the worker out of its completion wait (new connection, or stop).
+    fn wake(&self) {
+        let _ = self.cq.push(WorkCompletion {
+            wr_id: wrid::WAKE,
+            status: WcStatus::Success,
+            opcode: verbs::WcOpcode::Send,
+            byte_len: 0,
+            qp_num: 0,
+            imm_data: None,
+            invalidated_rkey: None,
+            solicited: false,
+            vendor_err: 0,
+        });
+    }
+}
+
+/// How long the accept thread waits for a connect request before it looks at the stop flag.
+const ACCEPT_POLL: Duration = Duration::from_millis(250);
+
+/// A stage larger than this is released after each message (its budget goes back).
+const KEEP_STAGE: usize = 4 << 20;
+
+/// Staging memory of all connections of one server ([`RdmaConfig::max_staging`]).
+struct Budget {
+    used: AtomicU64,
+    max: u64,
+}
+
+impl Budget {
+    fn take(&self, n: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                u.checked_add(n).filter(|&t| t <= self.max)
+            })
+            .is_ok()
+    }
+
+    fn give(&self, n: u64) {
+        self.used.fetch_sub(n, Ordering::AcqRel);
+    }
 }
 
 impl RdmaServer {
     /// Listen on `addr` of `dev` and serve `registry` until dropped.
+    ///
+    /// [`RdmaConfig::workers`] threads serve every connection (each owns one completion
+    /// queue that its connections' QPs share, and sleeps in it while nothing arrives); one
+    /// more thread accepts connections, up to [`RdmaConfig::max_connections`].
     pub fn spawn(
         dev: &Device,
         addr: SocketAddr,
@@ -95,31 +166,73 @@ impl RdmaServer {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(ServerStats::default());
         let recovery = Arc::new(Recovery::default());
+        let budget = Arc::new(Budget {
+            used: AtomicU64::new(0),
+            max: cfg.max_staging,
+        });
+        let live = Arc::new(AtomicUsize::new(0));
         let conns: Arc<Mutex<Vec<std::sync::Weak<backchannel::Shared>>>> = Arc::default();
-        let (stop2, stats2, dev, conns2) = (stop.clone(), stats.clone(), dev.clone(), conns.clone());
+        let nworkers = cfg.workers.max(1);
+        let credits = cfg.credits.max(1);
+        let per_worker = cfg.max_connections.max(1).div_ceil(nworkers);
+        let mut workers = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..nworkers {
+            // room for every completion its connections can have outstanding, and the wake-ups
+            let cq = dev.create_cq(per_worker * cq_per_conn(credits) + 64)?;
+            let w = Arc::new(WorkerHandle {
+                cq,
+                inbox: Mutex::new(Vec::new()),
+                load: AtomicUsize::new(0),
+            });
+            let (w2, stop2, live2, idle) = (w.clone(), stop.clone(), live.clone(), cfg.idle_timeout);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("rpcrdma-worker-{i}"))
+                    .spawn(move || worker(&w2, &stop2, &live2, idle))
+                    .map_err(verbs::Error::Io)?,
+            );
+            workers.push(w);
+        }
+        let ctx = AcceptCtx {
+            registry,
+            cfg,
+            recovery,
+            stats: stats.clone(),
+            budget,
+            conns: conns.clone(),
+        };
+        let (stop2, dev, workers2) = (stop.clone(), dev.clone(), workers.clone());
         let accept = std::thread::Builder::new()
             .name("rpcrdma-accept".into())
             .spawn(move || {
                 while !stop2.load(Ordering::Relaxed) {
-                    let Ok(req) = listener.get_request(Some(Duration::from_millis(50))) else {
+                    let Ok(req) = listener.get_request(Some(ACCEPT_POLL)) else {
                         continue;
                     };
-                    let (reg, cfg, recovery, stop, stats, conns) = (
-                        registry.clone(),
-                        cfg.clone(),
-                        recovery.clone(),
-                        stop2.clone(),
-                        stats2.clone(),
-                        conns2.clone(),
-                    );
-                    let pd = dev.alloc_pd();
-                    let _ = std::thread::Builder::new()
-                        .name("rpcrdma-server".into())
-                        .spawn(move || {
-                            if let Err(e) = serve(req, &pd, reg, cfg, recovery, stop, stats, &conns) {
-                                tracing::debug!("rpcrdma server connection: {e}");
-                            }
-                        });
+                    let peer = req.peer_addr();
+                    if live.load(Ordering::Acquire) >= ctx.cfg.max_connections {
+                        // the connection cap: refuse at the CM level (no private data: RFC 8797
+                        // defines none for a reject), and say so
+                        tracing::warn!(%peer, cap = ctx.cfg.max_connections, "rpcrdma server: connection refused: at the connection cap");
+                        ctx.stats.refused.fetch_add(1, Ordering::Relaxed);
+                        let _ = req.reject(&[]);
+                        continue;
+                    }
+                    let w = workers2
+                        .iter()
+                        .min_by_key(|w| w.load.load(Ordering::Relaxed))
+                        .expect("at least one worker");
+                    match accept_conn(req, &dev.alloc_pd(), &w.cq, &ctx) {
+                        Ok(c) => {
+                            live.fetch_add(1, Ordering::AcqRel);
+                            w.load.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(%peer, qp = c.qpn, "rpcrdma server: connection accepted");
+                            w.inbox.lock().unwrap().push(c);
+                            w.wake();
+                        }
+                        Err(e) => tracing::info!(%peer, "rpcrdma server: accept failed: {e}"),
+                    }
                 }
             })
             .map_err(verbs::Error::Io)?;
@@ -128,10 +241,11 @@ impl RdmaServer {
             conns,
             stop,
             stats,
+            workers,
             accept: Some(accept),
+            threads,
         })
     }
-
     /// The listening address.
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
@@ -166,6 +280,10 @@ impl RdmaServer {
             replies_inline: g(&s.replies_inline),
             replies_write_chunks: g(&s.replies_write_chunks),
             replies_long: g(&s.replies_long),
+            refused: g(&s.refused),
+            idle_closed: g(&s.idle_closed),
+            short_reads: g(&s.short_reads),
+            no_stage: g(&s.no_stage),
         }
     }
 }
@@ -176,6 +294,12 @@ impl Drop for RdmaServer {
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
+        for w in &self.workers {
+            w.wake();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
     }
 }
 
@@ -184,8 +308,13 @@ type Fatal = String;
 
 struct Conn {
     qp: Arc<QueuePair>,
+    qpn: u32,
+    peer: SocketAddr,
     bc: Arc<backchannel::Shared>,
+    /// The worker's completion queue, shared with its other connections.
     cq: CompletionQueue,
+    /// Completions of the worker's other connections met while this one waited.
+    others: Vec<WorkCompletion>,
     pd: ProtectionDomain,
     th: Thresholds,
     remote_inv: bool,
@@ -206,11 +335,56 @@ struct Conn {
     /// This connection's serial in [`Recovery::unsettled`].
     serial: u64,
     stage: Option<MemoryRegion>,
+    budget: Arc<Budget>,
+    max_call: u64,
+    max_reply: u64,
     send_mr: MemoryRegion,
     next_wr: u64,
     timeout: Duration,
-    stop: Arc<AtomicBool>,
+    /// Last time a message arrived (for the idle timeout).
+    last_active: Instant,
+    /// We closed it for being idle.
+    idle_closed: bool,
+    /// We closed it because the server stops.
+    stopping: bool,
     stats: Arc<ServerStats>,
+}
+
+/// Completions one connection can have outstanding: its receives, and the Reads, Writes
+/// and Sends of one Call (the Responder answers Calls one at a time).
+fn cq_per_conn(credits: u32) -> usize {
+    8 * credits as usize + 64 + BC_CREDITS as usize
+}
+
+/// What the accept thread hands every new connection.
+struct AcceptCtx {
+    registry: Arc<Registry>,
+    cfg: RdmaConfig,
+    recovery: Arc<Recovery>,
+    stats: Arc<ServerStats>,
+    budget: Arc<Budget>,
+    conns: Arc<Mutex<Vec<std::sync::Weak<backchannel::Shared>>>>,
+}
+
+/// What [`Conn::pull`] got.
+enum Pulled {
+    /// Every chunk, concatenated.
+    Data(Vec<u8>),
+    /// The chunks add up to more than [`RdmaConfig::max_call`].
+    TooLarge(u64),
+    /// A Read Response placed fewer octets than its Read asked for.
+    Short,
+    /// The server's staging budget has no room now.
+    NoStage,
+}
+
+/// An accepted RPC reply with SYSTEM_ERR.
+fn system_err(xid: u32) -> Result<Vec<u8>, Fatal> {
+    crate::rpc::encode_reply_header(&crate::rpc::ReplyHeader::accepted(
+        xid,
+        crate::rpc::AcceptStat::SystemErr,
+    ))
+    .map_err(|e| e.to_string())
 }
 
 /// How many XIDs with RDMA Reads or Writes a connection remembers for RPCR-MEM-05.
@@ -276,19 +450,17 @@ impl Recovery {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn serve(
+/// Accept `req` with a QP on `cq` (the worker's), receives posted first.
+fn accept_conn(
     req: ConnectRequest,
     pd: &ProtectionDomain,
-    registry: Arc<Registry>,
-    cfg: RdmaConfig,
-    recovery: Arc<Recovery>,
-    stop: Arc<AtomicBool>,
-    stats: Arc<ServerStats>,
-    conns: &Mutex<Vec<std::sync::Weak<backchannel::Shared>>>,
-) -> Result<(), Fatal> {
+    cq: &CompletionQueue,
+    ctx: &AcceptCtx,
+) -> Result<Conn, Fatal> {
+    let cfg = &ctx.cfg;
     let e = |e: verbs::Error| e.to_string();
     let credits = cfg.credits.max(1);
+    let peer_addr = req.peer_addr();
     let peer = PrivateData::find(req.private_data());
     let local =
         PrivateData::new(cfg.inline_send, cfg.inline_recv, cfg.remote_invalidation).map_err(|e| e.to_string())?;
@@ -298,7 +470,6 @@ fn serve(
         PrivateData::default()
     };
     let neg = negotiate(Side::Server, &mine, peer.as_ref());
-    let cq = pd.device().create_cq(8 * credits as usize + 64).map_err(e)?;
     // RPCR-CRD-04: the receives for the largest grant are posted before the
     // connection goes live (rdma_cm order: create_qp, post_recv, accept)
     let recv_size = mine.recv_size as usize;
@@ -311,7 +482,7 @@ fn serve(
             sg_list: vec![recv_mr.sge(i * recv_size, recv_size as u32)],
         })
         .collect();
-    let mut opts = QpOptions::new(&cq)
+    let mut opts = QpOptions::new(cq)
         .rd_atomic(cfg.rd_atomic, cfg.rd_atomic)
         .post_recv(recvs);
     opts.attr.max_recv_wr = opts.attr.max_recv_wr.max(slots);
@@ -320,16 +491,19 @@ fn serve(
     }
     let qp = Arc::new(req.accept(pd, opts).map_err(e)?);
     let bc = backchannel::Shared::new(qp.clone(), pd.clone(), neg.thresholds);
-    conns.lock().unwrap().push(Arc::downgrade(&bc));
-    stats.connections.fetch_add(1, Ordering::Relaxed);
+    ctx.conns.lock().unwrap().push(Arc::downgrade(&bc));
+    ctx.stats.connections.fetch_add(1, Ordering::Relaxed);
     let send_mr = pd
         .reg_mr(neg.thresholds.reply.max(1024) as usize, Access::LOCAL_WRITE)
         .map_err(e)?;
-    let serial = recovery.serials.fetch_add(1, Ordering::Relaxed);
-    let mut c = Conn {
+    let serial = ctx.recovery.serials.fetch_add(1, Ordering::Relaxed);
+    Ok(Conn {
+        qpn: qp.qp_num(),
         qp,
+        peer: peer_addr,
         bc,
-        cq,
+        cq: cq.clone(),
+        others: Vec::new(),
         pd: pd.clone(),
         th: neg.thresholds,
         remote_inv: neg.remote_invalidation,
@@ -340,65 +514,219 @@ fn serve(
         overrun: false,
         policy: ResponderPolicy {
             limits: Limits::default(),
-            max_chunk: cfg.max_chunk,
+            // RPCR-SEC-05: no chunk larger than the whole Call may be
+            max_chunk: cfg.max_chunk.min(cfg.max_call),
         },
-        registry,
-        recovery,
+        registry: ctx.registry.clone(),
+        recovery: ctx.recovery.clone(),
         backlog: VecDeque::new(),
         recent_rdma: VecDeque::new(),
         serial,
         stage: None,
+        budget: ctx.budget.clone(),
+        max_call: cfg.max_call,
+        max_reply: cfg.max_reply,
         send_mr,
         next_wr: 1,
         timeout: cfg.timeout,
-        stop,
-        stats,
-    };
-    let r = c.run();
-    // the fate of this connection's RDMA Reads and Writes is known now (recorded as failed by a Terminate)
-    c.recovery.settle(&c.recent_rdma, c.serial);
-    c.bc.close();
-    if r.is_err() {
-        c.stats.fatal.fetch_add(1, Ordering::Relaxed);
+        last_active: Instant::now(),
+        idle_closed: false,
+        stopping: false,
+        stats: ctx.stats.clone(),
+    })
+}
+
+/// One worker: sleeps in its completion queue (no timeout unless a connection's idle
+/// deadline is pending), hands each completion to the connection whose QP it names, and
+/// ends connections that close, fail or stay idle too long.
+fn worker(w: &WorkerHandle, stop: &AtomicBool, live: &AtomicUsize, idle: Option<Duration>) {
+    let mut st = WorkerState::default();
+    let mut stopping = false;
+    loop {
+        if stop.load(Ordering::Relaxed) && !stopping {
+            stopping = true;
+            for c in st.conns.values_mut() {
+                c.stopping = true;
+                c.qp.disconnect();
+            }
+        }
+        st.take_inbox(w, stopping);
+        if stopping && st.conns.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let deadline = idle.and_then(|t| {
+            st.conns
+                .values()
+                .filter(|c| !c.idle_closed)
+                .map(|c| c.last_active + t)
+                .min()
+        });
+        // a completion that came before its connection reached the inbox is retried soon
+        let wait = match (deadline, st.orphans.is_empty()) {
+            (d, true) => d.map(|d| d.saturating_duration_since(now)),
+            (d, false) => Some(
+                d.map_or(ORPHAN_RETRY, |d| d.saturating_duration_since(now))
+                    .min(ORPHAN_RETRY),
+            ),
+        };
+        let first = w.cq.wait_spin(Duration::ZERO, wait);
+        st.take_inbox(w, stopping);
+        for o in std::mem::take(&mut st.orphans) {
+            st.route(o);
+        }
+        if let Some(wc) = first {
+            st.route((wc, Instant::now()));
+        }
+        // and whatever else is there, without sleeping
+        while let Some(wc) = w.cq.poll_one() {
+            st.route((wc, Instant::now()));
+        }
+        while let Some(qpn) = st.pending.pop_front() {
+            let Some(c) = st.conns.get_mut(&qpn) else { continue };
+            let r = c.step();
+            // what this connection met for its neighbours while it waited, in order
+            let others = std::mem::take(&mut c.others);
+            if !matches!(r, Ok(true)) {
+                let mut c = st.conns.remove(&qpn).expect("present");
+                c.finish(r.err());
+                live.fetch_sub(1, Ordering::AcqRel);
+                w.load.fetch_sub(1, Ordering::Relaxed);
+                if st.closed.len() == CLOSED_REMEMBERED {
+                    st.closed.pop_front();
+                }
+                st.closed.push_back(qpn);
+            }
+            st.take_inbox(w, stopping);
+            for o in others {
+                st.route((o, Instant::now()));
+            }
+        }
+        if let Some(t) = idle {
+            let now = Instant::now();
+            for c in st.conns.values_mut() {
+                if !c.idle_closed && now.duration_since(c.last_active) >= t {
+                    // idle timeout: close cleanly; the flushed receives end it
+                    tracing::info!(qp = c.qpn, peer = %c.peer, idle_s = t.as_secs(), "rpcrdma server: closing idle connection");
+                    c.idle_closed = true;
+                    c.stats.idle_closed.fetch_add(1, Ordering::Relaxed);
+                    c.qp.disconnect();
+                }
+            }
+        }
     }
-    c.qp.disconnect();
-    r
+}
+
+/// How long a completion whose connection is not in the worker's map yet waits for it
+/// (the accept thread pushes a connection right after `accept` returns).
+const ORPHAN_RETRY: Duration = Duration::from_millis(20);
+/// How long such a completion is kept at most.
+const ORPHAN_MAX: Duration = Duration::from_secs(10);
+/// Closed QPs a worker remembers, to drop their last flushed completions at once.
+const CLOSED_REMEMBERED: usize = 1024;
+
+#[derive(Default)]
+struct WorkerState {
+    conns: std::collections::HashMap<u32, Conn>,
+    /// Connections with completions to handle, in arrival order.
+    pending: VecDeque<u32>,
+    /// Completions for QPs not (yet) in `conns`, with when they came.
+    orphans: Vec<(WorkCompletion, Instant)>,
+    closed: VecDeque<u32>,
+}
+
+impl WorkerState {
+    fn take_inbox(&mut self, w: &WorkerHandle, stopping: bool) {
+        for mut c in w.inbox.lock().unwrap().drain(..) {
+            if stopping {
+                c.stopping = true;
+                c.qp.disconnect();
+            }
+            self.conns.insert(c.qpn, c);
+        }
+    }
+
+    fn route(&mut self, (wc, since): (WorkCompletion, Instant)) {
+        if wc.wr_id == wrid::WAKE {
+            return;
+        }
+        let qpn = wc.qp_num;
+        match self.conns.get_mut(&qpn) {
+            Some(c) => {
+                c.admit(&wc);
+                c.backlog.push_back(wc);
+                if !self.pending.contains(&qpn) {
+                    self.pending.push_back(qpn);
+                }
+            }
+            None if self.closed.contains(&qpn) => {}
+            None if since.elapsed() < ORPHAN_MAX => self.orphans.push((wc, since)),
+            None => tracing::debug!(qp = qpn, "rpcrdma server: completion for an unknown connection"),
+        }
+    }
 }
 
 impl Conn {
-    fn run(&mut self) -> Result<(), Fatal> {
-        loop {
-            let wc = match self.backlog.pop_front() {
-                Some(wc) => wc,
-                None => match self.poll(Duration::from_millis(50))? {
-                    Some(wc) => wc,
-                    None => {
-                        if self.stop.load(Ordering::Relaxed) {
-                            return Ok(());
-                        }
-                        if let Some(ev) = self.qp.get_event(Some(Duration::ZERO)) {
-                            match ev {
-                                CmEvent::Established => {}
-                                CmEvent::Disconnected => return Ok(()),
-                                other => return Err(self.ended_by(other)),
-                            }
-                        }
-                        continue;
-                    }
-                },
-            };
+    /// Count an arrival against the grant (before it is handled, as the Requester sent it).
+    fn admit(&mut self, wc: &WorkCompletion) {
+        if wc.wr_id & wrid::KIND == wrid::RECV && wc.status == WcStatus::Success {
+            // reverse-direction Replies have their own receives and are not Calls (RFC 8167 §4.1)
+            let slot = (wc.wr_id & !wrid::KIND) as usize;
+            let head = self
+                .recv_mr
+                .to_vec(slot * self.recv_size, (wc.byte_len as usize).min(36))
+                .unwrap_or_default();
+            if !backchannel::looks_like_reverse_reply(&head) && self.credits.on_call().is_err() {
+                self.overrun = true;
+            }
+        }
+    }
+
+    /// The connection is over: settle its XIDs, close it, say why.
+    fn finish(&mut self, err: Option<Fatal>) {
+        // the fate of this connection's RDMA Reads and Writes is known now (recorded as failed by a Terminate)
+        self.recovery.settle(&self.recent_rdma, self.serial);
+        self.bc.close();
+        self.release_stage();
+        match &err {
+            Some(e) => {
+                self.stats.fatal.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(qp = self.qpn, peer = %self.peer, "rpcrdma server: connection failed: {e}");
+            }
+            None if self.idle_closed => {
+                tracing::info!(qp = self.qpn, peer = %self.peer, "rpcrdma server: idle connection closed")
+            }
+            None if self.stopping => {
+                tracing::debug!(qp = self.qpn, peer = %self.peer, "rpcrdma server: connection closed (server stops)")
+            }
+            None => tracing::info!(qp = self.qpn, peer = %self.peer, "rpcrdma server: peer closed the connection"),
+        }
+        self.qp.disconnect();
+    }
+
+    /// Handle what arrived. `Ok(false)` when the connection ended cleanly.
+    fn step(&mut self) -> Result<bool, Fatal> {
+        while let Some(wc) = self.backlog.pop_front() {
+            if wc.wr_id & wrid::KIND != wrid::RECV {
+                // a completion of an operation we no longer wait for (a reverse Call's Send)
+                if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
+                    return Err(format!("{:?} failed: {}", wc.opcode, wc.status));
+                }
+                continue;
+            }
             if wc.status != WcStatus::Success {
                 if wc.status == WcStatus::WrFlushErr {
-                    // flushed: closed by the peer, or a Terminate put the QP in error
+                    // flushed: closed by the peer, by us, or a Terminate put the QP in error
                     while let Some(ev) = self.qp.get_event(Some(Duration::ZERO)) {
                         if !matches!(ev, CmEvent::Established | CmEvent::Disconnected) {
                             return Err(self.ended_by(ev));
                         }
                     }
-                    return Ok(());
+                    return Ok(false);
                 }
                 return Err(format!("receive failed: {}", wc.status));
             }
+            self.last_active = Instant::now();
             let slot = (wc.wr_id & !wrid::KIND) as usize;
             let off = slot * self.recv_size;
             let msg = self
@@ -422,7 +750,18 @@ impl Conn {
                 // more Calls than granted (RPCR-CRD-01 violated by the peer)
                 return Err("credit overrun by the requester".into());
             }
-            self.on_message(&msg)?;
+            let r = self.on_message(&msg);
+            if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
+                self.release_stage();
+            }
+            r?;
+        }
+        Ok(true)
+    }
+
+    fn release_stage(&mut self) {
+        if let Some(m) = self.stage.take() {
+            self.budget.give(m.len() as u64);
         }
     }
 
@@ -453,30 +792,33 @@ impl Conn {
             }
             tracing::debug!(xids = ?self.recent_rdma, "rpcrdma server: Terminate after RDMA on chunks");
         }
-        format!("{ev:?}")
+        match ev {
+            CmEvent::TerminateReceived(t) => format!("peer sent a Terminate: {t:?}"),
+            CmEvent::TerminateSent(t) => format!("we sent a Terminate (peer violated the protocol): {t:?}"),
+            CmEvent::ConnectionError(e) => format!("transport error (peer reset?): {e}"),
+            other => format!("{other:?}"),
+        }
     }
 
-    /// One completion; Receives (arrivals) are counted against the grant and kept for later.
+    /// One completion of this connection; Receives (arrivals) are counted against the grant.
+    /// Completions of the worker's other connections are kept for them.
     fn poll(&mut self, timeout: Duration) -> Result<Option<WorkCompletion>, Fatal> {
         let Some(wc) = self.cq.wait(Some(timeout)) else {
             return Ok(None);
         };
-        if wc.wr_id & wrid::KIND == wrid::RECV && wc.status == WcStatus::Success {
-            // reverse-direction Replies have their own receives and are not Calls (RFC 8167 §4.1)
-            let slot = (wc.wr_id & !wrid::KIND) as usize;
-            let head = self
-                .recv_mr
-                .to_vec(slot * self.recv_size, (wc.byte_len as usize).min(36))
-                .unwrap_or_default();
-            if !backchannel::looks_like_reverse_reply(&head) && self.credits.on_call().is_err() {
-                self.overrun = true;
+        if wc.qp_num != self.qpn || wc.wr_id == wrid::WAKE {
+            // the worker looks at its inbox and the stop flag after this step anyway
+            if wc.wr_id != wrid::WAKE {
+                self.others.push(wc);
             }
+            return Ok(None);
         }
+        self.admit(&wc);
         Ok(Some(wc))
     }
 
     /// Wait for the completion of work request `id`, keeping arrivals.
-    fn wait_for(&mut self, id: u64) -> Result<(), Fatal> {
+    fn wait_for(&mut self, id: u64) -> Result<WorkCompletion, Fatal> {
         let deadline = Instant::now() + self.timeout;
         loop {
             let Some(wc) = self.poll(Duration::from_millis(20))? else {
@@ -499,7 +841,7 @@ impl Conn {
                 ));
             }
             if wc.wr_id == id {
-                return Ok(());
+                return Ok(wc);
             }
         }
     }
@@ -509,15 +851,24 @@ impl Conn {
         kind | (self.next_wr & 0xffff_ffff_ffff)
     }
 
-    fn stage(&mut self, len: usize) -> Result<&MemoryRegion, Fatal> {
+    /// A registered stage of at least `len` octets, its growth taken from the server's
+    /// staging budget; `Ok(None)` when the budget has no room.
+    fn stage(&mut self, len: usize) -> Result<Option<&MemoryRegion>, Fatal> {
         if self.stage.as_ref().is_none_or(|m| m.len() < len) {
-            let m = self
-                .pd
-                .reg_mr(len.next_power_of_two().max(4096), Access::LOCAL_WRITE)
-                .map_err(|e| e.to_string())?;
-            self.stage = Some(m);
+            let size = len.next_power_of_two().max(4096);
+            self.release_stage();
+            if !self.budget.take(size as u64) {
+                return Ok(None);
+            }
+            match self.pd.reg_mr(size, Access::LOCAL_WRITE) {
+                Ok(m) => self.stage = Some(m),
+                Err(e) => {
+                    self.budget.give(size as u64);
+                    return Err(e.to_string());
+                }
+            }
         }
-        Ok(self.stage.as_ref().expect("just set"))
+        Ok(self.stage.as_ref())
     }
 
     fn on_message(&mut self, msg: &[u8]) -> Result<(), Fatal> {
@@ -559,8 +910,25 @@ impl Conn {
                 if !chunks.is_empty() {
                     self.note_rdma(xid);
                 }
+                let lists = vc.lists().clone();
                 let pulled = match self.pull(&chunks) {
-                    Ok(p) => p,
+                    Ok(Pulled::Data(p)) => p,
+                    Ok(Pulled::TooLarge(total)) => {
+                        tracing::debug!(xid, total, max = self.max_call, "rpcrdma server: Read chunks too large");
+                        return self.send_error(&fixed, ErrorBody::Chunk);
+                    }
+                    Ok(Pulled::Short) => {
+                        // a Read Response shorter than its Read: the chunk is not what the
+                        // Requester said it is (RFC 8166 §4.5.3)
+                        tracing::info!(xid, qp = self.qpn, peer = %self.peer, "rpcrdma server: short RDMA Read Response");
+                        self.stats.short_reads.fetch_add(1, Ordering::Relaxed);
+                        return self.send_error(&fixed, ErrorBody::Chunk);
+                    }
+                    Ok(Pulled::NoStage) => {
+                        tracing::info!(xid, qp = self.qpn, "rpcrdma server: staging budget exhausted");
+                        self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
+                        return self.send_system_err(&fixed, &lists);
+                    }
                     Err(e) => {
                         // RPCR-MEM-05: remember the XID; its retransmission gets ERR_CHUNK
                         self.recovery.lock().record(xid);
@@ -592,14 +960,28 @@ impl Conn {
                         data: d,
                     })
                     .collect();
-                let lists = vc.lists().clone();
                 let mut dec = Decoder::with_chunks(base, ChunkSource::Read(&inserted));
-                match dispatch(&self.registry, &mut dec, "rdma") {
-                    Dispatch::Reply { stream, items, .. } => self.send_reply(&fixed, &lists, &stream, &items),
+                let room = ReplyRoom {
+                    carry: self.carry(&lists),
+                    max_reply: self.max_reply,
+                };
+                match dispatch_within(&self.registry, &mut dec, "rdma", room) {
+                    Ok(Dispatch::Reply { stream, items, .. }) => self.send_reply(&fixed, &lists, &stream, &items),
+                    // issue 12 point 5: the reply cannot fit what the Call provides; the
+                    // procedure did not run (B.5 #6)
+                    Err(t) => {
+                        tracing::debug!(
+                            xid,
+                            bound = t.bound,
+                            carry = t.carry,
+                            "rpcrdma server: no room for the reply"
+                        );
+                        self.send_error(&fixed, ErrorBody::Chunk)
+                    }
                     // RPCR-DDP-07, B.4.5 #14: a non-eligible item was reduced
-                    Dispatch::ChunkError { .. } => self.send_error(&fixed, ErrorBody::Chunk),
+                    Ok(Dispatch::ChunkError { .. }) => self.send_error(&fixed, ErrorBody::Chunk),
                     // RPCR-ERR-09: the Payload stream is not a decodable Call
-                    Dispatch::Drop => {
+                    Ok(Dispatch::Drop) => {
                         let grant = self.grant()?;
                         let m = garbage_args_message(xid, grant, &lists);
                         self.send(&m, &[], None, &[], xid)
@@ -623,44 +1005,85 @@ impl Conn {
         self.send(&e.finish().0, &[], None, &[], failed.xid)
     }
 
-    /// RDMA Read every chunk into the stage, in order; returns the bytes.
-    fn pull(&mut self, chunks: &[&ReadChunk]) -> Result<Vec<u8>, Fatal> {
-        let total: usize = chunks.iter().map(|c| c.total_len() as usize).sum();
+    /// RDMA Read every chunk into the stage, in order. Every Read is signalled, and only
+    /// what its completion says was placed counts: a Read Response shorter than the
+    /// segment it answers makes the chunk short (issue 12 point 1).
+    fn pull(&mut self, chunks: &[&ReadChunk]) -> Result<Pulled, Fatal> {
+        let total: u64 = chunks.iter().map(|c| c.total_len()).sum();
         if total == 0 {
-            return Ok(Vec::new());
+            return Ok(Pulled::Data(Vec::new()));
         }
+        if total > self.max_call {
+            // RPCR-SEC-05: more than this server takes in one Call, and no RDMA Read for it
+            return Ok(Pulled::TooLarge(total));
+        }
+        let total = total as usize;
+        let segs: Vec<Segment> = chunks.iter().flat_map(|c| c.segments.iter().copied()).collect();
         let mut wrs = Vec::new();
         let mut off = 0usize;
-        let segs: Vec<Segment> = chunks.iter().flat_map(|c| c.segments.iter().copied()).collect();
-        let last = self.wr(wrid::READ);
-        let stage = self.stage(total)?;
-        for (i, s) in segs.iter().enumerate() {
+        let Some(stage) = self.stage(total)? else {
+            return Ok(Pulled::NoStage);
+        };
+        let stage_sges: Vec<_> = segs
+            .iter()
+            .map(|s| {
+                let sge = stage.sge(off, s.length);
+                off += s.length as usize;
+                sge
+            })
+            .collect();
+        for (s, sge) in segs.iter().zip(stage_sges) {
             if s.length == 0 {
                 continue;
             }
-            let w = SendWr::new(
-                last,
-                WrOpcode::RdmaRead {
-                    remote: RemoteAddr {
-                        addr: s.offset,
-                        rkey: s.handle,
+            let id = self.wr(wrid::READ);
+            wrs.push((
+                id,
+                s.length,
+                SendWr::new(
+                    id,
+                    WrOpcode::RdmaRead {
+                        remote: RemoteAddr {
+                            addr: s.offset,
+                            rkey: s.handle,
+                        },
                     },
-                },
-                vec![stage.sge(off, s.length)],
-            );
-            wrs.push(if i + 1 == segs.len() {
-                w
-            } else {
-                w.flags(SendFlags::empty())
-            });
-            off += s.length as usize;
+                    vec![sge],
+                ),
+            ));
         }
-        if let Some(l) = wrs.last_mut() {
-            l.flags = SendFlags::SIGNALED;
+        let posts: Vec<SendWr> = wrs.iter().map(|(_, _, w)| w.clone()).collect();
+        self.qp.post_send(&posts).map_err(|e| e.to_string())?;
+        let mut short = false;
+        for (id, want, _) in &wrs {
+            let wc = self.wait_for(*id)?;
+            if wc.byte_len != *want {
+                short = true;
+            }
         }
-        self.qp.post_send(&wrs).map_err(|e| e.to_string())?;
-        self.wait_for(last)?;
-        self.stage(total)?.to_vec(0, total).map_err(|_| "stage".to_string())
+        if short {
+            return Ok(Pulled::Short);
+        }
+        let stage = self.stage.as_ref().ok_or("stage")?;
+        stage
+            .to_vec(0, total)
+            .map(Pulled::Data)
+            .map_err(|_| "stage".to_string())
+    }
+
+    /// An RPC reply of SYSTEM_ERR (the server lacks the resources for this Call now).
+    fn send_system_err(&mut self, fixed: &FixedHeader, lists: &ChunkLists) -> Result<(), Fatal> {
+        let stream = system_err(fixed.xid)?;
+        self.send_reply(fixed, lists, &stream, &[])
+    }
+
+    /// The most reply octets this Call's reply resources can carry: the inline threshold,
+    /// its Write chunks and its Reply chunk (RFC 8166 §3.4.6, §3.5.3).
+    fn carry(&self, lists: &ChunkLists) -> u64 {
+        let chunk = |w: &crate::wire::WriteChunk| w.segments.iter().map(|s| u64::from(s.length)).sum::<u64>();
+        u64::from(self.th.reply)
+            + lists.writes.iter().map(chunk).sum::<u64>()
+            + lists.reply.iter().map(chunk).sum::<u64>()
     }
 
     fn send_reply(
@@ -671,6 +1094,17 @@ impl Conn {
         items: &[crate::xdr::DdpItem],
     ) -> Result<(), Fatal> {
         let grant = self.grant()?;
+        self.send_reply_granted(grant, fixed, lists, stream, items)
+    }
+
+    fn send_reply_granted(
+        &mut self,
+        grant: u32,
+        fixed: &FixedHeader,
+        lists: &ChunkLists,
+        stream: &[u8],
+        items: &[crate::xdr::DdpItem],
+    ) -> Result<(), Fatal> {
         let pr = match plan_reply(&self.th, fixed.xid, grant, stream, items, lists) {
             Ok(p) => p,
             Err(e) => {
@@ -702,6 +1136,18 @@ impl Conn {
         } else {
             vec![stream]
         };
+        let total: usize = staged.iter().map(|s| s.len()).sum();
+        if total > 0 && self.stage(total)?.is_none() {
+            // the server's staging budget has no room for the RDMA Writes now
+            tracing::info!(
+                xid = fixed.xid,
+                qp = self.qpn,
+                "rpcrdma server: staging budget exhausted"
+            );
+            self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
+            let stream = system_err(fixed.xid)?;
+            return self.send_reply_granted(grant, fixed, lists, &stream, &[]);
+        }
         if pr.form == ReplyForm::Short {
             msg.extend_from_slice(&pr.payload);
         }
@@ -744,7 +1190,9 @@ impl Conn {
         let mut wrs = Vec::with_capacity(writes.len() + 1);
         if !writes.is_empty() {
             let total: usize = staged.iter().map(|s| s.len()).sum();
-            let stage = self.stage(total)?;
+            let Some(stage) = self.stage(total)? else {
+                return Err("staging budget exhausted for a reply".into());
+            };
             let mut at = 0;
             for s in staged {
                 stage.write(at, s).map_err(|_| "stage".to_string())?;
