@@ -91,12 +91,19 @@ fn man_pages(dir: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// The log filter when `RUST_LOG` is not set.
+const DEFAULT_LOG: &str = "warn,rpcrdma=info";
+
 fn main() -> Result<()> {
     sigpipe::restore_default();
     use std::io::IsTerminal;
     // Colours only on a terminal: RUST_LOG output to a pipe or file stays plain text.
+    // Without RUST_LOG: warnings, and the servers' connection diagnostics (peer closed,
+    // Terminate, idle close, refusals), which rpcrdma logs at info.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG));
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();

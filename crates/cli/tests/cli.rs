@@ -569,3 +569,42 @@ fn listening_ports(pid: u32) -> Vec<u16> {
     ports.dedup();
     ports
 }
+
+/// Issue 12, Diagnostics: `rpc serve` says at the default log level (no
+/// RUST_LOG) that a client went away, naming its QP and address.
+#[test]
+fn rpc_server_reports_a_closed_client_at_default_log_level() {
+    use std::io::{BufRead, BufReader};
+    let mut srv = std::process::Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["rpc", "serve", "--tcp", "127.0.0.1:0", "--rdma", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(srv.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    let rdma = first.split_whitespace().last().unwrap_or_default().to_string();
+    assert!(first.contains("RPC-over-RDMA"), "{first}");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = srv.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    ok(&["rpc", "call", "--transport", "rdma", "--addr", &rdma, "--proc", "null"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut seen = Vec::new();
+    let found = loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(l) if l.contains("peer closed the connection") => break Some(l),
+            Ok(l) => seen.push(l),
+            Err(_) => break None,
+        }
+    };
+    let _ = srv.kill();
+    let _ = srv.wait();
+    let line = found.unwrap_or_else(|| panic!("no 'peer closed' line; stderr: {seen:?}"));
+    assert!(line.contains("qp=") && line.contains("peer=127.0.0.1:"), "{line}");
+}
