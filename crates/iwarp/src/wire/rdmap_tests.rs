@@ -406,7 +406,8 @@ fn err(u: &[u8]) -> Error {
 fn malformed_truncated_ddp_header() {
     let e = err(&ulpdu(&golden::SIW_SEND)[..17]);
     assert_eq!(e, Error::Ddp(ddp::Error::Truncated { tagged: false, len: 17 }));
-    assert_eq!(e.term_cause(), cause::RDMAP_ERR_UNSPECIFIED_OP);
+    // Issue 12 point 8: a DDP-layer code, not RDMAP 0/2/0xFF.
+    assert_eq!(e.term_cause(), cause::DDP_LOCAL_CATASTROPHIC_ERR);
     assert_eq!(e.echo(), Echo::Nothing);
 }
 
