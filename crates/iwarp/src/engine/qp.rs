@@ -158,6 +158,11 @@ enum OrqKind {
         sink: Piece,
         /// The local sink, checked again when the response starts to land.
         sge: Option<verbs::Sge>,
+        /// Sink STag and TO named in the Read Request: every Read Response
+        /// segment must carry this STag and `sink_to + received` (RFC 5040
+        /// §4.4 / §5.2.2, catalogue A.4.6 row 25).
+        sink_stag: u32,
+        sink_to: u64,
     },
     Atomic {
         sink: Piece,
@@ -854,6 +859,8 @@ impl Proto {
                     kind: OrqKind::Read {
                         sink,
                         sge: wr.sg_list.first().filter(|s| s.length > 0).cloned(),
+                        sink_stag,
+                        sink_to,
                     },
                     received: 0,
                 });
@@ -1214,9 +1221,15 @@ impl Proto {
         Ok(())
     }
 
-    /// Where a Read Response segment of `len` octets goes: the sink of the
-    /// oldest outstanding Read (RFC 5040 §5.2.2).
-    fn read_response_target(&mut self, len: usize, last: bool) -> Result<Option<(Arc<Buffer>, usize)>, Fatal> {
+    /// Where a Read Response segment of `len` octets carrying `stag`/`to`
+    /// goes: the sink of the oldest outstanding Read (RFC 5040 §5.2.2).
+    fn read_response_target(
+        &mut self,
+        stag: u32,
+        to: u64,
+        len: usize,
+        last: bool,
+    ) -> Result<Option<(Arc<Buffer>, usize)>, Fatal> {
         // Matrix row 23: a Read Response with no Read outstanding.
         let Some(head) = self.orq.front() else {
             return Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE));
@@ -1229,8 +1242,25 @@ impl Proto {
                 Ok(None)
             }
             OrqKind::Atomic { .. } => Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE)),
-            OrqKind::Read { sink, sge } => {
-                // RFC 5040 §5.2.2 MAY: check the response against the request (matrix row 25).
+            OrqKind::Read {
+                sink,
+                sge,
+                sink_stag,
+                sink_to,
+            } => {
+                // RFC 5040 §5.2.2 MAY: check the response against the request
+                // (matrix row 25). The STag first (issue 12 point 6): one
+                // that is not the sink this Read named is refused before
+                // anything is placed, with the DDP tagged-buffer code
+                // RFC 5041 §7.2 gives for what it is.
+                if stag != *sink_stag {
+                    return Err(Fatal::new(self.foreign_sink_cause(stag, to, len)));
+                }
+                // The TO of this segment: the sink TO advanced by what has
+                // arrived (RFC 5041 §5.2: TO = message TO + offset).
+                if sink_to.checked_add(head.received as u64) != Some(to) {
+                    return Err(Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS));
+                }
                 if head.received.checked_add(len).is_none_or(|e| e > sink.len) {
                     return Err(Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS));
                 }
@@ -1247,6 +1277,23 @@ impl Proto {
                 }
                 Ok(Some(target))
             }
+        }
+    }
+
+    /// The Terminate for a Read Response naming `stag`, which is not the sink
+    /// STag of the Read it answers (RFC 5041 §7.2 tagged-buffer codes, in the
+    /// check order of catalogue A.4.2 step 6): an STag of another protection
+    /// domain or stream (another connection's sink) is "not associated with
+    /// this DDP stream" (1/1/0x02); an unknown STag, or a valid one of this
+    /// stream that this Read did not name, is "invalid STag" (1/1/0x00).
+    fn foreign_sink_cause(&self, stag: u32, to: u64, len: usize) -> TermCause {
+        match self
+            .dev
+            .mem()
+            .check(stag, self.pd, self.qpn, to, len as u64, Access::empty())
+        {
+            Err(AccessError::NotAssociated) => cause::DDP_ERR_T_STAG_NOT_ASSOCIATED,
+            _ => cause::DDP_ERR_T_INVALID_STAG,
         }
     }
 
@@ -1267,8 +1314,8 @@ impl Proto {
         }
     }
 
-    fn on_read_response(&mut self, _stag: u32, _to: u64, payload: &[u8], last: bool) -> RxResult {
-        if let Some((buf, off)) = self.read_response_target(payload.len(), last)? {
+    fn on_read_response(&mut self, stag: u32, to: u64, payload: &[u8], last: bool) -> RxResult {
+        if let Some((buf, off)) = self.read_response_target(stag, to, payload.len(), last)? {
             buf.write(off, payload)
                 .map_err(|_| Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS))?;
         }
@@ -1292,7 +1339,7 @@ impl Proto {
         let Addr::Tagged { stag, to } = h.addr else { return None };
         match h.rdmap_ctrl & 0x0F {
             op::WRITE => self.write_target(stag, to, len).ok().flatten(),
-            op::READ_RESPONSE => self.read_response_target(len, h.last).ok().flatten(),
+            op::READ_RESPONSE => self.read_response_target(stag, to, len, h.last).ok().flatten(),
             _ => None,
         }
     }
