@@ -12,7 +12,7 @@ use crate::wire::cause::{self, TermCause};
 use crate::wire::ddp::{self, Addr, Header};
 use crate::wire::fpdu;
 use crate::wire::fpdu::{Deframer, DeframerConfig, Framer};
-use crate::wire::rdmap::{AtomicOp, AtomicRequest, AtomicResponse, ReadRequest, op, qn};
+use crate::wire::rdmap::{self, AtomicOp, AtomicRequest, AtomicResponse, Message, ReadRequest, op, qn};
 use crate::wire::terminate::{self, Offending};
 use std::collections::VecDeque;
 use std::io::Read;
@@ -217,6 +217,9 @@ pub(crate) struct Proto {
     events: Arc<EventQueue<CmEvent>>,
     attr: QpInitAttr,
     siw_term_form: bool,
+    /// RDMAP receive configuration: RFC 7306 on, the Terminate wire form we
+    /// expect first (either is accepted).
+    rdmap_cfg: rdmap::Config,
     max_ulpdu: usize,
     state: QpState,
     /// `state` as the application reads it (`QueuePair::state`), updated
@@ -342,6 +345,18 @@ impl Fatal {
             rreq: None,
         }
     }
+    /// The Terminate [`rdmap::Error`] names: its cause, whether the DDP
+    /// header is echoed and the Read Request header when there is one.
+    fn from_rdmap(e: &rdmap::Error) -> Fatal {
+        Fatal {
+            cause: e.term_cause(),
+            echo: e.echo() != rdmap::Echo::Nothing,
+            rreq: match e {
+                rdmap::Error::HeaderLength { rreq, .. } => *rreq,
+                _ => None,
+            },
+        }
+    }
 }
 
 impl Proto {
@@ -367,6 +382,14 @@ impl Proto {
             events,
             attr,
             siw_term_form,
+            rdmap_cfg: rdmap::Config {
+                terminate_form: if siw_term_form {
+                    terminate::TermWireForm::LinuxSiw
+                } else {
+                    terminate::TermWireForm::Rfc
+                },
+                ..rdmap::Config::RFC7306
+            },
             max_ulpdu: max_ulpdu.clamp(128, 65_535),
             state: QpState::Rts,
             shared_state: Arc::new(AtomicU8::new(state_code(QpState::Rts))),
@@ -1041,9 +1064,10 @@ impl Proto {
         self.tx.pending()
     }
 
-    /// One `writev` of the transmit queue to `fd`.
-    pub(crate) fn tx_write(&self, fd: std::os::fd::RawFd) -> std::io::Result<usize> {
-        self.tx.write_to(fd)
+    /// The framed octets waiting for the socket. The socket work (`writev`)
+    /// is the caller's ([`IwarpQp`]'s `pump_tx`): `Proto` does no I/O.
+    pub(crate) fn tx_queue(&self) -> &TxQueue {
+        &self.tx
     }
 
     /// `n` octets were written: complete what fully left.
@@ -1079,66 +1103,71 @@ impl Proto {
         }
     }
 
+    /// One ULPDU through the wire layer's receive checks, then the engine's
+    /// queue, sequencing and memory checks. DDP header: [`ddp::Segment::parse`]
+    /// (DV, length; fuzz target `ddp`); RDMAP: [`rdmap::Message::parse`] (RV,
+    /// opcode, T and QN against the opcode, header lengths; fuzz target
+    /// `rdmap`), in the order of catalogue A.4.2; each error names its
+    /// Terminate (A.4.6) and what it echoes.
     fn dispatch(&mut self, u: &[u8]) -> RxResult {
-        let seg = ddp::Segment::parse(u).map_err(|e| {
-            if e.layout_known() {
-                Fatal::new(e.term_cause())
-            } else {
-                Fatal::bare(e.term_cause())
-            }
-        })?;
+        let seg = ddp::Segment::parse(u).map_err(|e| Fatal::bare(e.term_cause()))?;
         let h = seg.header;
-        let rv = h.rdmap_ctrl >> 6;
-        let opcode = h.rdmap_ctrl & 0x0F;
-        if rv != 1 {
-            return Err(Fatal::new(cause::RDMAP_ERR_INVALID_VERSION));
-        }
         if let Some(RtrRole::Expect(rtr)) = self.rtr {
+            // RFC 6581 §4: the first message must be the agreed RTR; anything
+            // else, malformed RDMAP included, is "no matching RTR" (after RV).
+            let (rv, _, opcode) = rdmap::split_control(h.rdmap_ctrl);
+            if rv != rdmap::VERSION {
+                return Err(Fatal::new(cause::RDMAP_ERR_INVALID_VERSION));
+            }
             return self.on_rtr(rtr, &h, opcode, seg.payload);
         }
-        match (h.addr, opcode) {
-            (Addr::Tagged { stag, to }, op::WRITE) => self.on_write(stag, to, seg.payload, h.last),
-            (Addr::Tagged { stag, to }, op::READ_RESPONSE) => self.on_read_response(stag, to, seg.payload, h.last),
-            (Addr::Untagged { qn, msn, mo, inv_stag }, o)
-                if matches!(
-                    o,
-                    op::SEND | op::SEND_INV | op::SEND_SE | op::SEND_SE_INV | op::IMM | op::IMM_SE
-                ) =>
-            {
-                if qn != qn::SEND {
-                    return Err(Fatal::new(cause::DDP_ERR_U_INVALID_QN));
-                }
-                self.on_send(o, msn, mo, inv_stag, seg.payload, h.last)
+        let msg = match Message::parse(&seg, &self.rdmap_cfg) {
+            Ok(m) => m,
+            Err(rdmap::Error::Terminate(e)) => {
+                // RDMAP-TRM-04: an invalid Terminate still ends the stream,
+                // and is not answered with a Terminate (row 29).
+                tracing::info!(qp = self.qpn, "invalid Terminate received: {e}");
+                self.on_terminate(cause::RDMAP_ERR_UNSPECIFIED_OP);
+                return Ok(());
             }
-            (Addr::Untagged { qn, msn, mo, .. }, o) if matches!(o, op::READ_REQUEST | op::ATOMIC_REQUEST) => {
-                if qn != qn::READ_REQUEST {
-                    return Err(Fatal::new(cause::DDP_ERR_U_INVALID_QN));
-                }
-                self.check_single(qn, msn, mo, h.last)?;
+            Err(e) => return Err(Fatal::from_rdmap(&e)),
+        };
+        let untagged = match h.addr {
+            Addr::Untagged { qn, msn, mo, .. } => Some((qn, msn, mo)),
+            Addr::Tagged { .. } => None,
+        };
+        match (msg, untagged) {
+            (Message::Write { stag, to, payload }, _) => self.on_write(stag, to, payload, h.last),
+            (Message::ReadResponse { stag, to, payload }, _) => self.on_read_response(stag, to, payload, h.last),
+            (Message::Send { invalidate, .. }, Some((_, msn, mo))) => {
+                let opcode = h.rdmap_ctrl & 0x0F;
+                self.on_send(opcode, msn, mo, invalidate.unwrap_or(0), seg.payload, h.last)
+            }
+            (Message::ImmediateData { .. }, Some((_, msn, mo))) => {
+                // The 8 octets were checked by Message::parse (RFC 7306 §6.3).
+                let opcode = h.rdmap_ctrl & 0x0F;
+                self.on_send(opcode, msn, mo, 0, seg.payload, h.last)
+            }
+            (Message::ReadRequest(rr), Some((q, msn, mo))) => {
+                self.check_single(q, msn, mo, h.last)?;
                 // An Immediate Data message after this one no longer follows a Write.
                 self.last_was_write = false;
-                if o == op::READ_REQUEST {
-                    self.on_read_request(seg.payload)
-                } else {
-                    self.on_atomic_request(seg.payload)
-                }
+                self.on_read_request(rr)
             }
-            (Addr::Untagged { qn, msn, mo, .. }, op::ATOMIC_RESPONSE) => {
-                if qn != qn::ATOMIC_RESPONSE {
-                    return Err(Fatal::new(cause::DDP_ERR_U_INVALID_QN));
-                }
-                self.check_single(qn, msn, mo, h.last)?;
-                self.on_atomic_response(seg.payload)
+            (Message::AtomicRequest(ar), Some((q, msn, mo))) => {
+                self.check_single(q, msn, mo, h.last)?;
+                self.last_was_write = false;
+                self.on_atomic_request(ar)
             }
-            (Addr::Untagged { qn, .. }, op::TERMINATE) => {
-                if qn != qn::TERMINATE {
-                    return Err(Fatal::new(cause::DDP_ERR_U_INVALID_QN));
-                }
-                self.on_terminate(seg.payload);
+            (Message::AtomicResponse(r), Some((q, msn, mo))) => {
+                self.check_single(q, msn, mo, h.last)?;
+                self.on_atomic_response(r)
+            }
+            (Message::Terminate(t), Some(_)) => {
+                self.on_terminate(t.cause);
                 Ok(())
             }
-            (Addr::Untagged { qn, .. }, _) if qn > qn::ATOMIC_RESPONSE => Err(Fatal::new(cause::DDP_ERR_U_INVALID_QN)),
-            // Unknown opcode, or a known one with the wrong T flag (matrix rows 22, 24).
+            // Message::parse checked T against the opcode.
             _ => Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE)),
         }
     }
@@ -1333,11 +1362,12 @@ impl Proto {
             return None;
         }
         let h = Header::parse(hdr).ok()?;
-        if h.rdmap_ctrl >> 6 != 1 {
+        let (rv, _, opcode) = rdmap::split_control(h.rdmap_ctrl);
+        if rv != rdmap::VERSION {
             return None;
         }
         let Addr::Tagged { stag, to } = h.addr else { return None };
-        match h.rdmap_ctrl & 0x0F {
+        match opcode {
             op::WRITE => self.write_target(stag, to, len).ok().flatten(),
             op::READ_RESPONSE => self.read_response_target(stag, to, len, h.last).ok().flatten(),
             _ => None,
@@ -1348,7 +1378,7 @@ impl Proto {
     /// its FPDU passed the CRC check.
     pub(crate) fn direct_placed(&mut self, hdr: &[u8], len: usize) {
         let Ok(h) = Header::parse(hdr) else { return };
-        if h.rdmap_ctrl & 0x0F == op::READ_RESPONSE {
+        if rdmap::split_control(h.rdmap_ctrl).2 == op::READ_RESPONSE {
             self.read_response_placed(len, h.last);
         }
     }
@@ -1436,16 +1466,9 @@ impl Proto {
         Ok(())
     }
 
-    fn on_read_request(&mut self, payload: &[u8]) -> RxResult {
-        let rr = ReadRequest::parse(payload).map_err(|_| Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE))?;
-        if payload.len() != rr.buffer_len() {
-            // RDMAP-HDR-07: a Read Request carries no payload (0/2/0xFF, documented choice).
-            return Err(Fatal {
-                cause: cause::RDMAP_ERR_UNSPECIFIED_OP,
-                echo: true,
-                rreq: Some(rr),
-            });
-        }
+    /// A Read Request, its header already checked (exactly 28 octets,
+    /// RDMAP-HDR-07, by [`Message::parse`]).
+    fn on_read_request(&mut self, rr: ReadRequest) -> RxResult {
         if self.irq.len() + self.responding as usize >= self.ird as usize {
             // RDMAP-STR-04 / matrix row 19 (siw's choice).
             return Err(Fatal {
@@ -1493,12 +1516,11 @@ impl Proto {
         Ok(())
     }
 
-    fn on_atomic_request(&mut self, payload: &[u8]) -> RxResult {
-        let ar = AtomicRequest::parse(payload).map_err(|_| Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE))?;
+    fn on_atomic_request(&mut self, ar: AtomicRequest) -> RxResult {
         if self.irq.len() + self.responding as usize >= self.ird as usize {
             return Err(Fatal::new(cause::RDMAP_ERR_CATASTROPHIC_STREAM));
         }
-        if ar.remote_to % 8 != 0 {
+        if !ar.remote_to.is_multiple_of(8) {
             // RFC 7306 §8.2: misaligned -> Remote Operation, catastrophic localized.
             return Err(Fatal::new(cause::RDMAP_ERR_CATASTROPHIC_STREAM));
         }
@@ -1542,8 +1564,7 @@ impl Proto {
         Ok(())
     }
 
-    fn on_atomic_response(&mut self, payload: &[u8]) -> RxResult {
-        let resp = AtomicResponse::parse(payload).map_err(|_| Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE))?;
+    fn on_atomic_response(&mut self, resp: AtomicResponse) -> RxResult {
         let matches = matches!(self.orq.front(), Some(Orq { kind: OrqKind::Atomic { request_id, .. }, .. }) if *request_id == resp.orig_request_id);
         if !matches {
             return Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE));
@@ -1559,17 +1580,9 @@ impl Proto {
         Ok(())
     }
 
-    fn on_terminate(&mut self, payload: &[u8]) {
-        let prefer = if self.siw_term_form {
-            terminate::TermWireForm::LinuxSiw
-        } else {
-            terminate::TermWireForm::Rfc
-        };
-        let c = match terminate::Repr::parse_auto(payload, prefer) {
-            Ok(d) => d.repr.cause,
-            // RDMAP-TRM-04: an invalid Terminate still ends the stream.
-            Err(_) => cause::RDMAP_ERR_UNSPECIFIED_OP,
-        };
+    /// The peer's Terminate (parsed in either wire form by
+    /// [`Message::parse`]), or `c` = 0/2/0xFF for an invalid one.
+    fn on_terminate(&mut self, c: TermCause) {
         tracing::info!(qp = self.qpn, "Terminate received: {c}");
         self.term_received = true;
         // The oldest outstanding work request is the one the peer refused.
@@ -1765,7 +1778,7 @@ impl RxIo {
         let ulpdu = usize::from(u16::from_be_bytes([b[0], b[1]]));
         let total = fpdu::fpdu_len(ulpdu);
         if avail >= total
-            || b[2] & 0x80 == 0
+            || ddp::header_len_for(b[fpdu::HEADER_LEN]) != ddp::TAGGED_HEADER_LEN
             || ulpdu < ddp::TAGGED_HEADER_LEN + DIRECT_MIN
             || ulpdu > usize::from(self.deframer.config().max_ulpdu_len)
         {
@@ -2077,7 +2090,7 @@ impl IwarpQp {
             if p.tx_pending() == 0 {
                 break;
             }
-            match p.tx_write(self.sock.as_raw_fd()) {
+            match p.tx_queue().write_to(self.sock.as_raw_fd()) {
                 Ok(n) => {
                     p.consumed_out(n);
                     any = true;
