@@ -699,6 +699,8 @@ fn code_state(c: u8) -> QpState {
     ][c.min(6) as usize]
 }
 
+#[cfg(test)]
+mod core_tests;
 mod io;
 mod rx;
 mod tx;
