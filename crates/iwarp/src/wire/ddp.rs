@@ -17,8 +17,9 @@
 //! [`TaggedPacket`] and [`UntaggedPacket`] are smoltcp-style views over any
 //! buffer; [`Header`] and [`Segment`] are the typed meaning. Parsing checks
 //! only what DDP itself owns on a single segment (length and DV); queue,
-//! sequence and buffer checks live in `proto::ddp_rx`, RDMAP checks in
-//! [`super::rdmap`]. Every error names the Terminate to send
+//! sequence and buffer checks live in the engine's receive side
+//! (`engine/qp/rx.rs`; `proto::ddp_rx` is a sans-I/O second implementation
+//! not yet wired in), RDMAP checks in [`super::rdmap`]. Every error names the Terminate to send
 //! ([`Error::term_cause`], table [`super::cause`]).
 
 use core::fmt;

@@ -10,7 +10,8 @@
 //! meaning of one DDP segment at the RDMAP layer; [`Message::parse`] runs
 //! the receive checks of catalogue A.4.2 steps 3-4 and the header-length
 //! rules (RDMAP-HDR-07), and every [`Error`] names its Terminate (matrix
-//! A.4.6). Queue, MSN, MO and buffer checks follow in `proto::ddp_rx`.
+//! A.4.6). The engine calls it on every ULPDU (`engine/qp/rx.rs`); queue,
+//! MSN, MO and buffer checks follow there.
 //!
 //! Golden control words (catalogue A.1.2, L set): Write 0xC140, Read
 //! Request 0x4141, Read Response 0xC142, Send 0x4143, Send with Invalidate
