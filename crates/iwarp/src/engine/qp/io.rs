@@ -28,6 +28,7 @@ const TAGGED_FPDU_HEAD: usize = fpdu::HEADER_LEN + ddp::TAGGED_HEADER_LEN;
 /// then pad and CRC from the ordinary buffer.
 struct Direct {
     head: [u8; TAGGED_FPDU_HEAD],
+    kind: super::rx::DirectKind,
     buf: Arc<Buffer>,
     off: usize,
     len: usize,
@@ -56,7 +57,7 @@ impl RxIo {
             return false;
         }
         let len = ulpdu - ddp::TAGGED_HEADER_LEN;
-        let Some((buf, off)) = p.direct_target(&b[fpdu::HEADER_LEN..TAGGED_FPDU_HEAD], len) else {
+        let Some((buf, off, kind)) = p.direct_target(&b[fpdu::HEADER_LEN..TAGGED_FPDU_HEAD], len) else {
             return false;
         };
         let have = (avail - TAGGED_FPDU_HEAD).min(len);
@@ -68,6 +69,7 @@ impl RxIo {
         self.start += TAGGED_FPDU_HEAD + have;
         self.direct = Some(Direct {
             head,
+            kind,
             buf,
             off,
             len,
@@ -103,7 +105,7 @@ impl RxIo {
             }
         }
         let _ = self.deframer.skip_fpdu(d.total);
-        p.direct_placed(&d.head[fpdu::HEADER_LEN..], d.len);
+        p.direct_placed(d.kind, d.len);
     }
 }
 

@@ -7,6 +7,16 @@
 
 use super::*;
 
+/// What a directly placed segment is, as [`Proto::direct_target`] parsed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DirectKind {
+    Write,
+    /// A Read Response segment; `last`: its L flag.
+    ReadResponse {
+        last: bool,
+    },
+}
+
 impl Proto {
     /// Handles one whole, CRC-checked ULPDU.
     pub(crate) fn on_ulpdu(&mut self, u: &[u8]) {
@@ -277,7 +287,7 @@ impl Proto {
     /// arrived, the region its `len` payload octets go to, so the receive
     /// path can `read` them straight into place. `None`: take the ordinary
     /// path (which also raises any error this segment deserves).
-    pub(crate) fn direct_target(&mut self, hdr: &[u8], len: usize) -> Option<(Arc<Buffer>, usize)> {
+    pub(crate) fn direct_target(&mut self, hdr: &[u8], len: usize) -> Option<(Arc<Buffer>, usize, DirectKind)> {
         if self.term_sent || self.term_received || self.rtr.is_some() {
             return None;
         }
@@ -287,19 +297,25 @@ impl Proto {
             return None;
         }
         let Addr::Tagged { stag, to } = h.addr else { return None };
-        match opcode {
-            op::WRITE => self.write_target(stag, to, len).ok().flatten(),
-            op::READ_RESPONSE => self.read_response_target(stag, to, len, h.last).ok().flatten(),
-            _ => None,
-        }
+        let (buf, off) = match opcode {
+            op::WRITE => self.write_target(stag, to, len).ok().flatten()?,
+            op::READ_RESPONSE => self.read_response_target(stag, to, len, h.last).ok().flatten()?,
+            _ => return None,
+        };
+        let kind = if opcode == op::READ_RESPONSE {
+            DirectKind::ReadResponse { last: h.last }
+        } else {
+            DirectKind::Write
+        };
+        Some((buf, off, kind))
     }
 
-    /// The payload announced by [`Proto::direct_target`] is in place and
-    /// its FPDU passed the CRC check.
-    pub(crate) fn direct_placed(&mut self, hdr: &[u8], len: usize) {
-        let Ok(h) = Header::parse(hdr) else { return };
-        if rdmap::split_control(h.rdmap_ctrl).2 == op::READ_RESPONSE {
-            self.read_response_placed(len, h.last);
+    /// The payload announced by [`Proto::direct_target`] (which returned
+    /// `kind`, so the header is not parsed again) is in place and its FPDU
+    /// passed the CRC check.
+    pub(crate) fn direct_placed(&mut self, kind: DirectKind, len: usize) {
+        if let DirectKind::ReadResponse { last } = kind {
+            self.read_response_placed(len, last);
         }
     }
 
