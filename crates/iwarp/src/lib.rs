@@ -9,7 +9,16 @@
 //!   kernel TCP
 //! ```
 //!
-//! * [`wire`]: sans-I/O parse/emit of every MPA, DDP and RDMAP message.
+//! * [`wire`]: sans-I/O parse/emit of every MPA, DDP and RDMAP message; the
+//!   engine's receive path runs `ddp::Segment::parse`, `rdmap::Message::parse`
+//!   and `fpdu::Deframer` (the fuzz targets' entry points, `fuzz/README.md`).
+//! * [`proto`]: sans-I/O state machines: MPA negotiation (run by the
+//!   engine's connection manager); `ddp_rx` and `segment`, a second
+//!   implementation of DDP receive checks and segmentation that the engine
+//!   does not run yet (issue 11).
+//! * [`engine`]: QPs over real TCP sockets: the protocol core
+//!   (`engine::qp`, split into transmit / receive / socket sides) and the
+//!   epoll progress thread.
 //! * [`crc`]: CRC32c for MPA, hardware accelerated.
 //! * [`factory`]: the provider as the device registry ([`verbs::Registry`]) sees it.
 

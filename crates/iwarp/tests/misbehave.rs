@@ -796,3 +796,158 @@ fn read_response_into_deregistered_sink_sec_stag_02() {
     }
     i.expect_terminate(&u, e(0, 0, 0x00, NONE));
 }
+
+/// The IUT posts an RDMA Read of `len` octets into a fresh local sink and
+/// returns the sink with the Read Request the raw peer received.
+fn outstanding_read(i: &mut Iut, len: usize) -> (MemoryRegion, ReadRequest) {
+    let sink = i.pd.reg_mr(len, Access::LOCAL_WRITE).unwrap();
+    let remote = RemoteAddr {
+        addr: 0x9000,
+        rkey: 0x77,
+    };
+    i.qp.post_send_one(SendWr::new(
+        5,
+        WrOpcode::RdmaRead { remote },
+        vec![sink.sge(0, len as u32)],
+    ))
+    .unwrap();
+    let req = i
+        .peer
+        .read_until(|u| u[0] & 0x80 == 0 && u[1] & 0x0F == op::READ_REQUEST)
+        .unwrap();
+    let rr = ReadRequest::parse(&req[ddp::UNTAGGED_HEADER_LEN..]).unwrap();
+    assert_eq!((rr.size as usize, rr.sink_stag), (len, sink.lkey()));
+    (sink, rr)
+}
+
+/// Sends `u` in two writes with a pause between, so a large tagged segment
+/// reaches the direct-placement path (header first, payload later).
+fn send_split(i: &mut Iut, u: &[u8]) {
+    let f = i.peer.fpdu(u);
+    let cut = 100.min(f.len() / 2);
+    i.peer.send_raw(&f[..cut]);
+    std::thread::sleep(Duration::from_millis(50));
+    i.peer.send_raw(&f[cut..]);
+}
+
+/// Issue 12 point 6; A.4.6 row 25, RFC 5040 §5.2.2 / RFC 5041 §7.1-§7.2,
+/// RDMAP-RD-13: a Read Response naming a valid STag of this stream that is
+/// not the sink of the Read it answers gets 1/1/0x00 (invalid STag for this
+/// response) and places nothing, neither in the named region nor in the sink.
+/// Small (buffered path) and large (direct-placement path) responses.
+#[test]
+fn row25b_read_response_with_another_stag_is_refused_and_not_placed() {
+    for len in [64usize, 16 << 10] {
+        let mut i = iut(0);
+        let (sink, _rr) = outstanding_read(&mut i, len);
+        // Another region of the same PD: valid for this stream, but not the sink.
+        let decoy = i.pd.reg_mr(len, Access::all_remote()).unwrap();
+        let u = tagged(op::READ_RESPONSE, decoy.lkey(), decoy.addr(), true, &vec![0xA5; len]);
+        send_split(&mut i, &u);
+        i.expect_terminate(&u, e(1, 1, 0x00, MD));
+        assert_eq!(
+            decoy.to_vec(0, len).unwrap(),
+            vec![0u8; len],
+            "nothing placed in the named region"
+        );
+        assert_eq!(
+            sink.to_vec(0, len).unwrap(),
+            vec![0u8; len],
+            "nothing placed in the sink"
+        );
+    }
+}
+
+/// Issue 12 point 6 ("a Read Response naming another connection's sink
+/// STag"); A.4.6 row 25 with rows 10/16, RFC 5041 §7.2 code 0x02, SEC-STAG:
+/// the STag is the sink of a Read outstanding on another connection of the
+/// same device (another PD). The response is refused with 1/1/0x02 (STag not
+/// associated with this DDP stream); neither that connection's sink nor ours
+/// is written, and the other connection's Read is untouched.
+#[test]
+fn row25c_read_response_naming_another_connections_sink_stag() {
+    for len in [64usize, 16 << 10] {
+        let mut i = iut(0);
+        let (sink, _rr) = outstanding_read(&mut i, len);
+        // Another connection with its own PD: its sink STag.
+        let other_pd = i._dev.alloc_pd();
+        let theirs = other_pd.reg_mr(len, Access::LOCAL_WRITE).unwrap();
+        let u = tagged(op::READ_RESPONSE, theirs.lkey(), theirs.addr(), true, &vec![0x5A; len]);
+        send_split(&mut i, &u);
+        i.expect_terminate(&u, e(1, 1, 0x02, MD));
+        assert_eq!(
+            theirs.to_vec(0, len).unwrap(),
+            vec![0u8; len],
+            "other connection's sink untouched"
+        );
+        assert_eq!(
+            sink.to_vec(0, len).unwrap(),
+            vec![0u8; len],
+            "nothing placed in our sink"
+        );
+    }
+}
+
+/// Issue 12 point 6; A.4.6 row 25 (siw: 1/1/0x01), RFC 5041 §5.2 (segment
+/// TO = message TO + offset): the right STag but a TO that is not the sink
+/// TO (first segment), or not advanced by what already arrived (second
+/// segment), is a base-or-bounds violation and places nothing.
+#[test]
+fn row25d_read_response_with_wrong_to_is_refused_and_not_placed() {
+    // First segment 8 octets past the sink TO.
+    let mut i = iut(0);
+    let (sink, rr) = outstanding_read(&mut i, 64);
+    let u = tagged(op::READ_RESPONSE, rr.sink_stag, rr.sink_to + 8, true, &[0xC3; 56]);
+    i.peer.send(&u);
+    i.expect_terminate(&u, e(1, 1, 0x01, MD));
+    assert_eq!(sink.to_vec(0, 64).unwrap(), vec![0u8; 64]);
+    // Second segment repeating the first one's TO.
+    let mut i = iut(0);
+    let (sink, rr) = outstanding_read(&mut i, 64);
+    let first = tagged(op::READ_RESPONSE, rr.sink_stag, rr.sink_to, false, &[0x11; 32]);
+    let second = tagged(op::READ_RESPONSE, rr.sink_stag, rr.sink_to, true, &[0x22; 32]);
+    i.peer.send_all(&[first, second.clone()]);
+    i.expect_terminate(&second, e(1, 1, 0x01, MD));
+    assert_eq!(
+        sink.to_vec(0, 32).unwrap(),
+        vec![0x11; 32],
+        "the valid first segment was placed"
+    );
+    assert_eq!(
+        sink.to_vec(32, 32).unwrap(),
+        vec![0u8; 32],
+        "the bad second segment was not"
+    );
+}
+
+/// A Read Response that answers the Read exactly (STag, TO advancing per
+/// segment) still completes it: the checks above do not refuse the valid case.
+#[test]
+fn read_response_in_segments_matching_the_request_completes_the_read() {
+    let mut i = iut(0);
+    let (sink, rr) = outstanding_read(&mut i, 64);
+    let first = tagged(op::READ_RESPONSE, rr.sink_stag, rr.sink_to, false, &[0x11; 40]);
+    let second = tagged(op::READ_RESPONSE, rr.sink_stag, rr.sink_to + 40, true, &[0x22; 24]);
+    i.peer.send_all(&[first, second]);
+    let wc = i.cq.wait(Some(T)).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (5, WcStatus::Success, 64), "{wc:?}");
+    assert_eq!(sink.to_vec(0, 40).unwrap(), vec![0x11; 40]);
+    assert_eq!(sink.to_vec(40, 24).unwrap(), vec![0x22; 24]);
+    assert_eq!(i.qp.state(), QpState::Rts);
+}
+
+/// Issue 12 point 8; RFC 5041 §4/§7.2, A.4.6 (rows 6/7 for the echo rule):
+/// a ULPDU shorter than the DDP header its T flag announces (empty; 5 octets
+/// tagged; 10 octets untagged) gets a DDP-layer Terminate, 1/0/0x00 (DDP
+/// Local Catastrophic), with no echoed header since the layout is unknown,
+/// instead of RDMAP 0/2/0xFF.
+#[test]
+fn ulpdu_shorter_than_a_ddp_header_gets_a_ddp_layer_terminate() {
+    let tagged_short = tagged(op::WRITE, 0x1234, 0, true, b"")[..5].to_vec();
+    let untagged_short = send(1, b"")[..10].to_vec();
+    for u in [Vec::new(), tagged_short, untagged_short] {
+        let mut i = iut(2);
+        i.peer.send(&u);
+        i.expect_terminate(&u, e(1, 0, 0x00, NONE));
+    }
+}

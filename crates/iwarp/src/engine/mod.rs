@@ -2,9 +2,11 @@
 //!
 //! # Progress model
 //!
-//! Each QP is one [`qp::IwarpQp`]: a protocol core (`qp::Core`, no
-//! syscalls of its own except through the two small `pump_*` functions) behind
-//! one mutex. Three kinds of thread make it progress, whichever gets there
+//! Each QP is one [`qp::IwarpQp`]: a protocol core (`qp::Proto`, which does
+//! no I/O; `qp/tx.rs` and `qp/rx.rs` hold its transmit and receive sides and
+//! `qp/core_tests.rs` runs two of them back to back in memory) and the socket
+//! side (`qp/io.rs`: the two small `pump_*` functions, deframing and direct
+//! placement), behind one mutex. Three kinds of thread make it progress, whichever gets there
 //! first:
 //!
 //! * the application thread in `post_send`: the work request is segmented,

@@ -141,6 +141,26 @@ impl TxQueue {
         buffer::writev(fd, &iov)
     }
 
+    /// Appends every pending octet to `out` (what `write_to` would send, in
+    /// order, without a socket): the in-memory transport of the core tests.
+    #[cfg(test)]
+    pub fn copy_pending(&self, out: &mut Vec<u8>) -> usize {
+        let start = out.len();
+        for (i, p) in self.parts.iter().enumerate() {
+            let skip = if i == 0 { self.head_off } else { 0 };
+            match p {
+                Part::Arena { start, len } => out.extend_from_slice(&self.arena[start + skip..start + len]),
+                Part::Mem { buf, off, len } => {
+                    let at = out.len();
+                    out.resize(at + len - skip, 0);
+                    buf.read(off + skip, &mut out[at..])
+                        .expect("queued ranges are in bounds");
+                }
+            }
+        }
+        out.len() - start
+    }
+
     /// `n` octets were written: returns the slots that fully left.
     pub fn consumed(&mut self, mut n: usize, done: &mut Vec<u64>) {
         self.written += n as u64;

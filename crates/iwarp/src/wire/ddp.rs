@@ -17,8 +17,9 @@
 //! [`TaggedPacket`] and [`UntaggedPacket`] are smoltcp-style views over any
 //! buffer; [`Header`] and [`Segment`] are the typed meaning. Parsing checks
 //! only what DDP itself owns on a single segment (length and DV); queue,
-//! sequence and buffer checks live in `proto::ddp_rx`, RDMAP checks in
-//! [`super::rdmap`]. Every error names the Terminate to send
+//! sequence and buffer checks live in the engine's receive side
+//! (`engine/qp/rx.rs`; `proto::ddp_rx` is a sans-I/O second implementation
+//! not yet wired in), RDMAP checks in [`super::rdmap`]. Every error names the Terminate to send
 //! ([`Error::term_cause`], table [`super::cause`]).
 
 use core::fmt;
@@ -112,14 +113,19 @@ impl Error {
     /// The Terminate cause (catalogue A.4.6).
     ///
     /// * DV != 01b: untagged -> 1/2/0x06, tagged -> 1/1/0x04 (rows 6, 7).
-    /// * Empty or truncated header: neither RFC names a code. We send RDMAP
-    ///   Remote Operation "Unspecified Error" (0/2/0xFF), the same choice as
-    ///   for every other length violation (catalogue RDMAP-HDR-07, A.5 #8).
+    /// * Empty or truncated header (a ULPDU shorter than the DDP header its
+    ///   T flag announces): the error is DDP's, since DDP owns the header
+    ///   and the segment length (RFC 5041 §4, §5.1), so the Terminate names
+    ///   the DDP layer (issue 12 point 8; before, RDMAP 0/2/0xFF). Of the
+    ///   RFC 5041 §7.2 numbers only "Local Catastrophic" (1/0/0x00) is
+    ///   neither a tagged- nor an untagged-buffer check: the header cannot
+    ///   be read, so no buffer check applies, and the stream is lost. Like
+    ///   rows 6/7 it carries no DDP header (M=D=R=0, RFC 5040 Fig. 10).
     pub const fn term_cause(&self) -> TermCause {
         match self {
             Error::Version { tagged: true, .. } => cause::DDP_ERR_T_INVALID_VERSION,
             Error::Version { tagged: false, .. } => cause::DDP_ERR_U_INVALID_VERSION,
-            Error::Empty | Error::Truncated { .. } => cause::RDMAP_ERR_UNSPECIFIED_OP,
+            Error::Empty | Error::Truncated { .. } => cause::DDP_LOCAL_CATASTROPHIC_ERR,
         }
     }
 

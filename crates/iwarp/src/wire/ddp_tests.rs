@@ -212,7 +212,7 @@ fn siw_captures_round_trip() {
 #[test]
 fn truncated_empty() {
     assert_eq!(Segment::parse(&[]), Err(Error::Empty));
-    assert_eq!(Error::Empty.term_cause(), cause::RDMAP_ERR_UNSPECIFIED_OP);
+    assert_eq!(Error::Empty.term_cause(), cause::DDP_LOCAL_CATASTROPHIC_ERR);
 }
 
 #[test]
@@ -221,6 +221,9 @@ fn truncated_tagged_header() {
         let e = Segment::parse(&TAGGED_BYTES[..len]).unwrap_err();
         assert_eq!(e, Error::Truncated { tagged: true, len });
         assert!(!e.layout_known());
+        // Issue 12 point 8: DDP's own code, no echoed header.
+        assert_eq!(e.term_cause(), cause::DDP_LOCAL_CATASTROPHIC_ERR);
+        assert!(!e.term_cause().carries_ddp_header());
     }
     assert!(Segment::parse(&TAGGED_BYTES[..14]).unwrap().payload.is_empty());
 }

@@ -15,4 +15,5 @@ pub mod ddp;
 pub mod fpdu;
 pub mod mpa;
 pub mod rdmap;
+mod rdmap_hdr;
 pub mod terminate;

@@ -10,7 +10,8 @@
 //! meaning of one DDP segment at the RDMAP layer; [`Message::parse`] runs
 //! the receive checks of catalogue A.4.2 steps 3-4 and the header-length
 //! rules (RDMAP-HDR-07), and every [`Error`] names its Terminate (matrix
-//! A.4.6). Queue, MSN, MO and buffer checks follow in `proto::ddp_rx`.
+//! A.4.6). The engine calls it on every ULPDU (`engine/qp/rx.rs`); queue,
+//! MSN, MO and buffer checks follow there.
 //!
 //! Golden control words (catalogue A.1.2, L set): Write 0xC140, Read
 //! Request 0x4141, Read Response 0xC142, Send 0x4143, Send with Invalidate
@@ -24,37 +25,12 @@ use super::cause::{self, TermCause};
 use super::ddp::{self, Addr, BufferTooSmall, Segment, need};
 use super::terminate::{self, Offending, TermWireForm};
 
-#[path = "rdmap_hdr.rs"]
-mod hdr;
+use super::rdmap_hdr as hdr;
 pub use hdr::{
     ATOMIC_REQUEST_LEN, ATOMIC_RESPONSE_LEN, AtomicOp, AtomicRequest, AtomicRequestPacket, AtomicResponse,
     AtomicResponsePacket, IMMEDIATE_LEN, ImmediatePacket, READ_REQUEST_LEN, ReadRequest, ReadRequestPacket, Truncated,
 };
-
-/// RDMAP opcodes as octets (RFC 5040 §4.2 Fig. 4, RFC 7306 §4.1 Fig. 2), for
-/// code that builds or matches the control octet directly (see [`Opcode`]).
-pub mod op {
-    pub const WRITE: u8 = 0x0;
-    pub const READ_REQUEST: u8 = 0x1;
-    pub const READ_RESPONSE: u8 = 0x2;
-    pub const SEND: u8 = 0x3;
-    pub const SEND_INV: u8 = 0x4;
-    pub const SEND_SE: u8 = 0x5;
-    pub const SEND_SE_INV: u8 = 0x6;
-    pub const TERMINATE: u8 = 0x7;
-    pub const IMM: u8 = 0x8;
-    pub const IMM_SE: u8 = 0x9;
-    pub const ATOMIC_REQUEST: u8 = 0xA;
-    pub const ATOMIC_RESPONSE: u8 = 0xB;
-}
-
-/// Untagged queue numbers (RFC 5040 §5, RFC 7306 §5.2).
-pub mod qn {
-    pub const SEND: u32 = 0;
-    pub const READ_REQUEST: u32 = 1;
-    pub const TERMINATE: u32 = 2;
-    pub const ATOMIC_RESPONSE: u32 = 3;
-}
+pub use hdr::{VERSION, op, qn};
 
 mod field {
     /// RV, RDMA Version (RFC 5040 §4.1).
@@ -64,9 +40,6 @@ mod field {
     pub const RSV_MASK: u8 = 0x30;
     pub const OPCODE_MASK: u8 = 0x0f;
 }
-
-/// RV = 01b (RFC 5040 §4.1). 00b (RDMA Consortium) is rejected: A.5 #9.
-pub const VERSION: u8 = 1;
 
 /// Split an RDMAP control octet into (RV, Rsv, OpCode nibble).
 pub const fn split_control(ctrl: u8) -> (u8, u8, u8) {
@@ -412,18 +385,24 @@ impl Error {
         }
     }
 
-    /// What the Terminate may echo. DV/RV/opcode/T errors echo nothing: the
-    /// layout is unknown (Linux siw omits them too, A.4.2; rows 6, 7, 21,
-    /// 22, 24 list M D R = 0 0 0).
+    /// What the Terminate may echo. DDP header errors (DV, length) echo
+    /// nothing: the layout is unknown (rows 6, 7). Once the DDP header has
+    /// parsed, its layout is known, so RV, opcode and T errors echo it (M, D
+    /// set): the matrix allows it for rows 21 and 22 ("1 1 0"), and it is
+    /// what the engine sent to Linux siw in the lab before this module ran
+    /// there (misbehave.rs rows 21, 22, 24 pin it). Linux siw itself omits
+    /// the headers for these (A.4.2); receivers accept both.
     pub const fn echo(&self) -> Echo {
         match self {
-            Error::Ddp(_) | Error::Version { .. } | Error::UnknownOpcode { .. } | Error::TaggedMismatch { .. } => {
-                Echo::Nothing
-            }
+            Error::Ddp(_) => Echo::Nothing,
             Error::HeaderLength { rreq: Some(_), .. } => Echo::DdpAndRdmaHeader,
-            Error::QueueMismatch { .. } | Error::NotLast { .. } | Error::HeaderLength { .. } | Error::Terminate(_) => {
-                Echo::DdpHeader
-            }
+            Error::Version { .. }
+            | Error::UnknownOpcode { .. }
+            | Error::TaggedMismatch { .. }
+            | Error::QueueMismatch { .. }
+            | Error::NotLast { .. }
+            | Error::HeaderLength { .. }
+            | Error::Terminate(_) => Echo::DdpHeader,
         }
     }
 

@@ -5,10 +5,48 @@
 //! Each comes as a smoltcp-style view (`*Packet<T>`) plus a plain `Copy`
 //! repr with `parse`/`emit`. Offsets are from the start of the RDMAP header,
 //! i.e. from the end of the untagged DDP header (FPDU offset 20).
+//!
+//! Also the opcode and queue numbers as octets ([`op`], [`qn`]) and the RDMAP
+//! version. This module is a leaf: [`super::terminate`] (which echoes a Read
+//! Request header) and [`super::rdmap`] (which carries a Terminate) both use
+//! it, so neither needs the other's module for these (no import circle).
 
 use core::fmt;
 
-use super::super::ddp::{BufferTooSmall, be, need};
+use super::ddp::{BufferTooSmall, be, need};
+
+/// RDMAP opcodes as octets (RFC 5040 §4.2 Fig. 4, RFC 7306 §4.1 Fig. 2), for
+/// code that builds or matches the control octet directly (see [`Opcode`]).
+pub mod op {
+    pub const WRITE: u8 = 0x0;
+    pub const READ_REQUEST: u8 = 0x1;
+    pub const READ_RESPONSE: u8 = 0x2;
+    pub const SEND: u8 = 0x3;
+    pub const SEND_INV: u8 = 0x4;
+    pub const SEND_SE: u8 = 0x5;
+    pub const SEND_SE_INV: u8 = 0x6;
+    pub const TERMINATE: u8 = 0x7;
+    pub const IMM: u8 = 0x8;
+    pub const IMM_SE: u8 = 0x9;
+    pub const ATOMIC_REQUEST: u8 = 0xA;
+    pub const ATOMIC_RESPONSE: u8 = 0xB;
+}
+
+/// Untagged queue numbers (RFC 5040 §5, RFC 7306 §5.2).
+pub mod qn {
+    pub const SEND: u32 = 0;
+    pub const READ_REQUEST: u32 = 1;
+    pub const TERMINATE: u32 = 2;
+    pub const ATOMIC_RESPONSE: u32 = 3;
+}
+
+/// RV = 01b (RFC 5040 §4.1). 00b (RDMA Consortium) is rejected: A.5 #9.
+pub const VERSION: u8 = 1;
+
+/// The RDMAP control octet (RV = 01b, Rsv = 0) for an opcode octet of [`op`].
+pub const fn control(opcode: u8) -> u8 {
+    (VERSION << 6) | (opcode & 0x0f)
+}
 
 /// The header is shorter than its fixed length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -406,7 +406,8 @@ fn err(u: &[u8]) -> Error {
 fn malformed_truncated_ddp_header() {
     let e = err(&ulpdu(&golden::SIW_SEND)[..17]);
     assert_eq!(e, Error::Ddp(ddp::Error::Truncated { tagged: false, len: 17 }));
-    assert_eq!(e.term_cause(), cause::RDMAP_ERR_UNSPECIFIED_OP);
+    // Issue 12 point 8: a DDP-layer code, not RDMAP 0/2/0xFF.
+    assert_eq!(e.term_cause(), cause::DDP_LOCAL_CATASTROPHIC_ERR);
     assert_eq!(e.echo(), Echo::Nothing);
 }
 
@@ -420,7 +421,9 @@ fn malformed_bad_dv_row6() {
     assert_eq!(e.terminate(&u).ulpdu_len(), terminate::ULPDU_LEN_PLAIN);
 }
 
-/// Matrix A.4.6 row 21 (RDMAP-HDR-04): RV != 01b -> 0/2/0x05, 22-octet form.
+/// Matrix A.4.6 row 21 (RDMAP-HDR-04): RV != 01b -> 0/2/0x05; the DDP
+/// header parsed, so it is echoed (M D R = 1 1 0, the matrix's second form;
+/// the engine's choice, misbehave.rs row 21).
 #[test]
 fn malformed_bad_rv_row21() {
     for rv in [0u8, 2, 3] {
@@ -429,8 +432,8 @@ fn malformed_bad_rv_row21() {
         let e = err(&u);
         assert_eq!(e, Error::Version { rv });
         assert_eq!(e.term_cause(), cause::RDMAP_ERR_INVALID_VERSION);
-        assert_eq!(e.echo(), Echo::Nothing);
-        assert_eq!(e.terminate(&u).ulpdu_len(), 22);
+        assert_eq!(e.echo(), Echo::DdpHeader);
+        assert_eq!(e.terminate(&u).ulpdu_len(), terminate::ULPDU_LEN_UNTAGGED);
     }
 }
 
@@ -444,7 +447,7 @@ fn malformed_unknown_opcode_row22() {
         let e = err(&u);
         assert_eq!(e, Error::UnknownOpcode { raw });
         assert_eq!(e.term_cause(), cause::RDMAP_ERR_UNEXPECTED_OPCODE);
-        assert_eq!(e.echo(), Echo::Nothing);
+        assert_eq!(e.echo(), Echo::DdpHeader, "row 22: 1 1 0");
     }
 }
 
@@ -470,7 +473,8 @@ fn malformed_opcode_t_mismatch_row24() {
         }
     );
     assert_eq!(e.term_cause(), cause::RDMAP_ERR_UNEXPECTED_OPCODE);
-    assert_eq!(e.terminate(&t).ulpdu_len(), 22);
+    // The DDP header parsed (tagged), so it is echoed (misbehave.rs row 24).
+    assert_eq!(e.terminate(&t).ulpdu_len(), terminate::ULPDU_LEN_TAGGED);
 }
 
 /// Matrix A.4.6 row 5: Send opcode on QN 1, Read Request on QN 0, Terminate

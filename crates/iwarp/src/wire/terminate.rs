@@ -65,7 +65,7 @@ use core::fmt;
 
 use super::cause::{Layer, TermCause, code, etype};
 use super::ddp::{self, BufferTooSmall, be, need};
-use super::rdmap::{READ_REQUEST_LEN, ReadRequest};
+use super::rdmap_hdr::{self, READ_REQUEST_LEN, ReadRequest, op, qn};
 
 mod field {
     pub type Field = core::ops::Range<usize>;
@@ -623,9 +623,9 @@ impl Repr {
         need(buf.len(), self.ulpdu_len())?;
         let h = ddp::Header {
             last: true,
-            rdmap_ctrl: super::rdmap::Opcode::Terminate.control(),
+            rdmap_ctrl: rdmap_hdr::control(op::TERMINATE),
             addr: ddp::Addr::Untagged {
-                qn: super::rdmap::Queue::Terminate.qn(),
+                qn: qn::TERMINATE,
                 msn,
                 mo: 0,
                 inv_stag: 0,

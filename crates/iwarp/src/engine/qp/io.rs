@@ -1,0 +1,493 @@
+//! The socket side of a QP: the non-blocking TCP stream, reads into the
+//! receive buffer and the deframer, direct data placement of large tagged
+//! segments (`readv` straight into the region), `writev` of the transmit
+//! queue, and the progress hooks (epoll driver, CQ polling, busy polling).
+//! The protocol state ([`Proto`]) does no I/O; this module moves bytes
+//! between it and the socket.
+
+use super::*;
+
+/// Receive-side byte handling: the MPA deframer and its input buffer.
+struct RxIo {
+    deframer: Deframer,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    eof: bool,
+    /// A tagged segment whose payload is being read straight into place.
+    direct: Option<Direct>,
+}
+
+/// Tagged payloads at least this long are placed directly.
+const DIRECT_MIN: usize = 4096;
+/// MPA ULPDU_Length plus the 14-octet tagged DDP/RDMAP header.
+const TAGGED_FPDU_HEAD: usize = fpdu::HEADER_LEN + ddp::TAGGED_HEADER_LEN;
+
+/// Direct data placement of one FPDU (RFC 5041 §1, "placement" without an
+/// intermediate buffer): header checked, payload `read` into the region,
+/// then pad and CRC from the ordinary buffer.
+struct Direct {
+    head: [u8; TAGGED_FPDU_HEAD],
+    kind: super::rx::DirectKind,
+    buf: Arc<Buffer>,
+    off: usize,
+    len: usize,
+    done: usize,
+    /// Pad and CRC octets after the payload.
+    trailer: usize,
+    total: usize,
+}
+
+impl RxIo {
+    /// At an FPDU boundary with only the start of a large tagged segment
+    /// buffered: set up direct placement (copying the part already here).
+    fn start_direct(&mut self, p: &mut Proto) -> bool {
+        let avail = self.end - self.start;
+        if self.deframer.config().markers || !self.deframer.at_boundary() || avail < TAGGED_FPDU_HEAD {
+            return false;
+        }
+        let b = &self.buf[self.start..self.end];
+        let ulpdu = usize::from(u16::from_be_bytes([b[0], b[1]]));
+        let total = fpdu::fpdu_len(ulpdu);
+        if avail >= total
+            || ddp::header_len_for(b[fpdu::HEADER_LEN]) != ddp::TAGGED_HEADER_LEN
+            || ulpdu < ddp::TAGGED_HEADER_LEN + DIRECT_MIN
+            || ulpdu > usize::from(self.deframer.config().max_ulpdu_len)
+        {
+            return false;
+        }
+        let len = ulpdu - ddp::TAGGED_HEADER_LEN;
+        let Some((buf, off, kind)) = p.direct_target(&b[fpdu::HEADER_LEN..TAGGED_FPDU_HEAD], len) else {
+            return false;
+        };
+        let have = (avail - TAGGED_FPDU_HEAD).min(len);
+        if buf.write(off, &b[TAGGED_FPDU_HEAD..TAGGED_FPDU_HEAD + have]).is_err() {
+            return false;
+        }
+        let mut head = [0u8; TAGGED_FPDU_HEAD];
+        head.copy_from_slice(&b[..TAGGED_FPDU_HEAD]);
+        self.start += TAGGED_FPDU_HEAD + have;
+        self.direct = Some(Direct {
+            head,
+            kind,
+            buf,
+            off,
+            len,
+            done: have,
+            trailer: fpdu::pad_len(ulpdu) + fpdu::CRC_LEN,
+            total,
+        });
+        true
+    }
+
+    /// The payload is in place and the trailer buffered: check the CRC and
+    /// hand the segment to the protocol.
+    fn finish_direct(&mut self, p: &mut Proto) {
+        let Some(d) = self.direct.take() else { return };
+        let t = &self.buf[self.start..self.start + d.trailer];
+        let pad = d.trailer - fpdu::CRC_LEN;
+        self.start += d.trailer;
+        if self.deframer.config().crc {
+            let mut c = crate::crc::Crc32c::new();
+            c.update(&d.head);
+            let _ = d.buf.scan(d.off, d.len, |b| c.update(b));
+            c.update(&t[..pad]);
+            let computed = c.finish();
+            let received = crate::crc::from_wire([t[pad], t[pad + 1], t[pad + 2], t[pad + 3]]);
+            if computed != received {
+                // The payload was placed before the check: the region's
+                // contents are undefined after the error, as for any failed
+                // operation (RFC 5040 §5.5); the stream ends here.
+                let e = self.deframer.fail_crc(computed, received);
+                p.on_stream_error(Some(e.cause()), "MPA CRC error");
+                self.start = self.end;
+                return;
+            }
+        }
+        let _ = self.deframer.skip_fpdu(d.total);
+        p.direct_placed(d.kind, d.len);
+    }
+}
+
+struct Core {
+    p: Proto,
+    rx: RxIo,
+}
+
+/// A connected iWARP QP.
+pub struct IwarpQp {
+    qpn: u32,
+    sock: TcpStream,
+    driver: Arc<Driver>,
+    token: Mutex<Option<mio::Token>>,
+    busy: BusyPoll,
+    core: Mutex<Core>,
+    poke: Poke,
+    state: Arc<AtomicU8>,
+    info: ConnInfo,
+}
+
+impl IwarpQp {
+    /// Wraps an MPA-negotiated socket. `leftover` are bytes read past the MPA
+    /// frame during the handshake (the peer's first FPDUs).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn start(
+        sock: TcpStream,
+        leftover: Vec<u8>,
+        driver: Arc<Driver>,
+        req: verbs::cm::QpRequest,
+        qpn: u32,
+        neg: Negotiated,
+        siw_term_form: bool,
+        max_ulpdu: usize,
+    ) -> std::io::Result<Arc<IwarpQp>> {
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        let mut attr = req.attr.clone();
+        attr.max_send_wr = attr.max_send_wr.max(1);
+        attr.max_recv_wr = attr.max_recv_wr.max(1);
+        let p = Proto::new(
+            qpn,
+            req.pd.id(),
+            req.pd.device().clone(),
+            req.send_cq.clone(),
+            req.recv_cq.clone(),
+            req.events.clone(),
+            attr,
+            &neg,
+            siw_term_form,
+            max_ulpdu,
+        );
+        let mut buf = vec![0u8; RX_BUF + 70_000];
+        let n = leftover.len().min(buf.len());
+        buf[..n].copy_from_slice(&leftover[..n]);
+        let rx = RxIo {
+            deframer: Deframer::new(DeframerConfig {
+                crc: neg.crc,
+                markers: neg.markers_rx,
+                ..Default::default()
+            }),
+            buf,
+            start: 0,
+            end: n,
+            eof: false,
+            direct: None,
+        };
+        let mut p = p;
+        // Receives the application posted before the connection went live
+        // (rdma_cm order: post_recv, then accept/connect).
+        if !req.initial_recvs.is_empty() {
+            p.post_recv(&req.initial_recvs)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        }
+        let p_state = p.shared_state.clone();
+        let established_now = !matches!(neg.rtr, Some(RtrRole::Expect(_)));
+        let qp = Arc::new(IwarpQp {
+            qpn,
+            sock,
+            driver: driver.clone(),
+            token: Mutex::new(None),
+            busy: BusyPoll::new(),
+            core: Mutex::new(Core { p, rx }),
+            poke: Poke::new(),
+            state: p_state,
+            info: neg.info.clone(),
+        });
+        if established_now {
+            req.events.push(CmEvent::Established);
+        }
+        let weak: Weak<dyn Pollable> = Arc::downgrade(&qp) as Weak<dyn Pollable>;
+        let prog: Weak<dyn Progress> = Arc::downgrade(&qp) as Weak<dyn Progress>;
+        req.send_cq.attach(prog.clone());
+        if !req.recv_cq.same(&req.send_cq) {
+            req.recv_cq.attach(prog);
+        }
+        let t = driver.register(qp.sock.as_raw_fd(), weak)?;
+        *qp.token.lock().unwrap() = Some(t);
+        // Bytes that came with the handshake, and an RTR to send.
+        qp.kick();
+        Ok(qp)
+    }
+
+    /// Runs transmit and receive progress if no other thread is doing it.
+    fn kick(&self) -> bool {
+        self.poke.run(&self.core, |c| self.work(c))
+    }
+
+    fn work(&self, c: &mut Core) -> bool {
+        let mut any = false;
+        loop {
+            let mut round = self.pump_rx(c);
+            round |= self.pump_tx(&mut c.p);
+            any |= round;
+            if !round {
+                break;
+            }
+        }
+        any
+    }
+
+    /// Reads and processes everything the socket has.
+    fn pump_rx(&self, c: &mut Core) -> bool {
+        let mut any = false;
+        let Core { p, rx } = c;
+        let fd = self.sock.as_raw_fd();
+        loop {
+            if p.term_sent || p.term_received {
+                rx.direct = None;
+                break;
+            }
+            match &rx.direct {
+                Some(d) if d.done == d.len && rx.end - rx.start >= d.trailer => {
+                    rx.finish_direct(p);
+                    any = true;
+                    continue;
+                }
+                Some(_) => {}
+                None => {
+                    // Deliver whole FPDUs already buffered.
+                    while rx.start < rx.end && !p.term_sent && !p.term_received {
+                        if rx.start_direct(p) {
+                            any = true;
+                            break;
+                        }
+                        match rx.deframer.next_fpdu(&rx.buf[rx.start..rx.end]) {
+                            Ok((used, ulpdu)) => {
+                                if let Some(u) = ulpdu {
+                                    p.on_ulpdu(u);
+                                    any = true;
+                                }
+                                rx.start += used;
+                                if used == 0 {
+                                    break;
+                                }
+                            }
+                            Err(e) => {
+                                p.on_stream_error(Some(e.cause()), "MPA framing error");
+                                rx.start = rx.end;
+                                any = true;
+                            }
+                        }
+                    }
+                    if rx.direct.is_some() {
+                        continue;
+                    }
+                }
+            }
+            if rx.eof || p.term_sent || p.term_received {
+                break;
+            }
+            let res = match rx.direct.as_mut() {
+                Some(d) if d.done < d.len => {
+                    // The payload straight into place, the trailer and the
+                    // next FPDU's header into the buffer, in one readv.
+                    rx.start = 0;
+                    rx.end = 0;
+                    let tail = d.trailer + TAGGED_FPDU_HEAD;
+                    d.buf
+                        .recv_into_then(fd, d.off + d.done, d.len - d.done, &mut rx.buf[..tail])
+                        .inspect(|&n| {
+                            let placed = n.min(d.len - d.done);
+                            d.done += placed;
+                            rx.end = n - placed;
+                        })
+                }
+                _ => {
+                    if rx.start == rx.end {
+                        rx.start = 0;
+                        rx.end = 0;
+                    } else if rx.end == rx.buf.len() {
+                        if rx.direct.is_some() {
+                            // Part of a trailer: keep it.
+                            rx.buf.copy_within(rx.start..rx.end, 0);
+                            rx.end -= rx.start;
+                        } else {
+                            // The deframer copied the partial FPDU.
+                            rx.end = 0;
+                        }
+                        rx.start = 0;
+                    }
+                    (&self.sock).read(&mut rx.buf[rx.end..]).inspect(|&n| rx.end += n)
+                }
+            };
+            match res {
+                Ok(0) => {
+                    rx.eof = true;
+                    p.on_stream_error(None, "peer closed the connection");
+                    any = true;
+                    break;
+                }
+                Ok(_) => any = true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    rx.eof = true;
+                    p.on_stream_error(None, &e.to_string());
+                    any = true;
+                    break;
+                }
+            }
+        }
+        any
+    }
+
+    /// Frames pending work and writes it until the socket would block.
+    fn pump_tx(&self, p: &mut Proto) -> bool {
+        let mut any = false;
+        loop {
+            any |= p.fill_tx();
+            if p.tx_pending() == 0 {
+                break;
+            }
+            match p.tx_queue().write_to(self.sock.as_raw_fd()) {
+                Ok(n) => {
+                    p.consumed_out(n);
+                    any = true;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    p.discard_out();
+                    p.on_stream_error(None, &e.to_string());
+                    break;
+                }
+            }
+        }
+        if p.shutdown_when_drained && !p.shut && p.tx_pending() == 0 {
+            p.shut = true;
+            let _ = self.sock.shutdown(std::net::Shutdown::Write);
+        }
+        any
+    }
+
+    fn with_core<R>(&self, f: impl FnOnce(&mut Proto) -> R) -> R {
+        let mut c = self.core.lock().unwrap();
+        let r = f(&mut c.p);
+        self.work(&mut c);
+        drop(c);
+        // Work that arrived while we held the lock.
+        self.kick();
+        r
+    }
+}
+
+impl Pollable for IwarpQp {
+    fn on_event(&self, _readable: bool, _writable: bool) {
+        self.kick();
+    }
+    fn still_muted(&self) -> bool {
+        if !self.busy.idle_for(BUSY_POLL_IDLE) {
+            return true;
+        }
+        self.unmute();
+        false
+    }
+}
+
+/// A poller that has polled without a gap this long is busy-polling.
+const BUSY_POLL_AFTER: Duration = Duration::from_micros(20);
+/// A gap between polls this long ends busy polling.
+const BUSY_POLL_GAP: Duration = Duration::from_micros(10);
+/// A busy poller silent this long is gone: the progress thread takes over.
+const BUSY_POLL_IDLE: Duration = Duration::from_micros(100);
+
+impl IwarpQp {
+    fn unmute(&self) {
+        if self.busy.muted.swap(false, Ordering::AcqRel)
+            && let Some(t) = *self.token.lock().unwrap()
+        {
+            self.driver.unmute(self.sock.as_raw_fd(), t);
+            self.kick();
+        }
+    }
+}
+
+impl Progress for IwarpQp {
+    fn progress(&self) -> bool {
+        if self.busy.note_poll(BUSY_POLL_GAP, BUSY_POLL_AFTER)
+            && let Some(t) = *self.token.lock().unwrap()
+        {
+            // An application thread spins on this QP's CQ: it reads the
+            // socket itself, so the progress thread need not wake for it.
+            self.driver.mute(self.sock.as_raw_fd(), t);
+        }
+        self.kick()
+    }
+    fn parked(&self) {
+        self.unmute();
+    }
+}
+
+/// Busy-poll bookkeeping of one QP (timestamps in ns since a process epoch).
+struct BusyPoll {
+    last: std::sync::atomic::AtomicU64,
+    since: std::sync::atomic::AtomicU64,
+    muted: std::sync::atomic::AtomicBool,
+}
+
+fn now_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
+impl BusyPoll {
+    fn new() -> Self {
+        BusyPoll {
+            last: 0.into(),
+            since: 0.into(),
+            muted: false.into(),
+        }
+    }
+    /// Records a poll; true when this poll makes the QP busy-polled (mute it).
+    fn note_poll(&self, gap: Duration, after: Duration) -> bool {
+        let now = now_ns();
+        let last = self.last.swap(now, Ordering::AcqRel);
+        if now.saturating_sub(last) > gap.as_nanos() as u64 {
+            self.since.store(now, Ordering::Release);
+            return false;
+        }
+        now.saturating_sub(self.since.load(Ordering::Acquire)) >= after.as_nanos() as u64
+            && !self.muted.swap(true, Ordering::AcqRel)
+    }
+    fn idle_for(&self, d: Duration) -> bool {
+        now_ns().saturating_sub(self.last.load(Ordering::Acquire)) >= d.as_nanos() as u64
+    }
+}
+
+impl QpOps for IwarpQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+    fn state(&self) -> QpState {
+        code_state(self.state.load(Ordering::Acquire))
+    }
+    fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
+        self.with_core(|p| p.post_send(wrs))
+    }
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
+        self.with_core(|p| p.post_recv(wrs))
+    }
+    fn disconnect(&self) {
+        self.with_core(|p| {
+            p.disconnect();
+            if !p.disconnected_event {
+                p.disconnected_event = true;
+                p.events.push(CmEvent::Disconnected);
+            }
+        });
+    }
+    fn set_error(&self) {
+        self.with_core(|p| p.enter_error());
+    }
+    fn conn_info(&self) -> ConnInfo {
+        self.info.clone()
+    }
+}
+
+impl Drop for IwarpQp {
+    fn drop(&mut self) {
+        if let Some(t) = self.token.lock().unwrap().take() {
+            self.driver.deregister(self.sock.as_raw_fd(), t);
+        }
+    }
+}

@@ -1,0 +1,747 @@
+//! One iWARP queue pair over one TCP connection: transmit (segmentation and
+//! framing), receive (deframing, checks, placement), the send/receive queues,
+//! the outbound and inbound Read/atomic queues (ORD/IRD), completions in
+//! posting order, and Terminate handling (RFC 5040 §5-§7, RFC 5041, RFC 7306).
+//!
+//! The protocol state lives in [`Proto`]; it does no I/O. [`IwarpQp`] owns the
+//! socket and moves bytes between it and `Proto` in `pump_tx` / `pump_rx`.
+//!
+//! Split by role, like Linux siw (`siw_qp.c`, `siw_qp_tx.c`, `siw_qp_rx.c`):
+//!
+//! | file | role |
+//! | --- | --- |
+//! | `mod.rs` | the state ([`Proto`] and its queues), posting work requests, completions in order, the error state and sending the one Terminate |
+//! | `tx.rs` | work requests and responses to RDMAP messages, DDP segmentation, MPA framing onto the gather list |
+//! | `rx.rs` | ULPDUs through `wire::ddp` / `wire::rdmap` parsing, then queue, Read/atomic and memory checks, placement, receive completions, the peer's Terminate |
+//! | `io.rs` | the socket: reads, the deframer, direct placement (`readv` into the region), `writev`, progress hooks and busy polling |
+
+use super::driver::{Driver, Poke, Pollable};
+use super::txq::TxQueue;
+use crate::wire::cause::{self, TermCause};
+use crate::wire::ddp::{self, Addr, Header};
+use crate::wire::fpdu;
+use crate::wire::fpdu::{Deframer, DeframerConfig, Framer};
+use crate::wire::rdmap::{self, AtomicOp, AtomicRequest, AtomicResponse, Message, ReadRequest, op, qn};
+use crate::wire::terminate::{self, Offending};
+use std::collections::VecDeque;
+use std::io::Read;
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+use verbs::buffer::Buffer;
+use verbs::cm::{CmEvent, ConnInfo, QpOps, TerminateInfo};
+use verbs::cq::Progress;
+use verbs::mem::AccessError;
+use verbs::notify::EventQueue;
+use verbs::{
+    Access, CompletionQueue, Device, Error, QpInitAttr, QpState, RecvWr, Result, SendFlags, SendWr, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
+};
+
+/// RDMAP control octet: RV = 01b (RFC 5040 §4.1) and the opcode.
+const fn rdmap_ctrl(opcode: u8) -> u8 {
+    0x40 | (opcode & 0x0F)
+}
+
+/// Octets framed ahead of the socket (most of them referenced in place, not
+/// copied): enough to keep `writev` busy, small enough that a Read Response
+/// or Terminate is not stuck behind megabytes.
+const TX_HIGH_WATER: usize = 512 * 1024;
+/// Payloads below this are copied next to their headers (one iovec instead
+/// of three); larger ones are sent from the registered buffer in place.
+const GATHER_MIN: usize = 2048;
+/// Receive buffer: large enough for several maximum FPDUs per `read`.
+const RX_BUF: usize = 256 * 1024;
+
+/// RTR duty of this side in peer-to-peer mode (RFC 6581 §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RtrRole {
+    Send(crate::wire::mpa::Rtr),
+    Expect(crate::wire::mpa::Rtr),
+}
+
+/// What MPA negotiated, as the data path needs it.
+#[derive(Debug, Clone)]
+pub(crate) struct Negotiated {
+    pub crc: bool,
+    pub markers_tx: bool,
+    pub markers_rx: bool,
+    pub ird: u32,
+    pub ord: u32,
+    pub rtr: Option<RtrRole>,
+    pub info: ConnInfo,
+}
+
+/// A resolved piece of local memory.
+#[derive(Clone)]
+struct Piece {
+    buf: Arc<Buffer>,
+    off: usize,
+    len: usize,
+}
+
+enum Source {
+    None,
+    Owned(Vec<u8>),
+    Pieces(Vec<Piece>),
+}
+
+impl Source {
+    /// Copies `out.len()` bytes starting at message offset `at`.
+    fn copy_out(&self, mut at: usize, out: &mut [u8]) {
+        match self {
+            Source::None => {}
+            Source::Owned(v) => out.copy_from_slice(&v[at..at + out.len()]),
+            Source::Pieces(ps) => {
+                let mut done = 0;
+                for p in ps {
+                    if done == out.len() {
+                        break;
+                    }
+                    if at >= p.len {
+                        at -= p.len;
+                        continue;
+                    }
+                    let n = (p.len - at).min(out.len() - done);
+                    // In bounds: pieces were checked against their region.
+                    let _ = p.buf.read(p.off + at, &mut out[done..done + n]);
+                    done += n;
+                    at = 0;
+                }
+            }
+        }
+    }
+}
+
+/// A message being segmented onto the wire.
+struct TxMsg {
+    /// Completion slot finished when the last byte is written (Send, Write, ...).
+    completes: Option<u64>,
+    opcode: u8,
+    tagged: Option<(u32, u64)>,
+    qn: u32,
+    msn: u32,
+    inv_stag: u32,
+    /// RDMAP header after the DDP header (Read Request, atomics, immediate).
+    rdmap_hdr: Vec<u8>,
+    src: Source,
+    total: usize,
+    off: usize,
+    /// A Read or Atomic Response: it holds an IRD slot until framed.
+    response: bool,
+}
+
+impl TxMsg {
+    /// A tagged message (Write, Read Response) to `stag` at `to`.
+    fn tagged(completes: Option<u64>, opcode: u8, stag: u32, to: u64, src: Source, total: usize) -> TxMsg {
+        TxMsg {
+            completes,
+            opcode,
+            tagged: Some((stag, to)),
+            qn: 0,
+            msn: 0,
+            inv_stag: 0,
+            rdmap_hdr: Vec::new(),
+            src,
+            total,
+            off: 0,
+            response: false,
+        }
+    }
+}
+
+struct Slot {
+    id: u64,
+    wr_id: u64,
+    opcode: WcOpcode,
+    signaled: bool,
+    status: Option<WcStatus>,
+    byte_len: u32,
+    vendor_err: u32,
+}
+
+enum OrqKind {
+    Read {
+        sink: Piece,
+        /// The local sink, checked again when the response starts to land.
+        sge: Option<verbs::Sge>,
+        /// Sink STag and TO named in the Read Request: every Read Response
+        /// segment must carry this STag and `sink_to + received` (RFC 5040
+        /// §4.4 / §5.2.2, catalogue A.4.6 row 25).
+        sink_stag: u32,
+        sink_to: u64,
+    },
+    Atomic {
+        sink: Piece,
+        request_id: u32,
+    },
+    /// A zero-length Read RTR of our own (RFC 6581): consumed silently.
+    Rtr,
+}
+
+struct Orq {
+    slot: Option<u64>,
+    kind: OrqKind,
+    received: usize,
+}
+
+enum Irq {
+    ReadResponse {
+        src: Option<Piece>,
+        len: usize,
+        sink_stag: u32,
+        sink_to: u64,
+    },
+    AtomicResponse {
+        request_id: u32,
+        orig: u64,
+    },
+}
+
+struct RecvWqe {
+    wr_id: u64,
+    /// Checked when posted and again when a message starts to land in it
+    /// (the region may have been deregistered meanwhile, SEC-STAG-02).
+    sges: Vec<verbs::Sge>,
+    pieces: Vec<Piece>,
+    cap: usize,
+}
+
+/// The untagged Send-family message being received (QN 0).
+struct RxSend {
+    wqe: RecvWqe,
+    msn: u32,
+    got: usize,
+}
+
+/// Protocol state of one QP. No I/O.
+pub(crate) struct Proto {
+    qpn: u32,
+    pd: u32,
+    dev: Device,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+    events: Arc<EventQueue<CmEvent>>,
+    attr: QpInitAttr,
+    siw_term_form: bool,
+    /// RDMAP receive configuration: RFC 7306 on, the Terminate wire form we
+    /// expect first (either is accepted).
+    rdmap_cfg: rdmap::Config,
+    max_ulpdu: usize,
+    state: QpState,
+    /// `state` as the application reads it (`QueuePair::state`), updated
+    /// before any event or completion that follows a change is published.
+    shared_state: Arc<AtomicU8>,
+
+    // transmit
+    sq: VecDeque<(u64, SendWr, Option<Vec<u8>>)>,
+    slots: VecDeque<Slot>,
+    next_slot: u64,
+    framer: Framer,
+    tx: TxQueue,
+    cur: Option<TxMsg>,
+    follow: Option<TxMsg>,
+    tx_msn: [u32; 4],
+    prefer_irq: bool,
+    orq: VecDeque<Orq>,
+    ord: u32,
+    irq: VecDeque<Irq>,
+    /// Responses taken off `irq` and still being framed (they count to IRD).
+    responding: u32,
+    ird: u32,
+    next_atomic_id: u32,
+    rtr: Option<RtrRole>,
+
+    // receive
+    rq: VecDeque<RecvWqe>,
+    rx_msn: [u32; 4],
+    rx_send: Option<RxSend>,
+    last_was_write: bool,
+
+    // teardown
+    term_sent: bool,
+    term_received: bool,
+    /// Shut the socket's write side once `out` is drained.
+    shutdown_when_drained: bool,
+    shut: bool,
+    disconnected_event: bool,
+}
+
+fn wc(slot_or_wr: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
+    WorkCompletion {
+        wr_id: slot_or_wr,
+        status,
+        opcode,
+        byte_len: 0,
+        qp_num,
+        imm_data: None,
+        invalidated_rkey: None,
+        solicited: false,
+        vendor_err: 0,
+    }
+}
+
+fn pack_cause(c: &TermCause) -> u32 {
+    (c.layer.to_nibble() as u32) << 16 | (c.etype as u32) << 8 | c.code as u32
+}
+
+fn term_info(c: &TermCause) -> TerminateInfo {
+    TerminateInfo {
+        layer: c.layer.to_nibble(),
+        etype: c.etype,
+        code: c.code,
+        description: c.describe().to_string(),
+    }
+}
+
+/// The completion status a peer's Terminate means for the work request it names.
+fn status_for_peer_terminate(c: &TermCause) -> WcStatus {
+    use crate::wire::cause::{Layer, etype};
+    match (c.layer, c.etype) {
+        (Layer::Rdmap, etype::RDMAP_REMOTE_PROTECTION) => WcStatus::RemAccessErr,
+        (Layer::Rdmap, etype::RDMAP_REMOTE_OPERATION) => WcStatus::RemOpErr,
+        (Layer::Ddp, etype::DDP_TAGGED) => WcStatus::RemAccessErr,
+        (Layer::Ddp, etype::DDP_UNTAGGED) => WcStatus::RemInvReqErr,
+        _ => WcStatus::RemOpErr,
+    }
+}
+
+/// A peer access failure on a tagged (DDP) buffer: RFC 5041 §7.2 / matrix rows 8-12.
+fn ddp_tagged_cause(e: AccessError) -> TermCause {
+    match e {
+        AccessError::InvalidStag | AccessError::AccessRights => cause::DDP_ERR_T_INVALID_STAG,
+        AccessError::BaseBounds => cause::DDP_ERR_T_BASE_BOUNDS,
+        AccessError::NotAssociated => cause::DDP_ERR_T_STAG_NOT_ASSOCIATED,
+        AccessError::ToWrap => cause::DDP_ERR_T_TO_WRAP,
+    }
+}
+
+/// A Read Request source failure: RFC 5040 §7.2 / matrix rows 13-17.
+fn rdmap_read_cause(e: AccessError) -> TermCause {
+    match e {
+        AccessError::InvalidStag => cause::RDMAP_ERR_INVALID_STAG,
+        AccessError::BaseBounds => cause::RDMAP_ERR_BASE_BOUNDS,
+        AccessError::AccessRights => cause::RDMAP_ERR_ACCESS_RIGHTS,
+        AccessError::NotAssociated => cause::RDMAP_ERR_STAG_NOT_ASSOCIATED,
+        AccessError::ToWrap => cause::RDMAP_ERR_TO_WRAP,
+    }
+}
+
+/// Outcome of handling one received ULPDU.
+type RxResult = std::result::Result<(), Fatal>;
+
+/// A peer protocol violation: the Terminate to send.
+struct Fatal {
+    cause: TermCause,
+    echo: bool,
+    rreq: Option<ReadRequest>,
+}
+
+impl Fatal {
+    fn new(cause: TermCause) -> Fatal {
+        Fatal {
+            cause,
+            echo: true,
+            rreq: None,
+        }
+    }
+    fn bare(cause: TermCause) -> Fatal {
+        Fatal {
+            cause,
+            echo: false,
+            rreq: None,
+        }
+    }
+    /// The Terminate [`rdmap::Error`] names: its cause, whether the DDP
+    /// header is echoed and the Read Request header when there is one.
+    fn from_rdmap(e: &rdmap::Error) -> Fatal {
+        Fatal {
+            cause: e.term_cause(),
+            echo: e.echo() != rdmap::Echo::Nothing,
+            rreq: match e {
+                rdmap::Error::HeaderLength { rreq, .. } => *rreq,
+                _ => None,
+            },
+        }
+    }
+}
+
+impl Proto {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        qpn: u32,
+        pd: u32,
+        dev: Device,
+        send_cq: CompletionQueue,
+        recv_cq: CompletionQueue,
+        events: Arc<EventQueue<CmEvent>>,
+        attr: QpInitAttr,
+        neg: &Negotiated,
+        siw_term_form: bool,
+        max_ulpdu: usize,
+    ) -> Proto {
+        Proto {
+            qpn,
+            pd,
+            dev,
+            send_cq,
+            recv_cq,
+            events,
+            attr,
+            siw_term_form,
+            rdmap_cfg: rdmap::Config {
+                terminate_form: if siw_term_form {
+                    terminate::TermWireForm::LinuxSiw
+                } else {
+                    terminate::TermWireForm::Rfc
+                },
+                ..rdmap::Config::RFC7306
+            },
+            max_ulpdu: max_ulpdu.clamp(128, 65_535),
+            state: QpState::Rts,
+            shared_state: Arc::new(AtomicU8::new(state_code(QpState::Rts))),
+            sq: VecDeque::new(),
+            slots: VecDeque::new(),
+            next_slot: 0,
+            framer: Framer::new(neg.crc, neg.markers_tx),
+            tx: TxQueue::default(),
+            cur: None,
+            follow: None,
+            tx_msn: [0; 4],
+            prefer_irq: true,
+            orq: VecDeque::new(),
+            ord: neg.ord.max(1),
+            irq: VecDeque::new(),
+            responding: 0,
+            ird: neg.ird,
+            next_atomic_id: 1,
+            rtr: neg.rtr,
+            rq: VecDeque::new(),
+            rx_msn: [1; 4],
+            rx_send: None,
+            last_was_write: false,
+            term_sent: false,
+            term_received: false,
+            shutdown_when_drained: false,
+            shut: false,
+            disconnected_event: false,
+        }
+    }
+
+    fn resolve(&self, sges: &[verbs::Sge], need: Access) -> std::result::Result<(Vec<Piece>, usize), String> {
+        let mut pieces = Vec::with_capacity(sges.len());
+        let mut total = 0usize;
+        for s in sges {
+            if s.length == 0 {
+                continue;
+            }
+            let r = self
+                .dev
+                .mem()
+                .check(s.lkey, self.pd, self.qpn, s.addr, s.length as u64, need)
+                .map_err(|e| format!("local protection error on lkey {:#010x}: {e:?}", s.lkey))?;
+            total = total.checked_add(s.length as usize).ok_or("sg list too long")?;
+            pieces.push(Piece {
+                buf: r.buffer,
+                off: r.offset,
+                len: s.length as usize,
+            });
+        }
+        Ok((pieces, total))
+    }
+
+    fn outstanding_send_wrs(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Posts send work requests. In the Error state they are accepted and
+    /// complete at once with `WrFlushErr`, in order behind anything still
+    /// queued (IBTA, rdma-core and Linux siw semantics): an application that
+    /// posts before it polls still learns why the QP failed from the
+    /// completion and event that came first (issue 12 point 9).
+    pub(crate) fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
+        if self.state == QpState::Err {
+            for wr in wrs {
+                let id = self.next_slot;
+                self.next_slot += 1;
+                self.slots.push_back(Slot {
+                    id,
+                    wr_id: wr.wr_id,
+                    opcode: match wr.opcode {
+                        WrOpcode::Send | WrOpcode::SendWithInv { .. } | WrOpcode::SendWithImm { .. } => WcOpcode::Send,
+                        WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+                        WrOpcode::RdmaRead { .. } => WcOpcode::RdmaRead,
+                        WrOpcode::AtomicFetchAdd { .. } => WcOpcode::FetchAdd,
+                        WrOpcode::AtomicCmpSwap { .. } => WcOpcode::CompSwap,
+                        WrOpcode::LocalInv { .. } => WcOpcode::LocalInv,
+                        WrOpcode::RegMr { .. } => WcOpcode::RegMr,
+                    },
+                    signaled: true,
+                    status: Some(WcStatus::WrFlushErr),
+                    byte_len: 0,
+                    vendor_err: 0,
+                });
+            }
+            self.deliver_send_completions();
+            return Ok(());
+        }
+        for (index, wr) in wrs.iter().enumerate() {
+            let bad = |reason: String| Error::BadWr { index, reason };
+            if self.state != QpState::Rts {
+                return Err(bad(format!("QP is in state {:?}", self.state)));
+            }
+            if self.outstanding_send_wrs() >= self.attr.max_send_wr as usize {
+                return Err(bad("send queue full".into()));
+            }
+            if wr.sg_list.len() > self.attr.max_send_sge.max(1) as usize {
+                return Err(bad(format!(
+                    "{} SGEs exceed max_send_sge {}",
+                    wr.sg_list.len(),
+                    self.attr.max_send_sge
+                )));
+            }
+            let total = wr.len();
+            let (need, opcode) = match &wr.opcode {
+                WrOpcode::Send | WrOpcode::SendWithInv { .. } => (Access::LOCAL_READ, WcOpcode::Send),
+                WrOpcode::SendWithImm { .. } => {
+                    if total != 0 {
+                        return Err(bad(
+                            "RFC 7306 Immediate Data carries no payload: use an empty sg list".into()
+                        ));
+                    }
+                    (Access::LOCAL_READ, WcOpcode::Send)
+                }
+                WrOpcode::RdmaWrite { .. } | WrOpcode::RdmaWriteWithImm { .. } => {
+                    (Access::LOCAL_READ, WcOpcode::RdmaWrite)
+                }
+                WrOpcode::RdmaRead { .. } => {
+                    if wr.sg_list.len() > 1 {
+                        return Err(bad("RDMA Read takes one sink SGE (max_sge_rd = 1)".into()));
+                    }
+                    (Access::LOCAL_WRITE, WcOpcode::RdmaRead)
+                }
+                WrOpcode::AtomicFetchAdd { .. } | WrOpcode::AtomicCmpSwap { .. } => {
+                    if wr.sg_list.len() != 1 || wr.sg_list[0].length != 8 {
+                        return Err(bad("atomics need exactly one 8-byte sink SGE".into()));
+                    }
+                    let op = if matches!(wr.opcode, WrOpcode::AtomicFetchAdd { .. }) {
+                        WcOpcode::FetchAdd
+                    } else {
+                        WcOpcode::CompSwap
+                    };
+                    (Access::LOCAL_WRITE, op)
+                }
+                WrOpcode::LocalInv { .. } => (Access::empty(), WcOpcode::LocalInv),
+                WrOpcode::RegMr { .. } => (Access::empty(), WcOpcode::RegMr),
+            };
+            if total > u32::MAX as u64 {
+                return Err(bad("message longer than 2^32-1".into()));
+            }
+            let inline = if wr.flags.contains(SendFlags::INLINE) && need == Access::LOCAL_READ {
+                if total > self.attr.max_inline_data as u64 {
+                    return Err(bad(format!(
+                        "{total} bytes exceed max_inline_data {}",
+                        self.attr.max_inline_data
+                    )));
+                }
+                let (pieces, len) = self.resolve(&wr.sg_list, need).map_err(bad)?;
+                let mut v = vec![0u8; len];
+                Source::Pieces(pieces).copy_out(0, &mut v);
+                Some(v)
+            } else {
+                if !need.is_empty() {
+                    self.resolve(&wr.sg_list, need).map_err(bad)?;
+                }
+                None
+            };
+            let id = self.next_slot;
+            self.next_slot += 1;
+            let signaled = self.attr.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+            self.slots.push_back(Slot {
+                id,
+                wr_id: wr.wr_id,
+                opcode,
+                signaled,
+                status: None,
+                byte_len: total as u32,
+                vendor_err: 0,
+            });
+            self.sq.push_back((id, wr.clone(), inline));
+        }
+        Ok(())
+    }
+
+    /// Posts receive work requests; in the Error state each completes at
+    /// once with `WrFlushErr` (see [`post_send`](Self::post_send)).
+    pub(crate) fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()> {
+        if self.state == QpState::Err {
+            for wr in wrs {
+                self.push_recv_completion(wc(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn));
+            }
+            return Ok(());
+        }
+        for (index, wr) in wrs.iter().enumerate() {
+            let bad = |reason: String| Error::BadWr { index, reason };
+            if self.state == QpState::Reset {
+                return Err(bad(format!("QP is in state {:?}", self.state)));
+            }
+            if self.rq.len() >= self.attr.max_recv_wr as usize {
+                return Err(bad("receive queue full".into()));
+            }
+            if wr.sg_list.len() > self.attr.max_recv_sge.max(1) as usize {
+                return Err(bad(format!("{} SGEs exceed max_recv_sge", wr.sg_list.len())));
+            }
+            let (pieces, cap) = self.resolve(&wr.sg_list, Access::LOCAL_WRITE).map_err(bad)?;
+            self.rq.push_back(RecvWqe {
+                wr_id: wr.wr_id,
+                sges: wr.sg_list.clone(),
+                pieces,
+                cap,
+            });
+        }
+        Ok(())
+    }
+
+    fn slot_mut(&mut self, id: u64) -> Option<&mut Slot> {
+        let first = self.slots.front()?.id;
+        self.slots.get_mut(id.checked_sub(first)? as usize)
+    }
+
+    fn finish_slot(&mut self, id: u64, status: WcStatus) {
+        if let Some(s) = self.slot_mut(id)
+            && s.status.is_none()
+        {
+            s.status = Some(status);
+        }
+    }
+
+    /// Reports finished send work requests in posting order (RFC 5040 §5.5 rule 15).
+    fn deliver_send_completions(&mut self) {
+        while self.slots.front().is_some_and(|s| s.status.is_some()) {
+            let s = self.slots.pop_front().expect("checked");
+            let status = s.status.expect("checked");
+            if s.signaled || status != WcStatus::Success {
+                let mut w = wc(s.wr_id, status, s.opcode, self.qpn);
+                w.byte_len = if matches!(s.opcode, WcOpcode::RdmaRead | WcOpcode::FetchAdd | WcOpcode::CompSwap) {
+                    s.byte_len
+                } else {
+                    0
+                };
+                w.vendor_err = s.vendor_err;
+                if self.send_cq.push(w).is_err() {
+                    self.cq_overflow();
+                }
+            }
+        }
+    }
+
+    fn cq_overflow(&mut self) {
+        tracing::warn!(qp = self.qpn, "completion queue overflow: QP to error");
+        if self.state != QpState::Err {
+            self.enter_error();
+        }
+    }
+
+    fn push_recv_completion(&mut self, w: WorkCompletion) {
+        if self.recv_cq.push(w).is_err() {
+            self.cq_overflow();
+        }
+    }
+
+    /// Moves to the error state: every outstanding work request completes
+    /// with `WrFlushErr` (in order), nothing new is accepted.
+    fn enter_error(&mut self) {
+        self.state = QpState::Err;
+        self.shared_state.store(state_code(QpState::Err), Ordering::Release);
+        self.sq.clear();
+        self.cur = None;
+        self.follow = None;
+        self.orq.clear();
+        self.irq.clear();
+        self.responding = 0;
+        for s in self.slots.iter_mut() {
+            if s.status.is_none() {
+                s.status = Some(WcStatus::WrFlushErr);
+            }
+        }
+        self.deliver_send_completions();
+        if let Some(rs) = self.rx_send.take() {
+            self.rq.push_front(rs.wqe);
+        }
+        while let Some(r) = self.rq.pop_front() {
+            let w = wc(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+            if self.recv_cq.push(w).is_err() {
+                break;
+            }
+        }
+    }
+
+    /// Sends one Terminate for `f` (at most one per stream, RDMAP-TRM-02),
+    /// then nothing else (RDMAP-TRM-06); flushes and closes gracefully.
+    fn terminate(&mut self, f: Fatal, offending: Option<&[u8]>) {
+        if self.term_sent || self.term_received {
+            return;
+        }
+        self.term_sent = true;
+        tracing::info!(qp = self.qpn, "sending Terminate: {}", f.cause);
+        let off = if f.echo {
+            offending.and_then(Offending::from_ulpdu)
+        } else {
+            None
+        };
+        let mut repr = terminate::Repr::for_error(f.cause, off, f.rreq.as_ref());
+        if self.siw_term_form {
+            repr.form = terminate::TermWireForm::LinuxSiw;
+        }
+        self.tx_msn[qn::TERMINATE as usize] = self.tx_msn[qn::TERMINATE as usize].wrapping_add(1);
+        let msn = self.tx_msn[qn::TERMINATE as usize];
+        let len = repr.ulpdu_len();
+        let mark = self.tx.position();
+        let framed = frame_copy(&mut self.framer, &mut self.tx, len, |u| {
+            let _ = repr.emit_ulpdu(u, msn);
+        });
+        if !framed {
+            self.tx.truncate_to(mark);
+        }
+        // The event first (see on_terminate), then the failing work request (if ours) gets
+        // the local status.
+        self.events.push(CmEvent::TerminateSent(term_info(&f.cause)));
+        self.enter_error();
+        self.shutdown_when_drained = true;
+    }
+}
+
+fn state_code(s: QpState) -> u8 {
+    match s {
+        QpState::Reset => 0,
+        QpState::Init => 1,
+        QpState::Rtr => 2,
+        QpState::Rts => 3,
+        QpState::Sqd => 4,
+        QpState::Sqe => 5,
+        QpState::Err => 6,
+    }
+}
+
+fn code_state(c: u8) -> QpState {
+    [
+        QpState::Reset,
+        QpState::Init,
+        QpState::Rtr,
+        QpState::Rts,
+        QpState::Sqd,
+        QpState::Sqe,
+        QpState::Err,
+    ][c.min(6) as usize]
+}
+
+#[cfg(test)]
+mod core_tests;
+mod io;
+mod rx;
+mod tx;
+
+pub use io::IwarpQp;
+use tx::frame_copy;
