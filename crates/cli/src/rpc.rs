@@ -192,7 +192,12 @@ fn device() -> Result<verbs::Device> {
 
 pub fn run(args: Args) -> Result<()> {
     match args.cmd {
-        Cmd::Serve { tcp, rdma, tcp_limits, rdma_limits } => {
+        Cmd::Serve {
+            tcp,
+            rdma,
+            tcp_limits,
+            rdma_limits,
+        } => {
             let reg = Arc::new(demo::registry());
             let dev = device()?;
             let t = TcpServer::spawn_with(tcp, reg.clone(), tcp_limits.config()?)?;

@@ -583,7 +583,9 @@ fn rpc_server_reports_a_closed_client_at_default_log_level() {
         .spawn()
         .unwrap();
     let mut first = String::new();
-    BufReader::new(srv.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    BufReader::new(srv.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
     let rdma = first.split_whitespace().last().unwrap_or_default().to_string();
     assert!(first.contains("RPC-over-RDMA"), "{first}");
     let (tx, rx) = std::sync::mpsc::channel();

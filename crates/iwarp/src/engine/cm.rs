@@ -250,13 +250,18 @@ impl Provider for IwarpProvider {
         l.poll
             .registry()
             .register(&mut l.listener, LISTENER, Interest::READABLE)?;
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(format!("iwarp-listen-{}", local.port()))
             .spawn(move || {
                 l.run();
                 l.requests.close();
             })?;
-        Ok(Box::new(IwarpListener { local, stop, waker }))
+        Ok(Box::new(IwarpListener {
+            local,
+            stop,
+            waker,
+            thread: Some(thread),
+        }))
     }
 
     fn connect(&self, addr: SocketAddr, req: QpRequest, timeout: Duration) -> Result<Arc<dyn QpOps>> {
@@ -760,6 +765,7 @@ struct IwarpListener {
     local: SocketAddr,
     stop: Arc<AtomicBool>,
     waker: Arc<Waker>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ListenerOps for IwarpListener {
@@ -774,5 +780,12 @@ impl Drop for IwarpListener {
         // The listener's thread sees the stop flag, closes the listening
         // socket and the negotiations in progress, and ends the request queue.
         let _ = self.waker.wake();
+        // Wait for that, so the port is free when the drop returns (rdma_destroy_id then a
+        // new listen on the same port, as perftest's server does between its connections).
+        if let Some(t) = self.thread.take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
+        }
     }
 }

@@ -652,9 +652,15 @@ impl Proto {
 
     /// Moves to the error state: every outstanding work request completes
     /// with `WrFlushErr` (in order), nothing new is accepted.
-    fn enter_error(&mut self) {
+    /// Makes ERR visible to the application (`QueuePair::state`) before the event that says
+    /// why is queued: a consumer that sees the event must find the QP in ERR.
+    fn publish_error_state(&mut self) {
         self.state = QpState::Err;
         self.shared_state.store(state_code(QpState::Err), Ordering::Release);
+    }
+
+    fn enter_error(&mut self) {
+        self.publish_error_state();
         self.sq.clear();
         self.cur = None;
         self.follow = None;
@@ -705,8 +711,9 @@ impl Proto {
         if !framed {
             self.tx.truncate_to(mark);
         }
-        // The event first (see on_terminate), then the failing work request (if ours) gets
-        // the local status.
+        // The state, then the event (see on_terminate), then the failing work request (if
+        // ours) gets the local status.
+        self.publish_error_state();
         self.events.push(CmEvent::TerminateSent(term_info(&f.cause)));
         self.enter_error();
         self.shutdown_when_drained = true;

@@ -535,7 +535,9 @@ impl Proto {
             s.status = Some(st);
             s.vendor_err = pack_cause(&c);
         }
-        // the event first: a consumer woken by the flushed completions finds it already queued
+        // the state, then the event, then the flushed completions: a consumer woken by the
+        // completions finds the event queued, and one woken by the event finds the QP in ERR
+        self.publish_error_state();
         self.events.push(CmEvent::TerminateReceived(term_info(&c)));
         self.enter_error();
         self.shutdown_when_drained = true;
