@@ -204,7 +204,9 @@ pub fn decode_reply<T>(
     }
 }
 
-/// A client of either transport.
+/// A client of either transport. The transports implement it next to their
+/// client types ([`crate::tcp::TcpClient`], [`crate::transport::RdmaClient`]), so
+/// this module depends on neither.
 pub trait RpcClient {
     /// Make one call and decode its results with `decode`.
     fn call<T>(
@@ -212,24 +214,4 @@ pub trait RpcClient {
         call: &Call<'_>,
         decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
     ) -> Result<T, RpcError>;
-}
-
-impl RpcClient for crate::tcp::TcpClient {
-    fn call<T>(
-        &self,
-        call: &Call<'_>,
-        decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
-    ) -> Result<T, RpcError> {
-        crate::tcp::TcpClient::call(self, call, decode)
-    }
-}
-
-impl RpcClient for crate::transport::RdmaClient {
-    fn call<T>(
-        &self,
-        call: &Call<'_>,
-        decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
-    ) -> Result<T, RpcError> {
-        crate::transport::RdmaClient::call(self, call, decode)
-    }
 }

@@ -936,3 +936,13 @@ fn client_reader(mut s: TcpStream, sh: &Shared) {
         let _ = w.send(Err(RpcError::Disconnected(why.clone())));
     }
 }
+
+impl crate::client::RpcClient for TcpClient {
+    fn call<T>(
+        &self,
+        call: &Call<'_>,
+        decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
+    ) -> Result<T, RpcError> {
+        TcpClient::call(self, call, decode)
+    }
+}

@@ -912,3 +912,13 @@ impl Conn {
 fn align8(n: usize) -> usize {
     (n + 7) & !7
 }
+
+impl crate::client::RpcClient for RdmaClient {
+    fn call<T>(
+        &self,
+        call: &Call<'_>,
+        decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
+    ) -> Result<T, RpcError> {
+        RdmaClient::call(self, call, decode)
+    }
+}
