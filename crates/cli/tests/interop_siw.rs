@@ -695,7 +695,8 @@ fn d7_kernel_terminate_for_our_bad_stag_read() {
 /// IRD 0 / ORD 0 in the connect request; rping accepts with those (rdma_accept(NULL)), so
 /// the kernel QP has no ORD and rping's RDMA Read fails to post ("post send error"). siw
 /// itself answers revision 1 with revision 1. Our client stays connected until the server
-/// disconnects and, like rping, exits 0 without a ping.
+/// disconnects; with no ping done it reports the session failed and exits non-zero (Linux's
+/// rping exits 0 there, D5).
 #[test]
 fn d8_mpa_rev1_leaves_the_kernel_responder_without_ord() {
     let Some(lab) = lab("d8_mpa_rev1_leaves_the_kernel_responder_without_ord") else {
@@ -712,6 +713,7 @@ fn d8_mpa_rev1_leaves_the_kernel_responder_without_ord() {
     assert!(stdout.contains("rdma_connect successful: MPA rev 1 "), "{stdout}");
     assert_eq!(stdout.lines().filter(|l| l.starts_with("ping data")).count(), 0);
     assert!(stderr.contains("client DISCONNECT EVENT"), "{stderr}");
+    assert!(!out.status.success(), "no ping was done: {stderr}");
     assert!(guest.log.contains("post send error"), "{}", guest.log);
     assert_eq!(guest.count("server ping data"), 0, "{}", guest.log);
 }
