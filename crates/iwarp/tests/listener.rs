@@ -271,3 +271,26 @@ fn emfile_backs_off_and_recovers() {
     eprintln!("connected {:?} after the peers left", t0.elapsed());
     drop(qp);
 }
+
+/// Issue 12 "What must hold": 100 silent peers hold the listener at its
+/// descriptor limit and stay; a proper client still connects within seconds,
+/// because a negotiation silent for a second or more gives way when
+/// descriptors run out (before, the client waited for the 10 s MPA Request
+/// timeout of the peers ahead of it).
+#[test]
+fn at_the_fd_limit_silent_peers_make_room_for_a_client() {
+    let s = ChildListener::start();
+    let peers: Vec<TcpStream> = (0..100).map(|_| TcpStream::connect(s.addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let t0 = Instant::now();
+    let dev = iwarp::open_device(IwarpConfig::default()).unwrap();
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq(4).unwrap();
+    let qp = pd
+        .connect(s.addr, QpOptions::new(&cq), Duration::from_secs(5))
+        .expect("served while the silent peers stay");
+    eprintln!("connected in {:?} with 100 silent peers still connected", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(4));
+    drop(qp);
+    drop(peers);
+}

@@ -46,7 +46,10 @@
 //!   memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the listener backs off (10 ms,
 //!   doubling to 500 ms, as Go's and tokio's accept loops do) instead of
 //!   spinning, logs once per episode, and resumes as soon as a descriptor is
-//!   free; the connections already open are served meanwhile.
+//!   free; the connections already open are served meanwhile. Before backing
+//!   off it closes the connection idle the longest (idle for at least a
+//!   second), so peers that only hold connections open cannot keep a new
+//!   client out until their idle timeout.
 //!
 //! Calls on one connection may be answered out of order (RFC 5531 §11 lets the
 //! client match replies by XID); a record that is not a decodable call is
@@ -183,6 +186,7 @@ impl TcpServer {
             done: done_rx,
             accept: AcceptBackoff::default(),
             refused: 0,
+            last_eviction_log: None,
             buf: vec![0u8; 64 << 10],
             stop: stop.clone(),
         };
@@ -282,6 +286,12 @@ impl AcceptBackoff {
         self.until.map(|u| u.saturating_duration_since(now))
     }
 }
+
+/// A connection must have been idle this long before it is closed to free a
+/// descriptor for a new one.
+const EVICT_MIN_IDLE: Duration = Duration::from_secs(1);
+/// Evictions per round of accepts (the rest wait for the next readiness event).
+const MAX_EVICTIONS_PER_ROUND: usize = 16;
 
 const LISTENER: Token = Token(0);
 const WAKER: Token = Token(1);
@@ -439,6 +449,8 @@ struct Reactor {
     accept: AcceptBackoff,
     /// Connections refused at the cap in the current episode.
     refused: u64,
+    /// When an eviction was last logged at warn level (once per 10 s).
+    last_eviction_log: Option<Instant>,
     buf: Vec<u8>,
     stop: Arc<AtomicBool>,
 }
@@ -509,6 +521,7 @@ impl Reactor {
     }
 
     fn accept_all(&mut self, now: Instant) {
+        let mut evicted = 0;
         loop {
             match self.listener.accept() {
                 Ok((sock, peer)) => {
@@ -534,6 +547,14 @@ impl Reactor {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) if is_resource_exhaustion(&e) => {
+                    // Out of descriptors: a connection that has been idle for a while gives
+                    // its descriptor to the one waiting (as web servers close keep-alive
+                    // connections), so peers that only hold connections open cannot keep
+                    // a client out until the idle timeout. Failing that, back off.
+                    if evicted < MAX_EVICTIONS_PER_ROUND && self.evict_longest_idle(now) {
+                        evicted += 1;
+                        continue;
+                    }
                     self.accept.failed(now, &e, "rpc tcp");
                     return;
                 }
@@ -757,6 +778,30 @@ impl Reactor {
             }
         }
         Ok(moved)
+    }
+
+    /// Closes the connection idle the longest (nothing in progress for at least
+    /// [`EVICT_MIN_IDLE`]) to free its descriptor; false when there is none.
+    fn evict_longest_idle(&mut self, now: Instant) -> bool {
+        let victim = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.is_idle() && now - c.last_activity >= EVICT_MIN_IDLE)
+            .min_by_key(|(_, c)| c.last_activity)
+            .map(|(t, c)| (*t, c.peer, now - c.last_activity));
+        let Some((t, peer, idle)) = victim else { return false };
+        let why = format!("out of file descriptors: closing it, idle for {idle:.1?}, to accept a new connection");
+        if self
+            .last_eviction_log
+            .is_none_or(|l| now - l >= Duration::from_secs(10))
+        {
+            self.last_eviction_log = Some(now);
+            tracing::warn!("rpc tcp: {peer}: {why} (further evictions within 10 s are logged at debug)");
+            self.close(t, Close::Quiet);
+        } else {
+            self.close(t, Close::Routine(why));
+        }
+        true
     }
 
     fn close(&mut self, t: usize, why: Close) {

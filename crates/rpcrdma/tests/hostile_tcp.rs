@@ -394,6 +394,23 @@ fn emfile_backs_off_and_recovers() {
     eprintln!("served {:?} after the peers left", t0.elapsed());
 }
 
+/// Issue 12 "What must hold": 100 peers at the fd limit do not stop a legitimate
+/// client from being served within a few seconds, even while they stay: out of
+/// descriptors, the server closes the connection idle the longest (idle at
+/// least a second) to accept the waiting one. Fails without the eviction (the
+/// client waits for the idle timeout).
+#[test]
+fn at_the_fd_limit_idle_peers_make_room_for_a_client() {
+    let s = Server::start("nofile=64");
+    let peers: Vec<TcpStream> = (0..100).map(|_| TcpStream::connect(s.addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let t0 = Instant::now();
+    s.serves(Duration::from_secs(5)).unwrap();
+    eprintln!("served {:?} with 100 idle peers still connected", t0.elapsed());
+    assert!(t0.elapsed() < Duration::from_secs(4));
+    drop(peers);
+}
+
 /// Issue 12 "What must hold": a connection cap with a clear refusal. With 4
 /// connections open at the cap of 4, a fifth is closed at once (not left to
 /// hang), and once one of the 4 leaves a new client is served.

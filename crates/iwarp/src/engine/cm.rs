@@ -22,7 +22,9 @@
 //!   most 532 octets; what follows it stays in the kernel until the
 //!   application accepts);
 //! * when `accept` fails for lack of descriptors or memory (EMFILE, ENFILE,
-//!   ENOBUFS, ENOMEM) the listener backs off (10 ms doubling to 500 ms) instead
+//!   ENOBUFS, ENOMEM) the listener first closes the negotiation that has waited
+//!   longest (a second or more) for its MPA Request, so silent peers cannot keep
+//!   a client out; failing that it backs off (10 ms doubling to 500 ms) instead
 //!   of spinning, logs once per episode, and resumes when a descriptor is free.
 //!
 //! A Request that completed waits in the listener's request queue until the
@@ -399,7 +401,15 @@ struct Handshake {
     mpa: Mpa,
     pending: Vec<u8>,
     peer: SocketAddr,
+    /// When it was accepted (the oldest gives way when descriptors run out).
+    since: Instant,
 }
+
+/// A negotiation must have been waiting this long for its MPA Request before it
+/// is closed to free a descriptor for a new connection.
+const EVICT_MIN_AGE: Duration = Duration::from_secs(1);
+/// Evictions per round of accepts.
+const MAX_EVICTIONS_PER_ROUND: usize = 16;
 
 /// The listener's thread: accepts, and runs every negotiation up to the
 /// complete Request (or its failure or timeout).
@@ -476,6 +486,7 @@ impl ListenLoop {
     }
 
     fn accept_all(&mut self, now: Instant) {
+        let mut evicted = 0;
         loop {
             match self.listener.accept() {
                 Ok((sock, peer)) => {
@@ -500,12 +511,41 @@ impl ListenLoop {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) if is_resource_exhaustion(&e) => {
+                    // Out of descriptors: a negotiation that has waited a second or more
+                    // for its MPA Request (a peer that connects and stays silent) gives
+                    // its descriptor to the connection waiting; failing that, back off.
+                    if evicted < MAX_EVICTIONS_PER_ROUND && self.evict_oldest_handshake(now) {
+                        evicted += 1;
+                        continue;
+                    }
                     self.backoff.failed(now, &e, self.local);
                     return;
                 }
                 Err(e) => tracing::debug!("iWARP listener {}: accept: {e}", self.local),
             }
         }
+    }
+
+    /// Closes the negotiation that has waited longest (at least [`EVICT_MIN_AGE`])
+    /// for its MPA Request; false when there is none.
+    fn evict_oldest_handshake(&mut self, now: Instant) -> bool {
+        let Some((t, peer, age)) = self
+            .hs
+            .iter()
+            .filter(|(_, h)| now.saturating_duration_since(h.since) >= EVICT_MIN_AGE)
+            .min_by_key(|(_, h)| h.since)
+            .map(|(t, h)| (*t, h.peer, now.saturating_duration_since(h.since)))
+        else {
+            return false;
+        };
+        if let Some(mut h) = self.hs.remove(&t) {
+            let _ = self.poll.registry().deregister(&mut h.sock);
+        }
+        tracing::debug!(
+            "iWARP listener {}: out of file descriptors: closed {peer}, silent for {age:.1?} in MPA negotiation, to accept a new connection",
+            self.local
+        );
+        true
     }
 
     fn add(&mut self, mut sock: mio::net::TcpStream, peer: SocketAddr) {
@@ -526,6 +566,7 @@ impl ListenLoop {
                 mpa,
                 pending: Vec::new(),
                 peer,
+                since: Instant::now(),
             },
         );
         // The Request may already be there (edge-triggered).
