@@ -8,7 +8,7 @@
 //! QP reports [`CmEvent`]s: established, disconnected, and a Terminate received
 //! or sent, with its layer/type/code.
 
-use crate::async_event::QpEventRoute;
+use crate::async_event::{AsyncEvent, push_bounded};
 use crate::cq::{CompletionQueue, Progress};
 use crate::device::{Device, ProtectionDomain};
 use crate::error::{Error, Result};
@@ -18,6 +18,7 @@ use crate::qp_attr::{Gid, QpAttr, QpType, check_modify};
 use crate::types::{ConnParam, QpInitAttr, QpState, RecvWr, SendWr};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// A Terminate's cause as the application sees it.
@@ -404,5 +405,74 @@ impl Drop for QueuePair {
 impl std::fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "QueuePair({}, {:?})", self.qp_num(), self.state())
+    }
+}
+
+// ---- device-wide asynchronous events derived from a QP's CM events ----
+
+/// The device-wide event it raises, if any, as a function of the QP number.
+fn derive(ev: &CmEvent) -> Option<fn(u32) -> AsyncEvent> {
+    match ev {
+        CmEvent::Established => Some(|qp_num| AsyncEvent::CommEstablished { qp_num }),
+        CmEvent::TerminateReceived(_) | CmEvent::TerminateSent(_) | CmEvent::ConnectionError(_) => {
+            Some(|qp_num| AsyncEvent::QpFatal { qp_num })
+        }
+        CmEvent::Disconnected => None,
+    }
+}
+
+/// Routes a QP's CM events to its device's asynchronous events. The QP number
+/// is known only once the provider made the QP, and a connect may establish
+/// before that, so events seen earlier wait here until [`QpEventRoute::bind`].
+/// A QP fails once: after its first QpFatal, later failures (the transport
+/// error that follows a Terminate) raise nothing more.
+pub(crate) struct QpEventRoute {
+    dev: Arc<EventQueue<AsyncEvent>>,
+    state: Mutex<RouteState>,
+}
+
+#[derive(Default)]
+struct RouteState {
+    qp_num: Option<u32>,
+    waiting: Vec<fn(u32) -> AsyncEvent>,
+    failed: bool,
+}
+
+impl QpEventRoute {
+    pub(crate) fn new(dev: &Device) -> Arc<Self> {
+        Arc::new(QpEventRoute {
+            dev: dev.inner.async_events.clone(),
+            state: Mutex::new(RouteState::default()),
+        })
+    }
+
+    /// A CM event queue whose events are also routed here.
+    pub(crate) fn cm_queue(self: &Arc<Self>) -> Arc<EventQueue<CmEvent>> {
+        let me = self.clone();
+        Arc::new(EventQueue::with_tap(move |ev| me.on_cm_event(ev)))
+    }
+
+    fn on_cm_event(&self, ev: &CmEvent) {
+        let Some(make) = derive(ev) else { return };
+        let mut s = self.state.lock().unwrap();
+        if *ev != CmEvent::Established {
+            if s.failed {
+                return;
+            }
+            s.failed = true;
+        }
+        match s.qp_num {
+            Some(qp_num) => push_bounded(&self.dev, make(qp_num)),
+            None => s.waiting.push(make),
+        }
+    }
+
+    /// The QP exists: deliver what waited.
+    pub(crate) fn bind(&self, qp_num: u32) {
+        let mut s = self.state.lock().unwrap();
+        s.qp_num = Some(qp_num);
+        for make in std::mem::take(&mut s.waiting) {
+            push_bounded(&self.dev, make(qp_num));
+        }
     }
 }

@@ -306,3 +306,67 @@ impl std::fmt::Debug for MemoryRegion {
         )
     }
 }
+
+// ---- ports, GIDs and P_Keys (types in `port`) ----
+
+impl Device {
+    /// Number of physical ports (`ibv_device_attr.phys_port_cnt`).
+    pub fn phys_port_cnt(&self) -> u8 {
+        self.provider().phys_port_cnt()
+    }
+
+    fn check_port(&self, port_num: u8) -> Result<()> {
+        if port_num == 0 || port_num > self.phys_port_cnt() {
+            return Err(Error::InvalidArgument(format!(
+                "port {port_num}: the device has ports 1..={}",
+                self.phys_port_cnt()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Attributes of port `port_num` (`ibv_query_port`; ports count from 1).
+    pub fn query_port(&self, port_num: u8) -> Result<crate::port::PortAttr> {
+        self.check_port(port_num)?;
+        Ok(self.provider().query_port(port_num))
+    }
+
+    /// Entry `index` of the port's GID table (`ibv_query_gid`).
+    pub fn query_gid(&self, port_num: u8, index: u32) -> Result<crate::qp_attr::Gid> {
+        self.check_port(port_num)?;
+        self.provider()
+            .gid_table(port_num)
+            .get(index as usize)
+            .copied()
+            .ok_or_else(|| Error::InvalidArgument(format!("GID index {index} beyond the table")))
+    }
+
+    /// Entry `index` of the port's P_Key table (`ibv_query_pkey`).
+    pub fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16> {
+        self.check_port(port_num)?;
+        self.provider()
+            .pkey_table(port_num)
+            .get(index as usize)
+            .copied()
+            .ok_or_else(|| Error::InvalidArgument(format!("P_Key index {index} beyond the table")))
+    }
+}
+
+// ---- asynchronous events (types in `async_event`) ----
+
+impl Device {
+    /// The next asynchronous event, waiting up to `timeout` (`ibv_get_async_event`).
+    pub fn get_async_event(&self, timeout: Option<std::time::Duration>) -> Option<crate::async_event::AsyncEvent> {
+        self.inner.async_events.pop_timeout(timeout)
+    }
+
+    /// Async [`get_async_event`](Self::get_async_event).
+    pub async fn next_async_event(&self) -> Option<crate::async_event::AsyncEvent> {
+        self.inner.async_events.pop_async().await
+    }
+
+    /// For providers: raise an event that is not a QP's CM event (CQ overflow, port change).
+    pub fn raise_async_event(&self, ev: crate::async_event::AsyncEvent) {
+        crate::async_event::push_bounded(&self.inner.async_events, ev)
+    }
+}

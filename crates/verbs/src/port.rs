@@ -8,9 +8,7 @@
 //! zero GID and the default P_Key, which is what an iWARP device (addressed by
 //! IP and TCP port, not by GID) reports.
 
-use crate::device::Device;
-use crate::error::{Error, Result};
-use crate::qp_attr::{Gid, Mtu};
+use crate::qp_attr::Mtu;
 
 /// The default (full-membership) partition key.
 pub const DEFAULT_PKEY: u16 = 0xffff;
@@ -72,48 +70,5 @@ impl Default for PortAttr {
             lid: 0,
             sm_lid: 0,
         }
-    }
-}
-
-impl Device {
-    /// Number of physical ports (`ibv_device_attr.phys_port_cnt`).
-    pub fn phys_port_cnt(&self) -> u8 {
-        self.provider().phys_port_cnt()
-    }
-
-    fn check_port(&self, port_num: u8) -> Result<()> {
-        if port_num == 0 || port_num > self.phys_port_cnt() {
-            return Err(Error::InvalidArgument(format!(
-                "port {port_num}: the device has ports 1..={}",
-                self.phys_port_cnt()
-            )));
-        }
-        Ok(())
-    }
-
-    /// Attributes of port `port_num` (`ibv_query_port`; ports count from 1).
-    pub fn query_port(&self, port_num: u8) -> Result<PortAttr> {
-        self.check_port(port_num)?;
-        Ok(self.provider().query_port(port_num))
-    }
-
-    /// Entry `index` of the port's GID table (`ibv_query_gid`).
-    pub fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid> {
-        self.check_port(port_num)?;
-        self.provider()
-            .gid_table(port_num)
-            .get(index as usize)
-            .copied()
-            .ok_or_else(|| Error::InvalidArgument(format!("GID index {index} beyond the table")))
-    }
-
-    /// Entry `index` of the port's P_Key table (`ibv_query_pkey`).
-    pub fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16> {
-        self.check_port(port_num)?;
-        self.provider()
-            .pkey_table(port_num)
-            .get(index as usize)
-            .copied()
-            .ok_or_else(|| Error::InvalidArgument(format!("P_Key index {index} beyond the table")))
     }
 }
