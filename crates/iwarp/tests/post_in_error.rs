@@ -9,36 +9,28 @@
 //! The tests wait for the QP to be in Err (its `TerminateReceived` event)
 //! before they post, so no thread schedule can change what they see.
 
-use std::time::Duration;
+mod pair;
+
+use pair::T;
 use verbs::*;
 
-const T: Duration = Duration::from_secs(10);
-
+/// Two connected QPs in separate PDs (the shared `pair` module) and a region of `a`'s.
 struct Pair {
-    a: QueuePair,
-    _b: QueuePair,
-    cq_a: CompletionQueue,
+    p: pair::Pair,
     local: MemoryRegion,
 }
 
+impl std::ops::Deref for Pair {
+    type Target = pair::Pair;
+    fn deref(&self) -> &pair::Pair {
+        &self.p
+    }
+}
+
 fn pair() -> Pair {
-    let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
-    let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = listener.local_addr();
-    let cq_a = dev.create_cq(64).unwrap();
-    let cq_b = dev.create_cq(64).unwrap();
-    let pd_a = dev.alloc_pd();
-    let pd_b = dev.alloc_pd();
-    let server = std::thread::spawn(move || {
-        let req = listener.get_request(Some(T)).unwrap();
-        req.accept(&pd_b, QpOptions::new(&cq_b).rd_atomic(8, 8)).unwrap()
-    });
-    let a = pd_a.connect(addr, QpOptions::new(&cq_a).rd_atomic(8, 8), T).unwrap();
-    let b = server.join().unwrap();
-    assert_eq!(a.get_event(Some(T)), Some(CmEvent::Established));
-    assert_eq!(b.get_event(Some(T)), Some(CmEvent::Established));
-    let local = pd_a.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
-    Pair { a, _b: b, cq_a, local }
+    let p = pair::pair_with(iwarp::IwarpConfig::default(), true);
+    let local = p.pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    Pair { p, local }
 }
 
 /// `a` Reads through an STag the peer never registered; returns once `a`

@@ -5,29 +5,10 @@
 //! (bounds RDMAP-SEC-03, 64-bit wrap RDMAP-ERR-07) holds at any base.
 
 use std::collections::HashSet;
-use std::time::Duration;
+mod pair;
+
+use pair::T;
 use verbs::*;
-
-const T: Duration = Duration::from_secs(10);
-
-fn pair(dev: &Device) -> (QueuePair, QueuePair, CompletionQueue, ProtectionDomain) {
-    let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let addr = listener.local_addr();
-    let cq_a = dev.create_cq(64).unwrap();
-    let cq_b = dev.create_cq(64).unwrap();
-    let pd_a = dev.alloc_pd();
-    let pd_b = dev.alloc_pd();
-    let pdb = pd_b.clone();
-    let server = std::thread::spawn(move || {
-        let req = listener.get_request(Some(T)).unwrap();
-        req.accept(&pdb, QpOptions::new(&cq_b).rd_atomic(8, 8)).unwrap()
-    });
-    let a = pd_a.connect(addr, QpOptions::new(&cq_a).rd_atomic(8, 8), T).unwrap();
-    let b = server.join().unwrap();
-    assert_eq!(a.get_event(Some(T)), Some(CmEvent::Established));
-    assert_eq!(b.get_event(Some(T)), Some(CmEvent::Established));
-    (a, b, cq_a, pd_b)
-}
 
 /// Consecutive regions are not at a constant distance, no base is the buffer's
 /// address, and every base is page-aligned and leaves room for the region
@@ -81,8 +62,9 @@ fn reg_mr_iova_rejects_wrap() {
 /// (crates/iwarp/tests/access.rs).
 #[test]
 fn zero_based_region_remote_write_read_and_bounds() {
-    let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
-    let (a, b, cq_a, pd_b) = pair(&dev);
+    let p = pair::pair_with(iwarp::IwarpConfig::default(), true);
+    let pd_b = p.b.pd().clone();
+    let (a, b, cq_a) = (p.a, p.b, p.cq_a);
     let target = pd_b
         .reg_mr_iova(
             4096,
