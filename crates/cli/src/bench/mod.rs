@@ -1,0 +1,1366 @@
+//! `softrdma bench`: perftest-style benchmarks over the verbs API.
+//!
+//! The client (the side that posts the measured work requests) connects
+//! `--qps` queue pairs, one TCP connection each. The server learns what to do
+//! from the MPA private data of each connect request (a 48-byte [`Hello`]:
+//! operation, size, depth, latency mode, the client's buffer) and answers in
+//! the accept's private data (a [`Reply`]: its buffer's address and STag,
+//! receive credits for Send, and the port of its plain-TCP baseline listener).
+//! One test (one size of a sweep) is one set of connections; the client ends
+//! a test by disconnecting, and the server ends its session after the test
+//! flagged as the last one.
+//!
+//! Bandwidth runs post up to `--depth` work requests per QP, with one
+//! signaled WR every `cq_mod` (as perftest does) and, at the end, one signaled
+//! 8-byte RDMA Read per QP: a local Write completion only means "handed to
+//! the wire", the Read's response comes after every earlier Write was placed
+//! (RFC 5040 §5.5 rule 12), so the clock stops when the data is really there.
+//! Send bandwidth uses credits: the server grants more Sends as it reposts
+//! receives, because iWARP has no receiver-not-ready retry (a Send without a
+//! posted receive ends the connection with a Terminate).
+//!
+//! Resource model of the server (`--listen`; issue 12, the same as for the
+//! other softrdma servers): one client session at a time, told apart by the
+//! random [`Hello::session`] its client draws; a gate thread takes every
+//! connect request at once, so a second client is rejected immediately with
+//! the reason in the reject's private data ("busy: serving the session of
+//! ..."), and so are bad hellos and sessions whose buffers (message size ×
+//! QPs) exceed `--max-session-mem` (1 GiB). A client that goes silent — no
+//! connection for its next test, or no message for `--idle-timeout` (60 s) in
+//! a Send or Write-latency test — is dropped; one-sided tests, whose traffic
+//! the server cannot see, end after `--max-test-secs` (3600 s) at the latest.
+//! Threads: the gate plus one per QP of the running test (at most the
+//! client's `--qps`, bounded by the memory cap). Idle costs no CPU: the
+//! bandwidth server sleeps on its CQ or CM events, the latency servers
+//! busy-poll only while messages flow and sleep after 100 ms without one.
+//! A session that fails (Terminate, reset, silence) is reported at default
+//! log level with QP number and peer address, and the server exits non-zero.
+
+use anyhow::{Context, Result, anyhow, bail};
+use hdrhistogram::Histogram;
+use serde_json::json;
+use std::io::{IsTerminal, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use verbs::*;
+
+mod server;
+mod tcp;
+
+use server::*;
+use tcp::*;
+
+const EXAMPLES: &str = "\
+What each operation measures (the client posts, the server's CPU is only involved where noted):
+  write   RDMA Write of SIZE bytes into the server's registered buffer (one-sided: the server
+          application does nothing; its provider places the data). Bandwidth and message rate.
+          With --lat: ping-pong of Writes, each side spinning on the last byte of its buffer.
+  read    RDMA Read of SIZE bytes from the server's buffer: the data flows server -> client.
+          At most 128 Reads are outstanding per QP (the negotiated ORD); --depth above that waits.
+          With --lat: the round trip of one Read at a time.
+  send    Send/Receive of SIZE bytes: the server application posts receives and grants the
+          client credits as it reposts them. With --lat: ping-pong (the server echoes each message).
+  atomic  RFC 7306 FetchAdd on 8 bytes of the server's buffer (--size is ignored). Each atomic
+          is a round trip, so --depth controls how many are in flight.
+
+Bandwidth (default) posts up to --depth work requests per QP, signaling one in every
+depth/4 (at most 64) as perftest's --cq-mod does; the clock stops after an 8-byte RDMA Read per QP completes,
+so every Write is placed in the server's memory, not just handed to TCP. BW peak is the best
+window of at least 100 ms and 16 signaled completions.
+--baseline tcp repeats the same pattern over plain TCP sockets in the same run (a stream of
+the same message size and count for write/send, server -> client for read, a request/response
+ping-pong for --lat and atomics) and prints RDMA/TCP: for bandwidth higher is better, for
+latency (ratio of p50s) lower is better.
+
+Examples:
+  softrdma bench write                              # 64 KiB Writes, one QP, both ends in this process
+  softrdma bench write --sizes 64,4K,64K,1M --baseline tcp
+  softrdma bench write --size 64 --depth 64 --duration 3      # message rate
+  softrdma bench read --size 1M --qps 4 --crc on
+  softrdma bench send --lat --size 8 --baseline tcp           # p50/p99/p99.9 against a TCP ping-pong
+  softrdma bench atomic --depth 16 --json
+  softrdma bench --listen 0.0.0.0:18515                       # server on one host (serves one session)
+  softrdma bench write --connect 10.0.0.1:18515 --size 1M     # client on another
+";
+
+/// The operation to measure.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Write,
+    Read,
+    Send,
+    Atomic,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Send => "send",
+            Op::Atomic => "atomic",
+        }
+    }
+    fn title(self) -> &'static str {
+        match self {
+            Op::Write => "RDMA_Write",
+            Op::Read => "RDMA_Read",
+            Op::Send => "Send",
+            Op::Atomic => "Atomic FetchAdd",
+        }
+    }
+    fn code(self) -> u8 {
+        self as u8
+    }
+    fn from_code(c: u8) -> Option<Op> {
+        [Op::Write, Op::Read, Op::Send, Op::Atomic].get(c as usize).copied()
+    }
+}
+
+/// Measure bandwidth, message rate and latency of RDMA Write, Read, Send and
+/// atomics, perftest style.
+#[derive(clap::Args)]
+#[command(after_help = EXAMPLES)]
+pub struct Args {
+    /// Operation to measure (not needed with --listen: the client's choice is used).
+    #[arg(value_enum, required_unless_present = "listen")]
+    op: Option<Op>,
+    /// Message size in bytes; K, M, G suffixes are powers of 1024 [default: 64K, 8 with --lat].
+    #[arg(long, value_parser = parse_size, conflicts_with = "sizes")]
+    size: Option<u64>,
+    /// Sweep over several sizes, e.g. 64,4K,1M (one result per size).
+    #[arg(long, value_parser = parse_size, value_delimiter = ',')]
+    sizes: Vec<u64>,
+    /// Iterations per QP [default: 5000, 1000 with --lat].
+    #[arg(long, conflicts_with = "duration")]
+    iters: Option<u64>,
+    /// Run each size for this many seconds instead of a fixed number of iterations.
+    #[arg(long)]
+    duration: Option<f64>,
+    /// Number of queue pairs (each its own TCP connection), driven round-robin by one thread.
+    #[arg(long, default_value_t = 1)]
+    qps: u16,
+    /// Outstanding work requests per QP (perftest's --tx-depth).
+    #[arg(long, default_value_t = 128)]
+    depth: u32,
+    /// Ask for MPA CRC32c (used if either side asks).
+    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
+    crc: String,
+    /// Latency mode: one message at a time (ping-pong for write and send); p50/p99/p99.9.
+    #[arg(long)]
+    lat: bool,
+    /// Be the server on ADDR (host:port) and serve one client session, then exit.
+    #[arg(long, conflicts_with = "connect")]
+    listen: Option<SocketAddr>,
+    /// Be the client of a `softrdma bench --listen` server at ADDR.
+    #[arg(long)]
+    connect: Option<SocketAddr>,
+    /// Also run the same traffic over plain TCP sockets and print the ratio.
+    #[arg(long, value_parser = ["tcp"])]
+    baseline: Option<String>,
+    /// One JSON object per result on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Show a progress line on stderr even if it is not a terminal.
+    #[arg(long)]
+    progress: bool,
+    /// Latency mode: sleep on the completion queue (perftest's --events) instead of
+    /// busy-polling it; both ends do. Not for write --lat, which polls memory.
+    #[arg(long)]
+    events: bool,
+    /// Server: drop a client that goes silent for this many seconds (no connection for its
+    /// next test, no message in a Send or Write-latency test); the session then fails.
+    /// 0: never.
+    #[arg(long, default_value_t = 60)]
+    idle_timeout: u64,
+    /// Server: the longest a one-sided test (write/read/atomic bandwidth, read/atomic
+    /// latency) may keep its connections: the server cannot see one-sided traffic, so a
+    /// silent client there is only bounded by this. 0: no limit.
+    #[arg(long, default_value_t = 3600)]
+    max_test_secs: u64,
+    /// Server: the most memory one client session may make the server register (message
+    /// size × QPs); a client asking for more is refused.
+    #[arg(long, default_value = "1G", value_parser = crate::units::parse_size)]
+    max_session_mem: u64,
+}
+
+/// The bench server's resource model: one client session at a time (a second client
+/// is refused at once, with a reason in the reject's private data), idle and test-time
+/// limits, and a memory cap per session. `softrdma bench --help` documents the knobs.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    idle: Option<Duration>,
+    max_test: Option<Duration>,
+    max_mem: u64,
+}
+
+impl Limits {
+    fn of(args: &Args) -> Limits {
+        let secs = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+        Limits {
+            idle: secs(args.idle_timeout),
+            max_test: secs(args.max_test_secs),
+            max_mem: args.max_session_mem,
+        }
+    }
+}
+
+/// A message size: [`crate::units::parse_size`], between 1 byte and 4 GiB - 1.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let v = crate::units::parse_size(s)?;
+    if v == 0 || v > u32::MAX as u64 {
+        return Err(format!("size {s:?} must be between 1 and 4G-1 bytes"));
+    }
+    Ok(v)
+}
+
+/// Human-readable size as perftest prints it (plain bytes).
+fn show_size(n: u64) -> String {
+    n.to_string()
+}
+
+const T: Duration = Duration::from_secs(10);
+const HELLO_MAGIC: &[u8; 4] = b"SRBN";
+const REPLY_MAGIC: &[u8; 4] = b"SRBA";
+const VERSION: u8 = 1;
+const FLAG_LAT: u8 = 1;
+const FLAG_LAST: u8 = 2;
+const FLAG_BASELINE: u8 = 4;
+const FLAG_EVENTS: u8 = 8;
+/// The ORD/IRD we ask for (the device's maximum).
+const RD_ATOMIC: u8 = 128;
+
+/// Client -> server, in the connect request's private data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hello {
+    op: Op,
+    flags: u8,
+    test_id: u32,
+    qp_index: u16,
+    qps: u16,
+    depth: u32,
+    size: u64,
+    client_addr: u64,
+    client_rkey: u32,
+    /// Drawn at random by the client, the same for all its tests: how the server tells
+    /// the client it serves from a second one.
+    session: u32,
+}
+
+/// A session id for [`Hello::session`]: random, never 0.
+fn new_session_id() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    (h.finish() as u32).max(1)
+}
+
+impl Hello {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(48);
+        b.extend_from_slice(HELLO_MAGIC);
+        b.extend_from_slice(&[VERSION, self.op.code(), self.flags, 0]);
+        b.extend_from_slice(&self.test_id.to_le_bytes());
+        b.extend_from_slice(&self.qp_index.to_le_bytes());
+        b.extend_from_slice(&self.qps.to_le_bytes());
+        b.extend_from_slice(&self.depth.to_le_bytes());
+        b.extend_from_slice(&self.session.to_le_bytes());
+        b.extend_from_slice(&self.size.to_le_bytes());
+        b.extend_from_slice(&self.client_addr.to_le_bytes());
+        b.extend_from_slice(&self.client_rkey.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b
+    }
+    fn decode(b: &[u8]) -> Result<Hello> {
+        if b.len() < 48 || &b[..4] != HELLO_MAGIC {
+            bail!("not a softrdma bench client ({} bytes of private data)", b.len());
+        }
+        if b[4] != VERSION {
+            bail!("bench protocol version {} (we speak {VERSION})", b[4]);
+        }
+        let u16_at = |i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+        Ok(Hello {
+            op: Op::from_code(b[5]).ok_or_else(|| anyhow!("unknown operation {}", b[5]))?,
+            flags: b[6],
+            test_id: u32_at(8),
+            qp_index: u16_at(12),
+            qps: u16_at(14),
+            depth: u32_at(16),
+            session: u32_at(20),
+            size: u64_at(24),
+            client_addr: u64_at(32),
+            client_rkey: u32_at(40),
+        })
+    }
+    fn lat(&self) -> bool {
+        self.flags & FLAG_LAT != 0
+    }
+}
+
+/// Server -> client, in the accept's private data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Reply {
+    addr: u64,
+    rkey: u32,
+    /// Send bandwidth: receives the server keeps posted (the client's initial credits).
+    credits: u32,
+    /// Send bandwidth: each credit message from the server grants this many Sends.
+    grant: u32,
+    /// Port of the server's plain-TCP baseline listener (0: none).
+    tcp_port: u16,
+}
+
+impl Reply {
+    fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(32);
+        b.extend_from_slice(REPLY_MAGIC);
+        b.extend_from_slice(&[VERSION, 0, 0, 0]);
+        b.extend_from_slice(&self.addr.to_le_bytes());
+        b.extend_from_slice(&self.rkey.to_le_bytes());
+        b.extend_from_slice(&self.credits.to_le_bytes());
+        b.extend_from_slice(&self.grant.to_le_bytes());
+        b.extend_from_slice(&self.tcp_port.to_le_bytes());
+        b.extend_from_slice(&[0, 0]);
+        b
+    }
+    fn decode(b: &[u8]) -> Result<Reply> {
+        if b.len() < 32 || &b[..4] != REPLY_MAGIC || b[4] != VERSION {
+            bail!("the peer is not a softrdma bench server of our version");
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+        Ok(Reply {
+            addr: u64::from_le_bytes(b[8..16].try_into().unwrap()),
+            rkey: u32_at(16),
+            credits: u32_at(20),
+            grant: u32_at(24),
+            tcp_port: u16::from_le_bytes([b[28], b[29]]),
+        })
+    }
+}
+
+/// Send bandwidth: receives the server keeps posted and how many it grants per credit message.
+fn send_credits(depth: u32) -> (u32, u32) {
+    let credits = (depth * 2).clamp(4, 8192);
+    (credits, (credits / 4).max(1))
+}
+
+/// One message buffer (at least 64 bytes so the 8-byte atomics and credit messages fit).
+fn buffer_len(size: u64) -> usize {
+    size.max(64) as usize
+}
+
+/// The client's region: `[0, L)` messages out and in, `[L, 2L)` the Write
+/// ping-pong's echo target, then one "ready" byte per QP that the server
+/// sets with an RDMA Write once its receives are posted (Send tests only:
+/// iWARP has no receiver-not-ready retry, so a Send that beats the server's
+/// `post_recv` would end the connection).
+fn client_layout(size: u64, qps: u16) -> (usize, usize, usize) {
+    let l = buffer_len(size);
+    (l, 2 * l, 2 * l + qps as usize)
+}
+
+/// The value of the ready byte.
+const READY: u8 = 0xa5;
+
+fn qp_attr(send: u32, recv: u32) -> QpInitAttr {
+    QpInitAttr {
+        max_send_wr: send,
+        max_recv_wr: recv,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        ..Default::default()
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let crc = args.crc == "on";
+    let dev_cfg = crate::providers::crc(crc);
+    if let Some(addr) = args.listen {
+        let dev = crate::providers::open(None, &dev_cfg)?;
+        let listener = dev.listen(addr).with_context(|| format!("listening on {addr}"))?;
+        let tcp = TcpListener::bind(SocketAddr::new(listener.local_addr().ip(), 0))?;
+        eprintln!(
+            "bench server: listening on {} (iWARP) and {} (TCP baseline); waiting for a client",
+            listener.local_addr(),
+            tcp.local_addr()?
+        );
+        let tcp = spawn_tcp_server(tcp, Limits::of(&args))?;
+        return serve(&dev, &listener, Some(tcp), Limits::of(&args));
+    }
+    let op = args
+        .op
+        .ok_or_else(|| anyhow!("which operation? write, read, send or atomic"))?;
+    if args.events && !(args.lat && matches!(op, Op::Send | Op::Read | Op::Atomic)) {
+        bail!("--events applies to send, read and atomic with --lat");
+    }
+    if args.lat && args.qps != 1 {
+        bail!("--lat measures one QP (perftest's *_lat tools do too); drop --qps");
+    }
+    if args.qps == 0 || args.depth == 0 {
+        bail!("--qps and --depth must be at least 1");
+    }
+    if args.depth > 16384 {
+        bail!("--depth above 16384 is not supported (the device allows 32768 WRs per queue)");
+    }
+    if let Some(d) = args.duration
+        && !(d > 0.0 && d.is_finite())
+    {
+        bail!("--duration must be a positive number of seconds");
+    }
+    let sizes: Vec<u64> = if op == Op::Atomic {
+        vec![8]
+    } else if !args.sizes.is_empty() {
+        args.sizes.clone()
+    } else {
+        vec![args.size.unwrap_or(if args.lat { 8 } else { 65536 })]
+    };
+    let dev = crate::providers::open(None, &dev_cfg)?;
+    let (target, server) = match args.connect {
+        Some(a) => (a, None),
+        None => {
+            let sdev = crate::providers::open(None, &dev_cfg)?;
+            let listener = sdev.listen("127.0.0.1:0".parse()?)?;
+            let tcp = spawn_tcp_server(TcpListener::bind("127.0.0.1:0")?, Limits::of(&args))?;
+            let addr = listener.local_addr();
+            let limits = Limits::of(&args);
+            let h = std::thread::Builder::new()
+                .name("bench-server".into())
+                .spawn(move || serve(&sdev, &listener, Some(tcp), limits))?;
+            (addr, Some(h))
+        }
+    };
+    let progress = args.progress || std::io::stderr().is_terminal();
+    let session = new_session_id();
+    let mut printed_header = false;
+    let mut res = Ok(());
+    for (i, &size) in sizes.iter().enumerate() {
+        let last = i + 1 == sizes.len();
+        let r = run_test(&dev, target, &args, op, i as u32, size, last, progress, session).and_then(|mut r| {
+            if args.baseline.is_some() {
+                r.baseline = Some(run_baseline(target, &r, args.qps as usize)?);
+            }
+            Ok(r)
+        });
+        match r {
+            Ok(r) => {
+                if args.json {
+                    println!("{}", r.json());
+                } else {
+                    if !printed_header {
+                        print_header(&args, &dev, target, &r);
+                        printed_header = true;
+                    }
+                    r.print_row();
+                }
+            }
+            Err(e) => {
+                res = Err(e);
+                break;
+            }
+        }
+    }
+    if !args.json && printed_header {
+        println!("{}", "-".repeat(87));
+    }
+    // On error the server thread may still wait for the next test; the process exits anyway.
+    if let Some(h) = server
+        && res.is_ok()
+    {
+        h.join().map_err(|_| anyhow!("server thread panicked"))??;
+    }
+    res
+}
+
+/// What one test measured.
+struct Outcome {
+    op: Op,
+    size: u64,
+    qps: u16,
+    depth: u32,
+    lat: bool,
+    crc: bool,
+    /// Messages completed in total over all QPs.
+    messages: u64,
+    secs: f64,
+    peak_gbit: f64,
+    hist: Option<Histogram<u64>>,
+    baseline: Option<Baseline>,
+    tcp_port: u16,
+    /// CPU seconds this process used during the measured run (both ends when they share the process).
+    cpu_s: Option<f64>,
+}
+
+struct Baseline {
+    gbit: f64,
+    hist: Option<Histogram<u64>>,
+    /// CPU seconds this process used during the baseline.
+    cpu_s: Option<f64>,
+}
+
+fn us(h: &Histogram<u64>, q: f64) -> f64 {
+    h.value_at_quantile(q) as f64 / 1000.0
+}
+
+impl Outcome {
+    fn gbit(&self) -> f64 {
+        self.messages as f64 * self.size as f64 * 8.0 / self.secs / 1e9
+    }
+    fn msg_rate(&self) -> f64 {
+        self.messages as f64 / self.secs
+    }
+    fn iters(&self) -> u64 {
+        self.messages / self.qps as u64
+    }
+    fn ratio(&self) -> Option<f64> {
+        let b = self.baseline.as_ref()?;
+        match (&self.hist, &b.hist) {
+            (Some(h), Some(bh)) => Some(us(h, 0.5) / us(bh, 0.5)),
+            _ => Some(self.gbit() / b.gbit),
+        }
+    }
+    /// CPU seconds per message, RDMA over TCP (same message count): lower is cheaper.
+    fn cpu_ratio(&self) -> Option<f64> {
+        let b = self.baseline.as_ref()?.cpu_s?;
+        let r = self.cpu_s?;
+        (b > 0.0).then(|| r / b)
+    }
+    fn json(&self) -> serde_json::Value {
+        let lat = |q| self.hist.as_ref().map(|h| us(h, q));
+        let mut v = json!({
+            "op": self.op.name(),
+            "mode": if self.lat { "lat" } else { "bw" },
+            "size": self.size,
+            "iters": self.iters(),
+            "messages": self.messages,
+            "qps": self.qps,
+            "depth": if self.lat { 1 } else { self.depth },
+            "crc": self.crc,
+            "seconds": self.secs,
+            "gbit_per_s": self.gbit(),
+            "gbit_per_s_peak": self.peak_gbit,
+            "msg_per_s": self.msg_rate(),
+            "lat_p50_us": lat(0.5),
+            "lat_p99_us": lat(0.99),
+            "lat_p999_us": lat(0.999),
+            "cpu_s": self.cpu_s,
+        });
+        if let Some(b) = &self.baseline {
+            let m = v.as_object_mut().unwrap();
+            m.insert("baseline".into(), json!("tcp"));
+            m.insert("baseline_gbit_per_s".into(), json!(b.gbit));
+            m.insert("baseline_lat_p50_us".into(), json!(b.hist.as_ref().map(|h| us(h, 0.5))));
+            m.insert(
+                "baseline_lat_p99_us".into(),
+                json!(b.hist.as_ref().map(|h| us(h, 0.99))),
+            );
+            m.insert("ratio".into(), json!(self.ratio()));
+            m.insert("baseline_cpu_s".into(), json!(b.cpu_s));
+            m.insert("cpu_ratio".into(), json!(self.cpu_ratio()));
+            m.insert(
+                "ratio_of".into(),
+                json!(if self.hist.is_some() {
+                    "lat_p50_us"
+                } else {
+                    "gbit_per_s"
+                }),
+            );
+        }
+        v
+    }
+    fn print_row(&self) {
+        match &self.hist {
+            None => {
+                println!(
+                    " {:<10} {:<13} {:<18.2} {:<20.2} {:.6}",
+                    show_size(self.size),
+                    self.iters(),
+                    self.peak_gbit,
+                    self.gbit(),
+                    self.msg_rate() / 1e6
+                );
+                if let Some(b) = &self.baseline {
+                    println!(
+                        " {:<10} {:<13} {:<18} {:<20.2} ratio RDMA/TCP {:.3} (CPU seconds RDMA/TCP {:.2})",
+                        "  TCP",
+                        self.iters(),
+                        "",
+                        b.gbit,
+                        self.ratio().unwrap_or(f64::NAN),
+                        self.cpu_ratio().unwrap_or(f64::NAN)
+                    );
+                }
+            }
+            Some(h) => {
+                println!(
+                    " {:<8} {:<12} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:.2}",
+                    show_size(self.size),
+                    self.iters(),
+                    us(h, 0.0),
+                    us(h, 1.0),
+                    us(h, 0.5),
+                    h.mean() / 1000.0,
+                    us(h, 0.99),
+                    us(h, 0.999)
+                );
+                if let Some(bh) = self.baseline.as_ref().and_then(|b| b.hist.as_ref()) {
+                    println!(
+                        " {:<8} {:<12} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:.2}   p50 ratio RDMA/TCP {:.3}",
+                        "  TCP",
+                        self.iters(),
+                        us(bh, 0.0),
+                        us(bh, 1.0),
+                        us(bh, 0.5),
+                        bh.mean() / 1000.0,
+                        us(bh, 0.99),
+                        us(bh, 0.999),
+                        self.ratio().unwrap_or(f64::NAN)
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn print_header(args: &Args, dev: &Device, target: SocketAddr, r: &Outcome) {
+    let line = "-".repeat(87);
+    println!("{line}");
+    println!(
+        "                    {} {} Test",
+        r.op.title(),
+        if r.lat { "Latency" } else { "BW" }
+    );
+    println!(" Device          : {} (iWARP: RDMAP/DDP/MPA over TCP)", dev.name());
+    println!(
+        " Connection      : {}",
+        if args.connect.is_some() {
+            format!("to {target}")
+        } else {
+            format!("loopback {target}, both ends in this process")
+        }
+    );
+    println!(" Number of qps   : {:<10} Transport type : iWARP", r.qps);
+    if !r.lat {
+        println!(
+            " TX depth        : {:<10} CQ moderation  : {}",
+            r.depth,
+            cq_mod(r.depth)
+        );
+    }
+    println!(" MPA CRC32c      : {}", if r.crc { "on" } else { "off" });
+    if args.baseline.is_some() {
+        println!(" Baseline        : plain TCP sockets, same message size and count");
+    }
+    println!("{line}");
+    if r.lat {
+        println!(" #bytes   #iterations  t_min[usec] t_max[usec] t_p50[usec] t_avg[usec] t_p99[usec] t_p99.9[usec]");
+    } else {
+        println!(" #bytes     #iterations   BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]");
+    }
+}
+
+/// Signal one work request in this many (perftest's --cq-mod): often enough
+/// that a deep queue never waits long for room, seldom enough to save completions.
+fn cq_mod(depth: u32) -> u32 {
+    (depth / 4).clamp(1, 64)
+}
+
+/// The client's side of one connection.
+struct ClientQp {
+    qp: QueuePair,
+    reply: Reply,
+    posted: u64,
+    completed: u64,
+    credits: u64,
+    /// Send bandwidth: credit messages received from the server so far.
+    grants: u64,
+    /// Sleep on the CQ instead of busy-polling (latency mode).
+    events: bool,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_test(
+    dev: &Device,
+    target: SocketAddr,
+    args: &Args,
+    op: Op,
+    test_id: u32,
+    size: u64,
+    last: bool,
+    progress: bool,
+    session: u32,
+) -> Result<Outcome> {
+    let lat = args.lat;
+    let depth = if lat { 1 } else { args.depth };
+    let pd = dev.alloc_pd();
+    let (echo_off, ready_off, mr_len) = client_layout(size, args.qps);
+    let mr = pd.reg_mr(mr_len, Access::all_remote())?;
+    let (credits, grant) = send_credits(depth);
+    let grant_recvs = credits / grant + 2;
+    let cq = dev.create_cq(args.qps as usize * (depth as usize + grant_recvs as usize + 8) + 64)?;
+    let mut flags = if lat { FLAG_LAT } else { 0 };
+    if last {
+        flags |= FLAG_LAST;
+    }
+    if args.baseline.is_some() {
+        flags |= FLAG_BASELINE;
+    }
+    if args.events {
+        flags |= FLAG_EVENTS;
+    }
+    let mut conns = Vec::with_capacity(args.qps as usize);
+    for q in 0..args.qps {
+        let hello = Hello {
+            op,
+            flags,
+            test_id,
+            qp_index: q,
+            qps: args.qps,
+            depth,
+            size,
+            client_addr: mr.addr(),
+            client_rkey: mr.rkey(),
+            session,
+        };
+        let opts = QpOptions::new(&cq)
+            .attr(qp_attr(depth.max(64) + 8, grant_recvs + 8))
+            .rd_atomic(RD_ATOMIC, RD_ATOMIC)
+            .private_data(&hello.encode());
+        let qp = match pd.connect(target, opts, T) {
+            Ok(qp) => qp,
+            Err(Error::Rejected { private_data, .. }) => bail!(
+                "connecting QP {q} to {target}: the server refused: {}",
+                String::from_utf8_lossy(&private_data)
+            ),
+            Err(e) => return Err(e).with_context(|| format!("connecting QP {q} to {target}")),
+        };
+        let reply = Reply::decode(&qp.conn_info().peer_private_data)?;
+        match qp.get_event(Some(T)) {
+            Some(CmEvent::Established) => {}
+            other => bail!("QP {q}: expected Established, got {other:?}"),
+        }
+        conns.push(ClientQp {
+            qp,
+            reply,
+            posted: 0,
+            completed: 0,
+            credits: reply.credits as u64,
+            grants: 0,
+            events: args.events,
+        });
+    }
+    if op == Op::Send {
+        // Wait for each server QP's "receives are posted" Write.
+        let t0 = Instant::now();
+        let mut b = [0u8];
+        for q in 0..conns.len() {
+            loop {
+                cq.poll(&mut Vec::new(), 0);
+                mr.read(ready_off + q, &mut b)?;
+                if b[0] == READY {
+                    break;
+                }
+                if t0.elapsed() > T {
+                    bail!("QP {q}: the server did not signal that its receives are posted");
+                }
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+    let crc = conns[0].qp.conn_info().detail.contains("crc true");
+    let tcp_port = conns[0].reply.tcp_port;
+    let iters = args.iters.unwrap_or(if lat { 1000 } else { 5000 });
+    let stop = match args.duration {
+        Some(d) => Stop::Time(Duration::from_secs_f64(d)),
+        None => Stop::Iters(iters),
+    };
+    let mut out = Outcome {
+        op,
+        size,
+        qps: args.qps,
+        depth,
+        lat,
+        crc,
+        messages: 0,
+        secs: 0.0,
+        peak_gbit: 0.0,
+        hist: None,
+        baseline: None,
+        tcp_port,
+        cpu_s: None,
+    };
+    let prog = Progress::new(progress, op, size);
+    let cpu0 = cpu_secs();
+    if lat {
+        let c = &mut conns[0];
+        let hist = match op {
+            Op::Send => lat_send(c, &cq, &mr, size, stop, &prog)?,
+            Op::Write => lat_write(c, &cq, &mr, echo_off, size, stop, &prog)?,
+            Op::Read | Op::Atomic => lat_one_sided(c, op, &cq, &mr, size, stop, &prog)?,
+        };
+        out.messages = hist.len();
+        out.secs = hist.mean() * hist.len() as f64 / 1e9;
+        out.peak_gbit = out.gbit();
+        out.hist = Some(hist);
+    } else {
+        let (messages, secs, peak) = bandwidth(&mut conns, op, &cq, &mr, size, depth, grant, stop, &prog)?;
+        out.messages = messages;
+        out.secs = secs;
+        out.peak_gbit = peak;
+    }
+    out.cpu_s = cpu0.and_then(|c0| Some(cpu_secs()? - c0));
+    prog.clear();
+    for c in &conns {
+        c.qp.disconnect();
+    }
+    Ok(out)
+}
+
+#[derive(Clone, Copy)]
+enum Stop {
+    Iters(u64),
+    Time(Duration),
+}
+
+/// The stderr progress line.
+struct Progress {
+    on: bool,
+    what: String,
+    last: std::cell::Cell<Instant>,
+}
+
+impl Progress {
+    fn new(on: bool, op: Op, size: u64) -> Progress {
+        Progress {
+            on,
+            what: format!("bench {} {} B", op.name(), size),
+            last: std::cell::Cell::new(Instant::now()),
+        }
+    }
+    /// Call often; prints at most twice a second.
+    fn tick(&self, start: Instant, messages: u64, size: u64) {
+        if !self.on {
+            return;
+        }
+        let now = Instant::now();
+        if now.duration_since(self.last.get()) < Duration::from_millis(500) {
+            return;
+        }
+        self.last.set(now);
+        let s = now.duration_since(start).as_secs_f64();
+        eprint!(
+            "\r{}: {:.1} s, {} messages, {:.2} Gbit/s, {:.3} M msg/s   ",
+            self.what,
+            s,
+            messages,
+            messages as f64 * size as f64 * 8.0 / s / 1e9,
+            messages as f64 / s / 1e6
+        );
+    }
+    fn clear(&self) {
+        if self.on {
+            eprint!("\r{}\r", " ".repeat(100));
+        }
+    }
+}
+
+fn check(wc: &WorkCompletion, what: &str) -> Result<()> {
+    if wc.is_ok() {
+        Ok(())
+    } else {
+        bail!(
+            "{what}: completion with status \"{}\" (vendor error {:#x})",
+            wc.status,
+            wc.vendor_err
+        )
+    }
+}
+
+const KIND_SHIFT: u32 = 56;
+const QP_SHIFT: u32 = 40;
+const KIND_DATA: u64 = 0;
+const KIND_RECV: u64 = 1;
+const KIND_FENCE: u64 = 2;
+
+fn wr_id(kind: u64, q: usize, n: u64) -> u64 {
+    (kind << KIND_SHIFT) | ((q as u64) << QP_SHIFT) | (n & ((1 << QP_SHIFT) - 1))
+}
+
+fn split_wr_id(id: u64) -> (u64, usize, u64) {
+    (
+        id >> KIND_SHIFT,
+        ((id >> QP_SHIFT) & 0xffff) as usize,
+        id & ((1 << QP_SHIFT) - 1),
+    )
+}
+
+/// Bandwidth / message-rate run over every QP. Returns (messages, seconds, peak Gbit/s).
+#[allow(clippy::too_many_arguments)]
+fn bandwidth(
+    conns: &mut [ClientQp],
+    op: Op,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion,
+    size: u64,
+    depth: u32,
+    grant: u32,
+    stop: Stop,
+    prog: &Progress,
+) -> Result<(u64, f64, f64)> {
+    let len = if op == Op::Atomic { 8 } else { size as u32 };
+    let cq_mod = cq_mod(depth) as u64;
+    let depth = depth as u64;
+    if op == Op::Send {
+        for (q, c) in conns.iter().enumerate() {
+            let n = c.reply.credits / grant + 2;
+            let wrs: Vec<RecvWr> = (0..n)
+                .map(|i| RecvWr {
+                    wr_id: wr_id(KIND_RECV, q, i as u64),
+                    sg_list: vec![mr.sge(0, 8)],
+                })
+                .collect();
+            c.qp.post_recv(&wrs)?;
+        }
+    }
+    let mut wcs = Vec::with_capacity(256);
+    let mut batch: Vec<SendWr> = Vec::with_capacity(depth as usize);
+    let start = Instant::now();
+    let mut total_done = 0u64;
+    // Peak: the best window of at least 100 ms and 16 signaled completions (each
+    // completion reports cq_mod messages at once, so fewer would quantize the rate).
+    let (mut win_start, mut win_done, mut win_events, mut peak) = (start, 0u64, 0u32, 0.0f64);
+    let mut posting = true;
+    let mut spins = 0u32;
+    loop {
+        if posting
+            && let Stop::Time(d) = stop
+            && start.elapsed() >= d
+        {
+            posting = false;
+        }
+        let limit = match stop {
+            Stop::Iters(n) => n,
+            Stop::Time(_) => u64::MAX,
+        };
+        // Everything posted (or time is up): the final Read below waits for the rest.
+        if !posting || conns.iter().all(|c| c.posted >= limit) {
+            break;
+        }
+        for (q, c) in conns.iter_mut().enumerate() {
+            if c.posted < limit {
+                let mut room = depth - (c.posted - c.completed);
+                if op == Op::Send {
+                    room = room.min(c.credits);
+                }
+                room = room.min(limit - c.posted);
+                if room > 0 {
+                    batch.clear();
+                    for _ in 0..room {
+                        let n = c.posted + batch.len() as u64;
+                        let signaled = (n + 1).is_multiple_of(cq_mod) || n + 1 == limit;
+                        let remote = RemoteAddr {
+                            addr: c.reply.addr,
+                            rkey: c.reply.rkey,
+                        };
+                        let opcode = match op {
+                            Op::Write => WrOpcode::RdmaWrite { remote },
+                            Op::Read => WrOpcode::RdmaRead { remote },
+                            Op::Send => WrOpcode::Send,
+                            Op::Atomic => WrOpcode::AtomicFetchAdd { remote, add: 1 },
+                        };
+                        let flags = if signaled {
+                            SendFlags::SIGNALED
+                        } else {
+                            SendFlags::empty()
+                        };
+                        batch.push(SendWr::new(wr_id(KIND_DATA, q, n), opcode, vec![mr.sge(0, len)]).flags(flags));
+                    }
+                    c.qp.post_send(&batch).context("post_send")?;
+                    c.posted += room;
+                    if op == Op::Send {
+                        c.credits -= room;
+                    }
+                }
+            }
+        }
+        wcs.clear();
+        if cq.poll(&mut wcs, 256) == 0 {
+            spins += 1;
+            if spins > 64 {
+                // Stop burning the CPU the progress threads need; the engine
+                // wakes the CQ's waiters when a completion arrives.
+                if let Some(wc) = cq.wait_spin(Duration::ZERO, Some(Duration::from_millis(1))) {
+                    wcs.push(wc);
+                }
+            }
+        } else {
+            spins = 0;
+        }
+        for wc in &wcs {
+            let (kind, q, n) = split_wr_id(wc.wr_id);
+            check(wc, op.name())?;
+            let c = conns
+                .get_mut(q)
+                .ok_or_else(|| anyhow!("completion for unknown QP {q}"))?;
+            match kind {
+                KIND_DATA => {
+                    let done = n + 1 - c.completed;
+                    c.completed = n + 1;
+                    total_done += done;
+                    win_done += done;
+                    win_events += 1;
+                }
+                KIND_RECV => {
+                    c.credits += grant as u64;
+                    c.grants += 1;
+                    c.qp.post_recv(&[RecvWr {
+                        wr_id: wc.wr_id,
+                        sg_list: vec![mr.sge(0, 8)],
+                    }])?;
+                }
+                _ => bail!("unexpected completion {wc:?}"),
+            }
+        }
+        if !wcs.is_empty() {
+            let now = Instant::now();
+            let w = now.duration_since(win_start);
+            if w >= Duration::from_millis(100) && win_events >= 16 {
+                peak = peak.max(win_done as f64 * len as f64 * 8.0 / w.as_secs_f64() / 1e9);
+                win_start = now;
+                win_done = 0;
+                win_events = 0;
+            }
+            prog.tick(start, total_done, len as u64);
+        }
+    }
+    // Unsignaled WRs after the last signaled one (a --duration run stops
+    // anywhere) and Writes still in flight: one signaled Read per QP
+    // completes only after all of them.
+    for (q, c) in conns.iter().enumerate() {
+        let remote = RemoteAddr {
+            addr: c.reply.addr,
+            rkey: c.reply.rkey,
+        };
+        c.qp.post_send_one(SendWr::new(
+            wr_id(KIND_FENCE, q, 0),
+            WrOpcode::RdmaRead { remote },
+            vec![mr.sge(0, 8)],
+        ))?;
+    }
+    let mut fenced = 0;
+    while fenced < conns.len() {
+        let wc = cq
+            .wait(Some(T))
+            .ok_or_else(|| anyhow!("no completion for the final Read"))?;
+        check(&wc, "final Read")?;
+        let (kind, q, _) = split_wr_id(wc.wr_id);
+        match kind {
+            KIND_FENCE => {
+                fenced += 1;
+                let c = &mut conns[q];
+                total_done += c.posted - c.completed;
+                c.completed = c.posted;
+            }
+            KIND_DATA => {
+                let c = &mut conns[q];
+                let (_, _, n) = split_wr_id(wc.wr_id);
+                total_done += n + 1 - c.completed;
+                c.completed = n + 1;
+            }
+            KIND_RECV => conns[q].grants += 1,
+            _ => {}
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if op == Op::Send {
+        // The server grants credit for every `grant` messages it received, needed or not:
+        // take every grant before the disconnect, or a late one meets a closed receive
+        // queue and the server gets a Terminate ("no buffer available") at the test's end.
+        let owed = |c: &ClientQp| c.posted / grant as u64;
+        while conns.iter().any(|c| c.grants < owed(c)) {
+            let wc = cq
+                .wait(Some(T))
+                .ok_or_else(|| anyhow!("no credit message from the server at the end"))?;
+            check(&wc, "credit message")?;
+            let (kind, q, _) = split_wr_id(wc.wr_id);
+            if kind == KIND_RECV
+                && let Some(c) = conns.get_mut(q)
+            {
+                c.grants += 1;
+            }
+        }
+    }
+    let avg = total_done as f64 * len as f64 * 8.0 / secs / 1e9;
+    if peak == 0.0 || peak < avg {
+        peak = peak.max(avg);
+    }
+    Ok((total_done, secs, peak))
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds")
+}
+
+fn warmup(stop: Stop) -> u64 {
+    match stop {
+        Stop::Iters(n) => (n / 100).clamp(10, 1000),
+        Stop::Time(_) => 100,
+    }
+}
+
+fn keep_going(stop: Stop, start: Instant, done: u64) -> bool {
+    match stop {
+        Stop::Iters(n) => done < n,
+        Stop::Time(d) => start.elapsed() < d,
+    }
+}
+
+/// Busy-polls `cq` (which drives the provider inline) until a completion
+/// arrives, or with `events` sleeps until the provider's thread delivers one.
+fn spin(cq: &CompletionQueue, events: bool) -> Result<WorkCompletion> {
+    if events {
+        return cq
+            .wait_spin(Duration::ZERO, Some(T))
+            .ok_or_else(|| anyhow!("no completion within {T:?}"));
+    }
+    let start = Instant::now();
+    loop {
+        if let Some(wc) = cq.poll_one() {
+            return Ok(wc);
+        }
+        if start.elapsed() > T {
+            bail!("no completion within {T:?}");
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Send ping-pong: post a Send, spin until the echo arrives.
+fn lat_send(
+    c: &mut ClientQp,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion,
+    size: u64,
+    stop: Stop,
+    prog: &Progress,
+) -> Result<Histogram<u64>> {
+    let len = size as u32;
+    let recv = |n: u64| RecvWr {
+        wr_id: wr_id(KIND_RECV, 0, n),
+        sg_list: vec![mr.sge(0, len)],
+    };
+    c.qp.post_recv(&[recv(0)])?;
+    let mut hist = new_hist();
+    let wu = warmup(stop);
+    let mut i = 0u64;
+    let mut start = Instant::now();
+    loop {
+        if i == wu {
+            start = Instant::now();
+        }
+        let measured = i.saturating_sub(wu);
+        if i >= wu && !keep_going(stop, start, measured) {
+            break;
+        }
+        let t0 = Instant::now();
+        c.qp.post_send_one(SendWr::new(
+            wr_id(KIND_DATA, 0, i),
+            WrOpcode::Send,
+            vec![mr.sge(0, len)],
+        ))?;
+        loop {
+            let wc = spin(cq, c.events)?;
+            check(&wc, "send ping-pong")?;
+            if split_wr_id(wc.wr_id).0 == KIND_RECV {
+                break;
+            }
+        }
+        let dt = t0.elapsed();
+        c.qp.post_recv(&[recv(i + 1)])?;
+        if i >= wu {
+            hist.record(dt.as_nanos().max(1) as u64)?;
+            prog.tick(start, measured + 1, size);
+        }
+        i += 1;
+    }
+    Ok(hist)
+}
+
+/// The byte a ping-pong Write number `i` leaves at the end of the buffer (never 0).
+fn stamp(i: u64) -> u8 {
+    (i % 255) as u8 + 1
+}
+
+/// Write ping-pong: each side spins on the last byte of its buffer (perftest's write_lat).
+fn lat_write(
+    c: &mut ClientQp,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion,
+    echo_off: usize,
+    size: u64,
+    stop: Stop,
+    prog: &Progress,
+) -> Result<Histogram<u64>> {
+    let len = size as u32;
+    let last = size as usize - 1;
+    let remote = RemoteAddr {
+        addr: c.reply.addr,
+        rkey: c.reply.rkey,
+    };
+    let mut hist = new_hist();
+    let wu = warmup(stop);
+    let mut i = 0u64;
+    let mut start = Instant::now();
+    let mut wcs = Vec::new();
+    let mut b = [0u8];
+    loop {
+        if i == wu {
+            start = Instant::now();
+        }
+        let measured = i.saturating_sub(wu);
+        if i >= wu && !keep_going(stop, start, measured) {
+            break;
+        }
+        let s = stamp(i);
+        mr.write(last, &[s])?; // the last byte of what we send
+        let seen = echo_off + last; // where the server's echo puts it
+        let t0 = Instant::now();
+        // Signal every 64th Write so the send queue drains.
+        let flags = if i % 64 == 63 {
+            SendFlags::SIGNALED
+        } else {
+            SendFlags::empty()
+        };
+        c.qp.post_send_one(
+            SendWr::new(
+                wr_id(KIND_DATA, 0, i),
+                WrOpcode::RdmaWrite { remote },
+                vec![mr.sge(0, len)],
+            )
+            .flags(flags),
+        )?;
+        loop {
+            wcs.clear();
+            cq.poll(&mut wcs, 16);
+            for wc in &wcs {
+                check(wc, "write ping-pong")?;
+            }
+            mr.read(seen, &mut b)?;
+            if b[0] == s {
+                break;
+            }
+            if t0.elapsed() > T {
+                bail!("write ping-pong: no answer within {T:?}");
+            }
+            std::hint::spin_loop();
+        }
+        let dt = t0.elapsed();
+        if i >= wu {
+            hist.record(dt.as_nanos().max(1) as u64)?;
+            prog.tick(start, measured + 1, size);
+        }
+        i += 1;
+    }
+    Ok(hist)
+}
+
+/// One Read or atomic at a time.
+fn lat_one_sided(
+    c: &mut ClientQp,
+    op: Op,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion,
+    size: u64,
+    stop: Stop,
+    prog: &Progress,
+) -> Result<Histogram<u64>> {
+    let remote = RemoteAddr {
+        addr: c.reply.addr,
+        rkey: c.reply.rkey,
+    };
+    let (opcode, len) = match op {
+        Op::Read => (WrOpcode::RdmaRead { remote }, size as u32),
+        _ => (WrOpcode::AtomicFetchAdd { remote, add: 1 }, 8),
+    };
+    let mut hist = new_hist();
+    let wu = warmup(stop);
+    let mut i = 0u64;
+    let mut start = Instant::now();
+    loop {
+        if i == wu {
+            start = Instant::now();
+        }
+        let measured = i.saturating_sub(wu);
+        if i >= wu && !keep_going(stop, start, measured) {
+            break;
+        }
+        let t0 = Instant::now();
+        c.qp.post_send_one(SendWr::new(
+            wr_id(KIND_DATA, 0, i),
+            opcode.clone(),
+            vec![mr.sge(0, len)],
+        ))?;
+        let wc = spin(cq, c.events)?;
+        check(&wc, op.name())?;
+        let dt = t0.elapsed();
+        if i >= wu {
+            hist.record(dt.as_nanos().max(1) as u64)?;
+            prog.tick(start, measured + 1, len as u64);
+        }
+        i += 1;
+    }
+    Ok(hist)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("64"), Ok(64));
+        assert_eq!(parse_size("4K"), Ok(4096));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("2KiB"), Ok(2048));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("4X").is_err());
+        assert!(parse_size("8G").is_err());
+    }
+
+    #[test]
+    fn hello_and_reply_round_trip() {
+        let h = Hello {
+            op: Op::Read,
+            flags: FLAG_LAT | FLAG_LAST,
+            test_id: 7,
+            qp_index: 3,
+            qps: 4,
+            depth: 128,
+            size: 1 << 20,
+            client_addr: 0x1234_5678_9abc,
+            client_rkey: 0xdead_beef,
+            session: 0x1234_5678,
+        };
+        let b = h.encode();
+        assert!(b.len() <= 252, "fits siw's private data limit");
+        assert_eq!(Hello::decode(&b).unwrap(), h);
+        let r = Reply {
+            addr: 42,
+            rkey: 0x0102_0304,
+            credits: 256,
+            grant: 64,
+            tcp_port: 5555,
+        };
+        assert_eq!(Reply::decode(&r.encode()).unwrap(), r);
+        assert!(Hello::decode(&r.encode()).is_err());
+    }
+
+    #[test]
+    fn wr_ids_split() {
+        let id = wr_id(KIND_RECV, 513, 123_456_789);
+        assert_eq!(split_wr_id(id), (KIND_RECV, 513, 123_456_789));
+    }
+}
