@@ -380,6 +380,17 @@ fn guest_client_case(lab: &Lab, count: usize, size: usize, server_args: &[&str])
         ours.stderr
     );
     let pings: Vec<&str> = guest.log.lines().filter(|l| l.starts_with("ping data: ")).collect();
+    // rping -c exits 0 when the peer disconnects (D5), so a short run shows only here
+    assert_eq!(
+        pings.len(),
+        count,
+        "guest rping -c printed {} of {count} pings:\n{}\nours (ok {}): {:?}\n{}",
+        pings.len(),
+        guest.log,
+        ours.ok,
+        ours.stdout,
+        ours.stderr
+    );
     check_ping_lines(&pings, "ping data: ", count, size);
     assert!(ours.ok, "our server failed: {}", ours.stderr);
     let sp: Vec<&str> = ours
