@@ -346,14 +346,20 @@ fn nfs_server_stops_mid_read() {
         .output()
         .unwrap();
     assert!(start.status.success(), "vm.sh nfs start");
-    // a clear error, not the timeout(1) kill (exit 124), not a partial file passed off as whole
-    assert!(!out.status.success());
     assert_ne!(out.status.code(), Some(124), "softrdma nfs get hung");
-    assert!(
-        err.contains("READ") && (err.contains("connection") || err.contains("reply")),
-        "{err}"
-    );
-    assert!(std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0) < 16 << 20);
+    if hung && out.status.success() {
+        // the server never stopped serving (seen: 16 MiB in 29 s while `rpc.nfsd 0` hung),
+        // so the client finishing is right, provided the file is whole
+        assert_eq!(sha256(&local), DATA_SHA, "a download that succeeded is whole");
+    } else {
+        // a clear error, not the timeout(1) kill (exit 124), not a partial file passed off as whole
+        assert!(!out.status.success(), "the server stopped mid-READ, yet: {err}");
+        assert!(
+            err.contains("READ") && (err.contains("connection") || err.contains("reply")),
+            "{err}"
+        );
+        assert!(std::fs::metadata(&local).map(|m| m.len()).unwrap_or(0) < 16 << 20);
+    }
     if !hung {
         lab.kernel_clean();
     }
@@ -370,7 +376,22 @@ fn guest_task_dump(names: &[&str]) -> String {
     let sent = std::os::unix::net::UnixStream::connect(Path::new(LAB_STATE).join("monitor.sock"))
         .and_then(|mut s| {
             std::thread::sleep(std::time::Duration::from_millis(300));
-            s.write_all(b"sendkey alt-sysrq-t\n")
+            s.write_all(b"sendkey alt-sysrq-t\n")?;
+            // QEMU drops a command whose connection closes before it ran: wait for its echo
+            s.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+            let mut buf = [0u8; 4096];
+            let t0 = std::time::Instant::now();
+            let mut seen = Vec::new();
+            while t0.elapsed().as_secs() < 2 {
+                match std::io::Read::read(&mut s, &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+                if seen.windows(6).filter(|w| w == b"(qemu)").count() >= 2 {
+                    break;
+                }
+            }
+            Ok(())
         });
     if let Err(e) = sent {
         return format!("(no QEMU monitor: {e})");
