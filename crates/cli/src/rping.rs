@@ -493,20 +493,33 @@ fn qp_options(cq: &CompletionQueue, ird: u8, ord: u8) -> QpOptions {
     })
 }
 
+/// The receive buffer for the peer's `rping_rdma_info`, and its first receive, posted
+/// before `rdma_connect`/`rdma_accept` as rping does: the peer may Send the moment the
+/// connection is up, and on iWARP a Send with no receive posted is a Terminate.
+fn recv_buf(pd: &ProtectionDomain, opts: QpOptions) -> Result<(MemoryRegion, QpOptions)> {
+    let mr = pd
+        .reg_mr(INFO_LEN, Access::LOCAL_WRITE)
+        .context("recv_buf reg_mr failed")?;
+    let wr = RecvWr {
+        wr_id: WR_RECV,
+        sg_list: vec![mr.sge(0, INFO_LEN as u32)],
+    };
+    Ok((mr, opts.post_recv([wr])))
+}
+
 fn endpoint<'a>(
     args: &'a RpingArgs,
     pd: &ProtectionDomain,
     qp: QueuePair,
     cq: CompletionQueue,
+    recv_mr: MemoryRegion,
     role: &'static str,
 ) -> Result<Endpoint<'a>> {
     let remote = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     let ep = Endpoint {
         args,
         cq,
-        recv_mr: pd
-            .reg_mr(INFO_LEN, Access::LOCAL_WRITE)
-            .context("recv_buf reg_mr failed")?,
+        recv_mr,
         send_mr: pd.reg_mr(INFO_LEN, Access::empty()).context("send_buf reg_mr failed")?,
         rdma_mr: pd.reg_mr(args.size, remote).context("rdma_buf reg_mr failed")?,
         role,
@@ -565,6 +578,7 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
     if let Some(n) = args.test_pd {
         opts = opts.private_data(&test_pattern(n));
     }
+    let (recv_mr, opts) = recv_buf(&pd, opts)?;
     let qp = match pd.connect(addr, opts, timeout) {
         Ok(qp) => qp,
         Err(Error::Rejected { private_data, ird_ord }) => {
@@ -577,7 +591,7 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
         }
         Err(e) => return Err(e).context(format!("connect error to {addr}")),
     };
-    let mut ep = endpoint(args, &pd, qp, cq, "client")?;
+    let mut ep = endpoint(args, &pd, qp, cq, recv_mr, "client")?;
     ep.debug(format!("rdma_connect successful: {}", ep.qp.conn_info().detail));
     if args.test_connect_only {
         let peer = ep.qp.conn_info().peer_private_data;
@@ -586,7 +600,6 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
         ep.qp.disconnect();
         return Ok(());
     }
-    ep.post_recv()?;
     if args.first_send_delay_ms > 0 {
         std::thread::sleep(Duration::from_millis(args.first_send_delay_ms));
     }
@@ -694,10 +707,10 @@ fn server(dev: &Device, args: &RpingArgs) -> Result<()> {
     if let Some(n) = args.test_pd {
         opts = opts.private_data(&test_pattern(n));
     }
+    let (recv_mr, opts) = recv_buf(&pd, opts)?;
     let qp = req.accept(&pd, opts).context("rdma_accept")?;
     drop(listener);
-    let mut ep = endpoint(args, &pd, qp, cq, "server")?;
-    ep.post_recv()?;
+    let mut ep = endpoint(args, &pd, qp, cq, recv_mr, "server")?;
     ep.debug(format!("accepted: {}", ep.qp.conn_info().detail));
     if args.test_connect_only {
         // The peer decides when the connection ends; a Send from it is not expected.
