@@ -1,54 +1,18 @@
 //! The protocol core ([`Proto`]) tested in memory, the way quinn-proto tests
 //! connections: no socket, no thread, no clock. Two cores are wired back to
-//! back through their transmit queues and the same deframer and ULPDU entry
-//! points `io.rs` uses (`Deframer::next_fpdu`, `Proto::on_ulpdu`,
-//! `Proto::on_stream_error`); loss of the TCP stream is excluded. A scripted
-//! side injects malformed ULPDUs or FPDUs into one core and reads back the
-//! Terminate it queues, so the rows of the Error -> Terminate matrix
-//! (catalogue A.4.6) are reachable without sockets.
+//! back through their transmit queues and the receive buffer `io.rs` runs
+//! (`rx_buf.rs`: deframer, `Proto::on_ulpdu`, direct placement,
+//! `Proto::on_stream_error`), by the harness in `harness.rs`; loss of the
+//! TCP stream is excluded. A scripted side injects malformed ULPDUs or FPDUs
+//! into one core and reads back the Terminate it queues, so every Terminate
+//! the engine can emit is reachable without sockets
+//! (`every_terminate_cause_the_engine_emits_is_reached`).
 
+use super::harness::{self, Side, SideConfig, device};
 use super::tx::encoded;
 use super::*;
 use crate::wire::fpdu::{Deframer, DeframerConfig, Framer};
-use std::net::SocketAddr;
-use verbs::cm::{ListenerOps, Provider, QpRequest};
 use verbs::{Access, MemoryRegion, ProtectionDomain, RemoteAddr};
-
-/// A provider with no transport: the cores are driven by hand.
-struct NoTransport;
-
-impl Provider for NoTransport {
-    fn listen(
-        &self,
-        _dev: &Device,
-        _addr: SocketAddr,
-        _requests: Arc<EventQueue<Box<dyn verbs::cm::ConnRequestOps>>>,
-    ) -> Result<Box<dyn ListenerOps>> {
-        Err(Error::InvalidArgument("in-memory test device".into()))
-    }
-    fn connect(&self, _addr: SocketAddr, _req: QpRequest, _timeout: std::time::Duration) -> Result<Arc<dyn QpOps>> {
-        Err(Error::InvalidArgument("in-memory test device".into()))
-    }
-}
-
-fn device() -> Device {
-    Device::new(
-        "mem0",
-        crate::engine::device_attr(),
-        Arc::new(NoTransport) as Arc<dyn Provider>,
-    )
-}
-
-/// One core with what its application holds, and the receive side of the
-/// in-memory stream that feeds it.
-struct Side {
-    p: Proto,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    events: Arc<EventQueue<CmEvent>>,
-    deframer: Deframer,
-    inbox: Vec<u8>,
-}
 
 fn side(dev: &Device, qpn: u32, crc: bool, ird: u32) -> Side {
     side_in(&dev.alloc_pd(), qpn, crc, ird)
@@ -56,107 +20,19 @@ fn side(dev: &Device, qpn: u32, crc: bool, ird: u32) -> Side {
 
 /// A core whose stream belongs to protection domain `pd`.
 fn side_in(pd: &ProtectionDomain, qpn: u32, crc: bool, ird: u32) -> Side {
-    let dev = pd.device();
-    let pd = pd.clone();
-    let cq = dev.create_cq(4096).unwrap();
-    let events = Arc::new(EventQueue::new());
-    let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
-    let neg = Negotiated {
-        crc,
-        markers_tx: false,
-        markers_rx: false,
-        ird,
-        ord: 16,
-        rtr: None,
-        info: ConnInfo {
-            local_addr: addr,
-            peer_addr: addr,
-            responder_resources: ird,
-            initiator_depth: 16,
-            peer_private_data: Vec::new(),
-            detail: String::new(),
-        },
-    };
-    let attr = QpInitAttr {
-        max_send_wr: 256,
-        max_recv_wr: 256,
-        ..QpInitAttr::default()
-    };
-    let p = Proto::new(
-        qpn,
-        pd.id(),
-        dev.clone(),
-        cq.clone(),
-        cq.clone(),
-        events.clone(),
-        attr,
-        &neg,
-        false,
-        65_528,
-    );
-    Side {
-        p,
+    Side::new(
         pd,
-        cq,
-        events,
-        deframer: Deframer::new(DeframerConfig {
+        SideConfig {
+            qpn,
             crc,
-            ..Default::default()
-        }),
-        inbox: Vec::new(),
-    }
+            ird,
+            ..SideConfig::default()
+        },
+    )
 }
 
-/// Moves what `from` has framed into `to`'s inbox, as a lossless TCP
-/// stream would, and lets `to` process every whole FPDU in it.
-fn carry(from: &mut Side, to: &mut Side) -> bool {
-    from.p.fill_tx();
-    let mut bytes = Vec::new();
-    let n = from.p.tx_queue().copy_pending(&mut bytes);
-    if n > 0 {
-        from.p.consumed_out(n);
-    }
-    to.inbox.extend_from_slice(&bytes);
-    deliver(to) || n > 0
-}
-
-/// The receive loop of `io.rs` without the socket.
-fn deliver(s: &mut Side) -> bool {
-    let mut any = false;
-    let mut at = 0;
-    while at < s.inbox.len() {
-        match s.deframer.next_fpdu(&s.inbox[at..]) {
-            Ok((used, u)) => {
-                if let Some(u) = u {
-                    let u = u.to_vec();
-                    s.p.on_ulpdu(&u);
-                    any = true;
-                }
-                at += used;
-                if used == 0 {
-                    break;
-                }
-            }
-            Err(e) => {
-                s.p.on_stream_error(Some(e.cause()), "MPA framing error");
-                at = s.inbox.len();
-                any = true;
-            }
-        }
-    }
-    s.inbox.drain(..at);
-    any
-}
-
-/// Runs both directions until neither moves.
 fn settle(a: &mut Side, b: &mut Side) {
-    for _ in 0..10_000 {
-        let moved = carry(a, b) | carry(b, a);
-        if !moved {
-            return;
-        }
-    }
-    panic!("the cores did not settle");
+    assert!(harness::settle(a, b), "the cores did not settle");
 }
 
 fn pair() -> (Device, Side, Side) {
@@ -253,14 +129,10 @@ struct Answer {
 
 /// Feeds raw octets (whole FPDUs) to `s` and decodes what it queued.
 fn inject_raw(s: &mut Side, fpdus: &[u8]) -> Answer {
-    s.inbox.extend_from_slice(fpdus);
-    deliver(s);
-    s.p.fill_tx();
-    let mut out = Vec::new();
-    let n = s.p.tx_queue().copy_pending(&mut out);
-    s.p.consumed_out(n);
+    s.feed(fpdus);
+    let out = s.take_output();
     let mut d = Deframer::new(DeframerConfig {
-        crc: s.deframer.config().crc,
+        crc: s.rx.deframer.config().crc,
         ..Default::default()
     });
     let mut terminates = Vec::new();
@@ -289,7 +161,7 @@ fn inject_raw(s: &mut Side, fpdus: &[u8]) -> Answer {
 }
 
 fn inject(s: &mut Side, ulpdus: &[Vec<u8>]) -> Answer {
-    let mut framer = Framer::new(s.deframer.config().crc, false);
+    let mut framer = Framer::new(s.rx.deframer.config().crc, false);
     let mut bytes = Vec::new();
     for u in ulpdus {
         framer.emit_vec(u, &mut bytes).unwrap();
@@ -504,8 +376,7 @@ fn every_terminate_row_is_reachable_in_memory() {
     for u in &reqs {
         framer.emit_vec(u, &mut bytes).unwrap();
     }
-    c.inbox.extend_from_slice(&bytes);
-    deliver(&mut c);
+    c.feed(&bytes);
     let a = inject_raw(&mut c, &[]);
     expect(a, (0, 2, 0x07), "row 19");
 

@@ -134,6 +134,25 @@ struct TxMsg {
 }
 
 impl TxMsg {
+    /// The DDP header of the message's first octet (L clear): what
+    /// [`Header::at_offset`] advances for each segment.
+    #[inline]
+    fn first_header(&self) -> Header {
+        Header {
+            last: false,
+            rdmap_ctrl: rdmap_ctrl(self.opcode),
+            addr: match self.tagged {
+                Some((stag, to)) => Addr::Tagged { stag, to },
+                None => Addr::Untagged {
+                    qn: self.qn,
+                    msn: self.msn,
+                    mo: 0,
+                    inv_stag: self.inv_stag,
+                },
+            },
+        }
+    }
+
     /// A tagged message (Write, Read Response) to `stag` at `to`.
     fn tagged(completes: Option<u64>, opcode: u8, stag: u32, to: u64, src: Source, total: usize) -> TxMsg {
         TxMsg {
@@ -213,7 +232,19 @@ struct RecvWqe {
 struct RxSend {
     wqe: RecvWqe,
     msn: u32,
+    /// RDMAP opcode of its first segment: every later one must repeat it.
+    opcode: u8,
     got: usize,
+}
+
+/// The tagged message being received. Its segments arrive back to back
+/// over the one TCP stream; one tagged message at a time, as Linux siw.
+#[derive(Debug, Clone, Copy)]
+struct RxTagged {
+    opcode: u8,
+    stag: u32,
+    /// TO where the next segment must start (RFC 5041 §5.2).
+    next_to: u64,
 }
 
 /// Protocol state of one QP. No I/O.
@@ -258,6 +289,7 @@ pub(crate) struct Proto {
     rq: VecDeque<RecvWqe>,
     rx_msn: [u32; 4],
     rx_send: Option<RxSend>,
+    rx_tagged: Option<RxTagged>,
     last_was_write: bool,
 
     // teardown
@@ -421,6 +453,7 @@ impl Proto {
             rq: VecDeque::new(),
             rx_msn: [1; 4],
             rx_send: None,
+            rx_tagged: None,
             last_was_write: false,
             term_sent: false,
             term_received: false,
@@ -746,8 +779,11 @@ fn code_state(c: u8) -> QpState {
 
 #[cfg(test)]
 mod core_tests;
+#[cfg(any(test, feature = "fuzz"))]
+pub mod harness;
 mod io;
 mod rx;
+mod rx_buf;
 mod tx;
 
 pub use io::IwarpQp;
