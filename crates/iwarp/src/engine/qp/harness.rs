@@ -230,3 +230,122 @@ pub fn settle(a: &mut Side, b: &mut Side) -> bool {
     }
     false
 }
+
+/// A core set up for a scripted or fuzzed peer: receives posted, a region
+/// of each kind a tagged segment or Read Request can name, and an RDMA Read
+/// and an atomic outstanding (so Read and Atomic Responses have a target).
+pub struct Scripted {
+    pub side: Side,
+    /// STags a peer may name, by index: remote-accessible region, region
+    /// without remote rights, region of another PD, the outstanding Read's
+    /// sink.
+    pub stags: [u32; 4],
+    /// The first valid TO of each of `stags`.
+    pub bases: [u64; 4],
+    _mrs: Vec<MemoryRegion>,
+}
+
+impl Scripted {
+    pub fn new(cfg: SideConfig, recvs: usize) -> Scripted {
+        let dev = device();
+        let pd = dev.alloc_pd();
+        let mut side = Side::new(&pd, cfg);
+        let remote = side.reg_mr(128 * 1024, Access::all_remote() | Access::LOCAL_WRITE);
+        let local = side.reg_mr(4096, Access::LOCAL_WRITE);
+        let other = dev
+            .alloc_pd()
+            .reg_mr(4096, Access::all_remote())
+            .expect("a region on the in-memory device");
+        let sink = side.reg_mr(128 * 1024, Access::LOCAL_WRITE);
+        let recv = side.reg_mr(256 * recvs.max(1), Access::LOCAL_WRITE);
+        let wrs: Vec<_> = (0..recvs)
+            .map(|i| RecvWr {
+                wr_id: 100 + i as u64,
+                sg_list: vec![recv.sge(256 * i, 256)],
+            })
+            .collect();
+        let _ = side.post_recv(&wrs);
+        let _ = side.post_send(&[
+            SendWr::new(
+                1,
+                WrOpcode::RdmaRead {
+                    remote: verbs::RemoteAddr { addr: 0, rkey: 0x77 },
+                },
+                vec![sink.sge(0, 128 * 1024)],
+            ),
+            SendWr::new(
+                2,
+                WrOpcode::AtomicFetchAdd {
+                    remote: verbs::RemoteAddr { addr: 0, rkey: 0x78 },
+                    add: 1,
+                },
+                vec![local.sge(0, 8)],
+            ),
+        ]);
+        // The Read Request and the Atomic Request leave.
+        let _ = side.take_output();
+        Scripted {
+            side,
+            stags: [remote.rkey(), local.lkey(), other.rkey(), sink.lkey()],
+            bases: [remote.addr(), local.addr(), other.addr(), sink.addr()],
+            _mrs: vec![remote, local, other, sink, recv],
+        }
+    }
+
+    /// Maps small STags (0-3) onto [`Scripted::stags`] and TOs below 2^63
+    /// into the named region, in a tagged ULPDU's DDP header and in a Read
+    /// Request's source, so that a fuzzer reaches placement.
+    pub fn patch(&self, u: &mut [u8]) {
+        let at = match u.first() {
+            Some(c) if c & 0x80 != 0 => 2,
+            // Untagged Read Request (opcode 1): SrcSTag, SrcTO after the
+            // 18-octet DDP header and SinkSTag, SinkTO, Size.
+            Some(_) if u.get(1).is_some_and(|c| c & 0x0F == op::READ_REQUEST) => 18 + 16,
+            _ => return,
+        };
+        {
+            let Some(f) = u.get_mut(at..at + 12) else { return };
+            let stag = u32::from_be_bytes([f[0], f[1], f[2], f[3]]);
+            let Some(&real) = self.stags.get(stag as usize) else { return };
+            let mut to = [0u8; 8];
+            to.copy_from_slice(&f[4..12]);
+            let to = u64::from_be_bytes(to);
+            f[..4].copy_from_slice(&real.to_be_bytes());
+            if to >> 63 == 0 {
+                let to = self.bases[stag as usize].wrapping_add(to & 0x3_FFFF);
+                f[4..12].copy_from_slice(&to.to_be_bytes());
+            }
+        }
+    }
+}
+
+/// What the core sent, checked against RDMAP-TRM-02 / RDMAP-TRM-06: every
+/// FPDU deframes, there is at most one Terminate and nothing after it, and
+/// a core that sent one is in ERR. Returns the Terminate's cause.
+pub fn check_output(side: &Side, out: &[u8]) -> std::result::Result<Option<TermCause>, String> {
+    let mut d = Deframer::new(DeframerConfig {
+        crc: side.rx.deframer.config().crc,
+        ..Default::default()
+    });
+    let mut at = 0;
+    let mut term = None;
+    while at < out.len() {
+        let (used, u) = d.next_fpdu(&out[at..]).map_err(|e| format!("our FPDU: {e}"))?;
+        if let Some(u) = u {
+            if term.is_some() {
+                return Err("an FPDU after our Terminate".into());
+            }
+            if let Ok((_, Message::Terminate(t))) = rdmap::parse_ulpdu(u, &rdmap::Config::RFC7306) {
+                term = Some(t.cause);
+            }
+        }
+        if used == 0 {
+            break;
+        }
+        at += used;
+    }
+    if term.is_some() && side.state() != QpState::Err {
+        return Err("a Terminate sent but the QP is not in ERR".into());
+    }
+    Ok(term)
+}
