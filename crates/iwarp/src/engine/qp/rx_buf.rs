@@ -10,6 +10,7 @@
 //! and under the fuzzer exactly as it runs over TCP.
 
 use super::*;
+use crate::wire::fpdu::PlacedFpdu;
 
 /// Receive-side byte handling: the MPA deframer and its input buffer.
 pub(crate) struct RxIo {
@@ -29,9 +30,11 @@ pub(super) const TAGGED_FPDU_HEAD: usize = fpdu::HEADER_LEN + ddp::TAGGED_HEADER
 
 /// Direct data placement of one FPDU (RFC 5041 §1, "placement" without an
 /// intermediate buffer): header checked, payload `read` into the region,
-/// then pad and CRC from the ordinary buffer.
+/// then pad and CRC from the ordinary buffer. The deframer gave the FPDU
+/// away ([`Deframer::placeable`]) and takes it back with its trailer
+/// ([`Deframer::end_placed`]).
 pub(super) struct Direct {
-    head: [u8; TAGGED_FPDU_HEAD],
+    fpdu: PlacedFpdu,
     kind: super::rx::DirectKind,
     pub(super) buf: Arc<Buffer>,
     pub(super) off: usize,
@@ -39,7 +42,6 @@ pub(super) struct Direct {
     pub(super) done: usize,
     /// Pad and CRC octets after the payload.
     pub(super) trailer: usize,
-    total: usize,
 }
 
 impl RxIo {
@@ -158,32 +160,26 @@ impl RxIo {
 
     /// At an FPDU boundary with only the start of a large tagged segment
     /// buffered: set up direct placement (copying the part already here).
-    /// The DDP header is parsed here, once, and handed to the core.
+    /// The MPA length is read once, by the deframer, and the DDP header
+    /// parsed once, here, and handed to the core.
     fn start_direct(&mut self, p: &mut Proto) -> bool {
-        let avail = self.end - self.start;
-        if self.deframer.config().markers || !self.deframer.at_boundary() || avail < TAGGED_FPDU_HEAD {
-            return false;
-        }
         let b = &self.buf[self.start..self.end];
-        let ulpdu = usize::from(u16::from_be_bytes([b[0], b[1]]));
-        let total = fpdu::fpdu_len(ulpdu);
-        if avail >= total
-            || ulpdu < ddp::TAGGED_HEADER_LEN + DIRECT_MIN
-            || ulpdu > usize::from(self.deframer.config().max_ulpdu_len)
-        {
-            return false;
-        }
-        let Ok(h) = Header::parse(&b[fpdu::HEADER_LEN..TAGGED_FPDU_HEAD]) else {
-            // Untagged (longer header) or malformed: the ordinary path.
+        let Some(mut fpdu) = self
+            .deframer
+            .placeable(b, ddp::TAGGED_HEADER_LEN, ddp::TAGGED_HEADER_LEN + DIRECT_MIN)
+        else {
             return false;
         };
-        let len = ulpdu - ddp::TAGGED_HEADER_LEN;
+        let Ok(h) = Header::parse(&b[fpdu::HEADER_LEN..TAGGED_FPDU_HEAD]) else {
+            // Untagged (a longer header) or malformed: the ordinary path.
+            return false;
+        };
+        let len = fpdu.ulpdu_len() - ddp::TAGGED_HEADER_LEN;
         let Some((buf, off, kind)) = p.direct_target(&h, len) else {
             return false;
         };
-        let have = (avail - TAGGED_FPDU_HEAD).min(len);
-        let mut head = [0u8; TAGGED_FPDU_HEAD];
-        head.copy_from_slice(&b[..TAGGED_FPDU_HEAD]);
+        let have = (b.len() - TAGGED_FPDU_HEAD).min(len);
+        fpdu.update(&b[..TAGGED_FPDU_HEAD]);
         if buf.write(off, &b[TAGGED_FPDU_HEAD..TAGGED_FPDU_HEAD + have]).is_err() {
             // The core accounted the segment: it cannot take the ordinary
             // path any more. Unreachable (the core checked the bounds).
@@ -192,44 +188,41 @@ impl RxIo {
             return true;
         }
         self.start += TAGGED_FPDU_HEAD + have;
+        let trailer = fpdu.trailer_len();
         self.direct = Some(Direct {
-            head,
+            fpdu,
             kind,
             buf,
             off,
             len,
             done: have,
-            trailer: fpdu::pad_len(ulpdu) + fpdu::CRC_LEN,
-            total,
+            trailer,
         });
         true
     }
 
-    /// The payload is in place and the trailer buffered: check the CRC and
-    /// hand the segment to the protocol.
+    /// The payload is in place and the trailer buffered: the deframer checks
+    /// the CRC and the segment goes to the protocol.
     fn finish_direct(&mut self, p: &mut Proto) {
-        let Some(d) = self.direct.take() else { return };
+        let Some(mut d) = self.direct.take() else { return };
         let t = &self.buf[self.start..self.start + d.trailer];
-        let pad = d.trailer - fpdu::CRC_LEN;
         self.start += d.trailer;
-        if self.deframer.config().crc {
-            let mut c = crate::crc::Crc32c::new();
-            c.update(&d.head);
-            let _ = d.buf.scan(d.off, d.len, |b| c.update(b));
-            c.update(&t[..pad]);
-            let computed = c.finish();
-            let received = crate::crc::from_wire([t[pad], t[pad + 1], t[pad + 2], t[pad + 3]]);
-            if computed != received && !cfg!(fuzzing) {
+        let pad = d.trailer - fpdu::CRC_LEN;
+        if d.fpdu.needs_bytes() {
+            let _ = d.buf.scan(d.off, d.len, |b| d.fpdu.update(b));
+        }
+        match self
+            .deframer
+            .end_placed(d.fpdu, &t[..pad], [t[pad], t[pad + 1], t[pad + 2], t[pad + 3]])
+        {
+            Ok(()) => p.direct_placed(d.kind, d.len),
+            Err(e) => {
                 // The payload was placed before the check: the region's
                 // contents are undefined after the error, as for any failed
                 // operation (RFC 5040 §5.5); the stream ends here.
-                let e = self.deframer.fail_crc(computed, received);
                 p.on_stream_error(Some(e.cause()), "MPA CRC error");
                 self.start = self.end;
-                return;
             }
         }
-        let _ = self.deframer.skip_fpdu(d.total);
-        p.direct_placed(d.kind, d.len);
     }
 }
