@@ -11,9 +11,11 @@
 //! | file | role |
 //! | --- | --- |
 //! | `mod.rs` | the state ([`Proto`] and its queues), posting work requests, completions in order, the error state and sending the one Terminate |
-//! | `tx.rs` | work requests and responses to RDMAP messages, DDP segmentation, MPA framing onto the gather list |
-//! | `rx.rs` | ULPDUs through `wire::ddp` / `wire::rdmap` parsing, then queue, Read/atomic and memory checks, placement, receive completions, the peer's Terminate |
-//! | `io.rs` | the socket: reads, the deframer, direct placement (`readv` into the region), `writev`, progress hooks and busy polling |
+//! | `tx.rs` | work requests and responses to RDMAP messages, DDP segmentation (`wire::ddp::segment_len`), MPA framing onto the gather list |
+//! | `rx.rs` | ULPDUs through `wire::ddp` / `wire::rdmap` parsing, then DDP sequencing and buffer checks, Read/atomic and memory checks, placement, receive completions, the peer's Terminate |
+//! | `rx_buf.rs` | the receive buffer, no I/O: the deframer, ULPDUs to `rx.rs`, direct placement of large tagged segments |
+//! | `io.rs` | the socket: `read` into the buffer, `readv` of a directly placed payload, `writev`, progress hooks and busy polling |
+//! | `harness.rs` | tests and fuzzing: cores back to back in memory through `rx_buf.rs` |
 
 use super::driver::{Driver, Poke, Pollable};
 use super::txq::TxQueue;
