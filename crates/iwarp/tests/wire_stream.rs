@@ -15,9 +15,9 @@
 //! interleaved between Send segments), RDMAP-STR-01 (after MPA, only FPDUs).
 //! The per-layer versions of these tests live next to the code
 //! (`wire/fpdu_deframer.rs` every_split_offset_all_modes,
-//! `proto/segment.rs` any_mulpdu_reassembles, `proto/ddp_rx_tests.rs`
-//! multi_segment_send_reassembly / tagged_interleaved_with_untagged); this
-//! one checks that they compose.
+//! `wire/ddp_tests.rs` any_mulpdu_reassembles, `engine/qp/core_tests.rs`
+//! untagged_sequencing_and_reassembly / segmentation_on_the_wire_llp04);
+//! this one checks that they compose.
 
 use std::collections::BTreeMap;
 
