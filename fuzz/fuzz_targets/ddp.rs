@@ -27,7 +27,9 @@ fuzz_target!(|data: &[u8]| {
 
     // The core: byte 0 picks IRD, the receives posted and how the stream is
     // cut into reads; then ULPDUs, each prefixed by a 16-bit length.
-    let Some((&sel, mut rest)) = data.split_first() else { return };
+    let Some((&sel, mut rest)) = data.split_first() else {
+        return;
+    };
     let cfg = SideConfig {
         ird: u32::from(sel & 3),
         ..SideConfig::default()

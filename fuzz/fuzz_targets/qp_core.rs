@@ -33,7 +33,8 @@ fn stream(sel: u8, input: &[u8]) {
         ..SideConfig::default()
     };
     let mut s = Scripted::new(cfg, 4);
-    s.side.set_chunk([usize::MAX, 1, 7, 4096 + 17][usize::from(sel >> 2 & 3)]);
+    s.side
+        .set_chunk([usize::MAX, 1, 7, 4096 + 17][usize::from(sel >> 2 & 3)]);
     s.side.feed(input);
     if sel & 0x10 != 0 {
         s.side.feed_eof();
@@ -76,8 +77,16 @@ fn back_to_back(sel: u8, input: &[u8]) {
                 sends += 1;
                 SendWr::new(id, WrOpcode::Send, vec![a_mem.sge(at, len.min(4096) as u32)])
             }
-            1 => SendWr::new(id, WrOpcode::RdmaWrite { remote: remote(at) }, vec![a_mem.sge(at, len as u32)]),
-            2 => SendWr::new(id, WrOpcode::RdmaRead { remote: remote(at) }, vec![a_mem.sge(at, len as u32)]),
+            1 => SendWr::new(
+                id,
+                WrOpcode::RdmaWrite { remote: remote(at) },
+                vec![a_mem.sge(at, len as u32)],
+            ),
+            2 => SendWr::new(
+                id,
+                WrOpcode::RdmaRead { remote: remote(at) },
+                vec![a_mem.sge(at, len as u32)],
+            ),
             _ => SendWr::new(
                 id,
                 WrOpcode::AtomicFetchAdd {

@@ -505,7 +505,10 @@ fn every_terminate_cause_the_engine_emits_is_reached() {
         ("MPA_ERR_NO_MATCHING_RTR", MPA_ERR_NO_MATCHING_RTR),
     ];
     let not_emitted: &[(&str, &str)] = &[
-        ("RDMAP_ERR_CATASTROPHIC_GLOBAL", "no failure of one QP's core is global to the device"),
+        (
+            "RDMAP_ERR_CATASTROPHIC_GLOBAL",
+            "no failure of one QP's core is global to the device",
+        ),
         (
             "MPA_ERR_CONNECTION_LOST",
             "a broken stream cannot carry a Terminate: the core reports Disconnected and flushes",
@@ -630,7 +633,11 @@ fn every_terminate_cause_the_engine_emits_is_reached() {
     let mut u = send(1, 0, true, b"x");
     u[1] = (u[1] & 0x3F) | 0x80;
     hit("row 21", one(1, u), RDMAP_ERR_INVALID_VERSION);
-    hit("row 22", one(1, untagged(0xC, qn::SEND, 1, 0, true, b"x")), RDMAP_ERR_UNEXPECTED_OPCODE);
+    hit(
+        "row 22",
+        one(1, untagged(0xC, qn::SEND, 1, 0, true, b"x")),
+        RDMAP_ERR_UNEXPECTED_OPCODE,
+    );
     let mut rq = read_request(ReadRequest {
         sink_stag: 1,
         sink_to: 0,
@@ -703,7 +710,14 @@ fn every_terminate_cause_the_engine_emits_is_reached() {
                 src_stag: stag,
                 src_to: base,
             };
-            untagged(op::READ_REQUEST, qn::READ_REQUEST, msn, 0, true, &encoded(28, |b| r.emit(b)))
+            untagged(
+                op::READ_REQUEST,
+                qn::READ_REQUEST,
+                msn,
+                0,
+                true,
+                &encoded(28, |b| r.emit(b)),
+            )
         })
         .collect();
     hit("row 19 (IRD 2)", on(reqs), RDMAP_ERR_CATASTROPHIC_STREAM);
@@ -724,8 +738,16 @@ fn every_terminate_cause_the_engine_emits_is_reached() {
         u[2..6].copy_from_slice(&stag.to_be_bytes());
         terminate_for(&mut c, &[u])
     };
-    hit("row 20 (another PD's STag)", inv(other.rkey()), RDMAP_ERR_CANNOT_INVALIDATE_PROT);
-    hit("row 20 (unknown STag)", inv(0xdead_be00), RDMAP_ERR_CANNOT_INVALIDATE_OP);
+    hit(
+        "row 20 (another PD's STag)",
+        inv(other.rkey()),
+        RDMAP_ERR_CANNOT_INVALIDATE_PROT,
+    );
+    hit(
+        "row 20 (unknown STag)",
+        inv(0xdead_be00),
+        RDMAP_ERR_CANNOT_INVALIDATE_OP,
+    );
 
     // Row 28: the receive's memory went away after it was posted.
     let (_d, mut c, mrs) = fresh(1);
@@ -745,7 +767,11 @@ fn every_terminate_cause_the_engine_emits_is_reached() {
         .unwrap();
     let n = f.len();
     f[n - 1] ^= 0x5A;
-    hit("row 26", inject_raw(&mut c, &f).terminates.first().map(|t| t.cause), MPA_ERR_CRC);
+    hit(
+        "row 26",
+        inject_raw(&mut c, &f).terminates.first().map(|t| t.cause),
+        MPA_ERR_CRC,
+    );
     let mut c = Side::new(
         &dev.alloc_pd(),
         SideConfig {
@@ -759,7 +785,11 @@ fn every_terminate_cause_the_engine_emits_is_reached() {
         .emit_vec(&send(1, 0, true, &[0; 1000]), &mut f)
         .unwrap();
     f[512 + 3] ^= 0x04;
-    hit("row 27", inject_raw(&mut c, &f).terminates.first().map(|t| t.cause), MPA_ERR_MARKER);
+    hit(
+        "row 27",
+        inject_raw(&mut c, &f).terminates.first().map(|t| t.cause),
+        MPA_ERR_MARKER,
+    );
 
     // RFC 6581 §4: the responder expects a Send RTR; a Write is not one.
     let dev = device();
@@ -772,7 +802,10 @@ fn every_terminate_cause_the_engine_emits_is_reached() {
     );
 
     let missing: Vec<_> = emitted.difference(&reached).collect();
-    assert!(missing.is_empty(), "emitted but not reached through the core: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "emitted but not reached through the core: {missing:?}"
+    );
     let extra: Vec<_> = reached.difference(&emitted).collect();
     assert!(extra.is_empty(), "reached but not found in the code: {extra:?}");
 }
@@ -788,12 +821,25 @@ fn untagged_sequencing_and_reassembly() {
     let (_d, mut s, m) = fresh(3);
     s.p.rx_msn[0] = u32::MAX;
     let send = |msn, mo, last, body: &[u8]| untagged(op::SEND, qn::SEND, msn, mo, last, body);
-    let a = inject(&mut s, &[send(u32::MAX, 0, true, b""), send(0, 0, true, b"ab"), send(1, 0, true, b"")]);
+    let a = inject(
+        &mut s,
+        &[
+            send(u32::MAX, 0, true, b""),
+            send(0, 0, true, b"ab"),
+            send(1, 0, true, b""),
+        ],
+    );
     assert!(a.terminates.is_empty(), "{:?}", a.terminates);
-    let wcs: Vec<_> = std::iter::from_fn(|| s.cq.poll_one()).map(|w| (w.wr_id, w.status, w.byte_len)).collect();
+    let wcs: Vec<_> = std::iter::from_fn(|| s.cq.poll_one())
+        .map(|w| (w.wr_id, w.status, w.byte_len))
+        .collect();
     assert_eq!(
         wcs,
-        [(100, WcStatus::Success, 0), (101, WcStatus::Success, 2), (102, WcStatus::Success, 0)]
+        [
+            (100, WcStatus::Success, 0),
+            (101, WcStatus::Success, 2),
+            (102, WcStatus::Success, 0)
+        ]
     );
     assert_eq!(m[0].to_vec(64, 2).unwrap(), b"ab");
     assert_eq!(s.p.rx_msn[0], 2);
@@ -841,7 +887,9 @@ fn untagged_sequencing_and_reassembly() {
         ],
     );
     assert!(a.terminates.is_empty(), "{:?}", a.terminates);
-    let wcs: Vec<_> = std::iter::from_fn(|| s.cq.poll_one()).map(|w| (w.wr_id, w.status, w.byte_len)).collect();
+    let wcs: Vec<_> = std::iter::from_fn(|| s.cq.poll_one())
+        .map(|w| (w.wr_id, w.status, w.byte_len))
+        .collect();
     assert_eq!(wcs, [(8, WcStatus::Success, 128), (7, WcStatus::Success, 250)]);
     assert_eq!(recv.to_vec(0, 250).unwrap(), body);
     assert_eq!(sink.to_vec(0, 128).unwrap(), resp);
@@ -862,7 +910,11 @@ fn segments_of_one_message_stay_together() {
             untagged(op::SEND_SE, qn::SEND, 1, 3, true, b"d"),
         ],
     );
-    assert_eq!(t, Some(cause::RDMAP_ERR_UNEXPECTED_OPCODE), "opcode change within a Send");
+    assert_eq!(
+        t,
+        Some(cause::RDMAP_ERR_UNEXPECTED_OPCODE),
+        "opcode change within a Send"
+    );
 
     let dev = device();
     let pd = dev.alloc_pd();
@@ -885,7 +937,11 @@ fn segments_of_one_message_stay_together() {
             tagged(op::READ_RESPONSE, sink.lkey(), sink.addr(), true, &[1; 64]),
         ],
     );
-    assert_eq!(t, Some(cause::RDMAP_ERR_UNEXPECTED_OPCODE), "a Read Response cutting into a Write");
+    assert_eq!(
+        t,
+        Some(cause::RDMAP_ERR_UNEXPECTED_OPCODE),
+        "a Read Response cutting into a Write"
+    );
     assert_eq!(sink.to_vec(0, 64).unwrap(), vec![0; 64], "nothing placed");
 
     // A Write in several segments, each continuing the last, is fine.
@@ -1011,14 +1067,20 @@ fn direct_placement_in_memory() {
     assert!(b.rx.direct.is_some(), "direct placement started");
     b.feed(&wire[5000..]);
     settle(&mut a, &mut b);
-    let wcs: Vec<_> = std::iter::from_fn(|| a.poll_cq()).map(|w| (w.wr_id, w.status)).collect();
+    let wcs: Vec<_> = std::iter::from_fn(|| a.poll_cq())
+        .map(|w| (w.wr_id, w.status))
+        .collect();
     assert_eq!(wcs, [(1, WcStatus::Success), (2, WcStatus::Success)]);
     assert_eq!(b_mem.to_vec(0, 300_000).unwrap(), data[..300_000]);
     assert_eq!(a_mem.to_vec(400_000, 200_000).unwrap(), data[..200_000]);
 
     // A corrupted CRC on a directly placed FPDU.
-    a.post_send(&[SendWr::new(3, WrOpcode::RdmaWrite { remote }, vec![a_mem.sge(0, 60_000)])])
-        .unwrap();
+    a.post_send(&[SendWr::new(
+        3,
+        WrOpcode::RdmaWrite { remote },
+        vec![a_mem.sge(0, 60_000)],
+    )])
+    .unwrap();
     let mut wire = a.take_output();
     let n = wire.len();
     wire[n - 1] ^= 0x5A;

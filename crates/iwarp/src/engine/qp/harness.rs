@@ -306,7 +306,9 @@ impl Scripted {
         {
             let Some(f) = u.get_mut(at..at + 12) else { return };
             let stag = u32::from_be_bytes([f[0], f[1], f[2], f[3]]);
-            let Some(&real) = self.stags.get(stag as usize) else { return };
+            let Some(&real) = self.stags.get(stag as usize) else {
+                return;
+            };
             let mut to = [0u8; 8];
             to.copy_from_slice(&f[4..12]);
             let to = u64::from_be_bytes(to);
