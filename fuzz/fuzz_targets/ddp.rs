@@ -1,64 +1,19 @@
-//! Fuzzes the DDP layer: the segment parser (`iwarp::wire::ddp`) on
-//! arbitrary octets, and the receive-side state (`iwarp::proto::ddp_rx`)
-//! driven by a stream of arbitrary segments against a scripted engine.
-//! Nothing here may panic; placements must stay inside the buffers and
-//! regions the engine handed out.
+//! Fuzzes the DDP layer the engine runs. First the segment parser
+//! (`iwarp::wire::ddp::Segment::parse`, which `engine/qp/rx.rs`
+//! `Proto::dispatch` calls on every ULPDU) on the whole input; then the input
+//! as a stream of ULPDUs, framed as FPDUs, through the QP protocol core
+//! itself (`engine::qp::harness`: the receive buffer of `rx_buf.rs`, direct
+//! placement included, then `Proto::on_ulpdu` and the untagged sequencing,
+//! buffer, tagged and Read Response checks of `rx.rs`: `on_send`,
+//! `check_single`, `write_target`, `read_response_target`). Small STags and
+//! TOs are mapped onto the core's regions so that placement is reached.
+//! Nothing may panic; the core sends at most one Terminate, nothing after
+//! it, and is in ERR once it did (RDMAP-TRM-02, RDMAP-TRM-06).
 #![no_main]
-use iwarp::proto::ddp_rx::{DdpRx, Delivered, Placement, RxResources, TaggedRegion, UntaggedBuf};
-use iwarp::wire::cause::{self, TermCause};
+use iwarp::engine::qp::harness::{Scripted, SideConfig, check_output};
 use iwarp::wire::ddp::{Header, Segment};
-use iwarp::wire::rdmap::{self, Config, Queue};
+use iwarp::wire::fpdu::Framer;
 use libfuzzer_sys::fuzz_target;
-
-/// Answers driven by fuzz input: `script` octets pick buffer sizes, region
-/// bounds and refusals.
-struct Engine<'a> {
-    script: &'a [u8],
-    at: usize,
-    consumed: [u32; 4],
-}
-
-impl Engine<'_> {
-    fn byte(&mut self) -> u8 {
-        let b = self
-            .script
-            .get(self.at % self.script.len().max(1))
-            .copied()
-            .unwrap_or(0);
-        self.at = self.at.wrapping_add(1);
-        b
-    }
-    fn u64(&mut self) -> u64 {
-        (0..8).fold(0u64, |acc, _| (acc << 8) | u64::from(self.byte()))
-    }
-}
-
-impl RxResources for Engine<'_> {
-    fn untagged_head(&mut self, queue: Queue) -> Result<UntaggedBuf, TermCause> {
-        match self.byte() {
-            0 => Err(cause::DDP_ERR_U_NO_BUFFER),
-            1 => Err(cause::RDMAP_ERR_CATASTROPHIC_STREAM),
-            b => Ok(UntaggedBuf {
-                id: u64::from(queue.qn()),
-                capacity: u32::from(b) * 97,
-            }),
-        }
-    }
-    fn untagged_consume(&mut self, queue: Queue) {
-        self.consumed[queue.index()] += 1;
-    }
-    fn tagged_lookup(&mut self, stag: u32, _ulp_ctrl: u8) -> Result<TaggedRegion, TermCause> {
-        match self.byte() % 4 {
-            0 => Err(cause::DDP_ERR_T_INVALID_STAG),
-            1 => Err(cause::DDP_ERR_T_STAG_NOT_ASSOCIATED),
-            _ => Ok(TaggedRegion {
-                handle: u64::from(stag),
-                base: self.u64(),
-                len: self.u64(),
-            }),
-        }
-    }
-}
 
 fuzz_target!(|data: &[u8]| {
     // Parser on the whole input, plus its pretty-printer.
@@ -70,45 +25,31 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = Header::parse_lenient(data);
 
-    // Receive state: byte 0 picks the configuration, then a script length,
-    // then ULPDUs each prefixed by a one-octet length.
-    let Some((&sel, rest)) = data.split_first() else { return };
-    let cfg = if sel & 1 != 0 { Config::RFC7306 } else { Config::RFC5040 };
-    let (script, mut rest) = rest.split_at(usize::from(sel >> 1).min(rest.len()));
-    let mut engine = Engine {
-        script,
-        at: 0,
-        consumed: [0; 4],
+    // The core: byte 0 picks IRD, the receives posted and how the stream is
+    // cut into reads; then ULPDUs, each prefixed by a 16-bit length.
+    let Some((&sel, mut rest)) = data.split_first() else {
+        return;
     };
-    let mut rx = DdpRx::new(cfg);
-    while let Some((&n, tail)) = rest.split_first() {
-        let (ulpdu, tail) = tail.split_at(usize::from(n).min(tail.len()));
-        rest = tail;
-        let Ok(seg) = Segment::parse(ulpdu) else { continue };
-        // Exercise the RDMAP checks too, but feed DDP regardless so that
-        // inconsistent opcode/QN combinations reach the state machine.
-        if let Err(e) = rdmap::Message::parse(&seg, &cfg) {
-            let _ = e.terminate(ulpdu);
-        }
-        match rx.receive_segment(&seg, &mut engine) {
-            Ok(a) => {
-                let len = seg.payload.len() as u64;
-                match a.place {
-                    Some(Placement::Untagged { offset, .. }) => assert!(len > 0 && u64::from(offset) + len <= 97 * 255),
-                    Some(Placement::Tagged { to, offset, .. }) => {
-                        assert!(len > 0);
-                        assert!(to.checked_add(len).is_some() && offset.checked_add(len).is_some());
-                    }
-                    None => assert_eq!(len, 0),
-                }
-                if let Some(Delivered::Untagged { len, .. }) = a.delivered {
-                    assert!(len <= 97 * 255);
-                }
-            }
-            Err(e) => {
-                let _ = e.terminate(ulpdu, None).to_string();
-            }
-        }
+    let cfg = SideConfig {
+        ird: u32::from(sel & 3),
+        ..SideConfig::default()
+    };
+    let mut s = Scripted::new(cfg, usize::from(sel >> 2 & 7));
+    s.side.set_chunk([usize::MAX, 1, 1000, 5000][usize::from(sel >> 5 & 3)]);
+    let mut framer = Framer::new(false, false);
+    let mut stream = Vec::new();
+    while let [a, b, tail @ ..] = rest {
+        let n = usize::from(u16::from_be_bytes([*a, *b])).min(tail.len());
+        let mut u = tail[..n].to_vec();
+        rest = &tail[n..];
+        s.patch(&mut u);
+        let _ = framer.emit_vec(&u, &mut stream);
     }
-    assert!(engine.consumed.iter().all(|&c| c <= 256));
+    s.side.feed(&stream);
+    let out = s.side.take_output();
+    if let Err(e) = check_output(&s.side, &out) {
+        panic!("{e}");
+    }
+    while s.side.poll_cq().is_some() {}
+    while s.side.next_event().is_some() {}
 });

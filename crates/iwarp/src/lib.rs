@@ -9,16 +9,18 @@
 //!   kernel TCP
 //! ```
 //!
-//! * [`wire`]: sans-I/O parse/emit of every MPA, DDP and RDMAP message; the
-//!   engine's receive path runs `ddp::Segment::parse`, `rdmap::Message::parse`
-//!   and `fpdu::Deframer` (the fuzz targets' entry points, `fuzz/README.md`).
-//! * [`proto`]: sans-I/O state machines: MPA negotiation (run by the
-//!   engine's connection manager); `ddp_rx` and `segment`, a second
-//!   implementation of DDP receive checks and segmentation that the engine
-//!   does not run yet (issue 11).
-//! * [`engine`]: QPs over real TCP sockets: the protocol core
-//!   (`engine::qp`, split into transmit / receive / socket sides) and the
-//!   epoll progress thread.
+//! * [`wire`]: sans-I/O parse/emit of every MPA, DDP and RDMAP message,
+//!   DDP segmentation (`ddp::segment_len`) and the MPA deframer; the engine
+//!   runs these (`ddp::Segment::parse`, `rdmap::Message::parse`,
+//!   `fpdu::Deframer`), and so do the fuzz targets (`fuzz/README.md`).
+//! * [`proto`]: MPA negotiation (`proto::mpa`), the one sans-I/O state
+//!   machine outside the data path, run by the engine's connection manager.
+//! * [`engine`]: QPs over real TCP sockets. The data path has one
+//!   implementation, the QP protocol core (`engine::qp`: `Proto`, which does
+//!   no I/O, split into transmit / receive / receive-buffer sides) with the
+//!   socket work beside it (`qp/io.rs`); `engine::qp::harness` runs the same
+//!   core in memory for its tests and the fuzz targets. Plus the epoll
+//!   progress thread.
 //! * [`crc`]: CRC32c for MPA, hardware accelerated.
 //! * [`factory`]: the provider as the device registry ([`verbs::Registry`]) sees it.
 

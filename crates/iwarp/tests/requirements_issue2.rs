@@ -167,18 +167,18 @@ const TABLE: &[(&str, &str, &str, &[&str])] = &[
     (
         "DDP segmentation and reassembly at any MULPDU",
         "C.1.2 C.1.3 RDMAP-LLP-02 RDMAP-LLP-04 RDMAP-ORD-16",
-        "src/proto/segment.rs",
+        "src/wire/ddp_tests.rs",
         &["lengths_llp02_llp04", "any_mulpdu_reassembles", "zero_length_message"],
     ),
     (
-        "DDP receive: reassembly, interleaving, MSN wrap",
+        "DDP receive in the engine's core: reassembly, interleaving, MSN wrap, segmentation on the wire",
         "C.1.3 RDMAP-LLP-04 RDMAP-ORD-16 A.4.2",
-        "src/proto/ddp_rx_tests.rs",
+        "src/engine/qp/core_tests.rs",
         &[
-            "multi_segment_send_reassembly",
-            "tagged_interleaved_with_untagged",
-            "msn_wraps",
-            "segmenter_round_trip_llp04",
+            "untagged_sequencing_and_reassembly",
+            "segments_of_one_message_stay_together",
+            "segmentation_on_the_wire_llp04",
+            "direct_placement_in_memory",
         ],
     ),
     (
@@ -260,21 +260,12 @@ const TABLE: &[(&str, &str, &str, &[&str])] = &[
         ],
     ),
     (
-        "DDP receive checks, one per matrix row",
-        "rows 1-12 C.1.4 RDMAP-SND-01",
-        "src/proto/ddp_rx_tests.rs",
+        "DDP receive checks in the engine's core, one per matrix row and per Terminate cause",
+        "rows 1-29 C.1.4 RDMAP-SND-01 RDMAP-ERR-02..07",
+        "src/engine/qp/core_tests.rs",
         &[
-            "row1_send_without_receive",
-            "row2_send_longer_than_buffer",
-            "row3_msn_out_of_range",
-            "row4_wrong_mo",
-            "row5_invalid_qn",
-            "rows6_7_dv_rejected_before_placement",
-            "row8_unknown_stag",
-            "row9_base_and_bounds",
-            "row10_stag_of_other_pd",
-            "row11_to_wrap",
-            "row12_no_remote_write",
+            "every_terminate_row_is_reachable_in_memory",
+            "every_terminate_cause_the_engine_emits_is_reached",
         ],
     ),
     (
@@ -329,8 +320,9 @@ const TABLE: &[(&str, &str, &str, &[&str])] = &[
 ];
 
 /// One fuzz target per decoder (issue 2: MPA request/reply, FPDU deframer,
-/// DDP, RDMAP, Terminate), run by `scripts/fuzz-smoke.sh`.
-const FUZZ_TARGETS: &[&str] = &["mpa_frame", "fpdu_deframer", "ddp", "rdmap", "terminate"];
+/// DDP, RDMAP, Terminate) and one on the QP protocol core the engine runs
+/// (issue 11), run by `scripts/fuzz-smoke.sh`.
+const FUZZ_TARGETS: &[&str] = &["mpa_frame", "fpdu_deframer", "ddp", "rdmap", "terminate", "qp_core"];
 
 #[test]
 fn every_listed_test_exists() {

@@ -1,6 +1,6 @@
 //! Our encoders against an independent decoder: a pcap of complete iWARP
 //! exchanges, built only from `iwarp::wire` (MPA Request/Reply `mpa::Repr`,
-//! FPDU `fpdu::Framer`, DDP `ddp::Header` / `proto::segment::Segmenter`,
+//! FPDU `fpdu::Framer`, DDP `ddp::Header` / `ddp::segment_len`,
 //! RDMAP `rdmap::Message`, Terminate `terminate::Repr`), decoded by the real
 //! `tshark` and compared field by field with what we meant to send.
 //!
@@ -66,7 +66,6 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use iwarp::proto::segment::Segmenter;
 use iwarp::wire::cause::{self, TermCause};
 use iwarp::wire::ddp::{Addr, Header};
 use iwarp::wire::fpdu::Framer;
@@ -352,7 +351,16 @@ fn whole(m: &Message, msn: u32) -> (Vec<u8>, Expect) {
 
 /// A message cut into segments of at most `mulpdu` ULPDU octets (RDMAP-LLP-02).
 fn segmented(first: Header, payload: &[u8], mulpdu: usize) -> Vec<(Vec<u8>, Expect)> {
-    let segs: Vec<_> = Segmenter::new(first, payload.len() as u32, mulpdu).unwrap().collect();
+    let room = mulpdu - first.header_len();
+    let (mut off, mut segs) = (0, Vec::new());
+    loop {
+        let (n, last) = iwarp::wire::ddp::segment_len(payload.len(), off, room);
+        segs.push((first.at_offset(off, last), off..off + n));
+        off += n;
+        if last {
+            break;
+        }
+    }
     assert!(segs.len() >= 2, "the test wants a multi-segment message");
     // Tagged segments show their own payload; tshark reassembles the
     // segments of a Send (pref `iwarp_ddp_rdmap.reassemble_iwarp_rdma_send`,

@@ -15,13 +15,12 @@
 //! interleaved between Send segments), RDMAP-STR-01 (after MPA, only FPDUs).
 //! The per-layer versions of these tests live next to the code
 //! (`wire/fpdu_deframer.rs` every_split_offset_all_modes,
-//! `proto/segment.rs` any_mulpdu_reassembles, `proto/ddp_rx_tests.rs`
-//! multi_segment_send_reassembly / tagged_interleaved_with_untagged); this
-//! one checks that they compose.
+//! `wire/ddp_tests.rs` any_mulpdu_reassembles, `engine/qp/core_tests.rs`
+//! untagged_sequencing_and_reassembly / segmentation_on_the_wire_llp04);
+//! this one checks that they compose.
 
 use std::collections::BTreeMap;
 
-use iwarp::proto::segment::Segmenter;
 use iwarp::wire::cause;
 use iwarp::wire::ddp::{Addr, Header};
 use iwarp::wire::fpdu::{Deframer, DeframerConfig, FpduError, Framer};
@@ -43,9 +42,24 @@ fn bytes(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// The engine's segmentation (`wire::ddp::segment_len`, `Header::at_offset`):
+/// (header, payload range) per segment of a message of `len` octets.
+fn ddp_segments(first: Header, len: usize, mulpdu: usize) -> Vec<(Header, std::ops::Range<usize>)> {
+    let room = mulpdu - first.header_len();
+    let (mut off, mut out) = (0, Vec::new());
+    loop {
+        let (n, last) = iwarp::wire::ddp::segment_len(len, off, room);
+        out.push((first.at_offset(off, last), off..off + n));
+        off += n;
+        if last {
+            return out;
+        }
+    }
+}
+
 fn segments(first: Header, payload: &[u8], mulpdu: usize) -> Vec<Vec<u8>> {
-    Segmenter::new(first, payload.len() as u32, mulpdu)
-        .unwrap()
+    ddp_segments(first, payload.len(), mulpdu)
+        .into_iter()
         .map(|(h, r)| {
             let mut v = vec![0; h.header_len() + r.len()];
             let n = h.emit(&mut v).unwrap();

@@ -3,10 +3,12 @@
 //! # Progress model
 //!
 //! Each QP is one [`qp::IwarpQp`]: a protocol core (`qp::Proto`, which does
-//! no I/O; `qp/tx.rs` and `qp/rx.rs` hold its transmit and receive sides and
-//! `qp/core_tests.rs` runs two of them back to back in memory) and the socket
-//! side (`qp/io.rs`: the two small `pump_*` functions, deframing and direct
-//! placement), behind one mutex. Three kinds of thread make it progress, whichever gets there
+//! no I/O; `qp/tx.rs` and `qp/rx.rs` hold its transmit and receive sides,
+//! `qp/rx_buf.rs` the receive buffer with deframing and direct placement,
+//! and `qp/harness.rs` runs cores back to back in memory for
+//! `qp/core_tests.rs` and the fuzz targets) and the socket side (`qp/io.rs`:
+//! the two small `pump_*` functions around `read`/`readv`/`writev`), behind
+//! one mutex. Three kinds of thread make it progress, whichever gets there
 //! first:
 //!
 //! * the application thread in `post_send`: the work request is segmented,
@@ -40,12 +42,15 @@
 //!
 //! Receive: one `read` fills a 256 KiB buffer; whole FPDUs in it are checked
 //! (CRC, DDP, RDMAP) and placed. When only the start of a large tagged segment
-//! (Write or Read Response, 4 KiB or more) is buffered, its header is checked
-//! first (STag, bounds, rights, PD, or the outstanding Read it answers) and the
-//! rest of the payload is `readv`ed straight into the target region, together
-//! with the FPDU's trailer and the next FPDU's header, so a stream of large
-//! Writes costs one `readv` per FPDU and no userspace copy. The CRC of such an
-//! FPDU is checked once it is in place (see the README's deviations).
+//! (Write or Read Response, 4 KiB or more) is buffered, the deframer hands
+//! the FPDU out (`Deframer::placeable`), its DDP header is parsed once and
+//! checked by the same functions as the ordinary path (STag, bounds, rights,
+//! PD, or the outstanding Read it answers) and the rest of the payload is
+//! `readv`ed straight into the target region, together with the FPDU's
+//! trailer and the next FPDU's header, so a stream of large Writes costs one
+//! `readv` per FPDU and no userspace copy. The deframer checks the CRC of
+//! such an FPDU once it is in place (`Deframer::end_placed`; see the
+//! README's deviations).
 
 pub mod cm;
 pub(crate) mod driver;

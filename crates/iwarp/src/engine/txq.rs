@@ -143,7 +143,7 @@ impl TxQueue {
 
     /// Appends every pending octet to `out` (what `write_to` would send, in
     /// order, without a socket): the in-memory transport of the core tests.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "fuzz"))]
     pub fn copy_pending(&self, out: &mut Vec<u8>) -> usize {
         let start = out.len();
         for (i, p) in self.parts.iter().enumerate() {

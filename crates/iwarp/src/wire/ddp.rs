@@ -18,9 +18,11 @@
 //! buffer; [`Header`] and [`Segment`] are the typed meaning. Parsing checks
 //! only what DDP itself owns on a single segment (length and DV); queue,
 //! sequence and buffer checks live in the engine's receive side
-//! (`engine/qp/rx.rs`; `proto::ddp_rx` is a sans-I/O second implementation
-//! not yet wired in), RDMAP checks in [`super::rdmap`]. Every error names the Terminate to send
-//! ([`Error::term_cause`], table [`super::cause`]).
+//! (`engine/qp/rx.rs`), RDMAP checks in [`super::rdmap`]. Every error names
+//! the Terminate to send ([`Error::term_cause`], table [`super::cause`]).
+//! Segmentation of outbound messages is [`segment_len`] and
+//! [`Header::at_offset`] (RFC 5041 §5.2), which the engine's transmit side
+//! runs.
 
 use core::fmt;
 
@@ -512,6 +514,49 @@ impl<'a> Segment<'a> {
         self.header.emit(buf)?;
         fill(&mut buf[hlen..total]);
         Ok(total)
+    }
+}
+
+/// DDP segmentation (RFC 5041 §5.2, catalogue C.1.2): the payload length
+/// of the segment that starts `off` octets into a message of `len` octets
+/// when a segment carries at most `room` payload octets (MULPDU minus the
+/// DDP and RDMAP headers), and whether it is the last one (L). A
+/// zero-length message is one segment with L = 1 and no payload. The engine
+/// (`engine/qp/tx.rs`) cuts every message with this and
+/// [`Header::at_offset`]; `room` must be at least 1 unless `len` is 0.
+#[inline]
+pub const fn segment_len(len: usize, off: usize, room: usize) -> (usize, bool) {
+    let left = len.saturating_sub(off);
+    let n = if left < room { left } else { room };
+    (n, off + n >= len)
+}
+
+impl Header {
+    /// The header of the segment `off` octets into the message whose first
+    /// octet `self` addresses (RFC 5041 §5.2): tagged TO = message TO + `off`,
+    /// untagged MO = MO + `off` with the same QN and MSN; STag, RsvdULP and
+    /// the RDMAP control octet carried unchanged; L = `last`. TO wraps modulo
+    /// 2^64 like the wire field (the receiver rejects a wrapping message,
+    /// RFC 5041 §7.1 tagged check 5).
+    #[inline]
+    pub const fn at_offset(&self, off: usize, last: bool) -> Header {
+        let addr = match self.addr {
+            Addr::Tagged { stag, to } => Addr::Tagged {
+                stag,
+                to: to.wrapping_add(off as u64),
+            },
+            Addr::Untagged { qn, msn, mo, inv_stag } => Addr::Untagged {
+                qn,
+                msn,
+                mo: mo.wrapping_add(off as u32),
+                inv_stag,
+            },
+        };
+        Header {
+            last,
+            rdmap_ctrl: self.rdmap_ctrl,
+            addr,
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! a QEMU guest's loopback (`shared/lab/results/vm-lo-siw-rping.pcap`, frames
 //! 8, 9, 10 and 13; MPA CRC was not negotiated, so siw sends a zero CRC
 //! field). Each array is the whole TCP payload: MPA ULPDU_Length, ULPDU, pad
-//! (none here) and CRC. Shared by the DDP, RDMAP and ddp_rx tests.
+//! (none here) and CRC. Shared by the DDP and RDMAP tests.
 
 /// Frame 8: Send (0x4143), QN 0, MSN 1, MO 0, 16-byte rping payload.
 pub const SIW_SEND: [u8; 40] = [

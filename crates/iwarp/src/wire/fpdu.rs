@@ -40,7 +40,7 @@ use crate::crc::{Crc32c, crc32c, to_wire};
 
 #[path = "fpdu_deframer.rs"]
 mod deframer;
-pub use deframer::{Chunk, Deframer, DeframerConfig, FpduError};
+pub use deframer::{Chunk, Deframer, DeframerConfig, FpduError, PlacedFpdu};
 
 mod field {
     #![allow(non_snake_case)]

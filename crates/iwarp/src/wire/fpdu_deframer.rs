@@ -124,6 +124,41 @@ impl core::fmt::Debug for Deframer {
     }
 }
 
+/// An FPDU whose payload the caller places itself, from
+/// [`Deframer::placeable`] to [`Deframer::end_placed`]: its length and the
+/// running CRC (when CRCs are on).
+#[derive(Clone)]
+pub struct PlacedFpdu {
+    ulpdu_len: u16,
+    crc: Option<Crc32c>,
+}
+
+impl PlacedFpdu {
+    /// ULPDU_Length: DDP header, RDMAP header and payload.
+    pub fn ulpdu_len(&self) -> usize {
+        usize::from(self.ulpdu_len)
+    }
+    /// The whole FPDU: length field, ULPDU, pad and CRC.
+    pub fn total_len(&self) -> usize {
+        fpdu_len(self.ulpdu_len())
+    }
+    /// Pad and CRC octets after the ULPDU.
+    pub fn trailer_len(&self) -> usize {
+        pad_len(self.ulpdu_len()) + CRC_LEN
+    }
+    /// Whether [`PlacedFpdu::update`] needs the octets (CRCs are on).
+    pub fn needs_bytes(&self) -> bool {
+        self.crc.is_some()
+    }
+    /// The FPDU's octets in order, from its ULPDU_Length field to the end
+    /// of the ULPDU, for the CRC.
+    pub fn update(&mut self, part: &[u8]) {
+        if let Some(c) = self.crc.as_mut() {
+            c.update(part);
+        }
+    }
+}
+
 impl Deframer {
     /// A deframer at the first octet after the MPA Reply (Initiator) or
     /// Request (Responder).
@@ -160,21 +195,51 @@ impl Deframer {
         !self.in_fpdu
     }
 
-    /// Accounts for one whole FPDU of `total` octets that the caller took
-    /// from the stream itself (direct data placement, CRC checked by the
-    /// caller). Only at an FPDU boundary and without markers.
-    pub fn skip_fpdu(&mut self, total: usize) -> Result<(), FpduError> {
+    /// Direct data placement (RFC 5041 §1): whether the FPDU starting at
+    /// `input` (the buffered octets at an FPDU boundary) should have its
+    /// payload placed by the caller instead of buffered: no markers, no
+    /// earlier error, at least `head` ULPDU octets here but not the whole
+    /// FPDU, and a ULPDU_Length of at least `min_ulpdu` within the limit.
+    /// Consumes nothing: the caller may still decline and call
+    /// [`Deframer::next_fpdu`]. If it places the FPDU, it feeds the CRC
+    /// ([`PlacedFpdu::update`]) with the first `HEADER_LEN + head` octets and
+    /// the ULPDU octets after them in order, and ends it with
+    /// [`Deframer::end_placed`].
+    pub fn placeable(&self, input: &[u8], head: usize, min_ulpdu: usize) -> Option<PlacedFpdu> {
+        if self.cfg.markers || self.in_fpdu || self.error.is_some() || input.len() < HEADER_LEN + head {
+            return None;
+        }
+        let len = u16::from_be_bytes([input[0], input[1]]);
+        let ulpdu = usize::from(len);
+        if input.len() >= fpdu_len(ulpdu) || ulpdu < min_ulpdu.max(head) || len > self.cfg.max_ulpdu_len {
+            return None;
+        }
+        Some(PlacedFpdu {
+            ulpdu_len: len,
+            crc: self.cfg.crc.then(Crc32c::new),
+        })
+    }
+
+    /// The trailer of an FPDU placed by the caller (its `pad` octets and the
+    /// CRC field): checks the CRC over what [`PlacedFpdu::update`] saw and
+    /// the pad, and accounts for the FPDU in the stream. A mismatch stops
+    /// the deframer as in [`Deframer::next_fpdu`] (the Terminate is
+    /// [`FpduError::cause`]).
+    pub fn end_placed(&mut self, mut f: PlacedFpdu, pad: &[u8], crc_field: [u8; CRC_LEN]) -> Result<(), FpduError> {
         if let Some(e) = self.error {
             return Err(e);
         }
-        debug_assert!(self.at_boundary() && !self.cfg.markers);
-        self.pos += total as u64;
+        if let Some(mut crc) = f.crc.take() {
+            crc.update(pad);
+            let computed = crc.finish();
+            let received = from_wire(crc_field);
+            if !self.crc_matches(computed, received) {
+                self.pos += f.total_len() as u64;
+                return Err(self.fail(FpduError::Crc { computed, received }));
+            }
+        }
+        self.pos += f.total_len() as u64;
         Ok(())
-    }
-
-    /// Records a CRC failure found by the caller of [`Deframer::skip_fpdu`].
-    pub fn fail_crc(&mut self, computed: u32, received: u32) -> FpduError {
-        self.fail(FpduError::Crc { computed, received })
     }
 
     fn fail(&mut self, e: FpduError) -> FpduError {
@@ -387,6 +452,50 @@ mod tests {
     use super::*;
     use crate::crc::to_wire;
     use proptest::prelude::*;
+
+    /// Direct placement's hand-off: the deframer gives away an FPDU it only
+    /// has the start of, checks the CRC of what the caller placed, and then
+    /// deframes the next FPDU as if it had read the first itself.
+    #[test]
+    fn placed_fpdu_round_trip_and_crc() {
+        for crc in [false, true] {
+            let mut f = Framer::new(crc, false);
+            let mut stream = Vec::new();
+            let big: Vec<u8> = (0..5001u32).map(|i| i as u8).collect();
+            f.emit_vec(&big, &mut stream).unwrap();
+            let first = stream.len();
+            f.emit_vec(b"next", &mut stream).unwrap();
+            let cfg = DeframerConfig {
+                crc,
+                ..Default::default()
+            };
+            let mut d = Deframer::new(cfg);
+            // Not offered: the whole FPDU is here, or too short, or too little head.
+            assert!(d.placeable(&stream, 14, 4096).is_none());
+            assert!(d.placeable(&stream[..100], 14, 6000).is_none());
+            assert!(d.placeable(&stream[..10], 14, 4096).is_none());
+            let mut p = d.placeable(&stream[..100], 14, 4096).expect("offered");
+            assert_eq!((p.ulpdu_len(), p.total_len()), (5001, first));
+            p.update(&stream[..first - p.trailer_len()]);
+            let t = &stream[first - p.trailer_len()..first];
+            let pad = t.len() - CRC_LEN;
+            d.end_placed(p, &t[..pad], [t[pad], t[pad + 1], t[pad + 2], t[pad + 3]])
+                .unwrap();
+            assert_eq!(d.stream_pos(), first as u64);
+            let (used, u) = d.next_fpdu(&stream[first..]).unwrap();
+            assert_eq!((used, u), (stream.len() - first, Some(&b"next"[..])));
+            if crc {
+                // A corrupted CRC: row 26, and the deframer stops.
+                let mut d = Deframer::new(cfg);
+                let mut p = d.placeable(&stream[..100], 14, 4096).unwrap();
+                p.update(&stream[..first - p.trailer_len()]);
+                let e = d.end_placed(p, &t[..pad], [!t[pad], t[pad + 1], t[pad + 2], t[pad + 3]]);
+                assert!(matches!(e, Err(FpduError::Crc { .. })));
+                assert_eq!(e.unwrap_err().cause(), MPA_ERR_CRC);
+                assert!(d.next_fpdu(&stream[first..]).is_err(), "sticky");
+            }
+        }
+    }
 
     fn cfg(crc: bool, markers: bool) -> DeframerConfig {
         DeframerConfig {

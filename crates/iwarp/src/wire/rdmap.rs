@@ -603,7 +603,8 @@ impl<'a> Message<'a> {
 
     /// The DDP header when this message is sent as one segment (L = 1, MO 0)
     /// with `msn` on its queue; `msn` is unused for tagged messages. For
-    /// multi-segment messages hand this to `proto::segment`.
+    /// multi-segment messages cut it with [`ddp::segment_len`] and
+    /// [`ddp::Header::at_offset`].
     pub fn ddp_header(&self, msn: u32) -> ddp::Header {
         let op = self.opcode();
         let addr = match *self {

@@ -1,54 +1,18 @@
 //! The protocol core ([`Proto`]) tested in memory, the way quinn-proto tests
 //! connections: no socket, no thread, no clock. Two cores are wired back to
-//! back through their transmit queues and the same deframer and ULPDU entry
-//! points `io.rs` uses (`Deframer::next_fpdu`, `Proto::on_ulpdu`,
-//! `Proto::on_stream_error`); loss of the TCP stream is excluded. A scripted
-//! side injects malformed ULPDUs or FPDUs into one core and reads back the
-//! Terminate it queues, so the rows of the Error -> Terminate matrix
-//! (catalogue A.4.6) are reachable without sockets.
+//! back through their transmit queues and the receive buffer `io.rs` runs
+//! (`rx_buf.rs`: deframer, `Proto::on_ulpdu`, direct placement,
+//! `Proto::on_stream_error`), by the harness in `harness.rs`; loss of the
+//! TCP stream is excluded. A scripted side injects malformed ULPDUs or FPDUs
+//! into one core and reads back the Terminate it queues, so every Terminate
+//! the engine can emit is reachable without sockets
+//! (`every_terminate_cause_the_engine_emits_is_reached`).
 
+use super::harness::{self, Side, SideConfig, device};
 use super::tx::encoded;
 use super::*;
 use crate::wire::fpdu::{Deframer, DeframerConfig, Framer};
-use std::net::SocketAddr;
-use verbs::cm::{ListenerOps, Provider, QpRequest};
 use verbs::{Access, MemoryRegion, ProtectionDomain, RemoteAddr};
-
-/// A provider with no transport: the cores are driven by hand.
-struct NoTransport;
-
-impl Provider for NoTransport {
-    fn listen(
-        &self,
-        _dev: &Device,
-        _addr: SocketAddr,
-        _requests: Arc<EventQueue<Box<dyn verbs::cm::ConnRequestOps>>>,
-    ) -> Result<Box<dyn ListenerOps>> {
-        Err(Error::InvalidArgument("in-memory test device".into()))
-    }
-    fn connect(&self, _addr: SocketAddr, _req: QpRequest, _timeout: std::time::Duration) -> Result<Arc<dyn QpOps>> {
-        Err(Error::InvalidArgument("in-memory test device".into()))
-    }
-}
-
-fn device() -> Device {
-    Device::new(
-        "mem0",
-        crate::engine::device_attr(),
-        Arc::new(NoTransport) as Arc<dyn Provider>,
-    )
-}
-
-/// One core with what its application holds, and the receive side of the
-/// in-memory stream that feeds it.
-struct Side {
-    p: Proto,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    events: Arc<EventQueue<CmEvent>>,
-    deframer: Deframer,
-    inbox: Vec<u8>,
-}
 
 fn side(dev: &Device, qpn: u32, crc: bool, ird: u32) -> Side {
     side_in(&dev.alloc_pd(), qpn, crc, ird)
@@ -56,107 +20,19 @@ fn side(dev: &Device, qpn: u32, crc: bool, ird: u32) -> Side {
 
 /// A core whose stream belongs to protection domain `pd`.
 fn side_in(pd: &ProtectionDomain, qpn: u32, crc: bool, ird: u32) -> Side {
-    let dev = pd.device();
-    let pd = pd.clone();
-    let cq = dev.create_cq(4096).unwrap();
-    let events = Arc::new(EventQueue::new());
-    let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
-    let neg = Negotiated {
-        crc,
-        markers_tx: false,
-        markers_rx: false,
-        ird,
-        ord: 16,
-        rtr: None,
-        info: ConnInfo {
-            local_addr: addr,
-            peer_addr: addr,
-            responder_resources: ird,
-            initiator_depth: 16,
-            peer_private_data: Vec::new(),
-            detail: String::new(),
-        },
-    };
-    let attr = QpInitAttr {
-        max_send_wr: 256,
-        max_recv_wr: 256,
-        ..QpInitAttr::default()
-    };
-    let p = Proto::new(
-        qpn,
-        pd.id(),
-        dev.clone(),
-        cq.clone(),
-        cq.clone(),
-        events.clone(),
-        attr,
-        &neg,
-        false,
-        65_528,
-    );
-    Side {
-        p,
+    Side::new(
         pd,
-        cq,
-        events,
-        deframer: Deframer::new(DeframerConfig {
+        SideConfig {
+            qpn,
             crc,
-            ..Default::default()
-        }),
-        inbox: Vec::new(),
-    }
+            ird,
+            ..SideConfig::default()
+        },
+    )
 }
 
-/// Moves what `from` has framed into `to`'s inbox, as a lossless TCP
-/// stream would, and lets `to` process every whole FPDU in it.
-fn carry(from: &mut Side, to: &mut Side) -> bool {
-    from.p.fill_tx();
-    let mut bytes = Vec::new();
-    let n = from.p.tx_queue().copy_pending(&mut bytes);
-    if n > 0 {
-        from.p.consumed_out(n);
-    }
-    to.inbox.extend_from_slice(&bytes);
-    deliver(to) || n > 0
-}
-
-/// The receive loop of `io.rs` without the socket.
-fn deliver(s: &mut Side) -> bool {
-    let mut any = false;
-    let mut at = 0;
-    while at < s.inbox.len() {
-        match s.deframer.next_fpdu(&s.inbox[at..]) {
-            Ok((used, u)) => {
-                if let Some(u) = u {
-                    let u = u.to_vec();
-                    s.p.on_ulpdu(&u);
-                    any = true;
-                }
-                at += used;
-                if used == 0 {
-                    break;
-                }
-            }
-            Err(e) => {
-                s.p.on_stream_error(Some(e.cause()), "MPA framing error");
-                at = s.inbox.len();
-                any = true;
-            }
-        }
-    }
-    s.inbox.drain(..at);
-    any
-}
-
-/// Runs both directions until neither moves.
 fn settle(a: &mut Side, b: &mut Side) {
-    for _ in 0..10_000 {
-        let moved = carry(a, b) | carry(b, a);
-        if !moved {
-            return;
-        }
-    }
-    panic!("the cores did not settle");
+    assert!(harness::settle(a, b), "the cores did not settle");
 }
 
 fn pair() -> (Device, Side, Side) {
@@ -253,14 +129,10 @@ struct Answer {
 
 /// Feeds raw octets (whole FPDUs) to `s` and decodes what it queued.
 fn inject_raw(s: &mut Side, fpdus: &[u8]) -> Answer {
-    s.inbox.extend_from_slice(fpdus);
-    deliver(s);
-    s.p.fill_tx();
-    let mut out = Vec::new();
-    let n = s.p.tx_queue().copy_pending(&mut out);
-    s.p.consumed_out(n);
+    s.feed(fpdus);
+    let out = s.take_output();
     let mut d = Deframer::new(DeframerConfig {
-        crc: s.deframer.config().crc,
+        crc: s.rx.deframer.config().crc,
         ..Default::default()
     });
     let mut terminates = Vec::new();
@@ -289,7 +161,7 @@ fn inject_raw(s: &mut Side, fpdus: &[u8]) -> Answer {
 }
 
 fn inject(s: &mut Side, ulpdus: &[Vec<u8>]) -> Answer {
-    let mut framer = Framer::new(s.deframer.config().crc, false);
+    let mut framer = Framer::new(s.rx.deframer.config().crc, false);
     let mut bytes = Vec::new();
     for u in ulpdus {
         framer.emit_vec(u, &mut bytes).unwrap();
@@ -504,8 +376,7 @@ fn every_terminate_row_is_reachable_in_memory() {
     for u in &reqs {
         framer.emit_vec(u, &mut bytes).unwrap();
     }
-    c.inbox.extend_from_slice(&bytes);
-    deliver(&mut c);
+    c.feed(&bytes);
     let a = inject_raw(&mut c, &[]);
     expect(a, (0, 2, 0x07), "row 19");
 
@@ -570,4 +441,651 @@ fn every_terminate_row_is_reachable_in_memory() {
     assert!(a.terminates.is_empty(), "row 29: no Terminate back");
     assert!(a.events.iter().any(|e| matches!(e, CmEvent::TerminateReceived(_))));
     assert_eq!(a.state, QpState::Err);
+}
+
+/// The Terminate cause the core queued for `ulpdus`, or `None`.
+fn terminate_for(s: &mut Side, ulpdus: &[Vec<u8>]) -> Option<TermCause> {
+    let a = inject(s, ulpdus);
+    assert!(a.terminates.len() <= 1, "at most one Terminate (RDMAP-TRM-02)");
+    let t = a.terminates.first().map(|t| t.cause);
+    if t.is_some() {
+        assert_eq!(a.state, QpState::Err, "ERR after our Terminate");
+    }
+    t
+}
+
+/// Every Terminate cause the engine can emit (RFC 5040 §4.8 Fig. 9,
+/// RFC 5041 §7.2, RFC 5044 §8, RFC 6581 §4), enumerated from what the code
+/// names, reached through the core (RDMAP-ERR-02..-07, catalogue A.4.6).
+///
+/// "Can emit" is computed, not listed: every `cause::NAME` the engine's QP
+/// files name, plus the cause of every error variant of the wire parsers the
+/// receive path runs (`ddp::Error`, `rdmap::Error`, `fpdu::FpduError`). Each
+/// must be reached by a scenario below, and every cause of `wire::cause`
+/// must be either emitted or listed as not emitted with the reason. A new
+/// check naming a new cause, or a new constant, fails this test until it
+/// has a scenario or a reason.
+#[test]
+fn every_terminate_cause_the_engine_emits_is_reached() {
+    use crate::wire::cause::*;
+    use crate::wire::fpdu::FpduError;
+    use std::collections::BTreeSet;
+    let all: Vec<(&str, TermCause)> = vec![
+        ("RDMAP_LOCAL_CATASTROPHIC_ERR", RDMAP_LOCAL_CATASTROPHIC_ERR),
+        ("RDMAP_ERR_INVALID_STAG", RDMAP_ERR_INVALID_STAG),
+        ("RDMAP_ERR_BASE_BOUNDS", RDMAP_ERR_BASE_BOUNDS),
+        ("RDMAP_ERR_ACCESS_RIGHTS", RDMAP_ERR_ACCESS_RIGHTS),
+        ("RDMAP_ERR_STAG_NOT_ASSOCIATED", RDMAP_ERR_STAG_NOT_ASSOCIATED),
+        ("RDMAP_ERR_TO_WRAP", RDMAP_ERR_TO_WRAP),
+        ("RDMAP_ERR_CANNOT_INVALIDATE_PROT", RDMAP_ERR_CANNOT_INVALIDATE_PROT),
+        ("RDMAP_ERR_CANNOT_INVALIDATE_OP", RDMAP_ERR_CANNOT_INVALIDATE_OP),
+        ("RDMAP_ERR_INVALID_VERSION", RDMAP_ERR_INVALID_VERSION),
+        ("RDMAP_ERR_UNEXPECTED_OPCODE", RDMAP_ERR_UNEXPECTED_OPCODE),
+        ("RDMAP_ERR_CATASTROPHIC_STREAM", RDMAP_ERR_CATASTROPHIC_STREAM),
+        ("RDMAP_ERR_CATASTROPHIC_GLOBAL", RDMAP_ERR_CATASTROPHIC_GLOBAL),
+        ("RDMAP_ERR_UNSPECIFIED_OP", RDMAP_ERR_UNSPECIFIED_OP),
+        ("DDP_LOCAL_CATASTROPHIC_ERR", DDP_LOCAL_CATASTROPHIC_ERR),
+        ("DDP_ERR_T_INVALID_STAG", DDP_ERR_T_INVALID_STAG),
+        ("DDP_ERR_T_BASE_BOUNDS", DDP_ERR_T_BASE_BOUNDS),
+        ("DDP_ERR_T_STAG_NOT_ASSOCIATED", DDP_ERR_T_STAG_NOT_ASSOCIATED),
+        ("DDP_ERR_T_TO_WRAP", DDP_ERR_T_TO_WRAP),
+        ("DDP_ERR_T_INVALID_VERSION", DDP_ERR_T_INVALID_VERSION),
+        ("DDP_ERR_U_INVALID_QN", DDP_ERR_U_INVALID_QN),
+        ("DDP_ERR_U_NO_BUFFER", DDP_ERR_U_NO_BUFFER),
+        ("DDP_ERR_U_MSN_RANGE", DDP_ERR_U_MSN_RANGE),
+        ("DDP_ERR_U_INVALID_MO", DDP_ERR_U_INVALID_MO),
+        ("DDP_ERR_U_TOO_LONG", DDP_ERR_U_TOO_LONG),
+        ("DDP_ERR_U_INVALID_VERSION", DDP_ERR_U_INVALID_VERSION),
+        ("MPA_ERR_CONNECTION_LOST", MPA_ERR_CONNECTION_LOST),
+        ("MPA_ERR_CRC", MPA_ERR_CRC),
+        ("MPA_ERR_MARKER", MPA_ERR_MARKER),
+        ("MPA_ERR_INVALID_REQ_REP", MPA_ERR_INVALID_REQ_REP),
+        ("MPA_ERR_LOCAL_CATASTROPHIC", MPA_ERR_LOCAL_CATASTROPHIC),
+        ("MPA_ERR_INSUFFICIENT_IRD", MPA_ERR_INSUFFICIENT_IRD),
+        ("MPA_ERR_NO_MATCHING_RTR", MPA_ERR_NO_MATCHING_RTR),
+    ];
+    let not_emitted: &[(&str, &str)] = &[
+        (
+            "RDMAP_ERR_CATASTROPHIC_GLOBAL",
+            "no failure of one QP's core is global to the device",
+        ),
+        (
+            "MPA_ERR_CONNECTION_LOST",
+            "a broken stream cannot carry a Terminate: the core reports Disconnected and flushes",
+        ),
+        (
+            "MPA_ERR_INVALID_REQ_REP",
+            "MPA negotiation (engine/cm.rs with proto::mpa), refused before the core exists",
+        ),
+        ("MPA_ERR_INSUFFICIENT_IRD", "MPA negotiation, as above"),
+        (
+            "MPA_ERR_LOCAL_CATASTROPHIC",
+            "MPA negotiation; the deframer's UlpduTooLong needs a limit below 65535, the engine's is 65535",
+        ),
+    ];
+    let name_of = |c: TermCause| all.iter().find(|(_, k)| *k == c).map(|(n, _)| *n);
+
+    // What the engine can emit: causes its QP files name ...
+    let mut emitted = BTreeSet::new();
+    for src in [
+        include_str!("mod.rs"),
+        include_str!("rx.rs"),
+        include_str!("tx.rs"),
+        include_str!("rx_buf.rs"),
+        include_str!("io.rs"),
+    ] {
+        for (i, _) in src.match_indices("cause::") {
+            let name: String = src[i + 7..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            if name.len() > 3 {
+                assert!(
+                    all.iter().any(|(n, _)| *n == name),
+                    "{name}: a cause this test does not know"
+                );
+                emitted.insert(all.iter().find(|(n, _)| *n == name).unwrap().0);
+            }
+        }
+    }
+    // ... and the causes of the wire errors its receive path turns into a
+    // Terminate (rdmap::Error::Terminate is a peer's bad Terminate: row 29,
+    // none back).
+    let rr = |opcode| rdmap::Error::HeaderLength {
+        opcode,
+        len: 0,
+        rreq: None,
+    };
+    let wire = [
+        ddp::Error::Empty.term_cause(),
+        ddp::Error::Truncated { tagged: true, len: 1 }.term_cause(),
+        ddp::Error::Version { tagged: true, dv: 0 }.term_cause(),
+        ddp::Error::Version { tagged: false, dv: 0 }.term_cause(),
+        rdmap::Error::Version { rv: 0 }.term_cause(),
+        rdmap::Error::UnknownOpcode { raw: 0xC }.term_cause(),
+        rdmap::Error::TaggedMismatch {
+            opcode: rdmap::Opcode::Write,
+            tagged: false,
+        }
+        .term_cause(),
+        rdmap::Error::QueueMismatch {
+            opcode: rdmap::Opcode::Send,
+            qn: 1,
+        }
+        .term_cause(),
+        rdmap::Error::NotLast {
+            opcode: rdmap::Opcode::ReadRequest,
+        }
+        .term_cause(),
+        rr(rdmap::Opcode::ReadRequest).term_cause(),
+        FpduError::Crc {
+            computed: 0,
+            received: 1,
+        }
+        .cause(),
+        FpduError::Marker {
+            offset: 0,
+            expected: 0,
+            found: 1,
+        }
+        .cause(),
+    ];
+    for c in wire {
+        emitted.insert(name_of(c).expect("a catalogue cause"));
+    }
+
+    // Each cause emitted or not, with a reason; never both.
+    for (name, _) in &all {
+        let listed = not_emitted.iter().any(|(n, _)| n == name);
+        assert!(
+            emitted.contains(name) != listed,
+            "{name}: emitted by the engine and listed as not emitted, or neither"
+        );
+    }
+
+    // Scenarios: every emitted cause reached through the core.
+    let mut reached: BTreeSet<&str> = BTreeSet::new();
+    let mut hit = |what: &str, got: Option<TermCause>, want: TermCause| {
+        assert_eq!(got, Some(want), "{what}");
+        reached.insert(name_of(want).unwrap());
+    };
+    let send = |msn, mo, last, body: &[u8]| untagged(op::SEND, qn::SEND, msn, mo, last, body);
+    let one = |recvs: usize, u: Vec<u8>| {
+        let (_d, mut s, _m) = fresh(recvs);
+        terminate_for(&mut s, &[u])
+    };
+    hit("row 1", one(0, send(1, 0, true, b"x")), DDP_ERR_U_NO_BUFFER);
+    hit("row 2", one(1, send(1, 0, true, &[0; 65])), DDP_ERR_U_TOO_LONG);
+    hit("row 3", one(1, send(2, 0, true, b"x")), DDP_ERR_U_MSN_RANGE);
+    hit("row 4", one(1, send(1, 3, true, b"x")), DDP_ERR_U_INVALID_MO);
+    hit(
+        "row 5",
+        one(1, untagged(op::SEND, qn::READ_REQUEST, 1, 0, true, b"x")),
+        DDP_ERR_U_INVALID_QN,
+    );
+    let mut u = send(1, 0, true, b"x");
+    u[0] &= !0x03;
+    hit("row 6", one(1, u), DDP_ERR_U_INVALID_VERSION);
+    let mut u = tagged(op::WRITE, 1, 0, true, b"x");
+    u[0] &= !0x03;
+    hit("row 7", one(1, u), DDP_ERR_T_INVALID_VERSION);
+    hit("short ULPDU", one(1, vec![0x41, 0x40, 0]), DDP_LOCAL_CATASTROPHIC_ERR);
+    let mut u = send(1, 0, true, b"x");
+    u[1] = (u[1] & 0x3F) | 0x80;
+    hit("row 21", one(1, u), RDMAP_ERR_INVALID_VERSION);
+    hit(
+        "row 22",
+        one(1, untagged(0xC, qn::SEND, 1, 0, true, b"x")),
+        RDMAP_ERR_UNEXPECTED_OPCODE,
+    );
+    let mut rq = read_request(ReadRequest {
+        sink_stag: 1,
+        sink_to: 0,
+        size: 0,
+        src_stag: 1,
+        src_to: 0,
+    });
+    rq.push(0);
+    hit("Read Request with payload", one(1, rq), RDMAP_ERR_UNSPECIFIED_OP);
+
+    // Tagged buffers and Read Requests, against regions of one PD.
+    let dev = device();
+    let pd = dev.alloc_pd();
+    let probe = side_in(&pd, 9, false, 2);
+    let region = probe.reg_mr(4096, Access::all_remote() | Access::LOCAL_WRITE);
+    let no_rights = probe.reg_mr(4096, Access::LOCAL_WRITE);
+    let other = dev.alloc_pd().reg_mr(4096, Access::all_remote()).unwrap();
+    let (stag, base) = (region.rkey(), region.addr());
+    let on = |us: Vec<Vec<u8>>| {
+        let mut c = side_in(&pd, 9, false, 2);
+        terminate_for(&mut c, &us)
+    };
+    let write = |stag, to, last| tagged(op::WRITE, stag, to, last, b"data");
+    let rr = |stag, to, size| {
+        read_request(ReadRequest {
+            sink_stag: 0x99,
+            sink_to: 0,
+            size,
+            src_stag: stag,
+            src_to: to,
+        })
+    };
+    hit("row 8", on(vec![write(0xdead_be00, 0, true)]), DDP_ERR_T_INVALID_STAG);
+    hit("row 9", on(vec![write(stag, base + 4094, true)]), DDP_ERR_T_BASE_BOUNDS);
+    hit(
+        "row 10",
+        on(vec![write(other.rkey(), other.addr(), true)]),
+        DDP_ERR_T_STAG_NOT_ASSOCIATED,
+    );
+    hit("row 11", on(vec![write(stag, u64::MAX - 1, true)]), DDP_ERR_T_TO_WRAP);
+    hit(
+        "Write segment naming another STag (siw)",
+        on(vec![write(stag, base, false), write(no_rights.lkey(), base + 4, true)]),
+        DDP_ERR_T_INVALID_STAG,
+    );
+    hit(
+        "Write segment not continuing the TO (siw)",
+        on(vec![write(stag, base, false), write(stag, base + 8, true)]),
+        DDP_ERR_T_BASE_BOUNDS,
+    );
+    hit("row 13", on(vec![rr(0xdead_be00, 0, 8)]), RDMAP_ERR_INVALID_STAG);
+    hit("row 14", on(vec![rr(stag, base + 4090, 8)]), RDMAP_ERR_BASE_BOUNDS);
+    hit(
+        "row 15",
+        on(vec![rr(no_rights.lkey(), no_rights.addr(), 8)]),
+        RDMAP_ERR_ACCESS_RIGHTS,
+    );
+    hit(
+        "row 16",
+        on(vec![rr(other.rkey(), other.addr(), 8)]),
+        RDMAP_ERR_STAG_NOT_ASSOCIATED,
+    );
+    hit("row 17", on(vec![rr(stag, u64::MAX - 3, 8)]), RDMAP_ERR_TO_WRAP);
+    let reqs = (1..=3)
+        .map(|msn| {
+            let r = ReadRequest {
+                sink_stag: 0x99,
+                sink_to: 0,
+                size: 8,
+                src_stag: stag,
+                src_to: base,
+            };
+            untagged(
+                op::READ_REQUEST,
+                qn::READ_REQUEST,
+                msn,
+                0,
+                true,
+                &encoded(28, |b| r.emit(b)),
+            )
+        })
+        .collect();
+    hit("row 19 (IRD 2)", on(reqs), RDMAP_ERR_CATASTROPHIC_STREAM);
+    hit(
+        "row 23",
+        on(vec![tagged(op::READ_RESPONSE, stag, base, true, b"x")]),
+        RDMAP_ERR_UNEXPECTED_OPCODE,
+    );
+    let inv = |stag: u32| {
+        let mut c = side_in(&pd, 9, false, 2);
+        let m = c.reg_mr(64, Access::LOCAL_WRITE);
+        c.post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: vec![m.sge(0, 64)],
+        }])
+        .unwrap();
+        let mut u = untagged(op::SEND_INV, qn::SEND, 1, 0, true, b"x");
+        u[2..6].copy_from_slice(&stag.to_be_bytes());
+        terminate_for(&mut c, &[u])
+    };
+    hit(
+        "row 20 (another PD's STag)",
+        inv(other.rkey()),
+        RDMAP_ERR_CANNOT_INVALIDATE_PROT,
+    );
+    hit(
+        "row 20 (unknown STag)",
+        inv(0xdead_be00),
+        RDMAP_ERR_CANNOT_INVALIDATE_OP,
+    );
+
+    // Row 28: the receive's memory went away after it was posted.
+    let (_d, mut c, mrs) = fresh(1);
+    drop(mrs);
+    hit(
+        "row 28",
+        terminate_for(&mut c, &[send(1, 0, true, b"x")]),
+        RDMAP_LOCAL_CATASTROPHIC_ERR,
+    );
+
+    // LLP: CRC (row 26), markers (row 27).
+    let dev = device();
+    let mut c = side(&dev, 9, true, 2);
+    let mut f = Vec::new();
+    Framer::new(true, false)
+        .emit_vec(&send(1, 0, true, b"x"), &mut f)
+        .unwrap();
+    let n = f.len();
+    f[n - 1] ^= 0x5A;
+    hit(
+        "row 26",
+        inject_raw(&mut c, &f).terminates.first().map(|t| t.cause),
+        MPA_ERR_CRC,
+    );
+    let mut c = Side::new(
+        &dev.alloc_pd(),
+        SideConfig {
+            markers_rx: true,
+            ..SideConfig::default()
+        },
+    );
+    // One FPDU across the marker at stream offset 512, its pointer bent.
+    let mut f = Vec::new();
+    Framer::new(false, true)
+        .emit_vec(&send(1, 0, true, &[0; 1000]), &mut f)
+        .unwrap();
+    f[512 + 3] ^= 0x04;
+    hit(
+        "row 27",
+        inject_raw(&mut c, &f).terminates.first().map(|t| t.cause),
+        MPA_ERR_MARKER,
+    );
+
+    // RFC 6581 §4: the responder expects a Send RTR; a Write is not one.
+    let dev = device();
+    let mut c = side(&dev, 9, false, 2);
+    c.p.rtr = Some(RtrRole::Expect(crate::wire::mpa::Rtr::Send));
+    hit(
+        "no matching RTR",
+        terminate_for(&mut c, &[tagged(op::WRITE, 1, 0, true, b"")]),
+        MPA_ERR_NO_MATCHING_RTR,
+    );
+
+    let missing: Vec<_> = emitted.difference(&reached).collect();
+    assert!(
+        missing.is_empty(),
+        "emitted but not reached through the core: {missing:?}"
+    );
+    let extra: Vec<_> = reached.difference(&emitted).collect();
+    assert!(extra.is_empty(), "reached but not found in the code: {extra:?}");
+}
+
+/// RFC 5041 §4.3: MSN wraps from 2^32-1 to 0; RDMAP-SND-01: a zero-length
+/// Send consumes exactly one receive; RDMAP-ORD-16 / RDMAP-LLP-04: a
+/// multi-segment Send completes on L with length MO + payload, while Read
+/// Response segments and a Read Request arrive between its segments
+/// (catalogue A.4.2).
+#[test]
+fn untagged_sequencing_and_reassembly() {
+    // MSN wrap and zero-length Sends.
+    let (_d, mut s, m) = fresh(3);
+    s.p.rx_msn[0] = u32::MAX;
+    let send = |msn, mo, last, body: &[u8]| untagged(op::SEND, qn::SEND, msn, mo, last, body);
+    let a = inject(
+        &mut s,
+        &[
+            send(u32::MAX, 0, true, b""),
+            send(0, 0, true, b"ab"),
+            send(1, 0, true, b""),
+        ],
+    );
+    assert!(a.terminates.is_empty(), "{:?}", a.terminates);
+    let wcs: Vec<_> = std::iter::from_fn(|| s.cq.poll_one())
+        .map(|w| (w.wr_id, w.status, w.byte_len))
+        .collect();
+    assert_eq!(
+        wcs,
+        [
+            (100, WcStatus::Success, 0),
+            (101, WcStatus::Success, 2),
+            (102, WcStatus::Success, 0)
+        ]
+    );
+    assert_eq!(m[0].to_vec(64, 2).unwrap(), b"ab");
+    assert_eq!(s.p.rx_msn[0], 2);
+
+    // A Send in three segments with a Read Response and a Read Request
+    // between them.
+    let dev = device();
+    let pd = dev.alloc_pd();
+    let mut s = side_in(&pd, 9, false, 4);
+    let recv = s.reg_mr(4096, Access::LOCAL_WRITE);
+    let sink = s.reg_mr(4096, Access::LOCAL_WRITE);
+    let src = s.reg_mr(4096, Access::all_remote());
+    s.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: vec![recv.sge(0, 4096)],
+    }])
+    .unwrap();
+    s.post_send(&[SendWr::new(
+        8,
+        WrOpcode::RdmaRead {
+            remote: RemoteAddr { addr: 0, rkey: 0x77 },
+        },
+        vec![sink.sge(0, 128)],
+    )])
+    .unwrap();
+    let _ = s.take_output();
+    let body = pattern(250, 5);
+    let resp = pattern(128, 6);
+    let rr = ReadRequest {
+        sink_stag: 0x99,
+        sink_to: 0,
+        size: 8,
+        src_stag: src.rkey(),
+        src_to: src.addr(),
+    };
+    let a = inject(
+        &mut s,
+        &[
+            send(1, 0, false, &body[..100]),
+            tagged(op::READ_RESPONSE, sink.lkey(), sink.addr(), false, &resp[..64]),
+            send(1, 100, false, &body[100..200]),
+            read_request(rr),
+            tagged(op::READ_RESPONSE, sink.lkey(), sink.addr() + 64, true, &resp[64..]),
+            send(1, 200, true, &body[200..]),
+        ],
+    );
+    assert!(a.terminates.is_empty(), "{:?}", a.terminates);
+    let wcs: Vec<_> = std::iter::from_fn(|| s.cq.poll_one())
+        .map(|w| (w.wr_id, w.status, w.byte_len))
+        .collect();
+    assert_eq!(wcs, [(8, WcStatus::Success, 128), (7, WcStatus::Success, 250)]);
+    assert_eq!(recv.to_vec(0, 250).unwrap(), body);
+    assert_eq!(sink.to_vec(0, 128).unwrap(), resp);
+    // The Read Request was answered: one Read Response went out.
+    assert_eq!(s.p.rx_msn[1], 2, "Read Request accepted");
+}
+
+/// Checks the core carries over from the deleted `proto::ddp_rx`, as Linux
+/// siw makes them: one message's segments keep their opcode, and a second
+/// tagged message may not cut into the first ("packet intersection").
+#[test]
+fn segments_of_one_message_stay_together() {
+    let (_d, mut s, _m) = fresh(1);
+    let t = terminate_for(
+        &mut s,
+        &[
+            untagged(op::SEND, qn::SEND, 1, 0, false, b"abc"),
+            untagged(op::SEND_SE, qn::SEND, 1, 3, true, b"d"),
+        ],
+    );
+    assert_eq!(
+        t,
+        Some(cause::RDMAP_ERR_UNEXPECTED_OPCODE),
+        "opcode change within a Send"
+    );
+
+    let dev = device();
+    let pd = dev.alloc_pd();
+    let mut s = side_in(&pd, 9, false, 2);
+    let region = s.reg_mr(4096, Access::all_remote());
+    let sink = s.reg_mr(4096, Access::LOCAL_WRITE);
+    s.post_send(&[SendWr::new(
+        8,
+        WrOpcode::RdmaRead {
+            remote: RemoteAddr { addr: 0, rkey: 0x77 },
+        },
+        vec![sink.sge(0, 64)],
+    )])
+    .unwrap();
+    let _ = s.take_output();
+    let t = terminate_for(
+        &mut s,
+        &[
+            tagged(op::WRITE, region.rkey(), region.addr(), false, b"abcd"),
+            tagged(op::READ_RESPONSE, sink.lkey(), sink.addr(), true, &[1; 64]),
+        ],
+    );
+    assert_eq!(
+        t,
+        Some(cause::RDMAP_ERR_UNEXPECTED_OPCODE),
+        "a Read Response cutting into a Write"
+    );
+    assert_eq!(sink.to_vec(0, 64).unwrap(), vec![0; 64], "nothing placed");
+
+    // A Write in several segments, each continuing the last, is fine.
+    let mut s = side_in(&pd, 9, false, 2);
+    let t = terminate_for(
+        &mut s,
+        &[
+            tagged(op::WRITE, region.rkey(), region.addr(), false, b"abcd"),
+            tagged(op::WRITE, region.rkey(), region.addr() + 4, false, b""),
+            tagged(op::WRITE, region.rkey(), region.addr() + 4, true, b"ef"),
+        ],
+    );
+    assert_eq!(t, None);
+    assert_eq!(region.to_vec(0, 6).unwrap(), b"abcdef");
+}
+
+/// RDMAP-LLP-02 / RDMAP-LLP-04 on the wire the core sends: every message
+/// length class cut at a MULPDU of 1500, each segment within it, TO =
+/// message TO + offset, MO = offset, L only on the last, and the receiving
+/// core reassembles it (catalogue C.1.2, E.2).
+#[test]
+fn segmentation_on_the_wire_llp04() {
+    let dev = device();
+    let pd = dev.alloc_pd();
+    let cfg = SideConfig {
+        max_ulpdu: 1500,
+        ..SideConfig::default()
+    };
+    let mut a = Side::new(&pd, SideConfig { qpn: 1, ..cfg });
+    let mut b = Side::new(&pd, SideConfig { qpn: 2, ..cfg });
+    let a_mem = a.reg_mr(1 << 20, Access::LOCAL_WRITE);
+    let b_mem = b.reg_mr(1 << 20, Access::all_remote() | Access::LOCAL_WRITE);
+    let data = pattern(1 << 20, 9);
+    a_mem.write(0, &data).unwrap();
+    for (i, len) in [0usize, 1, 3, 4, 1481, 1482, 1483, 1485, 1486, 1487, 1 << 20]
+        .into_iter()
+        .enumerate()
+    {
+        let send = len <= 4096;
+        if send {
+            b.post_recv(&[RecvWr {
+                wr_id: i as u64,
+                sg_list: vec![b_mem.sge(0, 4096)],
+            }])
+            .unwrap();
+        }
+        let op = if send {
+            WrOpcode::Send
+        } else {
+            WrOpcode::RdmaWrite {
+                remote: RemoteAddr {
+                    addr: b_mem.addr(),
+                    rkey: b_mem.rkey(),
+                },
+            }
+        };
+        a.post_send(&[SendWr::new(i as u64, op, vec![a_mem.sge(0, len as u32)])])
+            .unwrap();
+        let mut wire = Vec::new();
+        loop {
+            let out = a.take_output();
+            if out.is_empty() {
+                break;
+            }
+            wire.extend_from_slice(&out);
+        }
+        let mut d = Deframer::new(DeframerConfig::default());
+        let (mut at, mut off, mut segs) = (0, 0usize, 0);
+        while at < wire.len() {
+            let (used, u) = d.next_fpdu(&wire[at..]).unwrap();
+            at += used;
+            let seg = ddp::Segment::parse(u.unwrap()).unwrap();
+            assert!(seg.buffer_len() <= 1500, "len {len}: segment within MULPDU");
+            match seg.header.addr {
+                Addr::Tagged { to, .. } => assert_eq!(to, b_mem.addr() + off as u64, "len {len}: TO"),
+                Addr::Untagged { mo, .. } => assert_eq!(mo as usize, off, "len {len}: MO"),
+            }
+            off += seg.payload.len();
+            segs += 1;
+            assert_eq!(seg.header.last, off == len, "len {len}: L only on the last");
+        }
+        let room = 1500 - if send { 18 } else { 14 };
+        assert_eq!(segs, len.div_ceil(room).max(1), "len {len}: segment count");
+        b.feed(&wire);
+        assert_eq!(b_mem.to_vec(0, len).unwrap(), data[..len], "len {len}: reassembled");
+        assert!(a.poll_cq().is_some_and(|w| w.status == WcStatus::Success));
+        if send {
+            assert!(b.poll_cq().is_some_and(|w| w.byte_len as usize == len));
+        }
+        b_mem.write(0, &vec![0; len.min(4096)]).unwrap();
+    }
+}
+
+/// Direct placement (`rx_buf.rs`) in memory: large Writes and Read Responses
+/// read a few KiB at a time, as a socket returns them, land straight in the
+/// region with the CRC checked afterwards; a bad CRC on a directly placed
+/// FPDU is row 26 (2/0/0x02).
+#[test]
+fn direct_placement_in_memory() {
+    let dev = device();
+    let pd = dev.alloc_pd();
+    let mut a = side_in(&pd, 1, true, 16);
+    let mut b = side_in(&pd, 2, true, 16);
+    a.set_chunk(5000);
+    b.set_chunk(5000);
+    let a_mem = a.reg_mr(1 << 20, Access::LOCAL_WRITE);
+    let b_mem = b.reg_mr(1 << 20, Access::all_remote());
+    let data = pattern(600_000, 4);
+    a_mem.write(0, &data).unwrap();
+    b_mem.write(0, &data).unwrap();
+    let remote = RemoteAddr {
+        addr: b_mem.addr(),
+        rkey: b_mem.rkey(),
+    };
+    a.post_send(&[
+        SendWr::new(1, WrOpcode::RdmaWrite { remote }, vec![a_mem.sge(0, 300_000)]),
+        SendWr::new(2, WrOpcode::RdmaRead { remote }, vec![a_mem.sge(400_000, 200_000)]),
+    ])
+    .unwrap();
+    // The first read of the Write's first FPDU starts direct placement.
+    let wire = a.take_output();
+    b.feed(&wire[..5000]);
+    assert!(b.rx.direct.is_some(), "direct placement started");
+    b.feed(&wire[5000..]);
+    settle(&mut a, &mut b);
+    let wcs: Vec<_> = std::iter::from_fn(|| a.poll_cq())
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(wcs, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(b_mem.to_vec(0, 300_000).unwrap(), data[..300_000]);
+    assert_eq!(a_mem.to_vec(400_000, 200_000).unwrap(), data[..200_000]);
+
+    // A corrupted CRC on a directly placed FPDU.
+    a.post_send(&[SendWr::new(
+        3,
+        WrOpcode::RdmaWrite { remote },
+        vec![a_mem.sge(0, 60_000)],
+    )])
+    .unwrap();
+    let mut wire = a.take_output();
+    let n = wire.len();
+    wire[n - 1] ^= 0x5A;
+    b.feed(&wire[..5000]);
+    assert!(b.rx.direct.is_some());
+    let answer = inject_raw(&mut b, &wire[5000..]);
+    expect(answer, (2, 0, 0x02), "row 26, direct placement");
 }

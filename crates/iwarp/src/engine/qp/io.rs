@@ -1,113 +1,13 @@
-//! The socket side of a QP: the non-blocking TCP stream, reads into the
-//! receive buffer and the deframer, direct data placement of large tagged
-//! segments (`readv` straight into the region), `writev` of the transmit
-//! queue, and the progress hooks (epoll driver, CQ polling, busy polling).
-//! The protocol state ([`Proto`]) does no I/O; this module moves bytes
-//! between it and the socket.
+//! The socket side of a QP: the non-blocking TCP stream, `read` into the
+//! receive buffer ([`RxIo`], `rx_buf.rs`, which deframes and hands the
+//! protocol core what arrived), `readv` of a directly placed payload
+//! straight into its region, `writev` of the transmit queue, and the
+//! progress hooks (epoll driver, CQ polling, busy polling). The protocol
+//! state ([`Proto`]) does no I/O; this module moves bytes between it and the
+//! socket.
 
+use super::rx_buf::{RxIo, TAGGED_FPDU_HEAD};
 use super::*;
-
-/// Receive-side byte handling: the MPA deframer and its input buffer.
-struct RxIo {
-    deframer: Deframer,
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
-    eof: bool,
-    /// A tagged segment whose payload is being read straight into place.
-    direct: Option<Direct>,
-}
-
-/// Tagged payloads at least this long are placed directly.
-const DIRECT_MIN: usize = 4096;
-/// MPA ULPDU_Length plus the 14-octet tagged DDP/RDMAP header.
-const TAGGED_FPDU_HEAD: usize = fpdu::HEADER_LEN + ddp::TAGGED_HEADER_LEN;
-
-/// Direct data placement of one FPDU (RFC 5041 §1, "placement" without an
-/// intermediate buffer): header checked, payload `read` into the region,
-/// then pad and CRC from the ordinary buffer.
-struct Direct {
-    head: [u8; TAGGED_FPDU_HEAD],
-    kind: super::rx::DirectKind,
-    buf: Arc<Buffer>,
-    off: usize,
-    len: usize,
-    done: usize,
-    /// Pad and CRC octets after the payload.
-    trailer: usize,
-    total: usize,
-}
-
-impl RxIo {
-    /// At an FPDU boundary with only the start of a large tagged segment
-    /// buffered: set up direct placement (copying the part already here).
-    fn start_direct(&mut self, p: &mut Proto) -> bool {
-        let avail = self.end - self.start;
-        if self.deframer.config().markers || !self.deframer.at_boundary() || avail < TAGGED_FPDU_HEAD {
-            return false;
-        }
-        let b = &self.buf[self.start..self.end];
-        let ulpdu = usize::from(u16::from_be_bytes([b[0], b[1]]));
-        let total = fpdu::fpdu_len(ulpdu);
-        if avail >= total
-            || ddp::header_len_for(b[fpdu::HEADER_LEN]) != ddp::TAGGED_HEADER_LEN
-            || ulpdu < ddp::TAGGED_HEADER_LEN + DIRECT_MIN
-            || ulpdu > usize::from(self.deframer.config().max_ulpdu_len)
-        {
-            return false;
-        }
-        let len = ulpdu - ddp::TAGGED_HEADER_LEN;
-        let Some((buf, off, kind)) = p.direct_target(&b[fpdu::HEADER_LEN..TAGGED_FPDU_HEAD], len) else {
-            return false;
-        };
-        let have = (avail - TAGGED_FPDU_HEAD).min(len);
-        if buf.write(off, &b[TAGGED_FPDU_HEAD..TAGGED_FPDU_HEAD + have]).is_err() {
-            return false;
-        }
-        let mut head = [0u8; TAGGED_FPDU_HEAD];
-        head.copy_from_slice(&b[..TAGGED_FPDU_HEAD]);
-        self.start += TAGGED_FPDU_HEAD + have;
-        self.direct = Some(Direct {
-            head,
-            kind,
-            buf,
-            off,
-            len,
-            done: have,
-            trailer: fpdu::pad_len(ulpdu) + fpdu::CRC_LEN,
-            total,
-        });
-        true
-    }
-
-    /// The payload is in place and the trailer buffered: check the CRC and
-    /// hand the segment to the protocol.
-    fn finish_direct(&mut self, p: &mut Proto) {
-        let Some(d) = self.direct.take() else { return };
-        let t = &self.buf[self.start..self.start + d.trailer];
-        let pad = d.trailer - fpdu::CRC_LEN;
-        self.start += d.trailer;
-        if self.deframer.config().crc {
-            let mut c = crate::crc::Crc32c::new();
-            c.update(&d.head);
-            let _ = d.buf.scan(d.off, d.len, |b| c.update(b));
-            c.update(&t[..pad]);
-            let computed = c.finish();
-            let received = crate::crc::from_wire([t[pad], t[pad + 1], t[pad + 2], t[pad + 3]]);
-            if computed != received {
-                // The payload was placed before the check: the region's
-                // contents are undefined after the error, as for any failed
-                // operation (RFC 5040 §5.5); the stream ends here.
-                let e = self.deframer.fail_crc(computed, received);
-                p.on_stream_error(Some(e.cause()), "MPA CRC error");
-                self.start = self.end;
-                return;
-            }
-        }
-        let _ = self.deframer.skip_fpdu(d.total);
-        p.direct_placed(d.kind, d.len);
-    }
-}
 
 struct Core {
     p: Proto,
@@ -233,47 +133,8 @@ impl IwarpQp {
         let Core { p, rx } = c;
         let fd = self.sock.as_raw_fd();
         loop {
-            if p.term_sent || p.term_received {
-                rx.direct = None;
-                break;
-            }
-            match &rx.direct {
-                Some(d) if d.done == d.len && rx.end - rx.start >= d.trailer => {
-                    rx.finish_direct(p);
-                    any = true;
-                    continue;
-                }
-                Some(_) => {}
-                None => {
-                    // Deliver whole FPDUs already buffered.
-                    while rx.start < rx.end && !p.term_sent && !p.term_received {
-                        if rx.start_direct(p) {
-                            any = true;
-                            break;
-                        }
-                        match rx.deframer.next_fpdu(&rx.buf[rx.start..rx.end]) {
-                            Ok((used, ulpdu)) => {
-                                if let Some(u) = ulpdu {
-                                    p.on_ulpdu(u);
-                                    any = true;
-                                }
-                                rx.start += used;
-                                if used == 0 {
-                                    break;
-                                }
-                            }
-                            Err(e) => {
-                                p.on_stream_error(Some(e.cause()), "MPA framing error");
-                                rx.start = rx.end;
-                                any = true;
-                            }
-                        }
-                    }
-                    if rx.direct.is_some() {
-                        continue;
-                    }
-                }
-            }
+            // Whole FPDUs, direct placements begun or finished (no I/O).
+            any |= rx.process(p);
             if rx.eof || p.term_sent || p.term_received {
                 break;
             }
@@ -293,20 +154,7 @@ impl IwarpQp {
                         })
                 }
                 _ => {
-                    if rx.start == rx.end {
-                        rx.start = 0;
-                        rx.end = 0;
-                    } else if rx.end == rx.buf.len() {
-                        if rx.direct.is_some() {
-                            // Part of a trailer: keep it.
-                            rx.buf.copy_within(rx.start..rx.end, 0);
-                            rx.end -= rx.start;
-                        } else {
-                            // The deframer copied the partial FPDU.
-                            rx.end = 0;
-                        }
-                        rx.start = 0;
-                    }
+                    rx.make_room();
                     (&self.sock).read(&mut rx.buf[rx.end..]).inspect(|&n| rx.end += n)
                 }
             };

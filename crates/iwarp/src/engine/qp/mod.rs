@@ -11,9 +11,11 @@
 //! | file | role |
 //! | --- | --- |
 //! | `mod.rs` | the state ([`Proto`] and its queues), posting work requests, completions in order, the error state and sending the one Terminate |
-//! | `tx.rs` | work requests and responses to RDMAP messages, DDP segmentation, MPA framing onto the gather list |
-//! | `rx.rs` | ULPDUs through `wire::ddp` / `wire::rdmap` parsing, then queue, Read/atomic and memory checks, placement, receive completions, the peer's Terminate |
-//! | `io.rs` | the socket: reads, the deframer, direct placement (`readv` into the region), `writev`, progress hooks and busy polling |
+//! | `tx.rs` | work requests and responses to RDMAP messages, DDP segmentation (`wire::ddp::segment_len`), MPA framing onto the gather list |
+//! | `rx.rs` | ULPDUs through `wire::ddp` / `wire::rdmap` parsing, then DDP sequencing and buffer checks, Read/atomic and memory checks, placement, receive completions, the peer's Terminate |
+//! | `rx_buf.rs` | the receive buffer, no I/O: the deframer, ULPDUs to `rx.rs`, direct placement of large tagged segments |
+//! | `io.rs` | the socket: `read` into the buffer, `readv` of a directly placed payload, `writev`, progress hooks and busy polling |
+//! | `harness.rs` | tests and fuzzing: cores back to back in memory through `rx_buf.rs` |
 
 use super::driver::{Driver, Poke, Pollable};
 use super::txq::TxQueue;
@@ -134,6 +136,25 @@ struct TxMsg {
 }
 
 impl TxMsg {
+    /// The DDP header of the message's first octet (L clear): what
+    /// [`Header::at_offset`] advances for each segment.
+    #[inline]
+    fn first_header(&self) -> Header {
+        Header {
+            last: false,
+            rdmap_ctrl: rdmap_ctrl(self.opcode),
+            addr: match self.tagged {
+                Some((stag, to)) => Addr::Tagged { stag, to },
+                None => Addr::Untagged {
+                    qn: self.qn,
+                    msn: self.msn,
+                    mo: 0,
+                    inv_stag: self.inv_stag,
+                },
+            },
+        }
+    }
+
     /// A tagged message (Write, Read Response) to `stag` at `to`.
     fn tagged(completes: Option<u64>, opcode: u8, stag: u32, to: u64, src: Source, total: usize) -> TxMsg {
         TxMsg {
@@ -213,7 +234,19 @@ struct RecvWqe {
 struct RxSend {
     wqe: RecvWqe,
     msn: u32,
+    /// RDMAP opcode of its first segment: every later one must repeat it.
+    opcode: u8,
     got: usize,
+}
+
+/// The tagged message being received. Its segments arrive back to back
+/// over the one TCP stream; one tagged message at a time, as Linux siw.
+#[derive(Debug, Clone, Copy)]
+struct RxTagged {
+    opcode: u8,
+    stag: u32,
+    /// TO where the next segment must start (RFC 5041 §5.2).
+    next_to: u64,
 }
 
 /// Protocol state of one QP. No I/O.
@@ -258,6 +291,7 @@ pub(crate) struct Proto {
     rq: VecDeque<RecvWqe>,
     rx_msn: [u32; 4],
     rx_send: Option<RxSend>,
+    rx_tagged: Option<RxTagged>,
     last_was_write: bool,
 
     // teardown
@@ -421,6 +455,7 @@ impl Proto {
             rq: VecDeque::new(),
             rx_msn: [1; 4],
             rx_send: None,
+            rx_tagged: None,
             last_was_write: false,
             term_sent: false,
             term_received: false,
@@ -746,8 +781,11 @@ fn code_state(c: u8) -> QpState {
 
 #[cfg(test)]
 mod core_tests;
+#[cfg(any(test, feature = "fuzz"))]
+pub mod harness;
 mod io;
 mod rx;
+mod rx_buf;
 mod tx;
 
 pub use io::IwarpQp;

@@ -152,28 +152,69 @@ impl Proto {
         Ok(())
     }
 
-    /// Where a Write's payload of `len` octets goes (RFC 5041 §7.2 checks).
+    /// A tagged segment with RDMAP `opcode` against the tagged message in
+    /// progress. Another tagged message cutting into it is an unexpected
+    /// opcode (0/2/0x06; Linux siw's "packet intersection"). A later Write
+    /// segment repeats the first one's STag (RFC 5041 §4.2; else 1/1/0x00)
+    /// and starts at the TO where the previous one ended (§5.2; else
+    /// 1/1/0x01), as siw's `siw_write_check_ntoh`; a Read Response's STag
+    /// and TO are checked against its Read instead
+    /// ([`read_response_target`](Self::read_response_target)).
+    #[inline]
+    pub(super) fn tagged_continues(&self, opcode: u8, stag: u32, to: u64) -> RxResult {
+        let Some(t) = self.rx_tagged else { return Ok(()) };
+        if t.opcode != opcode {
+            return Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE));
+        }
+        if opcode == op::WRITE {
+            if stag != t.stag {
+                return Err(Fatal::new(cause::DDP_ERR_T_INVALID_STAG));
+            }
+            if to != t.next_to {
+                return Err(Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS));
+            }
+        }
+        Ok(())
+    }
+
+    /// A tagged segment passed its checks: the message goes on unless L.
+    #[inline]
+    fn tagged_accepted(&mut self, opcode: u8, stag: u32, to: u64, len: usize, last: bool) {
+        self.rx_tagged = (!last).then(|| RxTagged {
+            opcode,
+            stag,
+            next_to: to.wrapping_add(len as u64),
+        });
+    }
+
+    /// Where a Write segment's payload of `len` octets goes (RFC 5041 §7.1
+    /// tagged checks, through the memory table).
     pub(super) fn write_target(
         &mut self,
         stag: u32,
         to: u64,
         len: usize,
+        last: bool,
     ) -> Result<Option<(Arc<Buffer>, usize)>, Fatal> {
         self.last_was_write = true;
-        if len == 0 {
+        self.tagged_continues(op::WRITE, stag, to)?;
+        let target = if len == 0 {
             // Zero-length Write: no STag validation (catalogue A.5 #6, as siw).
-            return Ok(None);
-        }
-        let r = self
-            .dev
-            .mem()
-            .check(stag, self.pd, self.qpn, to, len as u64, Access::REMOTE_WRITE)
-            .map_err(|e| Fatal::new(ddp_tagged_cause(e)))?;
-        Ok(Some((r.buffer, r.offset)))
+            None
+        } else {
+            let r = self
+                .dev
+                .mem()
+                .check(stag, self.pd, self.qpn, to, len as u64, Access::REMOTE_WRITE)
+                .map_err(|e| Fatal::new(ddp_tagged_cause(e)))?;
+            Some((r.buffer, r.offset))
+        };
+        self.tagged_accepted(op::WRITE, stag, to, len, last);
+        Ok(target)
     }
 
-    pub(super) fn on_write(&mut self, stag: u32, to: u64, payload: &[u8], _last: bool) -> RxResult {
-        if let Some((buf, off)) = self.write_target(stag, to, payload.len())? {
+    pub(super) fn on_write(&mut self, stag: u32, to: u64, payload: &[u8], last: bool) -> RxResult {
+        if let Some((buf, off)) = self.write_target(stag, to, payload.len(), last)? {
             buf.write(off, payload)
                 .map_err(|_| Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS))?;
         }
@@ -183,6 +224,19 @@ impl Proto {
     /// Where a Read Response segment of `len` octets carrying `stag`/`to`
     /// goes: the sink of the oldest outstanding Read (RFC 5040 §5.2.2).
     pub(super) fn read_response_target(
+        &mut self,
+        stag: u32,
+        to: u64,
+        len: usize,
+        last: bool,
+    ) -> Result<Option<(Arc<Buffer>, usize)>, Fatal> {
+        self.tagged_continues(op::READ_RESPONSE, stag, to)?;
+        let target = self.read_response_sink(stag, to, len, last)?;
+        self.tagged_accepted(op::READ_RESPONSE, stag, to, len, last);
+        Ok(target)
+    }
+
+    fn read_response_sink(
         &mut self,
         stag: u32,
         to: u64,
@@ -283,22 +337,24 @@ impl Proto {
     }
 
     /// Direct data placement (RFC 5041 §1): for a tagged Write or Read
-    /// Response segment whose header (`hdr`: the 14 DDP/RDMAP octets) has
-    /// arrived, the region its `len` payload octets go to, so the receive
-    /// path can `read` them straight into place. `None`: take the ordinary
-    /// path (which also raises any error this segment deserves).
-    pub(crate) fn direct_target(&mut self, hdr: &[u8], len: usize) -> Option<(Arc<Buffer>, usize, DirectKind)> {
-        if self.term_sent || self.term_received || self.rtr.is_some() {
+    /// Response segment whose DDP header `h` has arrived (parsed once, by
+    /// the receive buffer), the region its `len` payload octets go to, so
+    /// the receive path can `read` them straight into place. The segment's
+    /// checks and accounting are those of the ordinary path (the same
+    /// `write_target` / `read_response_target`), done here, once. `None`:
+    /// nothing was accounted; take the ordinary path (which also raises any
+    /// error this segment deserves).
+    pub(crate) fn direct_target(&mut self, h: &Header, len: usize) -> Option<(Arc<Buffer>, usize, DirectKind)> {
+        if self.term_sent || self.term_received || self.rtr.is_some() || len == 0 {
             return None;
         }
-        let h = Header::parse(hdr).ok()?;
+        let Addr::Tagged { stag, to } = h.addr else { return None };
         let (rv, _, opcode) = rdmap::split_control(h.rdmap_ctrl);
         if rv != rdmap::VERSION {
             return None;
         }
-        let Addr::Tagged { stag, to } = h.addr else { return None };
         let (buf, off) = match opcode {
-            op::WRITE => self.write_target(stag, to, len).ok().flatten()?,
+            op::WRITE => self.write_target(stag, to, len, h.last).ok().flatten()?,
             op::READ_RESPONSE => self.read_response_target(stag, to, len, h.last).ok().flatten()?,
             _ => return None,
         };
@@ -353,11 +409,21 @@ impl Proto {
                     return Err(Fatal::bare(cause::RDMAP_LOCAL_CATASTROPHIC_ERR));
                 }
             }
-            self.rx_send = Some(RxSend { wqe, msn, got: 0 });
+            self.rx_send = Some(RxSend {
+                wqe,
+                msn,
+                opcode,
+                got: 0,
+            });
         }
         let rs = self.rx_send.as_mut().expect("set above");
         if msn != rs.msn {
             return Err(Fatal::new(cause::DDP_ERR_U_MSN_RANGE));
+        }
+        if opcode != rs.opcode {
+            // The RDMAP opcode changed within one DDP message (RFC 5040
+            // §4.1: every segment carries the message's control octet).
+            return Err(Fatal::new(cause::RDMAP_ERR_UNEXPECTED_OPCODE));
         }
         if mo as usize != rs.got {
             return Err(Fatal::new(cause::DDP_ERR_U_INVALID_MO));

@@ -338,26 +338,9 @@ impl Proto {
                 ddp::UNTAGGED_HEADER_LEN
             };
             let hdr_len = ddp_len + m.rdmap_hdr.len();
-            let room = self.max_ulpdu - hdr_len;
-            let seg = (m.total - m.off).min(room);
-            let last = m.off + seg == m.total;
-            let addr = match m.tagged {
-                Some((stag, to)) => Addr::Tagged {
-                    stag,
-                    to: to.wrapping_add(m.off as u64),
-                },
-                None => Addr::Untagged {
-                    qn: m.qn,
-                    msn: m.msn,
-                    mo: m.off as u32,
-                    inv_stag: m.inv_stag,
-                },
-            };
-            let h = Header {
-                last,
-                rdmap_ctrl: rdmap_ctrl(m.opcode),
-                addr,
-            };
+            // RFC 5041 §5.2 segmentation (wire::ddp, unit-tested there).
+            let (seg, last) = ddp::segment_len(m.total, m.off, self.max_ulpdu - hdr_len);
+            let h = m.first_header().at_offset(m.off, last);
             let ulpdu_len = hdr_len + seg;
             let mark = self.tx.position();
             let in_place = seg >= GATHER_MIN && !self.framer.markers() && matches!(m.src, Source::Pieces(_));
