@@ -190,6 +190,40 @@ fn row01_send_without_receive_ddp_no_buffer() {
     i.expect_terminate(&u, e(1, 2, 0x02, MD));
 }
 
+/// After its Terminate the IUT processes nothing more (RDMAP-TRM-06) but keeps reading and
+/// dropping the stream until the peer closes, so that its own close is a FIN: a socket closed
+/// with unread bytes sends an RST, which can overtake the Terminate (Linux siw then never
+/// logs it: interop_siw D6 failed that way). The peer sends 64 KB after the offending Send
+/// and half-closes; the IUT reaches end of stream (Disconnected after TerminateSent), and
+/// once the QP is gone the peer reads the Terminate and a FIN, no reset.
+#[test]
+fn after_its_terminate_the_iut_drains_the_stream_and_closes_with_fin() {
+    let mut i = iut(0);
+    let u = send(1, b"hello");
+    i.peer.send(&u);
+    let junk = send(2, &[0x5a; 1000]);
+    // 64 KB: within the socket buffers, so the peer never blocks on a reader that stopped
+    for _ in 0..64 {
+        i.peer.send(&junk);
+    }
+    i.peer.shutdown_write();
+    match i.qp.get_event(Some(T)) {
+        Some(CmEvent::TerminateSent(t)) => assert_eq!((t.layer, t.etype, t.code), (1, 2, 0x02)),
+        other => panic!("expected TerminateSent, got {other:?}"),
+    }
+    assert_eq!(
+        i.qp.get_event(Some(T)),
+        Some(CmEvent::Disconnected),
+        "the IUT read the stream to its end after the Terminate"
+    );
+    let Iut { qp, peer, .. } = i;
+    drop(qp);
+    let mut peer = peer;
+    let got = peer.read_to_end();
+    assert_eq!(got.terminates().len(), 1, "the Terminate arrived");
+    assert!(got.eof, "a FIN, not a reset, after the Terminate");
+}
+
 #[test]
 fn row02_send_longer_than_receive_ddp_too_long() {
     // RDMAP-SND-02; A.5: we send 0x05 (siw sends 0x02).

@@ -181,6 +181,11 @@ impl RawPeer {
         self.sock.write_all(&out).unwrap();
     }
 
+    /// Half-closes: a FIN after what was sent.
+    pub fn shutdown_write(&mut self) {
+        self.sock.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+
     pub fn send_raw(&mut self, bytes: &[u8]) {
         self.sock.write_all(bytes).unwrap();
     }

@@ -127,6 +127,31 @@ impl IwarpQp {
         any
     }
 
+    /// After a Terminate: reads and drops what the socket has; at end of stream the
+    /// connection is closed (the Disconnected event, as for any close).
+    fn discard_rx(&self, rx: &mut RxIo, p: &mut Proto) -> bool {
+        let mut any = false;
+        loop {
+            rx.start = 0;
+            rx.end = 0;
+            match (&self.sock).read(&mut rx.buf[..]) {
+                Ok(0) => {
+                    rx.eof = true;
+                    p.on_stream_error(None, "peer closed the connection");
+                    return true;
+                }
+                Ok(_) => any = true,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return any,
+                Err(e) => {
+                    rx.eof = true;
+                    p.on_stream_error(None, &e.to_string());
+                    return true;
+                }
+            }
+        }
+    }
+
     /// Reads and processes everything the socket has.
     fn pump_rx(&self, c: &mut Core) -> bool {
         let mut any = false;
@@ -135,7 +160,15 @@ impl IwarpQp {
         loop {
             // Whole FPDUs, direct placements begun or finished (no I/O).
             any |= rx.process(p);
-            if rx.eof || p.term_sent || p.term_received {
+            if rx.eof {
+                break;
+            }
+            if p.term_sent || p.term_received {
+                // Nothing after a Terminate is processed (RDMAP-TRM-06), but the stream is
+                // still read and dropped until the peer closes: a socket closed with unread
+                // bytes sends an RST, and an RST can reach the peer before it has read our
+                // Terminate, which it then never sees (siw: no "got TERMINATE").
+                any |= self.discard_rx(rx, p);
                 break;
             }
             let res = match rx.direct.as_mut() {
