@@ -108,7 +108,7 @@ pub struct RpingArgs {
     pub siw_terminate: bool,
     /// Client: wait this many milliseconds between connection establishment and the first
     /// Send. Linux 6.1's siw as responder misses an FPDU that arrives right after its MPA
-    /// Reply and stalls (docs/interop-siw.md, D1); 50 ms avoids it, 0 sends at once.
+    /// Reply and stalls (see docs/interop-siw.md); 50 ms avoids it, 0 sends at once.
     #[arg(long, default_value_t = 50)]
     pub first_send_delay_ms: u64,
     /// Interop testing: the client advertises its start buffer with a wrong STag key, the
@@ -459,7 +459,7 @@ pub fn run(args: RpingArgs) -> Result<()> {
             "Invalid size {} (valid range is {} to {})",
             args.size,
             MIN_SIZE,
-            MAX_SIZE + 1
+            MAX_SIZE
         );
     }
     let dev = crate::providers::open(None, &args.device_options())?;

@@ -17,9 +17,25 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     n.checked_mul(mult).ok_or_else(|| format!("size {s:?} too large"))
 }
 
+/// A count of at least 1 (iterations, calls), as a clap value parser.
+pub fn count(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a whole number")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{count, parse_size};
+
+    #[test]
+    fn counts() {
+        assert_eq!(count("3"), Ok(3));
+        assert!(count("0").unwrap_err().contains("at least 1"));
+        assert!(count("-1").is_err());
+    }
 
     #[test]
     fn sizes() {

@@ -454,6 +454,30 @@ fn bench_server_drops_a_silent_client_and_exits_non_zero() {
     assert!(c1 - c0 < 0.1, "idle server used {:.3} s CPU in 1.5 s", c1 - c0);
 }
 
+/// Issue 19: a client that dies in the middle of its test (SIGKILL: the kernel closes its
+/// connection as a normal disconnect would) fails the session: the server says so, naming
+/// the QP and the peer, and exits non-zero, for one-sided and two-sided tests alike.
+#[test]
+fn bench_server_reports_a_client_that_died_and_exits_non_zero() {
+    for op in ["write", "send"] {
+        let (server, addr, mut err) = bench_server(&[]);
+        let mut client = running_client(&addr, &[op, "--size", "4K", "--duration", "100"]);
+        client.kill().unwrap();
+        let _ = client.wait();
+        let sout = wait_output(server, Duration::from_secs(30));
+        let mut rest = String::new();
+        err.read_to_string(&mut rest).unwrap();
+        assert!(!sout.status.success(), "{op}: {rest}");
+        let last = rest.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("Error: bench server: session failed: test 0 failed: QP ")
+                && last.contains("with peer 127.0.0.1:")
+                && last.contains("the client disconnected before the end of its test"),
+            "{op}: {rest}"
+        );
+    }
+}
+
 /// While one client's session runs, a second client is refused at once with the reason,
 /// and the first session completes; a session over `--max-session-mem` is refused too.
 #[test]

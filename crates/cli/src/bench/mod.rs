@@ -134,16 +134,17 @@ pub struct Args {
     #[arg(long, value_parser = parse_size, value_delimiter = ',')]
     sizes: Vec<u64>,
     /// Iterations per QP [default: 5000, 1000 with --lat].
-    #[arg(long, conflicts_with = "duration")]
+    #[arg(long, conflicts_with = "duration", value_parser = crate::units::count)]
     iters: Option<u64>,
     /// Run each size for this many seconds instead of a fixed number of iterations.
     #[arg(long)]
     duration: Option<f64>,
-    /// Number of queue pairs (each its own TCP connection), driven round-robin by one thread.
-    #[arg(long, default_value_t = 1)]
+    /// Number of queue pairs (each its own TCP connection), driven round-robin by one thread
+    /// (1 to 1024).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=MAX_QPS as i64))]
     qps: u16,
-    /// Outstanding work requests per QP (perftest's --tx-depth).
-    #[arg(long, default_value_t = 128)]
+    /// Outstanding work requests per QP (perftest's --tx-depth), 1 to 16384.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
     depth: u32,
     /// Ask for MPA CRC32c (used if either side asks).
     #[arg(long, default_value = "off", value_parser = ["on", "off"])]
@@ -151,11 +152,11 @@ pub struct Args {
     /// Latency mode: one message at a time (ping-pong for write and send); p50/p99/p99.9.
     #[arg(long)]
     lat: bool,
-    /// Be the server on ADDR (host:port) and serve one client session, then exit.
-    #[arg(long, conflicts_with = "connect")]
+    /// Be the server on ADDR (HOST:PORT) and serve one client session, then exit.
+    #[arg(long, conflicts_with = "connect", value_parser = crate::net::host_port)]
     listen: Option<SocketAddr>,
-    /// Be the client of a `softrdma bench --listen` server at ADDR.
-    #[arg(long)]
+    /// Be the client of a `softrdma bench --listen` server at ADDR (HOST:PORT; HOST may be a name).
+    #[arg(long, value_parser = crate::net::host_port)]
     connect: Option<SocketAddr>,
     /// Also run the same traffic over plain TCP sockets and print the ratio.
     #[arg(long, value_parser = ["tcp"])]
@@ -224,7 +225,8 @@ fn show_size(n: u64) -> String {
 const T: Duration = Duration::from_secs(10);
 const HELLO_MAGIC: &[u8; 4] = b"SRBN";
 const REPLY_MAGIC: &[u8; 4] = b"SRBA";
-const VERSION: u8 = 1;
+/// 2: the client writes [`DONE`] into the server's buffer before it ends a test.
+const VERSION: u8 = 2;
 const FLAG_LAT: u8 = 1;
 const FLAG_LAST: u8 = 2;
 const FLAG_BASELINE: u8 = 4;
@@ -365,6 +367,30 @@ fn client_layout(size: u64, qps: u16) -> (usize, usize, usize) {
 
 /// The value of the ready byte.
 const READY: u8 = 0xa5;
+/// The value the client RDMA-Writes at [`done_offset`] of the server's buffer once its
+/// test is over, before it disconnects: a disconnect without it is a client that died.
+const DONE: u8 = 0x5d;
+
+/// Where in the server's buffer (`buffer_len(size) + 64` bytes) the client's DONE goes:
+/// after the messages and the READY source byte.
+fn done_offset(size: u64) -> usize {
+    buffer_len(size) + 1
+}
+
+/// `--qps` at most.
+const MAX_QPS: u16 = 1024;
+/// `--depth` at most (the device allows 32768 WRs per queue).
+const MAX_DEPTH: u32 = 16384;
+/// Completion-queue entries the device allows per CQ.
+const MAX_CQE: usize = 1 << 20;
+
+/// The client's CQ size for `qps` QPs of send depth `depth`: every QP's sends, the credit
+/// messages of a Send test, and room to spare.
+fn client_cqe(qps: u16, depth: u32) -> usize {
+    let (credits, grant) = send_credits(depth);
+    let grant_recvs = (credits / grant + 2) as usize;
+    qps as usize * (depth as usize + grant_recvs + 8) + 64
+}
 
 fn qp_attr(send: u32, recv: u32) -> QpInitAttr {
     QpInitAttr {
@@ -400,11 +426,15 @@ pub fn run(args: Args) -> Result<()> {
     if args.lat && args.qps != 1 {
         bail!("--lat measures one QP (perftest's *_lat tools do too); drop --qps");
     }
-    if args.qps == 0 || args.depth == 0 {
-        bail!("--qps and --depth must be at least 1");
-    }
-    if args.depth > 16384 {
-        bail!("--depth above 16384 is not supported (the device allows 32768 WRs per queue)");
+    let cqe = client_cqe(args.qps, if args.lat { 1 } else { args.depth });
+    if cqe > MAX_CQE {
+        bail!(
+            "--qps {} with --depth {} needs {cqe} completion-queue entries, more than the device's \
+             {MAX_CQE} per CQ: lower --qps or --depth (qps x (depth + {}) must stay under {MAX_CQE})",
+            args.qps,
+            args.depth,
+            client_cqe(1, 0) - 64
+        );
     }
     if let Some(d) = args.duration
         && !(d > 0.0 && d.is_finite())
@@ -697,10 +727,12 @@ fn run_test(
     let depth = if lat { 1 } else { args.depth };
     let pd = dev.alloc_pd();
     let (echo_off, ready_off, mr_len) = client_layout(size, args.qps);
-    let mr = pd.reg_mr(mr_len, Access::all_remote())?;
+    // One byte more: the DONE value the test's end writes to the server.
+    let mr = pd.reg_mr(mr_len + 1, Access::all_remote())?;
+    mr.write(mr_len, &[DONE])?;
     let (credits, grant) = send_credits(depth);
     let grant_recvs = credits / grant + 2;
-    let cq = dev.create_cq(args.qps as usize * (depth as usize + grant_recvs as usize + 8) + 64)?;
+    let cq = dev.create_cq(client_cqe(args.qps, depth))?;
     let mut flags = if lat { FLAG_LAT } else { 0 };
     if last {
         flags |= FLAG_LAST;
@@ -735,7 +767,11 @@ fn run_test(
                 "connecting QP {q} to {target}: the server refused: {}",
                 String::from_utf8_lossy(&private_data)
             ),
-            Err(e) => return Err(e).with_context(|| format!("connecting QP {q} to {target}")),
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("connecting QP {q} to {target} (is `softrdma bench --listen` running there?)")
+                });
+            }
         };
         let reply = Reply::decode(&qp.conn_info().peer_private_data)?;
         match qp.get_event(Some(T)) {
@@ -813,10 +849,42 @@ fn run_test(
     }
     out.cpu_s = cpu0.and_then(|c0| Some(cpu_secs()? - c0));
     prog.clear();
+    tell_done(&conns, &cq, &mr, mr_len, size)?;
     for c in &conns {
         c.qp.disconnect();
     }
     Ok(out)
+}
+
+/// The test's end: one signaled RDMA Write of [`DONE`] per QP into the server's buffer,
+/// completed before the disconnect (which follows it on the same TCP stream), so that the
+/// server tells a finished client from one that died.
+fn tell_done(conns: &[ClientQp], cq: &CompletionQueue, mr: &MemoryRegion, src: usize, size: u64) -> Result<()> {
+    for (q, c) in conns.iter().enumerate() {
+        let remote = RemoteAddr {
+            addr: c.reply.addr + done_offset(size) as u64,
+            rkey: c.reply.rkey,
+        };
+        c.qp.post_send_one(
+            SendWr::new(
+                wr_id(KIND_DONE, q, 0),
+                WrOpcode::RdmaWrite { remote },
+                vec![mr.sge(src, 1)],
+            )
+            .flags(SendFlags::SIGNALED),
+        )?;
+    }
+    let mut done = 0;
+    while done < conns.len() {
+        let wc = cq
+            .wait(Some(T))
+            .ok_or_else(|| anyhow!("the end-of-test Write did not complete within {T:?}"))?;
+        check(&wc, "end-of-test Write")?;
+        if split_wr_id(wc.wr_id).0 == KIND_DONE {
+            done += 1;
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy)]
@@ -884,6 +952,7 @@ const QP_SHIFT: u32 = 40;
 const KIND_DATA: u64 = 0;
 const KIND_RECV: u64 = 1;
 const KIND_FENCE: u64 = 2;
+const KIND_DONE: u64 = 3;
 
 fn wr_id(kind: u64, q: usize, n: u64) -> u64 {
     (kind << KIND_SHIFT) | ((q as u64) << QP_SHIFT) | (n & ((1 << QP_SHIFT) - 1))

@@ -71,10 +71,7 @@ pub(super) fn serve(dev: &Device, listener: &Listener, tcp: Option<TcpServer>, l
         s.spawn(|| gate(listener, tx, &stop, limits));
         let r = serve_session(dev, &rx, tcp, limits);
         stop.store(true, Ordering::Release);
-        if let Err(e) = &r {
-            eprintln!("bench server: session failed: {e:#}");
-        }
-        r
+        r.context("bench server: session failed")
     })
 }
 
@@ -151,8 +148,23 @@ pub(super) fn serve_session(
                 .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("server QP thread panicked"))))
                 .collect()
         });
-        let failed = results.into_iter().filter_map(Result::err).collect::<Vec<_>>();
-        for e in &failed {
+        let mut failed = results.into_iter().filter_map(Result::err).collect::<Vec<_>>();
+        // Every test ends with the client's disconnect; one that finished its test wrote
+        // DONE into our buffer first. Without it the client died or was interrupted.
+        for (qp, _, mr, hello) in &conns {
+            let mut b = [0u8];
+            mr.read(done_offset(hello.size), &mut b)?;
+            if b[0] != DONE && failed.is_empty() {
+                failed.push(anyhow!(
+                    "QP {} with peer {}: the client disconnected before the end of its test \
+                     (it exited or was killed)",
+                    qp.qp_num(),
+                    qp.conn_info().peer_addr
+                ));
+            }
+        }
+        // The first failure is the session's error; any others are said here.
+        for e in failed.iter().skip(1) {
             eprintln!("bench server: test {tests}: {e:#}");
         }
         if let Some(e) = failed.into_iter().next() {

@@ -141,8 +141,8 @@ pub struct Args {
     /// Listen on / connect to this port.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
-    /// Message size [default: 65536 for bw, 2 for lat].
-    #[arg(short = 's', long = "size")]
+    /// Message size in bytes; K, M, G suffixes (powers of 1024) [default: 65536 for bw, 2 for lat].
+    #[arg(short = 's', long = "size", value_parser = crate::units::parse_size)]
     pub size: Option<u64>,
     /// Iterations [default: 5000 for write_bw, 1000 otherwise].
     #[arg(short = 'n', long = "iters")]
@@ -178,12 +178,16 @@ pub struct Args {
     pub crc: String,
     /// Client: wait this long after the comm connection is established before the first
     /// Send. Linux 6.1's siw as responder misses an FPDU that arrives right after its MPA
-    /// Reply (docs/interop-siw.md, D1); 0 sends at once.
+    /// Reply (see docs/interop-siw.md); 0 sends at once.
     #[arg(long, default_value_t = 50)]
     pub first_send_delay_ms: u64,
     /// Give up when a step (connection, message, completion) takes longer than this many seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
+    /// Client: retry a refused connect (the server not listening yet) for this many seconds,
+    /// at most --timeout.
+    #[arg(long, default_value_t = 10)]
+    pub connect_timeout: u64,
 }
 
 /// The parameters both ends derive from the same command line (perftest_parameters.c
@@ -543,7 +547,14 @@ fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> 
     let mut listen_again = None;
     let (comm_qp, peer_addr) = match role {
         Role::Client(addr) => {
-            let qp = connect_retry(&pd, addr, &opts, step).context("comm connection (rdma_client_connect)")?;
+            let retry = Duration::from_secs(args.connect_timeout.clamp(1, args.timeout.max(1)));
+            let waiting = crate::net::Notice::new(format!(
+                "perftest client: waiting for a perftest server on {addr}; retrying for up to {} s \
+                 (--connect-timeout)",
+                retry.as_secs()
+            ));
+            let qp = connect_retry(&pd, addr, &opts, retry).context("comm connection (rdma_client_connect)")?;
+            drop(waiting);
             std::thread::sleep(Duration::from_millis(args.first_send_delay_ms));
             (qp, addr)
         }
@@ -802,7 +813,10 @@ fn connect_retry(pd: &ProtectionDomain, addr: SocketAddr, opts: &QpOptions, step
             Ok(qp) => return Ok(qp),
             Err(e @ (Error::ConnectionRefused | Error::Rejected { .. })) => {
                 if Instant::now() >= deadline {
-                    return Err(anyhow!(e).context(format!("connecting to {addr}")));
+                    return Err(anyhow!(e).context(format!(
+                        "no perftest server at {addr}: still refused after {} s of retries",
+                        step.as_secs()
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -1469,6 +1483,7 @@ mod tests {
             crc: "off".into(),
             first_send_delay_ms: 0,
             timeout: 1,
+            connect_timeout: 1,
         };
         let w = Params::new(&a(Test::WriteBw, None)).unwrap();
         assert_eq!((w.size, w.iters, w.tx_depth, w.out_reads), (65536, 5000, 128, 1));
