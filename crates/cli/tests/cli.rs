@@ -217,7 +217,7 @@ fn bench_bandwidth_with_tcp_baseline_human_and_json() {
     let out = ok(&["bench", "write", "--size", "64K", "--iters", "300", "--baseline", "tcp"]);
     for want in [
         "RDMA_Write BW Test",
-        "#bytes     #iterations   BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]",
+        "#bytes     #iterations   BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]",
         " 65536      300 ",
         "ratio RDMA/TCP",
     ] {
@@ -273,6 +273,46 @@ fn bench_two_processes() {
     check_bw(&v[0], "send", 1024, 200);
     check_bw(&v[1], "send", 16384, 200);
     assert!(num(&v[1], "baseline_gbit_per_s") > 0.0);
+    // The server prints the client's figures, as perftest's server does: one row per size,
+    // the same iterations and average as the client's JSON (MB/sec = 2^20 bytes).
+    let table = String::from_utf8(sout.stdout).unwrap();
+    assert!(
+        table.contains("Send BW Test (server side: the client's figures)"),
+        "{table}"
+    );
+    assert!(table.contains("BW average[MB/sec]"), "{table}");
+    for r in &v {
+        let row = table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&r["size"].to_string()))
+            .unwrap_or_else(|| panic!("no row for {} in {table}", r["size"]));
+        let f: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(f[1], "200", "{row}");
+        let mb: f64 = f[3].parse().unwrap();
+        let want = num(r, "gbit_per_s") * 1e9 / 8.0 / 1048576.0;
+        assert!((mb - want).abs() <= want * 0.01 + 0.01, "{row} vs {r}");
+    }
+}
+
+/// perftest's letters mean what the long options mean; MB/sec is the default unit of the
+/// table, Gb/sec with --report_gbits; -a sweeps from 2 bytes to 8 MiB.
+#[test]
+fn bench_takes_perftest_letters_and_units() {
+    let v = json_lines(&ok(&[
+        "bench", "write", "-s", "4K", "-n", "120", "-q", "2", "-t", "16", "--json",
+    ]));
+    assert_eq!(v.len(), 1);
+    assert_eq!((v[0]["size"].as_u64(), v[0]["iters"].as_u64()), (Some(4096), Some(120)));
+    assert_eq!((v[0]["qps"].as_u64(), v[0]["depth"].as_u64()), (Some(2), Some(16)));
+    let mb = ok(&["bench", "write", "-s", "4K", "-n", "100"]);
+    assert!(mb.contains("BW peak[MB/sec]    BW average[MB/sec]"), "{mb}");
+    let gb = ok(&["bench", "write", "-s", "4K", "-n", "100", "--report_gbits"]);
+    assert!(gb.contains("BW peak[Gb/sec]    BW average[Gb/sec]"), "{gb}");
+    let all = json_lines(&ok(&["bench", "write", "-a", "-n", "20", "--json"]));
+    let sizes: Vec<u64> = all.iter().map(|r| r["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, (1..=23).map(|b| 1u64 << b).collect::<Vec<_>>());
+    let d = json_lines(&ok(&["bench", "write", "-s", "64", "-D", "0.3", "--json"]));
+    assert!(num(&d[0], "seconds") >= 0.3, "{:?}", d[0]);
 }
 
 #[test]

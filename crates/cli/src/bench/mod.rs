@@ -74,10 +74,16 @@ the same message size and count for write/send, server -> client for read, a req
 ping-pong for --lat and atomics) and prints RDMA/TCP: for bandwidth higher is better, for
 latency (ratio of p50s) lower is better.
 
+perftest's letters work here too (-s size, -n iterations, -D seconds, -q QPs, -t depth, -a every
+size from 2 B to 8 MiB), and the table shows MB/sec (2^20 bytes) as perftest's does, Gb/sec with
+--report_gbits. The server (--listen) prints each test's result as the client measured it.
+`softrdma perftest` speaks perftest's own protocol, for runs against ib_*_bw/lat.
+
 Examples:
   softrdma bench write                              # 64 KiB Writes, one QP, both ends in this process
   softrdma bench write --sizes 64,4K,64K,1M --baseline tcp
-  softrdma bench write --size 64 --depth 64 --duration 3      # message rate
+  softrdma bench write -s 64 -t 64 -D 3                       # message rate
+  softrdma bench write -a --report_gbits                      # every size, in Gb/sec
   softrdma bench read --size 1M --qps 4 --crc on
   softrdma bench send --lat --size 8 --baseline tcp           # p50/p99/p99.9 against a TCP ping-pong
   softrdma bench atomic --depth 16 --json
@@ -128,24 +134,31 @@ pub struct Args {
     #[arg(value_enum, required_unless_present = "listen")]
     op: Option<Op>,
     /// Message size in bytes; K, M, G suffixes are powers of 1024 [default: 64K, 8 with --lat].
-    #[arg(long, value_parser = parse_size, conflicts_with = "sizes")]
+    #[arg(short = 's', long, value_parser = parse_size, conflicts_with_all = ["sizes", "all"])]
     size: Option<u64>,
     /// Sweep over several sizes, e.g. 64,4K,1M (one result per size).
-    #[arg(long, value_parser = parse_size, value_delimiter = ',')]
+    #[arg(long, value_parser = parse_size, value_delimiter = ',', conflicts_with = "all")]
     sizes: Vec<u64>,
+    /// Sweep over every power of two from 2 bytes to 8 MiB, as perftest's -a.
+    #[arg(short = 'a', long)]
+    all: bool,
     /// Iterations per QP [default: 5000, 1000 with --lat].
-    #[arg(long, conflicts_with = "duration", value_parser = crate::units::count)]
+    #[arg(short = 'n', long, conflicts_with = "duration", value_parser = crate::units::count)]
     iters: Option<u64>,
     /// Run each size for this many seconds instead of a fixed number of iterations.
-    #[arg(long)]
+    #[arg(short = 'D', long)]
     duration: Option<f64>,
     /// Number of queue pairs (each its own TCP connection), driven round-robin by one thread
     /// (1 to 1024).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=MAX_QPS as i64))]
+    #[arg(short = 'q', long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=MAX_QPS as i64))]
     qps: u16,
-    /// Outstanding work requests per QP (perftest's --tx-depth), 1 to 16384.
-    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
+    /// Outstanding work requests per QP (perftest's -t, --tx-depth), 1 to 16384.
+    #[arg(short = 't', long, visible_alias = "tx-depth", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
     depth: u32,
+    /// Bandwidth in Gb/sec (10^9 bits) instead of perftest's default MB/sec (2^20 bytes).
+    #[arg(long = "report_gbits", visible_alias = "report-gbits")]
+    report_gbits: bool,
     /// Ask for MPA CRC32c (used if either side asks).
     #[arg(long, default_value = "off", value_parser = ["on", "off"])]
     crc: String,
@@ -195,6 +208,9 @@ struct Limits {
     idle: Option<Duration>,
     max_test: Option<Duration>,
     max_mem: u64,
+    /// `--listen`: print each test's result (the client's [`Report`]) in this unit; `None`
+    /// for the in-process server of a loopback run, whose client prints them.
+    report: Option<Unit>,
 }
 
 impl Limits {
@@ -204,6 +220,7 @@ impl Limits {
             idle: secs(args.idle_timeout),
             max_test: secs(args.max_test_secs),
             max_mem: args.max_session_mem,
+            report: args.listen.map(|_| Unit::of(args.report_gbits)),
         }
     }
 }
@@ -367,14 +384,57 @@ fn client_layout(size: u64, qps: u16) -> (usize, usize, usize) {
 
 /// The value of the ready byte.
 const READY: u8 = 0xa5;
-/// The value the client RDMA-Writes at [`done_offset`] of the server's buffer once its
-/// test is over, before it disconnects: a disconnect without it is a client that died.
-const DONE: u8 = 0x5d;
 
-/// Where in the server's buffer (`buffer_len(size) + 64` bytes) the client's DONE goes:
-/// after the messages and the READY source byte.
+/// Where in the server's buffer (`buffer_len(size) + 64` bytes) the client's [`Report`]
+/// goes: after the messages and the READY source byte.
 fn done_offset(size: u64) -> usize {
-    buffer_len(size) + 1
+    buffer_len(size) + 8
+}
+
+/// What the client measured in one test, RDMA-Written into the server's buffer at
+/// [`done_offset`] when the test is over (one Write per QP, before the disconnect): the
+/// server prints it (perftest's server shows the client's figures too), and a disconnect
+/// without it is a client that died.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Report {
+    messages: u64,
+    secs: f64,
+    peak_gbit: f64,
+    /// Latency tests: the median in nanoseconds (0 for bandwidth).
+    p50_ns: u64,
+}
+
+impl Report {
+    const LEN: usize = 40;
+    const MAGIC: u64 = u64::from_le_bytes(*b"SRBDONE\0");
+
+    fn of(o: &Outcome) -> Report {
+        Report {
+            messages: o.messages,
+            secs: o.secs,
+            peak_gbit: o.peak_gbit,
+            p50_ns: o.hist.as_ref().map_or(0, |h| h.value_at_quantile(0.5)),
+        }
+    }
+    fn encode(&self) -> [u8; Report::LEN] {
+        let mut b = [0u8; Report::LEN];
+        b[..8].copy_from_slice(&self.messages.to_le_bytes());
+        b[8..16].copy_from_slice(&self.secs.to_le_bytes());
+        b[16..24].copy_from_slice(&self.peak_gbit.to_le_bytes());
+        b[24..32].copy_from_slice(&self.p50_ns.to_le_bytes());
+        b[32..].copy_from_slice(&Report::MAGIC.to_le_bytes());
+        b
+    }
+    /// `None` unless the magic is there (the client did not finish its test).
+    fn decode(b: &[u8; Report::LEN]) -> Option<Report> {
+        let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        (u(32) == Report::MAGIC).then(|| Report {
+            messages: u(0),
+            secs: f64::from_bits(u(8)),
+            peak_gbit: f64::from_bits(u(16)),
+            p50_ns: u(24),
+        })
+    }
 }
 
 /// `--qps` at most.
@@ -443,6 +503,8 @@ pub fn run(args: Args) -> Result<()> {
     }
     let sizes: Vec<u64> = if op == Op::Atomic {
         vec![8]
+    } else if args.all {
+        (1..=23).map(|b| 1u64 << b).collect()
     } else if !args.sizes.is_empty() {
         args.sizes.clone()
     } else {
@@ -484,7 +546,7 @@ pub fn run(args: Args) -> Result<()> {
                         print_header(&args, &dev, target, &r);
                         printed_header = true;
                     }
-                    r.print_row();
+                    r.print_row(args.report_gbits);
                 }
             }
             Err(e) => {
@@ -601,15 +663,16 @@ impl Outcome {
         }
         v
     }
-    fn print_row(&self) {
+    fn print_row(&self, gbits: bool) {
+        let bw = |gbit: f64| Unit::of(gbits).convert_gbit(gbit);
         match &self.hist {
             None => {
                 println!(
                     " {:<10} {:<13} {:<18.2} {:<20.2} {:.6}",
                     show_size(self.size),
                     self.iters(),
-                    self.peak_gbit,
-                    self.gbit(),
+                    bw(self.peak_gbit),
+                    bw(self.gbit()),
                     self.msg_rate() / 1e6
                 );
                 if let Some(b) = &self.baseline {
@@ -618,7 +681,7 @@ impl Outcome {
                         "  TCP",
                         self.iters(),
                         "",
-                        b.gbit,
+                        bw(b.gbit),
                         self.ratio().unwrap_or(f64::NAN),
                         self.cpu_ratio().unwrap_or(f64::NAN)
                     );
@@ -688,8 +751,40 @@ fn print_header(args: &Args, dev: &Device, target: SocketAddr, r: &Outcome) {
     if r.lat {
         println!(" #bytes   #iterations  t_min[usec] t_max[usec] t_p50[usec] t_avg[usec] t_p99[usec] t_p99.9[usec]");
     } else {
-        println!(" #bytes     #iterations   BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]");
+        let u = Unit::of(args.report_gbits).label();
+        println!(" #bytes     #iterations   BW peak[{u}]    BW average[{u}]   MsgRate[Mpps]");
     }
+}
+
+/// The bandwidth unit of the tables: perftest's MB/sec (2^20 bytes per second) by default,
+/// Gb/sec (10^9 bits per second) with --report_gbits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unit {
+    MbPerSec,
+    GbitPerSec,
+}
+
+impl Unit {
+    fn of(report_gbits: bool) -> Unit {
+        if report_gbits { Unit::GbitPerSec } else { Unit::MbPerSec }
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Unit::MbPerSec => "MB/sec",
+            Unit::GbitPerSec => "Gb/sec",
+        }
+    }
+    fn convert_gbit(self, gbit: f64) -> f64 {
+        match self {
+            Unit::MbPerSec => gbit_to_mb(gbit),
+            Unit::GbitPerSec => gbit,
+        }
+    }
+}
+
+/// Gbit/s (10^9 bits) to perftest's MB/sec (2^20 bytes).
+fn gbit_to_mb(gbit: f64) -> f64 {
+    gbit * 1e9 / 8.0 / (1u64 << 20) as f64
 }
 
 /// Signal one work request in this many (perftest's --cq-mod): often enough
@@ -727,9 +822,8 @@ fn run_test(
     let depth = if lat { 1 } else { args.depth };
     let pd = dev.alloc_pd();
     let (echo_off, ready_off, mr_len) = client_layout(size, args.qps);
-    // One byte more: the DONE value the test's end writes to the server.
-    let mr = pd.reg_mr(mr_len + 1, Access::all_remote())?;
-    mr.write(mr_len, &[DONE])?;
+    // Room for the Report the test's end writes to the server.
+    let mr = pd.reg_mr(mr_len + Report::LEN, Access::all_remote())?;
     let (credits, grant) = send_credits(depth);
     let grant_recvs = credits / grant + 2;
     let cq = dev.create_cq(client_cqe(args.qps, depth))?;
@@ -849,6 +943,7 @@ fn run_test(
     }
     out.cpu_s = cpu0.and_then(|c0| Some(cpu_secs()? - c0));
     prog.clear();
+    mr.write(mr_len, &Report::of(&out).encode())?;
     tell_done(&conns, &cq, &mr, mr_len, size)?;
     for c in &conns {
         c.qp.disconnect();
@@ -856,7 +951,7 @@ fn run_test(
     Ok(out)
 }
 
-/// The test's end: one signaled RDMA Write of [`DONE`] per QP into the server's buffer,
+/// The test's end: one signaled RDMA Write of the [`Report`] per QP into the server's buffer,
 /// completed before the disconnect (which follows it on the same TCP stream), so that the
 /// server tells a finished client from one that died.
 fn tell_done(conns: &[ClientQp], cq: &CompletionQueue, mr: &MemoryRegion, src: usize, size: u64) -> Result<()> {
@@ -869,7 +964,7 @@ fn tell_done(conns: &[ClientQp], cq: &CompletionQueue, mr: &MemoryRegion, src: u
             SendWr::new(
                 wr_id(KIND_DONE, q, 0),
                 WrOpcode::RdmaWrite { remote },
-                vec![mr.sge(src, 1)],
+                vec![mr.sge(src, Report::LEN as u32)],
             )
             .flags(SendFlags::SIGNALED),
         )?;
@@ -1425,6 +1520,29 @@ mod tests {
         };
         assert_eq!(Reply::decode(&r.encode()).unwrap(), r);
         assert!(Hello::decode(&r.encode()).is_err());
+    }
+
+    #[test]
+    fn report_round_trips_and_needs_its_magic() {
+        let r = Report {
+            messages: 5000,
+            secs: 0.25,
+            peak_gbit: 12.5,
+            p50_ns: 0,
+        };
+        let mut b = r.encode();
+        assert!(
+            done_offset(64) + Report::LEN <= buffer_len(64) + 64,
+            "fits the server's spare room"
+        );
+        assert_eq!(Report::decode(&b), Some(r));
+        b[39] ^= 1;
+        assert_eq!(Report::decode(&b), None);
+        assert_eq!(Report::decode(&[0; Report::LEN]), None, "a dead client's zeros");
+        assert!(
+            (gbit_to_mb(8.0 * 1048576.0 / 1e9) - 1.0).abs() < 1e-12,
+            "MB/sec is 2^20 bytes"
+        );
     }
 
     #[test]
