@@ -40,7 +40,12 @@
 //! bounds every wait, so a client that connects and goes silent is dropped
 //! with a message naming it. While idle the server sleeps on its CQ (every
 //! event that matters is followed by a completion: a receive is always
-//! posted), waking twice a second.
+//! posted), waking twice a second. With `-P` (persistent, as rping's) the listener stays
+//! open and each client gets a thread, at most 16 at once (more are rejected); a failed
+//! session is reported and the server goes on until killed.
+//!
+//! Not implemented: rping's `-I` (source address) and `-t` (IP type of service), which need
+//! a source address and a TOS on the verbs connect call.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -72,6 +77,11 @@ pub struct RpingArgs {
     /// Client side.
     #[arg(short = 'c')]
     pub client: bool,
+    /// Server: persistent mode, as rping's -P: serve clients until killed, each on its own
+    /// thread (at most 16 at once; more are rejected with the reason), a failed session
+    /// reported and the next client served.
+    #[arg(short = 'P', requires = "server")]
+    pub persistent: bool,
     /// Address: the server's to connect to (client) or to bind to (server; default any).
     #[arg(short = 'a')]
     pub addr: Option<String>,
@@ -657,15 +667,59 @@ fn cstr(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
+/// `-P`: clients served at once at most.
+const MAX_PERSISTENT_CLIENTS: usize = 16;
+
 fn server(dev: &Device, args: &RpingArgs) -> Result<()> {
     let addr = resolve(args.addr.as_deref().unwrap_or("0.0.0.0"), args.port)?;
     let listener = dev.listen(addr).with_context(|| format!("rdma_bind_addr {addr}"))?;
     if args.debug {
         println!("rdma_bind_addr successful on {}", listener.local_addr());
     }
+    if args.persistent {
+        return persistent_server(dev, args, &listener);
+    }
     let req = listener
         .get_request(args.timeout())
         .context("wait for CONNECT_REQUEST")?;
+    serve_request(dev, args, req, Some(listener))
+}
+
+/// rping -P: every connect request gets a thread of its own (rping's
+/// `persistent_server_thread`), up to [`MAX_PERSISTENT_CLIENTS`] at once; a failed session
+/// is reported on stderr and the server goes on. Runs until killed, or until the listener
+/// fails.
+fn persistent_server(dev: &Device, args: &RpingArgs, listener: &Listener) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let active = AtomicUsize::new(0);
+    std::thread::scope(|s| -> Result<()> {
+        loop {
+            let req = match listener.get_request(None) {
+                Ok(r) => r,
+                Err(Error::Timeout) => continue,
+                Err(e) => return Err(e).context("wait for CONNECT_REQUEST"),
+            };
+            let peer = req.peer_addr();
+            if active.load(Ordering::Acquire) >= MAX_PERSISTENT_CLIENTS {
+                eprintln!("server: refusing {peer}: {MAX_PERSISTENT_CLIENTS} clients already being served");
+                let _ = req.reject(b"rping: busy");
+                continue;
+            }
+            active.fetch_add(1, Ordering::AcqRel);
+            let active = &active;
+            s.spawn(move || {
+                if let Err(e) = serve_request(dev, args, req, None) {
+                    eprintln!("server: session with {peer} failed: {e:#}");
+                }
+                active.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
+    })
+}
+
+/// Accepts `req` and runs rping's server side on it. The listener, when given, is closed
+/// once the connection is accepted, so that a second client is refused.
+fn serve_request(dev: &Device, args: &RpingArgs, req: ConnectRequest, listener: Option<Listener>) -> Result<()> {
     let p = req.param();
     if args.debug {
         println!(
