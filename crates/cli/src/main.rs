@@ -23,6 +23,7 @@ mod net;
 mod nfs;
 mod perftest;
 mod providers;
+mod report;
 mod rpc;
 mod rping;
 mod sigpipe;

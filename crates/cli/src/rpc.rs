@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::net::{Notice, host_port};
+use crate::report::Bandwidth;
 use crate::units::parse_size;
 
 /// `rpc bench --threads` at most: each caller is a thread with a TCP and an RDMA connection
@@ -110,7 +111,7 @@ enum Cmd {
         /// Concurrent callers, each a thread with one connection per transport (1 to 256).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_THREADS as i64))]
         threads: u32,
-        /// One JSON object with both transports' MiB/s and the ratio.
+        /// One JSON object with both transports' MB/s and Gbit/s and the ratio (docs/json.md).
         #[arg(long)]
         json: bool,
     },
@@ -368,6 +369,29 @@ fn call<C: RpcClient>(c: &C, to: &Target, proc_: &str, size: usize, count: u32) 
     Ok(())
 }
 
+/// `rpc bench --json` (docs/json.md, "rpc bench").
+#[derive(serde::Serialize)]
+struct RpcBenchJson {
+    tool: &'static str,
+    #[serde(rename = "proc")]
+    proc_: &'static str,
+    size: u64,
+    calls: u64,
+    threads: u32,
+    /// null when the transport was not timed.
+    tcp: Option<RpcRate>,
+    rdma: Option<RpcRate>,
+    rdma_tcp_ratio: Option<f64>,
+}
+
+/// One transport's result: the bandwidth of the READ data, and calls per second.
+#[derive(serde::Serialize)]
+struct RpcRate {
+    #[serde(flatten)]
+    bw: Bandwidth,
+    calls_per_s: f64,
+}
+
 /// Bytes per second of `calls` READs of `size` over `threads` clients.
 fn time_reads<C: RpcClient + Sync>(clients: &[C], size: usize, calls: u64) -> Result<f64> {
     // warm up each connection
@@ -436,22 +460,36 @@ fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: b
         (Some(r), Some(t)) if t > 0.0 => Some(r / t),
         _ => None,
     };
-    let mib = |b: Option<f64>| b.map(|b| b / (1 << 20) as f64);
+    let rate = |b: Option<f64>| {
+        b.map(|b| RpcRate {
+            bw: Bandwidth::of_bytes_per_s(b),
+            calls_per_s: b / size.max(1) as f64,
+        })
+    };
     if json {
-        let f = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:.3}"));
-        println!(
-            "{{\"proc\":\"READ\",\"size\":{size},\"calls\":{calls},\"threads\":{threads},\"tcp_mib_s\":{},\"rdma_mib_s\":{},\"rdma_tcp_ratio\":{}}}",
-            f(mib(tcp_bps)),
-            f(mib(rdma_bps)),
-            f(ratio)
-        );
+        crate::report::print_line(&RpcBenchJson {
+            tool: "rpc bench",
+            proc_: "READ",
+            size: size as u64,
+            calls,
+            threads,
+            tcp: rate(tcp_bps),
+            rdma: rate(rdma_bps),
+            rdma_tcp_ratio: ratio,
+        });
     } else {
         println!("READ of {size} bytes, {calls} calls, {threads} caller(s):");
-        if let Some(t) = mib(tcp_bps) {
-            println!("  ONC RPC over TCP:           {t:10.1} MiB/s");
+        if let Some(t) = rate(tcp_bps) {
+            println!(
+                "  ONC RPC over TCP:            {:10.1} MB/sec {:8.2} Gb/sec",
+                t.bw.mb_per_s, t.bw.gbit_per_s
+            );
         }
-        if let Some(r) = mib(rdma_bps) {
-            println!("  RPC-over-RDMA (write chunk): {r:10.1} MiB/s");
+        if let Some(r) = rate(rdma_bps) {
+            println!(
+                "  RPC-over-RDMA (write chunk): {:10.1} MB/sec {:8.2} Gb/sec",
+                r.bw.mb_per_s, r.bw.gbit_per_s
+            );
         }
         if let Some(x) = ratio {
             println!("  RDMA / TCP = {x:.2}");

@@ -440,5 +440,6 @@ fn rping_persistent_server_serves_client_after_client() {
     let pings = std::iter::from_fn(|| s.lines.recv_timeout(Duration::from_secs(10)).ok())
         .filter(|l| l.starts_with("server ping data: "))
         .count();
-    assert!(pings >= 5 + 20 + 20 + 1, "{pings} pings seen by the server");
+    let want = 5 + 20 + 20 + 1;
+    assert!(pings >= want, "{pings} pings seen by the server, {want} sent");
 }

@@ -36,9 +36,9 @@
 //! A session that fails (Terminate, reset, silence) is reported at default
 //! log level with QP number and peer address, and the server exits non-zero.
 
+use crate::report::{Bandwidth, Latency};
 use anyhow::{Context, Result, anyhow, bail};
 use hdrhistogram::Histogram;
-use serde_json::json;
 use std::io::{IsTerminal, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -540,7 +540,7 @@ pub fn run(args: Args) -> Result<()> {
         match r {
             Ok(r) => {
                 if args.json {
-                    println!("{}", r.json());
+                    crate::report::print_line(&r.json());
                 } else {
                     if !printed_header {
                         print_header(&args, &dev, target, &r);
@@ -565,6 +565,50 @@ pub fn run(args: Args) -> Result<()> {
         h.join().map_err(|_| anyhow!("server thread panicked"))??;
     }
     res
+}
+
+/// `bench --json`: one object per test (docs/json.md).
+#[derive(serde::Serialize)]
+struct BenchJson {
+    tool: &'static str,
+    op: &'static str,
+    mode: &'static str,
+    size: u64,
+    iters: u64,
+    messages: u64,
+    qps: u16,
+    depth: u32,
+    crc: bool,
+    seconds: f64,
+    /// The average: `mb_per_s` and `gbit_per_s`.
+    #[serde(flatten)]
+    bw: Bandwidth,
+    mb_per_s_peak: f64,
+    gbit_per_s_peak: f64,
+    msg_per_s: f64,
+    /// Latency mode only (null for bandwidth).
+    lat: Option<Latency>,
+    /// CPU seconds this process used during the run.
+    cpu_s: Option<f64>,
+    /// With `--baseline tcp` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    baseline: Option<BaselineJson>,
+}
+
+/// The TCP baseline of a [`BenchJson`] and how RDMA compares.
+#[derive(serde::Serialize)]
+struct BaselineJson {
+    kind: &'static str,
+    #[serde(flatten)]
+    bw: Bandwidth,
+    lat: Option<Latency>,
+    cpu_s: Option<f64>,
+    /// RDMA over TCP of the field `ratio_of` names: for bandwidth higher is better, for
+    /// latency lower.
+    ratio: Option<f64>,
+    ratio_of: &'static str,
+    /// CPU seconds RDMA over TCP (lower is cheaper).
+    cpu_ratio: Option<f64>,
 }
 
 /// What one test measured.
@@ -620,48 +664,40 @@ impl Outcome {
         let r = self.cpu_s?;
         (b > 0.0).then(|| r / b)
     }
-    fn json(&self) -> serde_json::Value {
-        let lat = |q| self.hist.as_ref().map(|h| us(h, q));
-        let mut v = json!({
-            "op": self.op.name(),
-            "mode": if self.lat { "lat" } else { "bw" },
-            "size": self.size,
-            "iters": self.iters(),
-            "messages": self.messages,
-            "qps": self.qps,
-            "depth": if self.lat { 1 } else { self.depth },
-            "crc": self.crc,
-            "seconds": self.secs,
-            "gbit_per_s": self.gbit(),
-            "gbit_per_s_peak": self.peak_gbit,
-            "msg_per_s": self.msg_rate(),
-            "lat_p50_us": lat(0.5),
-            "lat_p99_us": lat(0.99),
-            "lat_p999_us": lat(0.999),
-            "cpu_s": self.cpu_s,
-        });
-        if let Some(b) = &self.baseline {
-            let m = v.as_object_mut().unwrap();
-            m.insert("baseline".into(), json!("tcp"));
-            m.insert("baseline_gbit_per_s".into(), json!(b.gbit));
-            m.insert("baseline_lat_p50_us".into(), json!(b.hist.as_ref().map(|h| us(h, 0.5))));
-            m.insert(
-                "baseline_lat_p99_us".into(),
-                json!(b.hist.as_ref().map(|h| us(h, 0.99))),
-            );
-            m.insert("ratio".into(), json!(self.ratio()));
-            m.insert("baseline_cpu_s".into(), json!(b.cpu_s));
-            m.insert("cpu_ratio".into(), json!(self.cpu_ratio()));
-            m.insert(
-                "ratio_of".into(),
-                json!(if self.hist.is_some() {
-                    "lat_p50_us"
+    /// The `--json` object (docs/json.md, "bench").
+    fn json(&self) -> BenchJson {
+        let bw = |gbit: f64| Bandwidth::of_bytes_per_s(gbit * 1e9 / 8.0);
+        BenchJson {
+            tool: "bench",
+            op: self.op.name(),
+            mode: if self.lat { "lat" } else { "bw" },
+            size: self.size,
+            iters: self.iters(),
+            messages: self.messages,
+            qps: self.qps,
+            depth: if self.lat { 1 } else { self.depth },
+            crc: self.crc,
+            seconds: self.secs,
+            bw: bw(self.gbit()),
+            mb_per_s_peak: bw(self.peak_gbit).mb_per_s,
+            gbit_per_s_peak: self.peak_gbit,
+            msg_per_s: self.msg_rate(),
+            lat: self.hist.as_ref().map(Latency::of_ns),
+            cpu_s: self.cpu_s,
+            baseline: self.baseline.as_ref().map(|b| BaselineJson {
+                kind: "tcp",
+                bw: bw(b.gbit),
+                lat: b.hist.as_ref().map(Latency::of_ns),
+                cpu_s: b.cpu_s,
+                ratio: self.ratio(),
+                ratio_of: if self.hist.is_some() {
+                    "lat.p50_us"
                 } else {
                     "gbit_per_s"
-                }),
-            );
+                },
+                cpu_ratio: self.cpu_ratio(),
+            }),
         }
-        v
     }
     fn print_row(&self, gbits: bool) {
         let bw = |gbit: f64| Unit::of(gbits).convert_gbit(gbit);
@@ -692,24 +728,24 @@ impl Outcome {
                     " {:<8} {:<12} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:.2}",
                     show_size(self.size),
                     self.iters(),
-                    us(h, 0.0),
-                    us(h, 1.0),
-                    us(h, 0.5),
-                    h.mean() / 1000.0,
-                    us(h, 0.99),
-                    us(h, 0.999)
+                    Latency::of_ns(h).min_us,
+                    Latency::of_ns(h).max_us,
+                    Latency::of_ns(h).p50_us,
+                    Latency::of_ns(h).avg_us,
+                    Latency::of_ns(h).p99_us,
+                    Latency::of_ns(h).p999_us
                 );
                 if let Some(bh) = self.baseline.as_ref().and_then(|b| b.hist.as_ref()) {
                     println!(
                         " {:<8} {:<12} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:.2}   p50 ratio RDMA/TCP {:.3}",
                         "  TCP",
                         self.iters(),
-                        us(bh, 0.0),
-                        us(bh, 1.0),
-                        us(bh, 0.5),
-                        bh.mean() / 1000.0,
-                        us(bh, 0.99),
-                        us(bh, 0.999),
+                        Latency::of_ns(bh).min_us,
+                        Latency::of_ns(bh).max_us,
+                        Latency::of_ns(bh).p50_us,
+                        Latency::of_ns(bh).avg_us,
+                        Latency::of_ns(bh).p99_us,
+                        Latency::of_ns(bh).p999_us,
                         self.ratio().unwrap_or(f64::NAN)
                     );
                 }
