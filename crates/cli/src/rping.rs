@@ -457,11 +457,6 @@ fn test_pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| i as u8).collect()
 }
 
-/// Lowercase hex, no separators (how the interop tests compare private data).
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// Runs `softrdma rping`.
 pub fn run(args: RpingArgs) -> Result<()> {
     if args.size < MIN_SIZE || args.size > MAX_SIZE {
@@ -582,7 +577,7 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
             bail!(
                 "cma event RDMA_CM_EVENT_REJECTED, IRD/ORD {io}, private data {} bytes: {}",
                 private_data.len(),
-                hex(&private_data)
+                hex::encode(&private_data)
             )
         }
         Err(e) => return Err(e).context(format!("connect error to {addr}")),
@@ -591,7 +586,7 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
     ep.debug(format!("rdma_connect successful: {}", ep.qp.conn_info().detail));
     if args.test_connect_only {
         let peer = ep.qp.conn_info().peer_private_data;
-        println!("peer private data {} bytes: {}", peer.len(), hex(&peer));
+        println!("peer private data {} bytes: {}", peer.len(), hex::encode(&peer));
         std::thread::sleep(Duration::from_millis(args.first_send_delay_ms));
         ep.qp.disconnect();
         return Ok(());
@@ -732,7 +727,7 @@ fn serve_request(dev: &Device, args: &RpingArgs, req: ConnectRequest, listener: 
     }
     if args.test_pd.is_some() || args.test_reject.is_some() || args.test_connect_only {
         let pd = req.private_data();
-        println!("connect request private data {} bytes: {}", pd.len(), hex(pd));
+        println!("connect request private data {} bytes: {}", pd.len(), hex::encode(pd));
     }
     if let Some(n) = args.test_reject {
         req.reject(&test_pattern(n)).context("rdma_reject")?;
