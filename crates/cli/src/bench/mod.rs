@@ -7,8 +7,11 @@
 //! the accept's private data (a [`Reply`]: its buffer's address and STag,
 //! receive credits for Send, and the port of its plain-TCP baseline listener).
 //! One test (one size of a sweep) is one set of connections; the client ends
-//! a test by disconnecting, and the server ends its session after the test
-//! flagged as the last one.
+//! a test by RDMA-Writing its [`Report`] (what it measured) into the server's
+//! buffer on each QP and then disconnecting, and the server ends its session
+//! after the test flagged as the last one. The server prints the report as
+//! perftest's server prints its client's figures; a disconnect without it is
+//! a client that died, and fails the session (exit status 1).
 //!
 //! Bandwidth runs post up to `--depth` work requests per QP, with one
 //! signaled WR every `cq_mod` (as perftest does) and, at the end, one signaled
