@@ -33,7 +33,7 @@ const MAX_THREADS: u32 = 256;
 /// at most; measured: 64 callers run in 250).
 const FDS_PER_THREAD: u64 = 4;
 
-/// A size of call or reply data: [`parse_size`], at most the demo program's 64 MiB.
+/// A size of call or reply data: [`parse_size()`], at most the demo program's 64 MiB.
 fn data_size(s: &str) -> Result<u64, String> {
     let v = parse_size(s)?;
     if v > demo::MAX_DATA as u64 {

@@ -245,7 +245,7 @@ fn show_size(n: u64) -> String {
 const T: Duration = Duration::from_secs(10);
 const HELLO_MAGIC: &[u8; 4] = b"SRBN";
 const REPLY_MAGIC: &[u8; 4] = b"SRBA";
-/// 2: the client writes [`DONE`] into the server's buffer before it ends a test.
+/// 2: the client writes its [`Report`] into the server's buffer before it ends a test.
 const VERSION: u8 = 2;
 const FLAG_LAT: u8 = 1;
 const FLAG_LAST: u8 = 2;
