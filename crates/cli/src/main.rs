@@ -18,9 +18,12 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod demo;
 mod devices;
+mod fdlimit;
+mod net;
 mod nfs;
 mod perftest;
 mod providers;
+mod report;
 mod rpc;
 mod rping;
 mod sigpipe;
@@ -94,20 +97,26 @@ fn man_pages(dir: &std::path::Path) -> Result<()> {
 /// The log filter when `RUST_LOG` is not set.
 const DEFAULT_LOG: &str = "warn,rpcrdma=info";
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     sigpipe::restore_default();
     use std::io::IsTerminal;
     // Colours only on a terminal: RUST_LOG output to a pipe or file stays plain text.
     // Without RUST_LOG: warnings, and the servers' connection diagnostics (peer closed,
     // Terminate, idle close, refusals), which rpcrdma logs at info.
+    let cli = Cli::parse();
+    // `rpc bench` runs its servers in-process: their per-connection notes are noise there.
+    let default_log = match &cli.cmd {
+        Cmd::Rpc(a) if a.is_bench() => "warn",
+        _ => DEFAULT_LOG,
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    match Cli::parse().cmd {
+    let res = match cli.cmd {
         Cmd::Demo(args) => demo::run(args),
         Cmd::Bench(args) => bench::run(args),
         Cmd::Devices(args) => devices::run_devices(args),
@@ -118,5 +127,14 @@ fn main() -> Result<()> {
         Cmd::Perftest(args) => perftest::run(args),
         Cmd::Completions { shell } => completions(shell),
         Cmd::Man { dir } => man_pages(&dir),
+    };
+    match res {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error and its causes, never a backtrace (RUST_BACKTRACE is for
+            // panics); `Error:` as Rust's own `main` prints it, which scripts already match.
+            eprintln!("Error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }

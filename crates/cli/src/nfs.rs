@@ -75,8 +75,8 @@ struct Opts {
     /// Credits we ask for.
     #[arg(long, global = true, default_value_t = 32)]
     credits: u32,
-    /// Pause after the connection is up before the first Send (Linux siw drops
-    /// an FPDU that arrives right after its MPA Reply; see the lab's hazard 3).
+    /// Milliseconds to pause after the connection is up before the first Send (Linux 6.1's
+    /// siw drops an FPDU that arrives right after its MPA Reply; see docs/interop-siw.md).
     #[arg(long, global = true, default_value_t = 50)]
     settle_ms: u64,
     /// Per-call timeout in seconds.
@@ -96,14 +96,27 @@ struct Opts {
 #[derive(clap::Subcommand)]
 enum Cmd {
     /// Attributes of a file or directory (LOOKUP + GETATTR).
-    Stat { target: String },
+    Stat {
+        /// SERVER:/export/path of the file or directory (SERVER: an address or a name).
+        target: String,
+    },
     /// List a directory (READDIRPLUS).
-    Ls { target: String },
+    Ls {
+        /// SERVER:/export/dir to list.
+        target: String,
+    },
     /// Copy a file from the server to LOCAL (default: its name in the current directory; `-` for stdout).
-    Get { target: String, local: Option<String> },
+    Get {
+        /// SERVER:/export/file to copy.
+        target: String,
+        /// Where to write it: a local path, or `-` for stdout [default: the file's name here].
+        local: Option<String>,
+    },
     /// Copy LOCAL to the server (CREATE, then WRITE; UNSTABLE WRITEs end with a COMMIT).
     Put {
+        /// The local file to copy, or `-` for stdin.
         local: String,
+        /// SERVER:/export/file to create or overwrite.
         target: String,
         /// How WRITE asks the server to store the data: `unstable` (as Linux's client writes
         /// whole files: the server may cache, one COMMIT at the end makes it stable, and if
@@ -113,7 +126,10 @@ enum Cmd {
         stable: String,
     },
     /// Remove a file (REMOVE; not a directory).
-    Rm { target: String },
+    Rm {
+        /// SERVER:/export/file to remove.
+        target: String,
+    },
     /// Ask how the server handles RPC-over-RDMA chunks it cannot use (RFC 8166 §4.5): READs of
     /// the file TARGET with a Write chunk or Reply chunk too small, and with a stale Write-chunk
     /// handle (the server's RDMA Write meets our Terminate; the call is retransmitted after a
@@ -533,14 +549,15 @@ pub fn run(args: Args) -> Result<()> {
             Ok(())
         }
         Cmd::Put { local, target, stable } => {
-            let s = connect(&o, &target)?;
+            // The local side first: a missing file is the user's first problem, not the server.
             let data = if local == "-" {
                 let mut v = Vec::new();
                 std::io::stdin().read_to_end(&mut v)?;
                 v
             } else {
-                std::fs::read(&local).with_context(|| format!("reading {local}"))?
+                std::fs::read(&local).with_context(|| format!("reading the local file {local}"))?
             };
+            let s = connect(&o, &target)?;
             let (dfh, name) = s.parent_of(&target)?;
             let fh = create_empty(&s.nfs, &dfh, &name)?;
             let t = Instant::now();

@@ -12,15 +12,38 @@
 //! in the TCP record over TCP), with `--threads` callers on one connection each.
 
 use anyhow::{Result, anyhow, bail};
-use rpcrdma::client::RpcClient;
+use rpcrdma::client::{RpcClient, RpcError};
 use rpcrdma::demo;
+use rpcrdma::rpc::AcceptStat;
 use rpcrdma::tcp::{TcpClient, TcpServer, TcpServerConfig};
 use rpcrdma::transport::{RdmaClient, RdmaConfig, RdmaServer};
+use rpcrdma::wire::ErrorBody;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::net::{Notice, host_port};
+use crate::report::Bandwidth;
 use crate::units::parse_size;
+
+/// `rpc bench --threads` at most: each caller is a thread with a TCP and an RDMA connection
+/// (descriptors, and one RDMA connection per caller on a server that takes 1024).
+const MAX_THREADS: u32 = 256;
+/// File descriptors one `rpc bench` caller holds (client and server ends, both transports'
+/// at most; measured: 64 callers run in 250).
+const FDS_PER_THREAD: u64 = 4;
+
+/// A size of call or reply data: [`parse_size()`], at most the demo program's 64 MiB.
+fn data_size(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if v > demo::MAX_DATA as u64 {
+        return Err(format!(
+            "{s} is more than the demo program's {} MiB of data per call",
+            demo::MAX_DATA >> 20
+        ));
+    }
+    Ok(v)
+}
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,16 +51,23 @@ pub struct Args {
     cmd: Cmd,
 }
 
+impl Args {
+    /// `rpc bench`, whose servers run in this process.
+    pub fn is_bench(&self) -> bool {
+        matches!(self.cmd, Cmd::Bench { .. })
+    }
+}
+
 #[derive(clap::Subcommand)]
 enum Cmd {
     /// Serve the demo program (0x20000099: NULL, ECHO, READ, WRITE) over ONC RPC on TCP
     /// (record marking) and over RPC-over-RDMA v1 on iWARP at the same time, until interrupted.
     Serve {
-        /// Address of the ONC RPC over TCP listener.
-        #[arg(long, default_value = "127.0.0.1:20048")]
+        /// Address of the ONC RPC over TCP listener (HOST:PORT; HOST may be a name).
+        #[arg(long, default_value = "127.0.0.1:20048", value_parser = host_port)]
         tcp: SocketAddr,
         /// Address of the RPC-over-RDMA (iWARP) listener; 20049 is NFS/RDMA's port.
-        #[arg(long, default_value = "127.0.0.1:20049")]
+        #[arg(long, default_value = "127.0.0.1:20049", value_parser = host_port)]
         rdma: SocketAddr,
         #[command(flatten)]
         tcp_limits: TcpLimits,
@@ -49,35 +79,39 @@ enum Cmd {
         /// Transport: ONC RPC over TCP, or RPC-over-RDMA on iWARP.
         #[arg(long, default_value = "rdma", value_parser = ["tcp", "rdma"])]
         transport: String,
-        /// Server address (default: the serve defaults for the chosen transport).
-        #[arg(long)]
+        /// Server address, HOST:PORT (default: the serve defaults for the chosen transport).
+        #[arg(long, value_parser = host_port)]
         addr: Option<SocketAddr>,
         /// Procedure: null, echo (data both ways), read (SIZE bytes back, through a write
         /// chunk over RDMA when large), write (SIZE bytes out, through a read chunk).
         #[arg(long, default_value = "read", value_parser = ["null", "echo", "read", "write"])]
         proc_: String,
-        /// Bytes of bulk data per call; K, M suffixes.
-        #[arg(long, value_parser = parse_size, default_value = "4K")]
+        /// Bytes of bulk data per call; K, M suffixes. At most 64M (the demo program's
+        /// limit); `rpc serve` takes at most 8M of call data over RDMA (--rdma-max-call).
+        #[arg(long, value_parser = data_size, default_value = "4K")]
         size: u64,
         /// Number of calls.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         count: u32,
+        /// Seconds to wait for the connection and for each reply.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+        timeout: u64,
     },
     /// Time READ calls over TCP and/or RDMA (servers started in-process on loopback).
     Bench {
-        /// READ reply size in bytes (over RDMA, moved by a write chunk); K, M suffixes.
-        #[arg(long, value_parser = parse_size, default_value = "1M")]
+        /// READ reply size in bytes (over RDMA, moved by a write chunk); K, M suffixes, at most 64M.
+        #[arg(long, value_parser = data_size, default_value = "1M")]
         size: u64,
         /// Which transports to time; `both` prints the RDMA/TCP ratio.
         #[arg(long, default_value = "both", value_parser = ["tcp", "rdma", "both"])]
         transport: String,
         /// Calls per transport (default: enough for 512 MiB, at least 20).
-        #[arg(long)]
+        #[arg(long, value_parser = crate::units::count)]
         calls: Option<u64>,
-        /// Concurrent callers (one connection each).
-        #[arg(long, default_value_t = 1)]
+        /// Concurrent callers, each a thread with one connection per transport (1 to 256).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_THREADS as i64))]
         threads: u32,
-        /// One JSON object with both transports' MiB/s and the ratio.
+        /// One JSON object with both transports' MB/s and Gbit/s and the ratio (docs/json.md).
         #[arg(long)]
         json: bool,
     },
@@ -219,16 +253,32 @@ pub fn run(args: Args) -> Result<()> {
             proc_,
             size,
             count,
+            timeout,
         } => {
             let size = size as usize;
-            if transport == "tcp" {
-                let c = TcpClient::connect(addr.unwrap_or_else(|| "127.0.0.1:20048".parse().unwrap()))?;
-                call(&c, &proc_, size, count)
+            let t = Duration::from_secs(timeout);
+            let tcp = transport == "tcp";
+            let default = if tcp { "127.0.0.1:20048" } else { "127.0.0.1:20049" };
+            let addr = addr.unwrap_or_else(|| default.parse().expect("a socket address"));
+            let how = if tcp { "ONC RPC over TCP" } else { "RPC-over-RDMA" };
+            let to = Target { addr, how, timeout };
+            let connecting = Notice::new(format!(
+                "rpc call: connecting to {addr} ({how}); giving up after {timeout} s (--timeout)"
+            ));
+            if tcp {
+                let mut c = TcpClient::connect_timeout(addr, t).map_err(|e| to.connect_error(e))?;
+                drop(connecting);
+                c.set_timeout(t);
+                call(&c, &to, &proc_, size, count)
             } else {
                 let dev = device()?;
-                let addr = addr.unwrap_or_else(|| "127.0.0.1:20049".parse().unwrap());
-                let c = RdmaClient::connect(&dev.alloc_pd(), addr, RdmaConfig::default())?;
-                call(&c, &proc_, size, count)
+                let cfg = RdmaConfig {
+                    timeout: t,
+                    ..RdmaConfig::default()
+                };
+                let c = RdmaClient::connect(&dev.alloc_pd(), addr, cfg).map_err(|e| to.connect_error(e))?;
+                drop(connecting);
+                call(&c, &to, &proc_, size, count)
             }
         }
         Cmd::Bench {
@@ -241,33 +291,105 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
-fn call<C: RpcClient>(c: &C, proc_: &str, size: usize, count: u32) -> Result<()> {
+/// The server `rpc call` talks to, for its messages.
+struct Target {
+    addr: SocketAddr,
+    how: &'static str,
+    timeout: u64,
+}
+
+impl Target {
+    fn connect_error(&self, e: impl std::fmt::Display) -> anyhow::Error {
+        anyhow!(
+            "cannot connect to {} ({}): {e} (is `softrdma rpc serve` running there? --timeout {} s)",
+            self.addr,
+            self.how,
+            self.timeout
+        )
+    }
+
+    /// What a failed call means to the user: the limit it ran into, or what was waited for.
+    fn call_error(&self, proc_: &str, size: usize, e: RpcError) -> anyhow::Error {
+        let upper = proc_.to_uppercase();
+        match e {
+            RpcError::Timeout => anyhow!(
+                "no reply to {upper} from {} ({}) within {} s (--timeout): the server accepted the \
+                 connection but did not answer",
+                self.addr,
+                self.how,
+                self.timeout
+            ),
+            RpcError::RdmaError(ErrorBody::Chunk) => anyhow!(
+                "the server refused {upper}'s {size} bytes of call data (RDMA_ERROR ERR_CHUNK): more \
+                 than its largest call (`rpc serve --rdma-max-call`, 8M by default; docs/server-limits.md)"
+            ),
+            RpcError::Accepted(AcceptStat::SystemErr) => anyhow!(
+                "the server could not answer {upper} of {size} bytes (SYSTEM_ERR): the reply is larger \
+                 than it sends (`rpc serve --rdma-max-reply` or --tcp-max-record; docs/server-limits.md)"
+            ),
+            e => anyhow!("{upper} of {size} bytes to {}: {e}", self.addr),
+        }
+    }
+}
+
+fn call<C: RpcClient>(c: &C, to: &Target, proc_: &str, size: usize, count: u32) -> Result<()> {
     for i in 0..count {
         let t = Instant::now();
+        let waiting = Notice::new(format!(
+            "rpc call: waiting for the reply to {} from {} (up to {} s, --timeout)",
+            proc_.to_uppercase(),
+            to.addr,
+            to.timeout
+        ));
+        let fail = |e| to.call_error(proc_, size, e);
         match proc_ {
-            "null" => demo::null(c)?,
+            "null" => demo::null(c).map_err(fail)?,
             "echo" => {
                 let d = demo::pattern(size, i);
-                if demo::echo(c, &d)? != d {
+                if demo::echo(c, &d).map_err(fail)? != d {
                     bail!("ECHO returned different data");
                 }
             }
             "read" => {
-                if demo::read(c, size, i)? != demo::pattern(size, i) {
+                if demo::read(c, size, i).map_err(fail)? != demo::pattern(size, i) {
                     bail!("READ returned wrong data");
                 }
             }
             _ => {
                 let d = demo::pattern(size, i);
-                let (n, sum) = demo::write(c, &d)?;
+                let (n, sum) = demo::write(c, &d).map_err(fail)?;
                 if (n as usize, sum) != (size, demo::checksum(&d)) {
                     bail!("WRITE: server saw {n} bytes, checksum {sum:#x}");
                 }
             }
         }
+        drop(waiting);
         println!("{proc_} {size} bytes: ok in {:?}", t.elapsed());
     }
     Ok(())
+}
+
+/// `rpc bench --json` (docs/json.md, "rpc bench").
+#[derive(serde::Serialize)]
+struct RpcBenchJson {
+    tool: &'static str,
+    #[serde(rename = "proc")]
+    proc_: &'static str,
+    size: u64,
+    calls: u64,
+    threads: u32,
+    /// null when the transport was not timed.
+    tcp: Option<RpcRate>,
+    rdma: Option<RpcRate>,
+    rdma_tcp_ratio: Option<f64>,
+}
+
+/// One transport's result: the bandwidth of the READ data, and calls per second.
+#[derive(serde::Serialize)]
+struct RpcRate {
+    #[serde(flatten)]
+    bw: Bandwidth,
+    calls_per_s: f64,
 }
 
 /// Bytes per second of `calls` READs of `size` over `threads` clients.
@@ -303,6 +425,18 @@ fn time_reads<C: RpcClient + Sync>(clients: &[C], size: usize, calls: u64) -> Re
 
 fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: bool) -> Result<()> {
     let calls = calls.unwrap_or_else(|| ((512u64 << 20) / size.max(1) as u64).clamp(20, 100_000));
+    // Each caller: a TCP connection (two descriptors) and the server's end, or an RDMA
+    // connection and the server's end; measured at about 3.5 per caller, plus the process's own.
+    let need = FDS_PER_THREAD * threads as u64 + 64;
+    if let Some(limit) = crate::fdlimit::raise()
+        && limit < need
+    {
+        bail!(
+            "--threads {threads} needs about {need} file descriptors ({FDS_PER_THREAD} per caller), \
+             more than this process may open (ulimit -n: {limit}); use at most {} callers or raise the limit",
+            limit.saturating_sub(64) / FDS_PER_THREAD
+        );
+    }
     let reg = Arc::new(demo::registry());
     let dev = device()?;
     let mut tcp_bps = None;
@@ -326,22 +460,36 @@ fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: b
         (Some(r), Some(t)) if t > 0.0 => Some(r / t),
         _ => None,
     };
-    let mib = |b: Option<f64>| b.map(|b| b / (1 << 20) as f64);
+    let rate = |b: Option<f64>| {
+        b.map(|b| RpcRate {
+            bw: Bandwidth::of_bytes_per_s(b),
+            calls_per_s: b / size.max(1) as f64,
+        })
+    };
     if json {
-        let f = |v: Option<f64>| v.map_or("null".to_string(), |v| format!("{v:.3}"));
-        println!(
-            "{{\"proc\":\"READ\",\"size\":{size},\"calls\":{calls},\"threads\":{threads},\"tcp_mib_s\":{},\"rdma_mib_s\":{},\"rdma_tcp_ratio\":{}}}",
-            f(mib(tcp_bps)),
-            f(mib(rdma_bps)),
-            f(ratio)
-        );
+        crate::report::print_line(&RpcBenchJson {
+            tool: "rpc bench",
+            proc_: "READ",
+            size: size as u64,
+            calls,
+            threads,
+            tcp: rate(tcp_bps),
+            rdma: rate(rdma_bps),
+            rdma_tcp_ratio: ratio,
+        });
     } else {
         println!("READ of {size} bytes, {calls} calls, {threads} caller(s):");
-        if let Some(t) = mib(tcp_bps) {
-            println!("  ONC RPC over TCP:           {t:10.1} MiB/s");
+        if let Some(t) = rate(tcp_bps) {
+            println!(
+                "  ONC RPC over TCP:            {:10.1} MB/sec {:8.2} Gb/sec",
+                t.bw.mb_per_s, t.bw.gbit_per_s
+            );
         }
-        if let Some(r) = mib(rdma_bps) {
-            println!("  RPC-over-RDMA (write chunk): {r:10.1} MiB/s");
+        if let Some(r) = rate(rdma_bps) {
+            println!(
+                "  RPC-over-RDMA (write chunk): {:10.1} MB/sec {:8.2} Gb/sec",
+                r.bw.mb_per_s, r.bw.gbit_per_s
+            );
         }
         if let Some(x) = ratio {
             println!("  RDMA / TCP = {x:.2}");

@@ -40,7 +40,12 @@
 //! bounds every wait, so a client that connects and goes silent is dropped
 //! with a message naming it. While idle the server sleeps on its CQ (every
 //! event that matters is followed by a completion: a receive is always
-//! posted), waking twice a second.
+//! posted), waking twice a second. With `-P` (persistent, as rping's) the listener stays
+//! open and each client gets a thread, at most 16 at once (more are rejected); a failed
+//! session is reported and the server goes on until killed.
+//!
+//! Not implemented: rping's `-I` (source address) and `-t` (IP type of service), which need
+//! a source address and a TOS on the verbs connect call.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -72,6 +77,11 @@ pub struct RpingArgs {
     /// Client side.
     #[arg(short = 'c')]
     pub client: bool,
+    /// Server: persistent mode, as rping's -P: serve clients until killed, each on its own
+    /// thread (at most 16 at once; more are rejected with the reason), a failed session
+    /// reported and the next client served.
+    #[arg(short = 'P', requires = "server")]
+    pub persistent: bool,
     /// Address: the server's to connect to (client) or to bind to (server; default any).
     #[arg(short = 'a')]
     pub addr: Option<String>,
@@ -108,7 +118,7 @@ pub struct RpingArgs {
     pub siw_terminate: bool,
     /// Client: wait this many milliseconds between connection establishment and the first
     /// Send. Linux 6.1's siw as responder misses an FPDU that arrives right after its MPA
-    /// Reply and stalls (docs/interop-siw.md, D1); 50 ms avoids it, 0 sends at once.
+    /// Reply and stalls (see docs/interop-siw.md); 50 ms avoids it, 0 sends at once.
     #[arg(long, default_value_t = 50)]
     pub first_send_delay_ms: u64,
     /// Interop testing: the client advertises its start buffer with a wrong STag key, the
@@ -447,11 +457,6 @@ fn test_pattern(n: usize) -> Vec<u8> {
     (0..n).map(|i| i as u8).collect()
 }
 
-/// Lowercase hex, no separators (how the interop tests compare private data).
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// Runs `softrdma rping`.
 pub fn run(args: RpingArgs) -> Result<()> {
     if args.size < MIN_SIZE || args.size > MAX_SIZE {
@@ -459,7 +464,7 @@ pub fn run(args: RpingArgs) -> Result<()> {
             "Invalid size {} (valid range is {} to {})",
             args.size,
             MIN_SIZE,
-            MAX_SIZE + 1
+            MAX_SIZE
         );
     }
     let dev = crate::providers::open(None, &args.device_options())?;
@@ -586,7 +591,7 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
             bail!(
                 "cma event RDMA_CM_EVENT_REJECTED, IRD/ORD {io}, private data {} bytes: {}",
                 private_data.len(),
-                hex(&private_data)
+                hex::encode(&private_data)
             )
         }
         Err(e) => return Err(e).context(format!("connect error to {addr}")),
@@ -595,7 +600,7 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
     ep.debug(format!("rdma_connect successful: {}", ep.qp.conn_info().detail));
     if args.test_connect_only {
         let peer = ep.qp.conn_info().peer_private_data;
-        println!("peer private data {} bytes: {}", peer.len(), hex(&peer));
+        println!("peer private data {} bytes: {}", peer.len(), hex::encode(&peer));
         std::thread::sleep(Duration::from_millis(args.first_send_delay_ms));
         ep.qp.disconnect();
         return Ok(());
@@ -670,15 +675,59 @@ fn cstr(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
+/// `-P`: clients served at once at most.
+const MAX_PERSISTENT_CLIENTS: usize = 16;
+
 fn server(dev: &Device, args: &RpingArgs) -> Result<()> {
     let addr = resolve(args.addr.as_deref().unwrap_or("0.0.0.0"), args.port)?;
     let listener = dev.listen(addr).with_context(|| format!("rdma_bind_addr {addr}"))?;
     if args.debug {
         println!("rdma_bind_addr successful on {}", listener.local_addr());
     }
+    if args.persistent {
+        return persistent_server(dev, args, &listener);
+    }
     let req = listener
         .get_request(args.timeout())
         .context("wait for CONNECT_REQUEST")?;
+    serve_request(dev, args, req, Some(listener))
+}
+
+/// rping -P: every connect request gets a thread of its own (rping's
+/// `persistent_server_thread`), up to [`MAX_PERSISTENT_CLIENTS`] at once; a failed session
+/// is reported on stderr and the server goes on. Runs until killed, or until the listener
+/// fails.
+fn persistent_server(dev: &Device, args: &RpingArgs, listener: &Listener) -> Result<()> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let active = AtomicUsize::new(0);
+    std::thread::scope(|s| -> Result<()> {
+        loop {
+            let req = match listener.get_request(None) {
+                Ok(r) => r,
+                Err(Error::Timeout) => continue,
+                Err(e) => return Err(e).context("wait for CONNECT_REQUEST"),
+            };
+            let peer = req.peer_addr();
+            if active.load(Ordering::Acquire) >= MAX_PERSISTENT_CLIENTS {
+                eprintln!("server: refusing {peer}: {MAX_PERSISTENT_CLIENTS} clients already being served");
+                let _ = req.reject(b"rping: busy");
+                continue;
+            }
+            active.fetch_add(1, Ordering::AcqRel);
+            let active = &active;
+            s.spawn(move || {
+                if let Err(e) = serve_request(dev, args, req, None) {
+                    eprintln!("server: session with {peer} failed: {e:#}");
+                }
+                active.fetch_sub(1, Ordering::AcqRel);
+            });
+        }
+    })
+}
+
+/// Accepts `req` and runs rping's server side on it. The listener, when given, is closed
+/// once the connection is accepted, so that a second client is refused.
+fn serve_request(dev: &Device, args: &RpingArgs, req: ConnectRequest, listener: Option<Listener>) -> Result<()> {
     let p = req.param();
     if args.debug {
         println!(
@@ -691,7 +740,7 @@ fn server(dev: &Device, args: &RpingArgs) -> Result<()> {
     }
     if args.test_pd.is_some() || args.test_reject.is_some() || args.test_connect_only {
         let pd = req.private_data();
-        println!("connect request private data {} bytes: {}", pd.len(), hex(pd));
+        println!("connect request private data {} bytes: {}", pd.len(), hex::encode(pd));
     }
     if let Some(n) = args.test_reject {
         req.reject(&test_pattern(n)).context("rdma_reject")?;

@@ -80,7 +80,12 @@ fn check_bw(v: &Value, op: &str, size: u64, iters: u64) {
     // Consistent: Gbit/s = messages/s * size * 8.
     let expect = m * size as f64 * 8.0 / 1e9;
     assert!((g - expect).abs() <= expect * 1e-6, "{v}");
-    assert!(v["lat_p50_us"].is_null(), "{v}");
+    assert!(v["lat"].is_null(), "{v}");
+    // The same units as `rpc bench` (docs/json.md): MB/s = 2^20 bytes.
+    let mb = num(v, "mb_per_s");
+    assert!((mb - g * 1e9 / 8.0 / 1048576.0).abs() <= mb * 1e-9, "{v}");
+    assert!(num(v, "mb_per_s_peak") >= mb * 0.999, "{v}");
+    assert_eq!(v["tool"], "bench");
 }
 
 #[test]
@@ -113,7 +118,7 @@ fn bench_each_op_json() {
         check_bw(&v[0], op, size, 300);
         assert_eq!(v[0]["depth"], 16);
         assert_eq!(v[0]["crc"], false);
-        assert!(v[0].get("ratio").is_none(), "no baseline asked: {out}");
+        assert!(v[0].get("baseline").is_none(), "no baseline asked: {out}");
     }
 }
 
@@ -173,13 +178,27 @@ fn bench_latency_with_tcp_baseline() {
         assert_eq!(v["op"], op);
         assert_eq!(v["mode"], "lat");
         assert_eq!(v["iters"], 300);
-        let (p50, p99, p999) = (num(v, "lat_p50_us"), num(v, "lat_p99_us"), num(v, "lat_p999_us"));
-        assert!(p50 > 0.0 && p50 <= p99 && p99 <= p999, "{v}");
+        // Everything the latency table shows.
+        let l = &v["lat"];
+        let (min, p50, p99, p999, max) = (
+            num(l, "min_us"),
+            num(l, "p50_us"),
+            num(l, "p99_us"),
+            num(l, "p999_us"),
+            num(l, "max_us"),
+        );
+        assert!(
+            min > 0.0 && min <= p50 && p50 <= p99 && p99 <= p999 && p999 <= max,
+            "{v}"
+        );
+        let avg = num(l, "avg_us");
+        assert!(min <= avg && avg <= max, "{v}");
         assert!(p50 < 100_000.0, "{v}");
-        let b = num(v, "baseline_lat_p50_us");
+        let b = num(&v["baseline"]["lat"], "p50_us");
         assert!(b > 0.0, "{v}");
-        assert_eq!(v["ratio_of"], "lat_p50_us");
-        assert!((num(v, "ratio") - p50 / b).abs() < 1e-9, "{v}");
+        assert_eq!(v["baseline"]["kind"], "tcp");
+        assert_eq!(v["baseline"]["ratio_of"], "lat.p50_us");
+        assert!((num(&v["baseline"], "ratio") - p50 / b).abs() < 1e-9, "{v}");
     }
 }
 
@@ -188,7 +207,7 @@ fn bench_latency_with_events() {
     let out = ok(&["bench", "send", "--lat", "--events", "--iters", "200", "--json"]);
     let v = &json_lines(&out)[0];
     assert_eq!(v["iters"], 200);
-    assert!(num(v, "lat_p50_us") > 0.0, "{v}");
+    assert!(num(&v["lat"], "p50_us") > 0.0, "{v}");
 }
 
 #[test]
@@ -206,18 +225,20 @@ fn bench_bandwidth_with_tcp_baseline_human_and_json() {
     ]);
     let v = &json_lines(&out)[0];
     check_bw(v, "read", 65536, 300);
-    assert_eq!(v["baseline"], "tcp");
-    let b = num(v, "baseline_gbit_per_s");
-    assert!(b > 0.0, "{v}");
-    assert!((num(v, "ratio") - num(v, "gbit_per_s") / b).abs() < 1e-9, "{v}");
+    let base = &v["baseline"];
+    assert_eq!(base["kind"], "tcp");
+    let b = num(base, "gbit_per_s");
+    assert!(b > 0.0 && num(base, "mb_per_s") > 0.0, "{v}");
+    assert_eq!(base["ratio_of"], "gbit_per_s");
+    assert!((num(base, "ratio") - num(v, "gbit_per_s") / b).abs() < 1e-9, "{v}");
     // Both runs' CPU seconds (10 ms resolution) and their ratio.
-    assert!(num(v, "cpu_s") >= 0.0 && num(v, "baseline_cpu_s") >= 0.0, "{v}");
-    assert!(v["cpu_ratio"].is_number() || num(v, "baseline_cpu_s") == 0.0, "{v}");
+    assert!(num(v, "cpu_s") >= 0.0 && num(base, "cpu_s") >= 0.0, "{v}");
+    assert!(base["cpu_ratio"].is_number() || num(base, "cpu_s") == 0.0, "{v}");
 
     let out = ok(&["bench", "write", "--size", "64K", "--iters", "300", "--baseline", "tcp"]);
     for want in [
         "RDMA_Write BW Test",
-        "#bytes     #iterations   BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]",
+        "#bytes     #iterations   BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]",
         " 65536      300 ",
         "ratio RDMA/TCP",
     ] {
@@ -272,7 +293,47 @@ fn bench_two_processes() {
     assert_eq!(v.len(), 2);
     check_bw(&v[0], "send", 1024, 200);
     check_bw(&v[1], "send", 16384, 200);
-    assert!(num(&v[1], "baseline_gbit_per_s") > 0.0);
+    assert!(num(&v[1]["baseline"], "gbit_per_s") > 0.0);
+    // The server prints the client's figures, as perftest's server does: one row per size,
+    // the same iterations and average as the client's JSON (MB/sec = 2^20 bytes).
+    let table = String::from_utf8(sout.stdout).unwrap();
+    assert!(
+        table.contains("Send BW Test (server side: the client's figures)"),
+        "{table}"
+    );
+    assert!(table.contains("BW average[MB/sec]"), "{table}");
+    for r in &v {
+        let row = table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&r["size"].to_string()))
+            .unwrap_or_else(|| panic!("no row for {} in {table}", r["size"]));
+        let f: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(f[1], "200", "{row}");
+        let mb: f64 = f[3].parse().unwrap();
+        let want = num(r, "gbit_per_s") * 1e9 / 8.0 / 1048576.0;
+        assert!((mb - want).abs() <= want * 0.01 + 0.01, "{row} vs {r}");
+    }
+}
+
+/// perftest's letters mean what the long options mean; MB/sec is the default unit of the
+/// table, Gb/sec with --report_gbits; -a sweeps from 2 bytes to 8 MiB.
+#[test]
+fn bench_takes_perftest_letters_and_units() {
+    let v = json_lines(&ok(&[
+        "bench", "write", "-s", "4K", "-n", "120", "-q", "2", "-t", "16", "--json",
+    ]));
+    assert_eq!(v.len(), 1);
+    assert_eq!((v[0]["size"].as_u64(), v[0]["iters"].as_u64()), (Some(4096), Some(120)));
+    assert_eq!((v[0]["qps"].as_u64(), v[0]["depth"].as_u64()), (Some(2), Some(16)));
+    let mb = ok(&["bench", "write", "-s", "4K", "-n", "100"]);
+    assert!(mb.contains("BW peak[MB/sec]    BW average[MB/sec]"), "{mb}");
+    let gb = ok(&["bench", "write", "-s", "4K", "-n", "100", "--report_gbits"]);
+    assert!(gb.contains("BW peak[Gb/sec]    BW average[Gb/sec]"), "{gb}");
+    let all = json_lines(&ok(&["bench", "write", "-a", "-n", "20", "--json"]));
+    let sizes: Vec<u64> = all.iter().map(|r| r["size"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, (1..=23).map(|b| 1u64 << b).collect::<Vec<_>>());
+    let d = json_lines(&ok(&["bench", "write", "-s", "64", "-D", "0.3", "--json"]));
+    assert!(num(&d[0], "seconds") >= 0.3, "{:?}", d[0]);
 }
 
 #[test]
@@ -454,6 +515,30 @@ fn bench_server_drops_a_silent_client_and_exits_non_zero() {
     assert!(c1 - c0 < 0.1, "idle server used {:.3} s CPU in 1.5 s", c1 - c0);
 }
 
+/// Issue 19: a client that dies in the middle of its test (SIGKILL: the kernel closes its
+/// connection as a normal disconnect would) fails the session: the server says so, naming
+/// the QP and the peer, and exits non-zero, for one-sided and two-sided tests alike.
+#[test]
+fn bench_server_reports_a_client_that_died_and_exits_non_zero() {
+    for op in ["write", "send"] {
+        let (server, addr, mut err) = bench_server(&[]);
+        let mut client = running_client(&addr, &[op, "--size", "4K", "--duration", "100"]);
+        client.kill().unwrap();
+        let _ = client.wait();
+        let sout = wait_output(server, Duration::from_secs(30));
+        let mut rest = String::new();
+        err.read_to_string(&mut rest).unwrap();
+        assert!(!sout.status.success(), "{op}: {rest}");
+        let last = rest.lines().last().unwrap_or_default();
+        assert!(
+            last.starts_with("Error: bench server: session failed: test 0 failed: QP ")
+                && last.contains("with peer 127.0.0.1:")
+                && last.contains("the client disconnected before the end of its test"),
+            "{op}: {rest}"
+        );
+    }
+}
+
 /// While one client's session runs, a second client is refused at once with the reason,
 /// and the first session completes; a session over `--max-session-mem` is refused too.
 #[test]
@@ -609,4 +694,35 @@ fn rpc_server_reports_a_closed_client_at_default_log_level() {
     let _ = srv.wait();
     let line = found.unwrap_or_else(|| panic!("no 'peer closed' line; stderr: {seen:?}"));
     assert!(line.contains("qp=") && line.contains("peer=127.0.0.1:"), "{line}");
+}
+
+/// `rpc bench --json` uses the schema and units of `bench --json` (docs/json.md).
+#[test]
+fn rpc_bench_json_has_the_family_units() {
+    let v = &json_lines(&ok(&["rpc", "bench", "--size", "64K", "--calls", "50", "--json"]))[0];
+    assert_eq!(
+        (v["tool"].as_str(), v["proc"].as_str()),
+        (Some("rpc bench"), Some("READ"))
+    );
+    assert_eq!((v["size"].as_u64(), v["calls"].as_u64()), (Some(65536), Some(50)));
+    for t in ["tcp", "rdma"] {
+        let r = &v[t];
+        let (mb, g, c) = (num(r, "mb_per_s"), num(r, "gbit_per_s"), num(r, "calls_per_s"));
+        assert!(mb > 0.0, "{v}");
+        assert!((g - mb * 1048576.0 * 8.0 / 1e9).abs() <= g * 1e-9, "{v}");
+        assert!((c - mb * 1048576.0 / 65536.0).abs() <= c * 1e-9, "{v}");
+    }
+    assert!((num(v, "rdma_tcp_ratio") - num(&v["rdma"], "mb_per_s") / num(&v["tcp"], "mb_per_s")).abs() < 1e-9);
+    let v = &json_lines(&ok(&[
+        "rpc",
+        "bench",
+        "--size",
+        "4K",
+        "--calls",
+        "20",
+        "--transport",
+        "tcp",
+        "--json",
+    ]))[0];
+    assert!(v["rdma"].is_null() && v["rdma_tcp_ratio"].is_null(), "{v}");
 }

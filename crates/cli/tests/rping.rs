@@ -403,3 +403,43 @@ fn rping_server_refuses_a_second_client_and_reports_the_close() {
     assert!(serr.contains("server: peer closed the connection (QP "), "{serr}");
     assert!(serr.contains(", peer 127.0.0.1:"), "{serr}");
 }
+
+/// rping -P: a persistent server serves clients one after another and at the same time,
+/// reports a failed session and goes on serving; it does not exit by itself.
+#[test]
+fn rping_persistent_server_serves_client_after_client() {
+    let mut s = spawn_server(&["-P", "-S", "64"], &[]);
+    let ok = |extra: &[&str]| {
+        let out = client_cmd(s.port, extra).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    ok(&["-C", "5", "-V"]);
+    // A client the server refuses (its buffer is larger): that session fails, the server stays.
+    let bad = client_cmd(s.port, &["-C", "1", "-S", "100"]).output().unwrap();
+    assert!(!bad.status.success());
+    // Two at once.
+    let a = client_cmd(s.port, &["-C", "20", "-V"]).spawn().unwrap();
+    let b = client_cmd(s.port, &["-C", "20", "-V", "-S", "40"]).spawn().unwrap();
+    for c in [a, b] {
+        let out = c.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    ok(&["-C", "1"]);
+    assert!(
+        s.child.try_wait().unwrap().is_none(),
+        "a persistent server keeps running"
+    );
+    s.child.kill().unwrap();
+    let out = s.child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("server: session with 127.0.0.1:") && err.contains("is larger than ours (-S 64)"),
+        "{err}"
+    );
+    // Every line the server wrote (the reader thread ends at EOF, now that it is dead).
+    let pings = std::iter::from_fn(|| s.lines.recv_timeout(Duration::from_secs(10)).ok())
+        .filter(|l| l.starts_with("server ping data: "))
+        .count();
+    let want = 5 + 20 + 20 + 1;
+    assert!(pings >= want, "{pings} pings seen by the server, {want} sent");
+}

@@ -93,10 +93,7 @@ fn hex16(v: u64) -> String {
     format!("{v:#018x}")
 }
 fn hexbytes(b: &[u8]) -> String {
-    b.iter().fold(String::new(), |mut s, x| {
-        let _ = write!(s, "{x:02x}");
-        s
-    })
+    hex::encode(b)
 }
 fn bit(b: bool) -> &'static str {
     if b { "1" } else { "0" }

@@ -877,9 +877,18 @@ pub struct TcpClient {
 }
 
 impl TcpClient {
-    /// Connect to `addr`.
+    /// Connect to `addr` (the system's connect timeout applies).
     pub fn connect(addr: SocketAddr) -> std::io::Result<TcpClient> {
-        let s = TcpStream::connect(addr)?;
+        TcpClient::from_stream(TcpStream::connect(addr)?)
+    }
+
+    /// Connect to `addr`, giving up after `timeout` (`ErrorKind::TimedOut`); later calls
+    /// wait [`TcpClient::set_timeout`] (30 s) each.
+    pub fn connect_timeout(addr: SocketAddr, timeout: Duration) -> std::io::Result<TcpClient> {
+        TcpClient::from_stream(TcpStream::connect_timeout(&addr, timeout)?)
+    }
+
+    fn from_stream(s: TcpStream) -> std::io::Result<TcpClient> {
         s.set_nodelay(true)?;
         let r = s.try_clone()?;
         let shared = Arc::new(Shared {

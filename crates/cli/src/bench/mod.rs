@@ -7,8 +7,11 @@
 //! the accept's private data (a [`Reply`]: its buffer's address and STag,
 //! receive credits for Send, and the port of its plain-TCP baseline listener).
 //! One test (one size of a sweep) is one set of connections; the client ends
-//! a test by disconnecting, and the server ends its session after the test
-//! flagged as the last one.
+//! a test by RDMA-Writing its [`Report`] (what it measured) into the server's
+//! buffer on each QP and then disconnecting, and the server ends its session
+//! after the test flagged as the last one. The server prints the report as
+//! perftest's server prints its client's figures; a disconnect without it is
+//! a client that died, and fails the session (exit status 1).
 //!
 //! Bandwidth runs post up to `--depth` work requests per QP, with one
 //! signaled WR every `cq_mod` (as perftest does) and, at the end, one signaled
@@ -36,9 +39,9 @@
 //! A session that fails (Terminate, reset, silence) is reported at default
 //! log level with QP number and peer address, and the server exits non-zero.
 
+use crate::report::{Bandwidth, Latency};
 use anyhow::{Context, Result, anyhow, bail};
 use hdrhistogram::Histogram;
-use serde_json::json;
 use std::io::{IsTerminal, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -74,10 +77,16 @@ the same message size and count for write/send, server -> client for read, a req
 ping-pong for --lat and atomics) and prints RDMA/TCP: for bandwidth higher is better, for
 latency (ratio of p50s) lower is better.
 
+perftest's letters work here too (-s size, -n iterations, -D seconds, -q QPs, -t depth, -a every
+size from 2 B to 8 MiB), and the table shows MB/sec (2^20 bytes) as perftest's does, Gb/sec with
+--report_gbits. The server (--listen) prints each test's result as the client measured it.
+`softrdma perftest` speaks perftest's own protocol, for runs against ib_*_bw/lat.
+
 Examples:
   softrdma bench write                              # 64 KiB Writes, one QP, both ends in this process
   softrdma bench write --sizes 64,4K,64K,1M --baseline tcp
-  softrdma bench write --size 64 --depth 64 --duration 3      # message rate
+  softrdma bench write -s 64 -t 64 -D 3                       # message rate
+  softrdma bench write -a --report_gbits                      # every size, in Gb/sec
   softrdma bench read --size 1M --qps 4 --crc on
   softrdma bench send --lat --size 8 --baseline tcp           # p50/p99/p99.9 against a TCP ping-pong
   softrdma bench atomic --depth 16 --json
@@ -128,34 +137,42 @@ pub struct Args {
     #[arg(value_enum, required_unless_present = "listen")]
     op: Option<Op>,
     /// Message size in bytes; K, M, G suffixes are powers of 1024 [default: 64K, 8 with --lat].
-    #[arg(long, value_parser = parse_size, conflicts_with = "sizes")]
+    #[arg(short = 's', long, value_parser = parse_size, conflicts_with_all = ["sizes", "all"])]
     size: Option<u64>,
     /// Sweep over several sizes, e.g. 64,4K,1M (one result per size).
-    #[arg(long, value_parser = parse_size, value_delimiter = ',')]
+    #[arg(long, value_parser = parse_size, value_delimiter = ',', conflicts_with = "all")]
     sizes: Vec<u64>,
+    /// Sweep over every power of two from 2 bytes to 8 MiB, as perftest's -a.
+    #[arg(short = 'a', long)]
+    all: bool,
     /// Iterations per QP [default: 5000, 1000 with --lat].
-    #[arg(long, conflicts_with = "duration")]
+    #[arg(short = 'n', long, conflicts_with = "duration", value_parser = crate::units::count)]
     iters: Option<u64>,
     /// Run each size for this many seconds instead of a fixed number of iterations.
-    #[arg(long)]
+    #[arg(short = 'D', long)]
     duration: Option<f64>,
-    /// Number of queue pairs (each its own TCP connection), driven round-robin by one thread.
-    #[arg(long, default_value_t = 1)]
+    /// Number of queue pairs (each its own TCP connection), driven round-robin by one thread
+    /// (1 to 1024).
+    #[arg(short = 'q', long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=MAX_QPS as i64))]
     qps: u16,
-    /// Outstanding work requests per QP (perftest's --tx-depth).
-    #[arg(long, default_value_t = 128)]
+    /// Outstanding work requests per QP (perftest's -t, --tx-depth), 1 to 16384.
+    #[arg(short = 't', long, visible_alias = "tx-depth", default_value_t = 128,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_DEPTH as i64))]
     depth: u32,
+    /// Bandwidth in Gb/sec (10^9 bits) instead of perftest's default MB/sec (2^20 bytes).
+    #[arg(long = "report_gbits", visible_alias = "report-gbits")]
+    report_gbits: bool,
     /// Ask for MPA CRC32c (used if either side asks).
     #[arg(long, default_value = "off", value_parser = ["on", "off"])]
     crc: String,
     /// Latency mode: one message at a time (ping-pong for write and send); p50/p99/p99.9.
     #[arg(long)]
     lat: bool,
-    /// Be the server on ADDR (host:port) and serve one client session, then exit.
-    #[arg(long, conflicts_with = "connect")]
+    /// Be the server on ADDR (HOST:PORT) and serve one client session, then exit.
+    #[arg(long, conflicts_with = "connect", value_parser = crate::net::host_port)]
     listen: Option<SocketAddr>,
-    /// Be the client of a `softrdma bench --listen` server at ADDR.
-    #[arg(long)]
+    /// Be the client of a `softrdma bench --listen` server at ADDR (HOST:PORT; HOST may be a name).
+    #[arg(long, value_parser = crate::net::host_port)]
     connect: Option<SocketAddr>,
     /// Also run the same traffic over plain TCP sockets and print the ratio.
     #[arg(long, value_parser = ["tcp"])]
@@ -194,6 +211,9 @@ struct Limits {
     idle: Option<Duration>,
     max_test: Option<Duration>,
     max_mem: u64,
+    /// `--listen`: print each test's result (the client's [`Report`]) in this unit; `None`
+    /// for the in-process server of a loopback run, whose client prints them.
+    report: Option<Unit>,
 }
 
 impl Limits {
@@ -203,6 +223,7 @@ impl Limits {
             idle: secs(args.idle_timeout),
             max_test: secs(args.max_test_secs),
             max_mem: args.max_session_mem,
+            report: args.listen.map(|_| Unit::of(args.report_gbits)),
         }
     }
 }
@@ -224,7 +245,8 @@ fn show_size(n: u64) -> String {
 const T: Duration = Duration::from_secs(10);
 const HELLO_MAGIC: &[u8; 4] = b"SRBN";
 const REPLY_MAGIC: &[u8; 4] = b"SRBA";
-const VERSION: u8 = 1;
+/// 2: the client writes its [`Report`] into the server's buffer before it ends a test.
+const VERSION: u8 = 2;
 const FLAG_LAT: u8 = 1;
 const FLAG_LAST: u8 = 2;
 const FLAG_BASELINE: u8 = 4;
@@ -366,6 +388,73 @@ fn client_layout(size: u64, qps: u16) -> (usize, usize, usize) {
 /// The value of the ready byte.
 const READY: u8 = 0xa5;
 
+/// Where in the server's buffer (`buffer_len(size) + 64` bytes) the client's [`Report`]
+/// goes: after the messages and the READY source byte.
+fn done_offset(size: u64) -> usize {
+    buffer_len(size) + 8
+}
+
+/// What the client measured in one test, RDMA-Written into the server's buffer at
+/// [`done_offset`] when the test is over (one Write per QP, before the disconnect): the
+/// server prints it (perftest's server shows the client's figures too), and a disconnect
+/// without it is a client that died.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Report {
+    messages: u64,
+    secs: f64,
+    peak_gbit: f64,
+    /// Latency tests: the median in nanoseconds (0 for bandwidth).
+    p50_ns: u64,
+}
+
+impl Report {
+    const LEN: usize = 40;
+    const MAGIC: u64 = u64::from_le_bytes(*b"SRBDONE\0");
+
+    fn of(o: &Outcome) -> Report {
+        Report {
+            messages: o.messages,
+            secs: o.secs,
+            peak_gbit: o.peak_gbit,
+            p50_ns: o.hist.as_ref().map_or(0, |h| h.value_at_quantile(0.5)),
+        }
+    }
+    fn encode(&self) -> [u8; Report::LEN] {
+        let mut b = [0u8; Report::LEN];
+        b[..8].copy_from_slice(&self.messages.to_le_bytes());
+        b[8..16].copy_from_slice(&self.secs.to_le_bytes());
+        b[16..24].copy_from_slice(&self.peak_gbit.to_le_bytes());
+        b[24..32].copy_from_slice(&self.p50_ns.to_le_bytes());
+        b[32..].copy_from_slice(&Report::MAGIC.to_le_bytes());
+        b
+    }
+    /// `None` unless the magic is there (the client did not finish its test).
+    fn decode(b: &[u8; Report::LEN]) -> Option<Report> {
+        let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        (u(32) == Report::MAGIC).then(|| Report {
+            messages: u(0),
+            secs: f64::from_bits(u(8)),
+            peak_gbit: f64::from_bits(u(16)),
+            p50_ns: u(24),
+        })
+    }
+}
+
+/// `--qps` at most.
+const MAX_QPS: u16 = 1024;
+/// `--depth` at most (the device allows 32768 WRs per queue).
+const MAX_DEPTH: u32 = 16384;
+/// Completion-queue entries the device allows per CQ.
+const MAX_CQE: usize = 1 << 20;
+
+/// The client's CQ size for `qps` QPs of send depth `depth`: every QP's sends, the credit
+/// messages of a Send test, and room to spare.
+fn client_cqe(qps: u16, depth: u32) -> usize {
+    let (credits, grant) = send_credits(depth);
+    let grant_recvs = (credits / grant + 2) as usize;
+    qps as usize * (depth as usize + grant_recvs + 8) + 64
+}
+
 fn qp_attr(send: u32, recv: u32) -> QpInitAttr {
     QpInitAttr {
         max_send_wr: send,
@@ -400,11 +489,15 @@ pub fn run(args: Args) -> Result<()> {
     if args.lat && args.qps != 1 {
         bail!("--lat measures one QP (perftest's *_lat tools do too); drop --qps");
     }
-    if args.qps == 0 || args.depth == 0 {
-        bail!("--qps and --depth must be at least 1");
-    }
-    if args.depth > 16384 {
-        bail!("--depth above 16384 is not supported (the device allows 32768 WRs per queue)");
+    let cqe = client_cqe(args.qps, if args.lat { 1 } else { args.depth });
+    if cqe > MAX_CQE {
+        bail!(
+            "--qps {} with --depth {} needs {cqe} completion-queue entries, more than the device's \
+             {MAX_CQE} per CQ: lower --qps or --depth (qps x (depth + {}) must stay under {MAX_CQE})",
+            args.qps,
+            args.depth,
+            client_cqe(1, 0) - 64
+        );
     }
     if let Some(d) = args.duration
         && !(d > 0.0 && d.is_finite())
@@ -413,6 +506,8 @@ pub fn run(args: Args) -> Result<()> {
     }
     let sizes: Vec<u64> = if op == Op::Atomic {
         vec![8]
+    } else if args.all {
+        (1..=23).map(|b| 1u64 << b).collect()
     } else if !args.sizes.is_empty() {
         args.sizes.clone()
     } else {
@@ -448,13 +543,13 @@ pub fn run(args: Args) -> Result<()> {
         match r {
             Ok(r) => {
                 if args.json {
-                    println!("{}", r.json());
+                    crate::report::print_line(&r.json());
                 } else {
                     if !printed_header {
                         print_header(&args, &dev, target, &r);
                         printed_header = true;
                     }
-                    r.print_row();
+                    r.print_row(args.report_gbits);
                 }
             }
             Err(e) => {
@@ -473,6 +568,50 @@ pub fn run(args: Args) -> Result<()> {
         h.join().map_err(|_| anyhow!("server thread panicked"))??;
     }
     res
+}
+
+/// `bench --json`: one object per test (docs/json.md).
+#[derive(serde::Serialize)]
+struct BenchJson {
+    tool: &'static str,
+    op: &'static str,
+    mode: &'static str,
+    size: u64,
+    iters: u64,
+    messages: u64,
+    qps: u16,
+    depth: u32,
+    crc: bool,
+    seconds: f64,
+    /// The average: `mb_per_s` and `gbit_per_s`.
+    #[serde(flatten)]
+    bw: Bandwidth,
+    mb_per_s_peak: f64,
+    gbit_per_s_peak: f64,
+    msg_per_s: f64,
+    /// Latency mode only (null for bandwidth).
+    lat: Option<Latency>,
+    /// CPU seconds this process used during the run.
+    cpu_s: Option<f64>,
+    /// With `--baseline tcp` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    baseline: Option<BaselineJson>,
+}
+
+/// The TCP baseline of a [`BenchJson`] and how RDMA compares.
+#[derive(serde::Serialize)]
+struct BaselineJson {
+    kind: &'static str,
+    #[serde(flatten)]
+    bw: Bandwidth,
+    lat: Option<Latency>,
+    cpu_s: Option<f64>,
+    /// RDMA over TCP of the field `ratio_of` names: for bandwidth higher is better, for
+    /// latency lower.
+    ratio: Option<f64>,
+    ratio_of: &'static str,
+    /// CPU seconds RDMA over TCP (lower is cheaper).
+    cpu_ratio: Option<f64>,
 }
 
 /// What one test measured.
@@ -528,58 +667,51 @@ impl Outcome {
         let r = self.cpu_s?;
         (b > 0.0).then(|| r / b)
     }
-    fn json(&self) -> serde_json::Value {
-        let lat = |q| self.hist.as_ref().map(|h| us(h, q));
-        let mut v = json!({
-            "op": self.op.name(),
-            "mode": if self.lat { "lat" } else { "bw" },
-            "size": self.size,
-            "iters": self.iters(),
-            "messages": self.messages,
-            "qps": self.qps,
-            "depth": if self.lat { 1 } else { self.depth },
-            "crc": self.crc,
-            "seconds": self.secs,
-            "gbit_per_s": self.gbit(),
-            "gbit_per_s_peak": self.peak_gbit,
-            "msg_per_s": self.msg_rate(),
-            "lat_p50_us": lat(0.5),
-            "lat_p99_us": lat(0.99),
-            "lat_p999_us": lat(0.999),
-            "cpu_s": self.cpu_s,
-        });
-        if let Some(b) = &self.baseline {
-            let m = v.as_object_mut().unwrap();
-            m.insert("baseline".into(), json!("tcp"));
-            m.insert("baseline_gbit_per_s".into(), json!(b.gbit));
-            m.insert("baseline_lat_p50_us".into(), json!(b.hist.as_ref().map(|h| us(h, 0.5))));
-            m.insert(
-                "baseline_lat_p99_us".into(),
-                json!(b.hist.as_ref().map(|h| us(h, 0.99))),
-            );
-            m.insert("ratio".into(), json!(self.ratio()));
-            m.insert("baseline_cpu_s".into(), json!(b.cpu_s));
-            m.insert("cpu_ratio".into(), json!(self.cpu_ratio()));
-            m.insert(
-                "ratio_of".into(),
-                json!(if self.hist.is_some() {
-                    "lat_p50_us"
+    /// The `--json` object (docs/json.md, "bench").
+    fn json(&self) -> BenchJson {
+        let bw = |gbit: f64| Bandwidth::of_bytes_per_s(gbit * 1e9 / 8.0);
+        BenchJson {
+            tool: "bench",
+            op: self.op.name(),
+            mode: if self.lat { "lat" } else { "bw" },
+            size: self.size,
+            iters: self.iters(),
+            messages: self.messages,
+            qps: self.qps,
+            depth: if self.lat { 1 } else { self.depth },
+            crc: self.crc,
+            seconds: self.secs,
+            bw: bw(self.gbit()),
+            mb_per_s_peak: bw(self.peak_gbit).mb_per_s,
+            gbit_per_s_peak: self.peak_gbit,
+            msg_per_s: self.msg_rate(),
+            lat: self.hist.as_ref().map(Latency::of_ns),
+            cpu_s: self.cpu_s,
+            baseline: self.baseline.as_ref().map(|b| BaselineJson {
+                kind: "tcp",
+                bw: bw(b.gbit),
+                lat: b.hist.as_ref().map(Latency::of_ns),
+                cpu_s: b.cpu_s,
+                ratio: self.ratio(),
+                ratio_of: if self.hist.is_some() {
+                    "lat.p50_us"
                 } else {
                     "gbit_per_s"
-                }),
-            );
+                },
+                cpu_ratio: self.cpu_ratio(),
+            }),
         }
-        v
     }
-    fn print_row(&self) {
+    fn print_row(&self, gbits: bool) {
+        let bw = |gbit: f64| Unit::of(gbits).convert_gbit(gbit);
         match &self.hist {
             None => {
                 println!(
                     " {:<10} {:<13} {:<18.2} {:<20.2} {:.6}",
                     show_size(self.size),
                     self.iters(),
-                    self.peak_gbit,
-                    self.gbit(),
+                    bw(self.peak_gbit),
+                    bw(self.gbit()),
                     self.msg_rate() / 1e6
                 );
                 if let Some(b) = &self.baseline {
@@ -588,7 +720,7 @@ impl Outcome {
                         "  TCP",
                         self.iters(),
                         "",
-                        b.gbit,
+                        bw(b.gbit),
                         self.ratio().unwrap_or(f64::NAN),
                         self.cpu_ratio().unwrap_or(f64::NAN)
                     );
@@ -599,24 +731,24 @@ impl Outcome {
                     " {:<8} {:<12} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:.2}",
                     show_size(self.size),
                     self.iters(),
-                    us(h, 0.0),
-                    us(h, 1.0),
-                    us(h, 0.5),
-                    h.mean() / 1000.0,
-                    us(h, 0.99),
-                    us(h, 0.999)
+                    Latency::of_ns(h).min_us,
+                    Latency::of_ns(h).max_us,
+                    Latency::of_ns(h).p50_us,
+                    Latency::of_ns(h).avg_us,
+                    Latency::of_ns(h).p99_us,
+                    Latency::of_ns(h).p999_us
                 );
                 if let Some(bh) = self.baseline.as_ref().and_then(|b| b.hist.as_ref()) {
                     println!(
                         " {:<8} {:<12} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:.2}   p50 ratio RDMA/TCP {:.3}",
                         "  TCP",
                         self.iters(),
-                        us(bh, 0.0),
-                        us(bh, 1.0),
-                        us(bh, 0.5),
-                        bh.mean() / 1000.0,
-                        us(bh, 0.99),
-                        us(bh, 0.999),
+                        Latency::of_ns(bh).min_us,
+                        Latency::of_ns(bh).max_us,
+                        Latency::of_ns(bh).p50_us,
+                        Latency::of_ns(bh).avg_us,
+                        Latency::of_ns(bh).p99_us,
+                        Latency::of_ns(bh).p999_us,
                         self.ratio().unwrap_or(f64::NAN)
                     );
                 }
@@ -658,8 +790,40 @@ fn print_header(args: &Args, dev: &Device, target: SocketAddr, r: &Outcome) {
     if r.lat {
         println!(" #bytes   #iterations  t_min[usec] t_max[usec] t_p50[usec] t_avg[usec] t_p99[usec] t_p99.9[usec]");
     } else {
-        println!(" #bytes     #iterations   BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]");
+        let u = Unit::of(args.report_gbits).label();
+        println!(" #bytes     #iterations   BW peak[{u}]    BW average[{u}]   MsgRate[Mpps]");
     }
+}
+
+/// The bandwidth unit of the tables: perftest's MB/sec (2^20 bytes per second) by default,
+/// Gb/sec (10^9 bits per second) with --report_gbits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unit {
+    MbPerSec,
+    GbitPerSec,
+}
+
+impl Unit {
+    fn of(report_gbits: bool) -> Unit {
+        if report_gbits { Unit::GbitPerSec } else { Unit::MbPerSec }
+    }
+    fn label(self) -> &'static str {
+        match self {
+            Unit::MbPerSec => "MB/sec",
+            Unit::GbitPerSec => "Gb/sec",
+        }
+    }
+    fn convert_gbit(self, gbit: f64) -> f64 {
+        match self {
+            Unit::MbPerSec => gbit_to_mb(gbit),
+            Unit::GbitPerSec => gbit,
+        }
+    }
+}
+
+/// Gbit/s (10^9 bits) to perftest's MB/sec (2^20 bytes).
+fn gbit_to_mb(gbit: f64) -> f64 {
+    gbit * 1e9 / 8.0 / (1u64 << 20) as f64
 }
 
 /// Signal one work request in this many (perftest's --cq-mod): often enough
@@ -697,10 +861,11 @@ fn run_test(
     let depth = if lat { 1 } else { args.depth };
     let pd = dev.alloc_pd();
     let (echo_off, ready_off, mr_len) = client_layout(size, args.qps);
-    let mr = pd.reg_mr(mr_len, Access::all_remote())?;
+    // Room for the Report the test's end writes to the server.
+    let mr = pd.reg_mr(mr_len + Report::LEN, Access::all_remote())?;
     let (credits, grant) = send_credits(depth);
     let grant_recvs = credits / grant + 2;
-    let cq = dev.create_cq(args.qps as usize * (depth as usize + grant_recvs as usize + 8) + 64)?;
+    let cq = dev.create_cq(client_cqe(args.qps, depth))?;
     let mut flags = if lat { FLAG_LAT } else { 0 };
     if last {
         flags |= FLAG_LAST;
@@ -735,7 +900,11 @@ fn run_test(
                 "connecting QP {q} to {target}: the server refused: {}",
                 String::from_utf8_lossy(&private_data)
             ),
-            Err(e) => return Err(e).with_context(|| format!("connecting QP {q} to {target}")),
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("connecting QP {q} to {target} (is `softrdma bench --listen` running there?)")
+                });
+            }
         };
         let reply = Reply::decode(&qp.conn_info().peer_private_data)?;
         match qp.get_event(Some(T)) {
@@ -813,10 +982,43 @@ fn run_test(
     }
     out.cpu_s = cpu0.and_then(|c0| Some(cpu_secs()? - c0));
     prog.clear();
+    mr.write(mr_len, &Report::of(&out).encode())?;
+    tell_done(&conns, &cq, &mr, mr_len, size)?;
     for c in &conns {
         c.qp.disconnect();
     }
     Ok(out)
+}
+
+/// The test's end: one signaled RDMA Write of the [`Report`] per QP into the server's buffer,
+/// completed before the disconnect (which follows it on the same TCP stream), so that the
+/// server tells a finished client from one that died.
+fn tell_done(conns: &[ClientQp], cq: &CompletionQueue, mr: &MemoryRegion, src: usize, size: u64) -> Result<()> {
+    for (q, c) in conns.iter().enumerate() {
+        let remote = RemoteAddr {
+            addr: c.reply.addr + done_offset(size) as u64,
+            rkey: c.reply.rkey,
+        };
+        c.qp.post_send_one(
+            SendWr::new(
+                wr_id(KIND_DONE, q, 0),
+                WrOpcode::RdmaWrite { remote },
+                vec![mr.sge(src, Report::LEN as u32)],
+            )
+            .flags(SendFlags::SIGNALED),
+        )?;
+    }
+    let mut done = 0;
+    while done < conns.len() {
+        let wc = cq
+            .wait(Some(T))
+            .ok_or_else(|| anyhow!("the end-of-test Write did not complete within {T:?}"))?;
+        check(&wc, "end-of-test Write")?;
+        if split_wr_id(wc.wr_id).0 == KIND_DONE {
+            done += 1;
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy)]
@@ -884,6 +1086,7 @@ const QP_SHIFT: u32 = 40;
 const KIND_DATA: u64 = 0;
 const KIND_RECV: u64 = 1;
 const KIND_FENCE: u64 = 2;
+const KIND_DONE: u64 = 3;
 
 fn wr_id(kind: u64, q: usize, n: u64) -> u64 {
     (kind << KIND_SHIFT) | ((q as u64) << QP_SHIFT) | (n & ((1 << QP_SHIFT) - 1))
@@ -1356,6 +1559,29 @@ mod tests {
         };
         assert_eq!(Reply::decode(&r.encode()).unwrap(), r);
         assert!(Hello::decode(&r.encode()).is_err());
+    }
+
+    #[test]
+    fn report_round_trips_and_needs_its_magic() {
+        let r = Report {
+            messages: 5000,
+            secs: 0.25,
+            peak_gbit: 12.5,
+            p50_ns: 0,
+        };
+        let mut b = r.encode();
+        assert!(
+            done_offset(64) + Report::LEN <= buffer_len(64) + 64,
+            "fits the server's spare room"
+        );
+        assert_eq!(Report::decode(&b), Some(r));
+        b[39] ^= 1;
+        assert_eq!(Report::decode(&b), None);
+        assert_eq!(Report::decode(&[0; Report::LEN]), None, "a dead client's zeros");
+        assert!(
+            (gbit_to_mb(8.0 * 1048576.0 / 1e9) - 1.0).abs() < 1e-12,
+            "MB/sec is 2^20 bytes"
+        );
     }
 
     #[test]

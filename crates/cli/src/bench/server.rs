@@ -71,10 +71,7 @@ pub(super) fn serve(dev: &Device, listener: &Listener, tcp: Option<TcpServer>, l
         s.spawn(|| gate(listener, tx, &stop, limits));
         let r = serve_session(dev, &rx, tcp, limits);
         stop.store(true, Ordering::Release);
-        if let Err(e) = &r {
-            eprintln!("bench server: session failed: {e:#}");
-        }
-        r
+        r.context("bench server: session failed")
     })
 }
 
@@ -151,14 +148,37 @@ pub(super) fn serve_session(
                 .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("server QP thread panicked"))))
                 .collect()
         });
-        let failed = results.into_iter().filter_map(Result::err).collect::<Vec<_>>();
-        for e in &failed {
+        let mut failed = results.into_iter().filter_map(Result::err).collect::<Vec<_>>();
+        // Every test ends with the client's disconnect; one that finished its test wrote
+        // its Report into our buffer first. Without it the client died or was interrupted.
+        let mut report = None;
+        for (qp, _, mr, hello) in &conns {
+            let mut b = [0u8; Report::LEN];
+            mr.read(done_offset(hello.size), &mut b)?;
+            report = report.or(Report::decode(&b));
+            if Report::decode(&b).is_none() && failed.is_empty() {
+                failed.push(anyhow!(
+                    "QP {} with peer {}: the client disconnected before the end of its test \
+                     (it exited or was killed)",
+                    qp.qp_num(),
+                    qp.conn_info().peer_addr
+                ));
+            }
+        }
+        // The first failure is the session's error; any others are said here.
+        for e in failed.iter().skip(1) {
             eprintln!("bench server: test {tests}: {e:#}");
         }
         if let Some(e) = failed.into_iter().next() {
             return Err(e.context(format!("test {tests} failed")));
         }
+        if let (Some(unit), Some(r)) = (limits.report, report) {
+            print_report(tests == 0, unit, &conns[0].3, &r, client);
+        }
         tests += 1;
+        if last && limits.report.is_some() && report.is_some() {
+            println!("{}", "-".repeat(87));
+        }
         if last {
             // Stay until the client's baseline runs, which follow each test, are over.
             let h = &conns[0].3;
@@ -386,5 +406,64 @@ pub(super) fn serve_qp(
                 }
             }
         }
+    }
+}
+
+/// The server's copy of a test's result (the client's [`Report`]), as a perftest server
+/// prints its client's figures: a header before the first test, then one row per test.
+fn print_report(first: bool, unit: Unit, h: &Hello, r: &Report, client: Option<SocketAddr>) {
+    let line = "-".repeat(87);
+    let iters = r.messages / h.qps.max(1) as u64;
+    if first {
+        println!("{line}");
+        println!(
+            "                    {} {} Test (server side: the client's figures)",
+            h.op.title(),
+            if h.lat() { "Latency" } else { "BW" }
+        );
+        if let Some(c) = client {
+            println!(" Client          : {c}");
+        }
+        println!(" Number of qps   : {:<10} Transport type : iWARP", h.qps);
+        println!("{line}");
+        if h.lat() {
+            println!(" #bytes   #iterations  t_p50[usec] t_avg[usec]");
+        } else {
+            let u = unit.label();
+            println!(" #bytes     #iterations   BW peak[{u}]    BW average[{u}]   MsgRate[Mpps]");
+        }
+    }
+    if h.lat() {
+        let avg = if r.messages > 0 {
+            r.secs * 1e6 / r.messages as f64
+        } else {
+            0.0
+        };
+        println!(
+            " {:<8} {:<12} {:<11.2} {:.2}",
+            h.size,
+            iters,
+            r.p50_ns as f64 / 1000.0,
+            avg
+        );
+    } else {
+        let gbit = if r.secs > 0.0 {
+            r.messages as f64 * h.size as f64 * 8.0 / r.secs / 1e9
+        } else {
+            0.0
+        };
+        let rate = if r.secs > 0.0 {
+            r.messages as f64 / r.secs / 1e6
+        } else {
+            0.0
+        };
+        println!(
+            " {:<10} {:<13} {:<18.2} {:<20.2} {:.6}",
+            h.size,
+            iters,
+            unit.convert_gbit(r.peak_gbit),
+            unit.convert_gbit(gbit),
+            rate
+        );
     }
 }

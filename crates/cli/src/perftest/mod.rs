@@ -32,7 +32,6 @@ pub mod wire;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args as ClapArgs;
-use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 use verbs::*;
@@ -141,8 +140,8 @@ pub struct Args {
     /// Listen on / connect to this port.
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
-    /// Message size [default: 65536 for bw, 2 for lat].
-    #[arg(short = 's', long = "size")]
+    /// Message size in bytes; K, M, G suffixes (powers of 1024) [default: 65536 for bw, 2 for lat].
+    #[arg(short = 's', long = "size", value_parser = crate::units::parse_size)]
     pub size: Option<u64>,
     /// Iterations [default: 5000 for write_bw, 1000 otherwise].
     #[arg(short = 'n', long = "iters")]
@@ -178,12 +177,16 @@ pub struct Args {
     pub crc: String,
     /// Client: wait this long after the comm connection is established before the first
     /// Send. Linux 6.1's siw as responder misses an FPDU that arrives right after its MPA
-    /// Reply (docs/interop-siw.md, D1); 0 sends at once.
+    /// Reply (see docs/interop-siw.md); 0 sends at once.
     #[arg(long, default_value_t = 50)]
     pub first_send_delay_ms: u64,
     /// Give up when a step (connection, message, completion) takes longer than this many seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
+    /// Client: retry a refused connect (the server not listening yet) for this many seconds,
+    /// at most --timeout.
+    #[arg(long, default_value_t = 10)]
+    pub connect_timeout: u64,
 }
 
 /// The parameters both ends derive from the same command line (perftest_parameters.c
@@ -543,7 +546,14 @@ fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> 
     let mut listen_again = None;
     let (comm_qp, peer_addr) = match role {
         Role::Client(addr) => {
-            let qp = connect_retry(&pd, addr, &opts, step).context("comm connection (rdma_client_connect)")?;
+            let retry = Duration::from_secs(args.connect_timeout.clamp(1, args.timeout.max(1)));
+            let waiting = crate::net::Notice::new(format!(
+                "perftest client: waiting for a perftest server on {addr}; retrying for up to {} s \
+                 (--connect-timeout)",
+                retry.as_secs()
+            ));
+            let qp = connect_retry(&pd, addr, &opts, retry).context("comm connection (rdma_client_connect)")?;
+            drop(waiting);
             std::thread::sleep(Duration::from_millis(args.first_send_delay_ms));
             (qp, addr)
         }
@@ -802,7 +812,10 @@ fn connect_retry(pd: &ProtectionDomain, addr: SocketAddr, opts: &QpOptions, step
             Ok(qp) => return Ok(qp),
             Err(e @ (Error::ConnectionRefused | Error::Rejected { .. })) => {
                 if Instant::now() >= deadline {
-                    return Err(anyhow!(e).context(format!("connecting to {addr}")));
+                    return Err(anyhow!(e).context(format!(
+                        "no perftest server at {addr}: still refused after {} s of retries",
+                        step.as_secs()
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -1329,6 +1342,57 @@ fn print_header(p: &Params, role: &str, peer: &str, my: &PingpongDest, rem: &Pin
     println!("{RESULT_LINE}");
 }
 
+/// `perftest --json` (docs/json.md, "perftest"): the family's names and units.
+#[derive(serde::Serialize)]
+struct PerftestJson<'a> {
+    tool: &'static str,
+    test: &'static str,
+    role: &'a str,
+    peer: &'a str,
+    figures_from: &'static str,
+    size: Option<u64>,
+    iters: Option<u64>,
+    #[serde(flatten)]
+    bw: Option<PerftestBw>,
+    /// Latency tests (null for bandwidth): perftest's t_typical is `p50_us`.
+    lat: Option<PerftestLat>,
+    verified: Option<&'a str>,
+}
+
+impl<'a> PerftestJson<'a> {
+    /// The object of a side that measured nothing (read_lat's server).
+    fn new(p: &Params, role: &'a str, peer: &'a str) -> Self {
+        PerftestJson {
+            tool: "perftest",
+            test: p.test.name(),
+            role,
+            peer,
+            figures_from: "none (the client measures)",
+            size: None,
+            iters: None,
+            bw: None,
+            lat: None,
+            verified: None,
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct PerftestBw {
+    mb_per_s: f64,
+    mb_per_s_peak: f64,
+    gbit_per_s: f64,
+    gbit_per_s_peak: f64,
+    msg_per_s: f64,
+}
+
+#[derive(serde::Serialize)]
+struct PerftestLat {
+    #[serde(flatten)]
+    lat: crate::report::Latency,
+    stdev_us: f64,
+}
+
 impl Outcome {
     fn print(&self, args: &Args, p: &Params) {
         let (peer, role) = (&self.peer, self.role);
@@ -1339,16 +1403,22 @@ impl Outcome {
                 verified,
             } => {
                 if args.json {
-                    println!(
-                        "{}",
-                        json!({
-                            "test": p.test.name(), "role": role, "peer": peer,
-                            "figures_from": if *from_peer { "peer" } else { "local" },
-                            "bytes": r.size, "iterations": r.iters,
-                            "bw_peak_mb_per_s": r.bw_peak, "bw_average_mb_per_s": r.bw_avg,
-                            "msg_rate_mpps": r.msg_rate, "verified": verified,
-                        })
-                    );
+                    // perftest's MB/sec is 2^20 bytes per second, as the family's mb_per_s.
+                    let g = |mb: f64| mb * 1048576.0 * 8.0 / 1e9;
+                    crate::report::print_line(&PerftestJson {
+                        figures_from: if *from_peer { "peer" } else { "local" },
+                        size: Some(r.size),
+                        iters: Some(r.iters),
+                        bw: Some(PerftestBw {
+                            mb_per_s: r.bw_avg,
+                            mb_per_s_peak: r.bw_peak,
+                            gbit_per_s: g(r.bw_avg),
+                            gbit_per_s_peak: g(r.bw_peak),
+                            msg_per_s: r.msg_rate * 1e6,
+                        }),
+                        verified: Some(verified),
+                        ..PerftestJson::new(p, role, peer)
+                    });
                     return;
                 }
                 println!(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]");
@@ -1364,16 +1434,24 @@ impl Outcome {
             }
             Measured::Lat { lat: l, verified } => {
                 if args.json {
-                    println!(
-                        "{}",
-                        json!({
-                            "test": p.test.name(), "role": role, "peer": peer,
-                            "bytes": l.size, "iterations": l.iters,
-                            "t_min_us": l.t_min, "t_max_us": l.t_max, "t_typical_us": l.t_typical,
-                            "t_avg_us": l.t_avg, "t_stdev_us": l.t_stdev,
-                            "p99_us": l.p99, "p99_9_us": l.p99_9, "verified": verified,
-                        })
-                    );
+                    crate::report::print_line(&PerftestJson {
+                        figures_from: "local",
+                        size: Some(l.size),
+                        iters: Some(l.iters),
+                        lat: Some(PerftestLat {
+                            lat: crate::report::Latency {
+                                min_us: l.t_min,
+                                max_us: l.t_max,
+                                avg_us: l.t_avg,
+                                p50_us: l.t_typical,
+                                p99_us: l.p99,
+                                p999_us: l.p99_9,
+                            },
+                            stdev_us: l.t_stdev,
+                        }),
+                        verified: Some(verified),
+                        ..PerftestJson::new(p, role, peer)
+                    });
                     return;
                 }
                 println!(
@@ -1388,10 +1466,7 @@ impl Outcome {
             }
             Measured::Nothing => {
                 if args.json {
-                    println!(
-                        "{}",
-                        json!({"test": p.test.name(), "role": role, "peer": peer, "figures_from": "none (the client measures)"})
-                    );
+                    crate::report::print_line(&PerftestJson::new(p, role, peer));
                 } else {
                     println!(" (the client measures; nothing to report here)");
                     println!("{RESULT_LINE}");
@@ -1469,6 +1544,7 @@ mod tests {
             crc: "off".into(),
             first_send_delay_ms: 0,
             timeout: 1,
+            connect_timeout: 1,
         };
         let w = Params::new(&a(Test::WriteBw, None)).unwrap();
         assert_eq!((w.size, w.iters, w.tx_depth, w.out_reads), (65536, 5000, 128, 1));

@@ -290,10 +290,7 @@ mod tests {
     use super::*;
 
     fn hex(s: &str) -> Vec<u8> {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
+        hex::decode(s).unwrap()
     }
 
     // ULP payloads of the Sends in a capture of `ib_write_bw -R -d siw0 -n 20 -s 4096` against

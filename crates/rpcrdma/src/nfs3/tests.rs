@@ -13,10 +13,7 @@ use crate::xdr::{ChunkSource, Decoder, Encoder, InsertedChunk, ReturnedWriteChun
 
 fn hex(s: &str) -> Vec<u8> {
     let s: String = s.split_whitespace().collect();
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-        .collect()
+    hex::decode(s).unwrap()
 }
 
 fn enc<T: XdrEncode>(v: &T) -> (Vec<u8>, Vec<crate::xdr::DdpItem>) {

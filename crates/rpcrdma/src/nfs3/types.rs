@@ -172,7 +172,7 @@ pub struct Fh(pub Vec<u8>);
 impl Fh {
     /// Lower-case hex.
     pub fn hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(&self.0)
     }
 }
 
