@@ -227,7 +227,7 @@ pub fn run(args: Args) -> Result<()> {
             } else {
                 let dev = device()?;
                 let addr = addr.unwrap_or_else(|| "127.0.0.1:20049".parse().unwrap());
-                let c = RdmaClient::connect(&dev.alloc_pd(), addr, RdmaConfig::default())?;
+                let c = RdmaClient::connect(&dev.alloc_pd()?, addr, RdmaConfig::default())?;
                 call(&c, &proc_, size, count)
             }
         }
@@ -318,7 +318,10 @@ fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: b
         let srv = RdmaServer::spawn(&dev, "127.0.0.1:0".parse()?, reg.clone(), RdmaConfig::default())
             .map_err(|e| anyhow!("{e}"))?;
         let cs: Vec<RdmaClient> = (0..threads)
-            .map(|_| RdmaClient::connect(&dev.alloc_pd(), srv.local_addr(), RdmaConfig::default()))
+            .map(|_| {
+                let pd = dev.alloc_pd().map_err(|e| anyhow!("{e}"))?;
+                RdmaClient::connect(&pd, srv.local_addr(), RdmaConfig::default()).map_err(|e| anyhow!("{e}"))
+            })
             .collect::<Result<_, _>>()?;
         rdma_bps = Some(time_reads(&cs, size, calls)?);
     }

@@ -695,7 +695,7 @@ fn run_test(
 ) -> Result<Outcome> {
     let lat = args.lat;
     let depth = if lat { 1 } else { args.depth };
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let (echo_off, ready_off, mr_len) = client_layout(size, args.qps);
     let mr = pd.reg_mr(mr_len, Access::all_remote())?;
     let (credits, grant) = send_credits(depth);

@@ -11,32 +11,24 @@ use super::tx::encoded;
 use super::*;
 use crate::wire::fpdu::{Deframer, DeframerConfig, Framer};
 use std::net::SocketAddr;
-use verbs::cm::{ListenerOps, Provider, QpRequest};
-use verbs::{Access, MemoryRegion, ProtectionDomain, RemoteAddr};
+use verbs::provider::{Provider, QpCreate, QpOps};
+use verbs::{Access, Device, DeviceAttr, MemoryRegion, ProtectionDomain, RemoteAddr};
 
-/// A provider with no transport: the cores are driven by hand.
+/// A provider with no transport and no connection manager: the cores are
+/// made and driven by hand.
 struct NoTransport;
 
 impl Provider for NoTransport {
-    fn listen(
-        &self,
-        _dev: &Device,
-        _addr: SocketAddr,
-        _requests: Arc<EventQueue<Box<dyn verbs::cm::ConnRequestOps>>>,
-    ) -> Result<Box<dyn ListenerOps>> {
-        Err(Error::InvalidArgument("in-memory test device".into()))
+    fn query_device(&self) -> DeviceAttr {
+        crate::engine::device_attr()
     }
-    fn connect(&self, _addr: SocketAddr, _req: QpRequest, _timeout: std::time::Duration) -> Result<Arc<dyn QpOps>> {
-        Err(Error::InvalidArgument("in-memory test device".into()))
+    fn create_qp(&self, _req: QpCreate) -> Result<Arc<dyn QpOps>> {
+        Err(Error::NotSupported("in-memory test device".into()))
     }
 }
 
 fn device() -> Device {
-    Device::new(
-        "mem0",
-        crate::engine::device_attr(),
-        Arc::new(NoTransport) as Arc<dyn Provider>,
-    )
+    Device::new("mem0", Arc::new(NoTransport) as Arc<dyn Provider>, None)
 }
 
 /// One core with what its application holds, and the receive side of the
@@ -51,7 +43,7 @@ struct Side {
 }
 
 fn side(dev: &Device, qpn: u32, crc: bool, ird: u32) -> Side {
-    side_in(&dev.alloc_pd(), qpn, crc, ird)
+    side_in(&dev.alloc_pd().unwrap(), qpn, crc, ird)
 }
 
 /// A core whose stream belongs to protection domain `pd`.
@@ -85,7 +77,7 @@ fn side_in(pd: &ProtectionDomain, qpn: u32, crc: bool, ird: u32) -> Side {
     let p = Proto::new(
         qpn,
         pd.id(),
-        dev.clone(),
+        dev.mem_table(),
         cq.clone(),
         cq.clone(),
         events.clone(),
@@ -347,7 +339,8 @@ fn expect(a: Answer, want: (u8, u8, u8), row: &str) {
     assert!(
         a.events
             .iter()
-            .any(|e| matches!(e, CmEvent::TerminateSent(i) if (i.layer, i.etype, i.code) == want)),
+            .any(|e| matches!(e, CmEvent::ErrorSent(d)
+                if d.downcast_ref::<TerminateInfo>().is_some_and(|i| (i.layer, i.etype, i.code) == want))),
         "{row}: TerminateSent event, got {:?}",
         a.events
     );
@@ -441,7 +434,7 @@ fn every_terminate_row_is_reachable_in_memory() {
         Access::REMOTE_WRITE | Access::REMOTE_READ | Access::LOCAL_WRITE,
     );
     let no_rights = mr(&s, 4096, Access::LOCAL_WRITE);
-    let other_pd = s.p.dev.alloc_pd().reg_mr(4096, Access::all_remote()).unwrap();
+    let other_pd = s.pd.device().alloc_pd().unwrap().reg_mr(4096, Access::all_remote()).unwrap();
     let (stag, base) = (region.rkey(), region.addr());
     let write = |stag, to| tagged(op::WRITE, stag, to, true, b"data");
     let rr = |stag, to, size| ReadRequest {
@@ -568,6 +561,6 @@ fn every_terminate_row_is_reachable_in_memory() {
     term.emit_ulpdu(&mut u, 1).unwrap();
     let a = inject(&mut c, &[u]);
     assert!(a.terminates.is_empty(), "row 29: no Terminate back");
-    assert!(a.events.iter().any(|e| matches!(e, CmEvent::TerminateReceived(_))));
+    assert!(a.events.iter().any(|e| matches!(e, CmEvent::ErrorReceived(_))));
     assert_eq!(a.state, QpState::Err);
 }
