@@ -49,7 +49,7 @@ fn stream(sel: u8, input: &[u8]) {
 fn back_to_back(sel: u8, input: &[u8]) {
     let max_ulpdu = 128 + usize::from(sel >> 1) * 512;
     let dev = harness::device();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().expect("a PD");
     let cfg = SideConfig {
         max_ulpdu,
         ..SideConfig::default()

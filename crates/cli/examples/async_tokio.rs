@@ -72,7 +72,7 @@ async fn main() -> Result<()> {
     let dev = Registry::new()
         .with(Arc::new(iwarp::IwarpFactory))
         .open_default(None, &DeviceOptions::new())?;
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let listener = dev.listen("127.0.0.1:0".parse().unwrap())?;
     let addr = listener.local_addr();
     let srv = tokio::spawn(server(listener, pd.clone()));

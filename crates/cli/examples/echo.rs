@@ -66,7 +66,7 @@ fn serve_one(pd: &ProtectionDomain, req: ConnectRequest) -> Result<u64, Box<dyn 
 
 fn server(addr: SocketAddr, once: bool) -> Result<(), Box<dyn std::error::Error>> {
     let dev = open_device()?;
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let listener = dev.listen(addr)?;
     println!("listening on {}", listener.local_addr());
     loop {
@@ -84,7 +84,7 @@ fn server(addr: SocketAddr, once: bool) -> Result<(), Box<dyn std::error::Error>
 
 fn client(addr: SocketAddr, words: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let dev = open_device()?;
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(16)?;
     let rx = pd.reg_mr(MSG as usize, Access::LOCAL_WRITE)?;
     let tx = pd.reg_mr(MSG as usize, Access::LOCAL_WRITE)?;

@@ -61,7 +61,7 @@ fn completion(cq: &CompletionQueue, what: &str) -> Result<WorkCompletion, String
 
 fn server(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     let dev = open_device()?;
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(16)?;
     let mr = pd.reg_mr(LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)?;
     let ctl = pd.reg_mr(64, Access::LOCAL_WRITE)?;
@@ -97,7 +97,7 @@ fn server(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
 
 fn client(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     let dev = open_device()?;
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(16)?;
     let qp = pd.connect(addr, QpOptions::new(&cq).rd_atomic(8, 8), T)?;
     let remote = RemoteRegion::decode(&qp.conn_info().peer_private_data).ok_or("short private data")?;

@@ -27,7 +27,7 @@ fn expect(cq: &CompletionQueue, what: &str) -> Result<WorkCompletion> {
 
 fn demo(crc: bool) -> Result<()> {
     let dev = crate::providers::open(None, &crate::providers::crc(crc))?;
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let listener = dev.listen("127.0.0.1:0".parse()?)?;
     let addr = listener.local_addr();
     println!(
@@ -232,8 +232,8 @@ fn demo(crc: bool) -> Result<()> {
     println!("RDMA Read of a bad STag: client completion status \"{}\"", wc.status);
     let _ = client.get_event(Some(T)); // Established
     match client.get_event(Some(T)) {
-        Some(CmEvent::TerminateReceived(t)) => println!("client: Terminate received from the server: {t}"),
-        other => bail!("expected a Terminate, got {other:?}"),
+        Some(CmEvent::ErrorReceived(d)) => println!("client: fatal error received from the server: {d}"),
+        other => bail!("expected the server's fatal error (a Terminate), got {other:?}"),
     }
     println!(
         "client QP state is now {:?}; the server's other work carries on. Done.",

@@ -316,7 +316,7 @@ fn connect(o: &Opts, target: &str) -> Result<Session> {
             ..RdmaConfig::default()
         };
         let c =
-            RdmaClient::connect(&dev.alloc_pd(), a, cfg).map_err(|e| anyhow!("RPC-over-RDMA connect to {a}: {e}"))?;
+            RdmaClient::connect(&dev.alloc_pd()?, a, cfg).map_err(|e| anyhow!("RPC-over-RDMA connect to {a}: {e}"))?;
         let n = c.negotiated();
         let info = match n {
             Some(n) => format!(

@@ -276,7 +276,7 @@ pub fn run(args: Args) -> Result<()> {
                     timeout: t,
                     ..RdmaConfig::default()
                 };
-                let c = RdmaClient::connect(&dev.alloc_pd(), addr, cfg).map_err(|e| to.connect_error(e))?;
+                let c = RdmaClient::connect(&dev.alloc_pd()?, addr, cfg).map_err(|e| to.connect_error(e))?;
                 drop(connecting);
                 call(&c, &to, &proc_, size, count)
             }
@@ -452,7 +452,10 @@ fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: b
         let srv = RdmaServer::spawn(&dev, "127.0.0.1:0".parse()?, reg.clone(), RdmaConfig::default())
             .map_err(|e| anyhow!("{e}"))?;
         let cs: Vec<RdmaClient> = (0..threads)
-            .map(|_| RdmaClient::connect(&dev.alloc_pd(), srv.local_addr(), RdmaConfig::default()))
+            .map(|_| {
+                let pd = dev.alloc_pd().map_err(|e| anyhow!("{e}"))?;
+                RdmaClient::connect(&pd, srv.local_addr(), RdmaConfig::default()).map_err(|e| anyhow!("{e}"))
+            })
             .collect::<Result<_, _>>()?;
         rdma_bps = Some(time_reads(&cs, size, calls)?);
     }

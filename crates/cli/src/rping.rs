@@ -322,8 +322,8 @@ impl Endpoint<'_> {
             ));
         }
         match &event {
-            Some(CmEvent::TerminateReceived(t)) => parts.push(format!("Terminate received from the peer: {t}")),
-            Some(CmEvent::TerminateSent(t)) => parts.push(format!("Terminate sent to the peer: {t}")),
+            Some(CmEvent::ErrorReceived(d)) => parts.push(format!("fatal error received from the peer: {d}")),
+            Some(CmEvent::ErrorSent(d)) => parts.push(format!("fatal error sent to the peer: {d}")),
             Some(CmEvent::Disconnected) => parts.push("peer closed the connection".into()),
             Some(CmEvent::ConnectionError(e)) => parts.push(format!("peer reset the connection: {e}")),
             _ => {}
@@ -569,7 +569,7 @@ fn expect_step(ep: &Endpoint<'_>, got: Step, want: Step, state_name: &str, at_bo
 
 fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
     let addr = resolve(args.addr.as_deref().context("client needs -a ADDR")?, args.port)?;
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(SQ_DEPTH as usize * 2)?;
     let start_mr = pd
         .reg_mr(
@@ -586,10 +586,10 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
     let (recv_mr, opts) = recv_buf(&pd, opts)?;
     let qp = match pd.connect(addr, opts, timeout) {
         Ok(qp) => qp,
-        Err(Error::Rejected { private_data, ird_ord }) => {
-            let io = ird_ord.map_or("none".to_string(), |(i, o)| format!("{i}/{o}"));
+        Err(Error::Rejected { private_data, detail }) => {
+            let io = detail.map_or("no provider detail".to_string(), |d| d.to_string());
             bail!(
-                "cma event RDMA_CM_EVENT_REJECTED, IRD/ORD {io}, private data {} bytes: {}",
+                "cma event RDMA_CM_EVENT_REJECTED, {io}, private data {} bytes: {}",
                 private_data.len(),
                 hex::encode(&private_data)
             )
@@ -747,7 +747,7 @@ fn serve_request(dev: &Device, args: &RpingArgs, req: ConnectRequest, listener: 
         println!("rejected the connect request with {n} bytes of private data");
         return Ok(());
     }
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(SQ_DEPTH as usize * 2)?;
     // rdma_accept(NULL): the IRD/ORD the client stated, seen from our side.
     let ird = p.initiator_depth.max(1);

@@ -102,7 +102,7 @@ fn demo_walks_through_every_operation() {
         "returned the original 40, server memory is now 42",
         "bandwidth: 512 RDMA Writes of 1 MiB",
         "RDMA Read of a bad STag: client completion status \"remote access error\"",
-        "client: Terminate received from the server",
+        "client: fatal error received from the server: Terminate layer 0",
         "Done.",
     ] {
         assert!(out.contains(want), "demo output lacks {want:?}:\n{out}");

@@ -658,7 +658,7 @@ fn d6_our_terminate_for_a_bad_stag_read_as_siw_decodes_it() {
         let (_, stderr) = text(&out);
         assert!(!out.status.success());
         assert!(
-            stderr.contains("Terminate sent to the peer: layer 0 type 1 code 0x00"),
+            stderr.contains("fatal error sent to the peer: Terminate layer 0 type 1 code 0x00"),
             "{stderr}"
         );
         assert!(
@@ -694,7 +694,7 @@ fn d7_kernel_terminate_for_our_bad_stag_read() {
         );
         assert!(
             ours.stderr
-                .contains("Terminate received from the peer: layer 0 type 1 code 0x00"),
+                .contains("fatal error received from the peer: Terminate layer 0 type 1 code 0x00"),
             "{}",
             ours.stderr
         );
@@ -836,7 +836,7 @@ fn kernel_rejects_our_connect_with_private_data() {
             "{guest}"
         );
         let want = format!(
-            "Error: cma event RDMA_CM_EVENT_REJECTED, IRD/ORD 1/1, private data {n} bytes: {}",
+            "Error: cma event RDMA_CM_EVENT_REJECTED, MPA Reply IRD 1 ORD 1, private data {n} bytes: {}",
             pd_hex(n, 0x80)
         );
         assert!(has_line(&stderr, &want), "{n}: {stderr}");

@@ -90,3 +90,46 @@ fn rpcrdma_depends_on_no_provider() {
         );
     }
 }
+
+/// iWARP names that must not appear in the code (not the comments) of the
+/// provider-independent crate: they belong to the iwarp crate and reach
+/// programs as provider detail (`ErrorDetail`, `vendor_err`).
+const IWARP_WORDS: &[&str] = &["Terminate", "Mpa", "MPA", "ird_ord", "readv", "writev", "STag"];
+
+fn iwarp_words(src: &str) -> Vec<(usize, String)> {
+    let mut in_tests = false;
+    let mut hits = Vec::new();
+    for (n, line) in src.lines().enumerate() {
+        if line.trim_start().starts_with("#[cfg(test)]") {
+            in_tests = true;
+        }
+        let code = line.split("//").next().unwrap_or("");
+        if !in_tests && IWARP_WORDS.iter().any(|w| code.contains(w)) {
+            hits.push((n + 1, line.trim().to_string()));
+        }
+    }
+    hits
+}
+
+#[test]
+fn finder_sees_iwarp_words() {
+    assert_eq!(iwarp_words("pub struct TerminateInfo {").len(), 1);
+    assert_eq!(iwarp_words("    ird_ord: Option<(u16, u16)>,").len(), 1);
+    assert!(iwarp_words("/// a Terminate, in a comment").is_empty());
+    assert!(iwarp_words("#[cfg(test)]\nmod t { const X: &str = \"MPA\"; }").is_empty());
+}
+
+#[test]
+fn verbs_code_names_no_iwarp_type() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = Vec::new();
+    rust_files(&root.join("crates/verbs/src"), &mut files);
+    assert!(files.len() > 10, "found only {} files", files.len());
+    let mut bad = Vec::new();
+    for f in &files {
+        for (line, text) in iwarp_words(&std::fs::read_to_string(f).unwrap()) {
+            bad.push(format!("{}:{line}: {text}", f.display()));
+        }
+    }
+    assert!(bad.is_empty(), "iWARP names in the verbs crate's code:\n{}", bad.join("\n"));
+}

@@ -162,7 +162,7 @@ fn server_refuses_a_peer_older_than_5_70() {
     let port = free_port();
     let s = server("write_bw", port, &[]);
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(16).unwrap();
     let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -313,13 +313,13 @@ fn rping_bad_stag_read_fails_both_sides_with_status_and_terminate() {
                 "{side}: {serr}"
             );
             assert!(
-                serr.contains("Terminate received from the peer: layer 0 type 1 code 0x00"),
+                serr.contains("fatal error received from the peer: Terminate layer 0 type 1 code 0x00"),
                 "{side}: {serr}"
             );
             assert!(!serr.contains("QP is in state"), "{serr}");
             assert!(cerr.contains("Error: client session failed (QP "), "{cerr}");
             assert!(
-                cerr.contains("Terminate sent to the peer: layer 0 type 1 code 0x00"),
+                cerr.contains("fatal error sent to the peer: Terminate layer 0 type 1 code 0x00"),
                 "{side}: {cerr}"
             );
             // RUST_LOG=info to a pipe: the engine's own line, without escape sequences.

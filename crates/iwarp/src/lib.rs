@@ -25,10 +25,12 @@
 //! * [`factory`]: the provider as the device registry ([`verbs::Registry`]) sees it.
 
 pub mod crc;
+pub mod detail;
 pub mod engine;
 pub mod factory;
 pub mod proto;
 pub mod wire;
 
+pub use detail::{MpaReject, TerminateInfo};
 pub use engine::{IwarpConfig, open_device};
 pub use factory::IwarpFactory;

@@ -29,6 +29,7 @@
 //! `WrFlushErr` (what Linux siw reports for requests flushed by a Terminate).
 
 use std::time::Duration;
+use iwarp::TerminateInfo;
 use verbs::*;
 
 const T: Duration = Duration::from_secs(10);
@@ -71,10 +72,10 @@ struct World {
 
 fn world() -> World {
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
-    let pd_a = dev.alloc_pd();
-    let pd_b = dev.alloc_pd();
+    let pd_a = dev.alloc_pd().unwrap();
+    let pd_b = dev.alloc_pd().unwrap();
     let victim = connect(&dev, &pd_a, &pd_b);
-    let bystander = connect(&dev, &dev.alloc_pd(), &dev.alloc_pd());
+    let bystander = connect(&dev, &dev.alloc_pd().unwrap(), &dev.alloc_pd().unwrap());
     let local = pd_a.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
     World {
         dev,
@@ -101,12 +102,17 @@ fn packed(l: u8, t: u8, c: u8) -> u32 {
     (u32::from(l) << 16) | (u32::from(t) << 8) | u32::from(c)
 }
 
+/// The iWARP Terminate cause a CM event's provider detail carries.
+fn iwarp_cause(d: &verbs::ErrorDetail) -> TerminateInfo {
+    d.downcast_ref::<TerminateInfo>().expect("an iWARP Terminate").clone()
+}
+
 /// The next event of `qp` that is not `Disconnected` / `ConnectionError`.
 fn terminate_event(qp: &QueuePair, want_sent: bool) -> TerminateInfo {
     loop {
         match qp.get_event(Some(T)) {
-            Some(CmEvent::TerminateReceived(t)) if !want_sent => return t,
-            Some(CmEvent::TerminateSent(t)) if want_sent => return t,
+            Some(CmEvent::ErrorReceived(d)) if !want_sent => return iwarp_cause(&d),
+            Some(CmEvent::ErrorSent(d)) if want_sent => return iwarp_cause(&d),
             Some(CmEvent::Disconnected | CmEvent::ConnectionError(_)) => continue,
             other => panic!(
                 "expected a Terminate{} event, got {other:?}",
@@ -378,7 +384,7 @@ fn boundary_accesses_that_must_succeed_rdmap_sec_03() {
 #[test]
 fn read_stag_of_another_pd_rdmap_sec_01_row_16() {
     let w = world();
-    let other = w.dev.alloc_pd();
+    let other = w.dev.alloc_pd().unwrap();
     let mr = other.reg_mr(4096, RW).unwrap();
     read_fails(&w, remote(&mr, 0), 8, 0x03);
 }
@@ -386,7 +392,7 @@ fn read_stag_of_another_pd_rdmap_sec_01_row_16() {
 #[test]
 fn write_stag_of_another_pd_rdmap_sec_01_row_10() {
     let w = world();
-    let other = w.dev.alloc_pd();
+    let other = w.dev.alloc_pd().unwrap();
     let mr = other.reg_mr(4096, RW).unwrap();
     let good = w.pd_b.reg_mr(4096, RW).unwrap();
     write_fails(&w, remote(&mr, 0), 8, 0x02, &good);
@@ -733,7 +739,7 @@ fn local_keys_checked_at_post_time() {
     let w = world();
     let p = &w.victim;
     let mb = w.pd_b.reg_mr(4096, RW).unwrap();
-    let foreign = w.dev.alloc_pd().reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let foreign = w.dev.alloc_pd().unwrap().reg_mr(64, Access::LOCAL_WRITE).unwrap();
     let read_only = w.victim.a.pd().reg_mr(64, Access::REMOTE_READ).unwrap();
     let bad: [(&str, SendWr); 3] = [
         (
@@ -893,7 +899,7 @@ fn atomic_past_end_rdmap_sec_03() {
 #[test]
 fn atomic_stag_of_another_pd_rdmap_sec_01() {
     let w = world();
-    let mr = w.dev.alloc_pd().reg_mr(4096, RW | Access::REMOTE_ATOMIC).unwrap();
+    let mr = w.dev.alloc_pd().unwrap().reg_mr(4096, RW | Access::REMOTE_ATOMIC).unwrap();
     mr.write(0, &5u64.to_ne_bytes()).unwrap();
     atomic_fails(&w, remote(&mr, 0), 0x03);
     assert_eq!(mr.to_vec(0, 8).unwrap(), 5u64.to_ne_bytes(), "target unchanged");

@@ -151,10 +151,11 @@ fn read_bad_stag_gets_terminate_and_flush() {
     assert!(matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr));
     let ev = p.a.get_event(Some(T)).unwrap();
     assert!(
-        matches!(ev, CmEvent::TerminateReceived(ref t) if t.layer == 0 && t.etype == 1 && t.code == 0),
+        matches!(ev, CmEvent::ErrorReceived(ref d)
+            if d.downcast_ref::<iwarp::TerminateInfo>().is_some_and(|t| (t.layer, t.etype, t.code) == (0, 1, 0))),
         "{ev:?}"
     );
-    assert!(matches!(p.b.get_event(Some(T)), Some(CmEvent::TerminateSent(_))));
+    assert!(matches!(p.b.get_event(Some(T)), Some(CmEvent::ErrorSent(_))));
     assert_eq!(p.a.state(), QpState::Err);
 }
 

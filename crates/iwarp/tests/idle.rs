@@ -21,7 +21,7 @@ fn cpu_ticks() -> u64 {
 #[test]
 fn sixty_four_idle_connections_use_no_cpu() {
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr();
     let cq = dev.create_cq(1024).unwrap();

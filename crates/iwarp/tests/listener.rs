@@ -145,7 +145,7 @@ fn the_handshake_cap_refuses_at_once() {
     assert!(listener.get_request(Some(Duration::from_millis(100))).is_err());
     drop(silent);
     std::thread::sleep(Duration::from_millis(300));
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let (cq_c, cq_s) = (dev.create_cq(16).unwrap(), dev.create_cq(16).unwrap());
     let (pd2, cq2) = (pd.clone(), cq_c.clone());
     let c = std::thread::spawn(move || pd2.connect(addr, QpOptions::new(&cq2), T));
@@ -171,7 +171,7 @@ fn child_listener() {
     println!("PORT {}", listener.local_addr().port());
     std::io::stdout().flush().unwrap();
     std::thread::spawn(move || {
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(64).unwrap();
         let mut qps = Vec::new();
         while let Ok(r) = listener.get_request(None) {
@@ -256,7 +256,7 @@ fn emfile_backs_off_and_recovers() {
     drop(peers);
     let t0 = Instant::now();
     let dev = iwarp::open_device(IwarpConfig::default()).unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(4).unwrap();
     let qp = loop {
         match pd.connect(s.addr, QpOptions::new(&cq), Duration::from_secs(5)) {
@@ -284,7 +284,7 @@ fn at_the_fd_limit_silent_peers_make_room_for_a_client() {
     std::thread::sleep(Duration::from_millis(1500));
     let t0 = Instant::now();
     let dev = iwarp::open_device(IwarpConfig::default()).unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(4).unwrap();
     let qp = pd
         .connect(s.addr, QpOptions::new(&cq), Duration::from_secs(5))

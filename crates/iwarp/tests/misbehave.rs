@@ -34,7 +34,7 @@ struct Iut {
 /// with IRD/ORD `ird`/4, posting `recvs` receives of 64 bytes each.
 fn iut_with(ask: Ask, ird: u8, recvs: usize) -> Iut {
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr();
     let cq = dev.create_cq(1024).unwrap();
@@ -147,7 +147,10 @@ impl Iut {
         assert_eq!(t.rdma, x.rdma, "echoed RDMA header (RDMAP-HDR-13)");
         // The IUT's ULP learns it, with the same cause.
         match self.qp.get_event(Some(T)) {
-            Some(CmEvent::TerminateSent(i)) => assert_eq!((i.layer, i.etype, i.code), (x.layer, x.etype, x.code)),
+            Some(CmEvent::ErrorSent(d)) => {
+                let i = d.downcast_ref::<iwarp::TerminateInfo>().expect("an iWARP Terminate");
+                assert_eq!((i.layer, i.etype, i.code), (x.layer, x.etype, x.code))
+            }
             other => panic!("expected TerminateSent, got {other:?}"),
         }
         assert_eq!(self.qp.state(), QpState::Err);
@@ -208,7 +211,10 @@ fn after_its_terminate_the_iut_drains_the_stream_and_closes_with_fin() {
     }
     i.peer.shutdown_write();
     match i.qp.get_event(Some(T)) {
-        Some(CmEvent::TerminateSent(t)) => assert_eq!((t.layer, t.etype, t.code), (1, 2, 0x02)),
+        Some(CmEvent::ErrorSent(d)) => {
+            let t = d.downcast_ref::<iwarp::TerminateInfo>().expect("an iWARP Terminate");
+            assert_eq!((t.layer, t.etype, t.code), (1, 2, 0x02))
+        }
         other => panic!("expected TerminateSent, got {other:?}"),
     }
     assert_eq!(
@@ -351,7 +357,7 @@ fn row09_write_past_end_and_below_base() {
 #[test]
 fn row10_write_stag_of_other_pd() {
     let mut i = iut(0);
-    let other_pd = i.qp.pd().device().alloc_pd();
+    let other_pd = i.qp.pd().device().alloc_pd().unwrap();
     let mr = other_pd.reg_mr(4096, Access::all_remote()).unwrap();
     let u = tagged(op::WRITE, mr.rkey(), mr.addr(), true, b"x");
     i.peer.send(&u);
@@ -392,7 +398,7 @@ fn read_request(sink_stag: u32, sink_to: u64, size: u32, src_stag: u32, src_to: 
 fn read_row(access: Access, other_pd: bool, f: impl Fn(&MemoryRegion) -> (u32, u64, u32), want: (u8, u8, u8)) {
     let mut i = iut(0);
     let pd = if other_pd {
-        i.qp.pd().device().alloc_pd()
+        i.qp.pd().device().alloc_pd().unwrap()
     } else {
         i.pd.clone()
     };
@@ -529,7 +535,7 @@ fn row20_send_with_invalidate_of_unknown_or_foreign_stag() {
     i.expect_terminate(&u, e(0, 2, 0x09, MD));
 
     let mut i = iut(1);
-    let other = i.qp.pd().device().alloc_pd();
+    let other = i.qp.pd().device().alloc_pd().unwrap();
     let mr = other.reg_mr(4096, Access::all_remote()).unwrap();
     let u = untagged(op::SEND_INV, 0, 1, 0, true, mr.rkey(), b"x");
     i.peer.send(&u);
@@ -637,7 +643,10 @@ fn row29_peer_terminate_gets_no_terminate_back() {
     assert!(got.terminates().is_empty(), "no Terminate answers a Terminate");
     assert!(got.eof);
     match i.qp.get_event(Some(T)) {
-        Some(CmEvent::TerminateReceived(t)) => assert_eq!((t.layer, t.etype, t.code), (1, 1, 0)),
+        Some(CmEvent::ErrorReceived(d)) => {
+            let t = d.downcast_ref::<iwarp::TerminateInfo>().expect("an iWARP Terminate");
+            assert_eq!((t.layer, t.etype, t.code), (1, 1, 0))
+        }
         other => panic!("expected TerminateReceived, got {other:?}"),
     }
     let mut flushed = 0;
@@ -711,7 +720,7 @@ fn send_at_once_after_the_reply_lands_in_a_pre_posted_receive() {
     // QpOptions::post_recv are posted before any received byte is
     // processed (rdma_cm order), so this is not row 1's Terminate.
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let cq = dev.create_cq(16).unwrap();
     let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
@@ -904,7 +913,7 @@ fn row25c_read_response_naming_another_connections_sink_stag() {
         let mut i = iut(0);
         let (sink, _rr) = outstanding_read(&mut i, len);
         // Another connection with its own PD: its sink STag.
-        let other_pd = i._dev.alloc_pd();
+        let other_pd = i._dev.alloc_pd().unwrap();
         let theirs = other_pd.reg_mr(len, Access::LOCAL_WRITE).unwrap();
         let u = tagged(op::READ_RESPONSE, theirs.lkey(), theirs.addr(), true, &vec![0x5A; len]);
         send_split(&mut i, &u);

@@ -46,7 +46,7 @@ fn server(cfg: IwarpConfig) -> Server {
 impl Server {
     /// A proper client still connects and moves data after the bad peer.
     fn still_serves(&self) {
-        let pd = self.dev.alloc_pd();
+        let pd = self.dev.alloc_pd().unwrap();
         let (cq_c, cq_s) = (self.dev.create_cq(16).unwrap(), self.dev.create_cq(16).unwrap());
         let addr = self.addr;
         let (pd2, cq2) = (pd.clone(), cq_c.clone());
@@ -144,7 +144,7 @@ fn responder_accepts_revision_1() {
     sock.write_all(&out).unwrap();
     let req = s.listener.get_request(Some(T)).unwrap();
     assert_eq!(req.private_data(), b"v1");
-    let pd = s.dev.alloc_pd();
+    let pd = s.dev.alloc_pd().unwrap();
     let cq = s.dev.create_cq(4).unwrap();
     let _qp = req.accept(&pd, QpOptions::new(&cq).private_data(b"ok1")).unwrap();
     let f = read_mpa_frame(&mut sock);
@@ -187,7 +187,7 @@ fn responder_accepts_private_data_at_its_limit() {
         let peer = RawPeer::start(s.addr, &ask);
         let req = s.listener.get_request(Some(T)).unwrap();
         assert_eq!(req.private_data(), &ask.private_data[..]);
-        let pd = s.dev.alloc_pd();
+        let pd = s.dev.alloc_pd().unwrap();
         let cq = s.dev.create_cq(4).unwrap();
         let reply = vec![0xA5; reply_len];
         let r = req.accept(&pd, QpOptions::new(&cq).private_data(&reply));
@@ -280,7 +280,7 @@ fn client(cfg: IwarpConfig, addr: SocketAddr, private_data: &[u8]) -> std::threa
     let pd_bytes = private_data.to_vec();
     std::thread::spawn(move || {
         let dev = iwarp::open_device(cfg).unwrap();
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(4).unwrap();
         let r = pd.connect(addr, QpOptions::new(&cq).private_data(&pd_bytes), T);
         std::mem::forget(dev);
@@ -329,10 +329,12 @@ fn initiator_surfaces_reject_with_private_data() {
     let (mut s, _) = l.accept_request();
     s.write_all(&reply(&mpa::KEY_REPLY, 2, true, b"go away")).unwrap();
     match h.join().unwrap() {
-        Err(Error::Rejected { private_data, ird_ord }) => {
+        Err(Error::Rejected { private_data, detail }) => {
             assert_eq!(private_data, b"go away");
-            // reply() sends an enhanced Reply with IRD/ORD 4/4.
-            assert_eq!(ird_ord, Some((4, 4)));
+            // reply() sends an enhanced Reply with IRD/ORD 4/4, which reaches the
+            // application as the iWARP provider's detail, not as a verbs type.
+            let mpa = detail.as_ref().and_then(|d| d.downcast_ref::<iwarp::MpaReject>());
+            assert_eq!(mpa.map(|m| m.ird_ord), Some(Some((4, 4))), "{detail:?}");
         }
         other => panic!("expected Rejected, got {:?}", other.map(|_| ())),
     }
@@ -442,7 +444,7 @@ fn initiator_insufficient_ird_sends_terminate() {
         let addr = l.addr();
         move || {
             let dev = iwarp::open_device(quick_cfg()).unwrap();
-            let pd = dev.alloc_pd();
+            let pd = dev.alloc_pd().unwrap();
             let cq = dev.create_cq(4).unwrap();
             pd.connect(addr, QpOptions::new(&cq).rd_atomic(1, 1), T).map(|_| ())
         }
@@ -515,7 +517,7 @@ fn p2p_against_a_non_p2p_responder(offer: RtrSet) {
         .listener
         .get_request(Some(T))
         .expect("the Request reaches the application");
-    let pd = s.dev.alloc_pd();
+    let pd = s.dev.alloc_pd().unwrap();
     let cq = s.dev.create_cq(16).unwrap();
     let accepted = std::thread::spawn(move || req.accept(&pd, QpOptions::new(&cq)).map(|qp| (qp, pd, cq)));
     let frame = read_mpa_frame(&mut sock);

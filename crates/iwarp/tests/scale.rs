@@ -137,7 +137,7 @@ fn one_gib_by_reads_crc_on() {
 fn qps_256_at_once() {
     const N: usize = 256;
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr();
     let cq_c = dev.create_cq(8 * N).unwrap();

@@ -16,7 +16,7 @@ use verbs::*;
 #[test]
 fn reg_mr_bases_are_random_not_pointers() {
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let mrs: Vec<MemoryRegion> = (0..64)
         .map(|_| pd.reg_mr(8192, Access::all_remote()).unwrap())
         .collect();
@@ -44,7 +44,7 @@ fn reg_mr_bases_are_random_not_pointers() {
 #[test]
 fn reg_mr_iova_rejects_wrap() {
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     assert!(matches!(
         pd.reg_mr_iova(4096, Access::LOCAL_WRITE, u64::MAX - 4095),
         Err(Error::InvalidArgument(_))
@@ -119,7 +119,8 @@ fn zero_based_region_remote_write_read_and_bounds() {
     assert_eq!(wc.vendor_err, 0x00_01_01, "{wc:?}");
     loop {
         match b.get_event(Some(T)) {
-            Some(CmEvent::TerminateSent(t)) => {
+            Some(CmEvent::ErrorSent(d)) => {
+                let t = d.downcast_ref::<iwarp::TerminateInfo>().expect("an iWARP Terminate");
                 assert_eq!((t.layer, t.etype, t.code), (0, 1, 0x01), "{t}");
                 break;
             }

@@ -50,7 +50,7 @@ fn setup(backchannel: bool) -> (verbs::Device, RdmaServer, RdmaClient) {
         RdmaConfig::default(),
     )
     .unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let c = if backchannel {
         RdmaClient::connect_with_backchannel(&pd, srv.local_addr(), RdmaConfig::default(), Arc::new(callbacks()))
     } else {

@@ -48,7 +48,7 @@ impl Raw {
     }
 
     fn connect(dev: &Device, addr: SocketAddr) -> Raw {
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(256).unwrap();
         let pdata = rpcrdma::private_data::PrivateData::default().encode();
         let (mr, recvs) = Raw::buffers(&pd);
@@ -404,7 +404,7 @@ fn scripted_responder(
             let Ok(req) = l.get_request(Some(Duration::from_secs(20))) else {
                 return;
             };
-            let pd = dev.alloc_pd();
+            let pd = dev.alloc_pd().unwrap();
             let cq = dev.create_cq(256).unwrap();
             let pdata = rpcrdma::private_data::PrivateData::default().encode();
             let (mr, recvs) = Raw::buffers(&pd);
@@ -432,7 +432,7 @@ fn client(dev: &Device, addr: SocketAddr) -> RdmaClient {
         max_retries: 1,
         ..Default::default()
     };
-    RdmaClient::connect(&dev.alloc_pd(), addr, cfg).unwrap()
+    RdmaClient::connect(&dev.alloc_pd().unwrap(), addr, cfg).unwrap()
 }
 
 fn null_reply(h: &Header, credit: u32) -> Vec<u8> {
@@ -568,7 +568,7 @@ fn receives_posted_before_accept_meet_the_first_send() {
     let dev2 = dev.clone();
     let srv = std::thread::spawn(move || {
         let req = l.get_request(Some(T)).unwrap();
-        let pd = dev2.alloc_pd();
+        let pd = dev2.alloc_pd().unwrap();
         let cq = dev2.create_cq(16).unwrap();
         let mr = pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
         let recv = RecvWr {
@@ -580,7 +580,7 @@ fn receives_posted_before_accept_meet_the_first_send() {
         let wc = cq.wait(Some(T)).expect("a completion");
         (wc.status, wc.byte_len)
     });
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(16).unwrap();
     let qp = pd.connect(addr, QpOptions::new(&cq), T).unwrap();
     let mr = pd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
@@ -607,7 +607,7 @@ fn chunk_faults_get_err_chunk_from_our_responder() {
 
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
     let srv = server(&dev);
-    let c = RdmaClient::connect(&dev.alloc_pd(), srv.local_addr(), RdmaConfig::default()).unwrap();
+    let c = RdmaClient::connect(&dev.alloc_pd().unwrap(), srv.local_addr(), RdmaConfig::default()).unwrap();
     let err_chunk = |r: Result<Vec<u8>, RpcError>| matches!(r, Err(RpcError::RdmaError(ErrorBody::Chunk)));
     let read_args = |size: u32| {
         move |e: &mut Encoder<Vec<u8>>| {

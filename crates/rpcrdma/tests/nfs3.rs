@@ -61,7 +61,7 @@ fn lab() -> Lab {
         ..RdmaConfig::default()
     };
     let rdma = RdmaServer::spawn(&dev, "127.0.0.1:0".parse().unwrap(), reg, scfg).unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     Lab {
         fs,
         tcp,

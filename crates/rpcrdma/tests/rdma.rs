@@ -26,7 +26,7 @@ struct Setup {
 fn setup_with(reg: Registry, scfg: RdmaConfig, ccfg: RdmaConfig) -> Setup {
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
     let srv = RdmaServer::spawn(&dev, "127.0.0.1:0".parse().unwrap(), Arc::new(reg), scfg).unwrap();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let client = RdmaClient::connect(&pd, srv.local_addr(), ccfg).unwrap();
     Setup { _dev: dev, srv, client }
 }
@@ -305,7 +305,7 @@ fn same_program_over_tcp_and_rdma_at_once() {
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
     let rdma = RdmaServer::spawn(&dev, "127.0.0.1:0".parse().unwrap(), reg.clone(), RdmaConfig::default()).unwrap();
     let tcp = TcpServer::spawn("127.0.0.1:0".parse().unwrap(), reg).unwrap();
-    let rc = RdmaClient::connect(&dev.alloc_pd(), rdma.local_addr(), RdmaConfig::default()).unwrap();
+    let rc = RdmaClient::connect(&dev.alloc_pd().unwrap(), rdma.local_addr(), RdmaConfig::default()).unwrap();
     let tc = TcpClient::connect(tcp.local_addr()).unwrap();
     fn both<C: RpcClient>(c: &C, want: &[u8]) {
         for n in [0usize, 5, 1500, 200_000] {

@@ -80,7 +80,7 @@ fn tshark_decodes_our_rpc_over_rdma() {
     let log: Log = Arc::default();
     let via = relay(srv.local_addr(), log.clone());
     {
-        let c = RdmaClient::connect(&dev.alloc_pd(), via, RdmaConfig::default()).unwrap();
+        let c = RdmaClient::connect(&dev.alloc_pd().unwrap(), via, RdmaConfig::default()).unwrap();
         demo::null(&c).unwrap(); // short call, short reply
         assert_eq!(demo::read(&c, 100_001, 3).unwrap(), demo::pattern(100_001, 3)); // write list
         let d = demo::pattern(70_003, 9);

@@ -10,12 +10,11 @@
 //! kernel's socket calls — exactly as DMA memory is shared with hardware.
 //! Therefore no `&[u8]`/`&mut [u8]` to it is ever formed inside this crate or
 //! the providers: all access goes through raw-pointer copies in this module,
-//! bounds-checked against the mapping, or through the kernel (`recv` into
-//! place, `writev` from place). What the application observes while a remote
+//! bounds-checked against the mapping, or through the kernel (a provider's
+//! socket I/O on [`Buffer::raw_range`]). What the application observes while a remote
 //! peer writes the same bytes is unspecified, as RFC 5040 §5.5 rules 3-5 say
 //! for any RNIC; it is never out-of-bounds and never frees memory.
 
-use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -123,8 +122,8 @@ impl Buffer {
         Ok(())
     }
 
-    /// Raw pointer and length of a checked range, for handing to the kernel
-    /// (`recv` into place, `writev` from place) or to CRC code.
+    /// Raw pointer and length of a checked range, for a provider to hand to
+    /// the kernel (its socket I/O into and out of place) or to CRC code.
     pub fn raw_range(&self, off: usize, len: usize) -> Result<(*mut u8, usize), OutOfBounds> {
         Ok((self.range(off, len)?, len))
     }
@@ -183,105 +182,6 @@ impl Buffer {
         }
         Ok(())
     }
-
-    /// `readv(2)` from `fd` into `off..off + len` of this buffer, then
-    /// into `tail` (the next protocol headers): direct data placement that
-    /// also fetches what follows, in one call. Returns the octets read, the
-    /// buffer range filled first; 0 means end of stream.
-    pub fn recv_into_then(&self, fd: RawFd, off: usize, len: usize, tail: &mut [u8]) -> std::io::Result<usize> {
-        let p = self
-            .range(off, len)
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, OutOfBounds))?;
-        let iov = [
-            libc::iovec {
-                iov_base: p as *mut libc::c_void,
-                iov_len: len,
-            },
-            libc::iovec {
-                iov_base: tail.as_mut_ptr() as *mut libc::c_void,
-                iov_len: tail.len(),
-            },
-        ];
-        // SAFETY: the first iovec is a checked range of the live mapping
-        // (alive for &self), the second a borrowed mutable slice; the kernel
-        // writes at most their lengths.
-        let n = unsafe { libc::readv(fd, iov.as_ptr(), 2) };
-        if n < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
-    }
-
-    /// `read(2)` from `fd` straight into `off..off + len` (direct data
-    /// placement of a tagged segment's payload). Returns the octets read;
-    /// 0 means end of stream.
-    pub fn recv_into(&self, fd: RawFd, off: usize, len: usize) -> std::io::Result<usize> {
-        let p = self
-            .range(off, len)
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, OutOfBounds))?;
-        // SAFETY: p..p+len lies inside the live mapping (checked above and
-        // kept alive by &self); the kernel writes at most len octets there.
-        let n = unsafe { libc::read(fd, p as *mut libc::c_void, len) };
-        if n < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
-    }
-}
-
-/// One element of a gather list for [`writev`].
-#[derive(Clone, Copy)]
-pub enum IoPart<'a> {
-    /// Private bytes (headers, trailers, copied data).
-    Bytes(&'a [u8]),
-    /// A range of a registered buffer, sent without a userspace copy.
-    Mem { buf: &'a Buffer, off: usize, len: usize },
-}
-
-impl IoPart<'_> {
-    pub fn len(&self) -> usize {
-        match self {
-            IoPart::Bytes(b) => b.len(),
-            IoPart::Mem { len, .. } => *len,
-        }
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// The most parts one [`writev`] call takes (Linux's `IOV_MAX`).
-pub const MAX_IO_PARTS: usize = 1024;
-
-/// `writev(2)` of up to [`MAX_IO_PARTS`] parts to `fd`: the kernel copies
-/// straight from registered buffers into socket buffers. Returns the octets
-/// written (possibly fewer than asked, as `writev` does).
-pub fn writev(fd: RawFd, parts: &[IoPart<'_>]) -> std::io::Result<usize> {
-    let mut iov: Vec<libc::iovec> = Vec::with_capacity(parts.len().min(MAX_IO_PARTS));
-    for part in parts.iter().take(MAX_IO_PARTS) {
-        let (base, len) = match *part {
-            IoPart::Bytes(b) => (b.as_ptr() as *mut u8, b.len()),
-            IoPart::Mem { buf, off, len } => buf
-                .range(off, len)
-                .map(|p| (p, len))
-                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, OutOfBounds))?,
-        };
-        iov.push(libc::iovec {
-            iov_base: base as *mut libc::c_void,
-            iov_len: len,
-        });
-    }
-    // SAFETY: every iovec points at live memory of its stated length: a
-    // borrowed slice, or a bounds-checked range of a Buffer borrowed for the
-    // call. The kernel only reads them.
-    let n = unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) };
-    if n < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
 }
 
 impl Drop for Buffer {
@@ -330,7 +230,7 @@ mod tests {
     }
 
     #[test]
-    fn scan_writev_recv_into() {
+    fn scan() {
         let b = Buffer::new(10_000).unwrap();
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
         b.write(0, &data).unwrap();
@@ -338,39 +238,7 @@ mod tests {
         b.scan(100, 9_000, |c| seen.extend_from_slice(c)).unwrap();
         assert_eq!(seen, &data[100..9_100]);
         assert_eq!(b.scan(9_000, 1_001, |_| ()), Err(OutOfBounds));
-        let (mut r, mut w) = std::os::unix::net::UnixStream::pair().unwrap();
-        use std::os::fd::AsRawFd;
-        let parts = [
-            IoPart::Bytes(b"head"),
-            IoPart::Mem {
-                buf: &b,
-                off: 10,
-                len: 20,
-            },
-            IoPart::Bytes(b"tail"),
-        ];
-        assert_eq!(writev(w.as_raw_fd(), &parts).unwrap(), 28);
-        let bad = [IoPart::Mem {
-            buf: &b,
-            off: 9_999,
-            len: 2,
-        }];
-        assert!(writev(w.as_raw_fd(), &bad).is_err(), "out of bounds refused");
-        let dst = Buffer::new(64).unwrap();
-        assert_eq!(dst.recv_into(r.as_raw_fd(), 4, 28).unwrap(), 28);
-        let mut got = [0u8; 28];
-        dst.read(4, &mut got).unwrap();
-        assert_eq!(&got[..4], b"head");
-        assert_eq!(&got[4..24], &data[10..30]);
-        assert_eq!(&got[24..], b"tail");
-        assert!(dst.recv_into(r.as_raw_fd(), 60, 8).is_err(), "out of bounds refused");
-        assert_eq!(writev(w.as_raw_fd(), &parts).unwrap(), 28);
-        let mut tail = [0u8; 10];
-        assert_eq!(dst.recv_into_then(r.as_raw_fd(), 0, 20, &mut tail).unwrap(), 28);
-        dst.read(0, &mut got[..20]).unwrap();
-        assert_eq!(&got[..4], b"head");
-        assert_eq!(&tail[..8], &[&data[26..30], &b"tail"[..]].concat()[..]);
-        let _ = (&mut r, &mut w);
+        assert!(b.raw_range(9_999, 2).is_err());
     }
 
     #[test]

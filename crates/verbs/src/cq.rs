@@ -295,15 +295,8 @@ mod tests {
 
     fn wc(id: u64, solicited: bool) -> WorkCompletion {
         WorkCompletion {
-            wr_id: id,
-            status: WcStatus::Success,
-            opcode: WcOpcode::Recv,
-            byte_len: 0,
-            qp_num: 1,
-            imm_data: None,
-            invalidated_rkey: None,
             solicited,
-            vendor_err: 0,
+            ..WorkCompletion::new(id, WcStatus::Success, WcOpcode::Recv, 1)
         }
     }
 

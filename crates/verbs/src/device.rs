@@ -1,11 +1,13 @@
 //! Device, protection domain and memory region: the resources a provider
-//! shares with the application.
+//! shares with the application. Each reaches the provider
+//! ([`crate::provider::Provider`]) when it is made and when it goes.
 
 use crate::buffer::{Buffer, OutOfBounds};
-use crate::cm::Provider;
+use crate::cm::backend::CmBackend;
 use crate::cq::CompletionQueue;
 use crate::error::{Error, Result};
 use crate::mem::{Entry, MemTable, MrKind};
+use crate::provider::Provider;
 use crate::types::{Access, DeviceAttr, Sge};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -13,9 +15,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub(crate) struct DeviceInner {
     pub name: String,
     pub attr: DeviceAttr,
-    pub mem: MemTable,
+    pub mem: Arc<MemTable>,
     pub next_pd: AtomicU32,
     pub provider: Arc<dyn Provider>,
+    pub cm: Option<Arc<dyn CmBackend>>,
     pub async_events: Arc<crate::notify::EventQueue<crate::async_event::AsyncEvent>>,
 }
 
@@ -27,15 +30,18 @@ pub struct Device {
 }
 
 impl Device {
-    /// For providers: wraps a provider as a device.
-    pub fn new(name: impl Into<String>, attr: DeviceAttr, provider: Arc<dyn Provider>) -> Device {
+    /// For providers: wraps a provider (and its connection manager backend,
+    /// if the transport has one) as a device. The device limits are read
+    /// once here ([`Provider::query_device`]).
+    pub fn new(name: impl Into<String>, provider: Arc<dyn Provider>, cm: Option<Arc<dyn CmBackend>>) -> Device {
         Device {
             inner: Arc::new(DeviceInner {
                 name: name.into(),
-                attr,
-                mem: MemTable::new(),
+                attr: provider.query_device(),
+                mem: Arc::new(MemTable::new()),
                 next_pd: AtomicU32::new(1),
                 provider,
+                cm,
                 async_events: Arc::new(crate::notify::EventQueue::new()),
             }),
         }
@@ -50,21 +56,41 @@ impl Device {
         &self.inner.attr
     }
 
+    /// Device limits (`ibv_query_device`), rdma-core's name for [`attr`](Self::attr).
+    pub fn query_device(&self) -> DeviceAttr {
+        self.inner.attr.clone()
+    }
+
     /// The memory table every access is checked against (for providers).
     pub fn mem(&self) -> &MemTable {
         &self.inner.mem
+    }
+
+    pub(crate) fn mem_arc(&self) -> &Arc<MemTable> {
+        &self.inner.mem
+    }
+
+    /// For providers and their tests: a shared handle on the memory table.
+    pub fn mem_table(&self) -> Arc<MemTable> {
+        self.inner.mem.clone()
     }
 
     pub fn provider(&self) -> &Arc<dyn Provider> {
         &self.inner.provider
     }
 
+    /// The transport's connection manager backend, if it has one.
+    pub fn cm_backend(&self) -> Option<&Arc<dyn CmBackend>> {
+        self.inner.cm.as_ref()
+    }
+
     /// Allocates a protection domain (`ibv_alloc_pd`).
-    pub fn alloc_pd(&self) -> ProtectionDomain {
-        ProtectionDomain {
-            dev: self.clone(),
-            id: self.inner.next_pd.fetch_add(1, Ordering::Relaxed),
-        }
+    pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
+        let id = self.inner.next_pd.fetch_add(1, Ordering::Relaxed);
+        self.inner.provider.alloc_pd(id)?;
+        Ok(ProtectionDomain {
+            inner: Arc::new(PdInner { dev: self.clone(), id }),
+        })
     }
 
     /// Creates a completion queue with room for `cqe` completions (`ibv_create_cq`).
@@ -75,7 +101,7 @@ impl Device {
                 self.inner.attr.max_cqe
             )));
         }
-        Ok(CompletionQueue::new(cqe))
+        self.inner.provider.create_cq(cqe)
     }
 
     /// Whether two handles name the same device.
@@ -90,21 +116,37 @@ impl std::fmt::Debug for Device {
     }
 }
 
-/// A protection domain (`ibv_pd`): QPs and memory regions in different PDs
-/// cannot reach each other (RDMAP-SEC-01).
-#[derive(Clone)]
-pub struct ProtectionDomain {
+struct PdInner {
     dev: Device,
     id: u32,
 }
 
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        self.dev.inner.provider.dealloc_pd(self.id);
+    }
+}
+
+/// A protection domain (`ibv_pd`): QPs and memory regions in different PDs
+/// cannot reach each other (RDMAP-SEC-01).
+/// Cheap to clone; deallocated (`ibv_dealloc_pd`) with its last handle.
+#[derive(Clone)]
+pub struct ProtectionDomain {
+    inner: Arc<PdInner>,
+}
+
 impl ProtectionDomain {
     pub fn id(&self) -> u32 {
-        self.id
+        self.inner.id
     }
 
     pub fn device(&self) -> &Device {
-        &self.dev
+        &self.inner.dev
+    }
+
+    /// Whether two handles name the same protection domain.
+    pub fn same(&self, other: &ProtectionDomain) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Registers `len` bytes of fresh, zeroed, page-aligned memory that the
@@ -131,17 +173,24 @@ impl ProtectionDomain {
     }
 
     fn register(&self, len: usize, access: Access, iova: u64) -> Result<MemoryRegion> {
-        if len as u64 > self.dev.inner.attr.max_mr_size {
+        let dev = self.device();
+        if len as u64 > dev.inner.attr.max_mr_size {
             return Err(Error::InvalidArgument(format!("length {len} exceeds max_mr_size")));
         }
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
             // Same rule as ibv_reg_mr: remote write needs local write.
             return Err(Error::InvalidArgument("REMOTE_WRITE requires LOCAL_WRITE".into()));
         }
-        let buffer = Arc::new(Buffer::new(len)?);
-        let stag = self.dev.inner.mem.insert(Entry {
+        let buffer = dev.inner.provider.reg_mr(self.id(), len, access)?;
+        if buffer.len() < len {
+            return Err(Error::OutOfResources(format!(
+                "the provider gave {} bytes for a region of {len}",
+                buffer.len()
+            )));
+        }
+        let stag = dev.inner.mem.insert(Entry {
             key: 0,
-            pd: self.id,
+            pd: self.id(),
             kind: MrKind::Regular,
             valid: true,
             iova,
@@ -165,9 +214,9 @@ impl ProtectionDomain {
     /// Allocates a fast-register memory region of up to `max_len` bytes
     /// (`ibv_alloc_mr`); it is invalid until a `RegMr` work request binds it.
     pub fn alloc_mr(&self, max_len: u64) -> Result<MemoryRegion> {
-        let stag = self.dev.inner.mem.insert(Entry {
+        let stag = self.device().inner.mem.insert(Entry {
             key: 0,
-            pd: self.id,
+            pd: self.id(),
             kind: MrKind::FastReg,
             valid: false,
             iova: 0,
@@ -203,7 +252,7 @@ fn random_iova(len: u64) -> u64 {
 
 impl std::fmt::Debug for ProtectionDomain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ProtectionDomain({})", self.id)
+        write!(f, "ProtectionDomain({})", self.id())
     }
 }
 
@@ -293,7 +342,9 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        self.pd.dev.inner.mem.remove(self.stag);
+        let dev = self.pd.device();
+        dev.inner.mem.remove(self.stag);
+        dev.inner.provider.dereg_mr(self.stag);
     }
 }
 
@@ -334,21 +385,13 @@ impl Device {
     /// Entry `index` of the port's GID table (`ibv_query_gid`).
     pub fn query_gid(&self, port_num: u8, index: u32) -> Result<crate::qp_attr::Gid> {
         self.check_port(port_num)?;
-        self.provider()
-            .gid_table(port_num)
-            .get(index as usize)
-            .copied()
-            .ok_or_else(|| Error::InvalidArgument(format!("GID index {index} beyond the table")))
+        self.provider().query_gid(port_num, index)
     }
 
     /// Entry `index` of the port's P_Key table (`ibv_query_pkey`).
     pub fn query_pkey(&self, port_num: u8, index: u16) -> Result<u16> {
         self.check_port(port_num)?;
-        self.provider()
-            .pkey_table(port_num)
-            .get(index as usize)
-            .copied()
-            .ok_or_else(|| Error::InvalidArgument(format!("P_Key index {index} beyond the table")))
+        self.provider().query_pkey(port_num, index)
     }
 }
 

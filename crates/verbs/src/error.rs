@@ -20,15 +20,15 @@ pub enum Error {
     OutOfResources(String),
     #[error("not supported: {0}")]
     NotSupported(String),
-    /// The responder refused the connection (`RDMA_CM_EVENT_REJECTED`; iWARP: an MPA Reply
-    /// with R=1). `private_data` is the ULP's, byte for byte, without provider bytes;
-    /// `ird_ord` is the responder's RFC 6581 IRD/ORD block when the Reply carried one (a
-    /// responder short of ORD states there what it needs, RFC 6581 §9.1).
+    /// The responder refused the connection (`RDMA_CM_EVENT_REJECTED`).
+    /// `private_data` is the ULP's, byte for byte, without provider bytes;
+    /// `detail` is what the provider adds (iWARP: the responder's IRD/ORD
+    /// block, as the iwarp crate's type).
     #[error("connection rejected by peer ({} bytes of private data{})", private_data.len(),
-        ird_ord.map(|(i, o)| format!(", IRD {i} ORD {o}")).unwrap_or_default())]
+        detail.as_ref().map(|d| format!(", {d}")).unwrap_or_default())]
     Rejected {
         private_data: Vec<u8>,
-        ird_ord: Option<(u16, u16)>,
+        detail: Option<crate::cm::event::ErrorDetail>,
     },
     /// `modify_qp` broke the IBTA transition rules (see [`crate::qp_attr`]).
     #[error(transparent)]

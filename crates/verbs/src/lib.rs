@@ -2,14 +2,39 @@
 //!
 //! ```text
 //!   upper layers: rpcrdma, smc, ipoib, the softrdma CLI, your program
-//!   verbs  <- this crate: Device, ProtectionDomain, MemoryRegion, CompletionQueue,
-//!             QueuePair, work requests/completions, rdma_cm-style connection manager
-//!   providers: iwarp (RDMAP/DDP/MPA over TCP); later roce
+//!        |                                   |
+//!   cm   <- rdma_cm: Listener, ConnectRequest, QueuePair::connect / accept_qp,
+//!        |  CmEvent (+ the provider's ErrorDetail); one CmBackend per transport
+//!   verbs <- Device (ibv_context), ProtectionDomain, MemoryRegion, CompletionQueue,
+//!        |   QueuePair (create_qp in RESET, modify_qp, query_qp), AddressHandle,
+//!        |   SharedReceiveQueue, work requests/completions, async events, ports
+//!   provider.rs: Provider (ib_device_ops / verbs_context_ops) + cm::backend::CmBackend
+//!        |
+//!   providers: iwarp (RDMAP/DDP/MPA over TCP, MPA as its CM backend); later roce
+//!   registry: the providers a program links, opened by name (Registry::open)
 //! ```
+//!
+//! Opening a device: a program registers the providers it links once and
+//! opens devices by name through the [`Registry`]; nothing above that place
+//! names a provider crate:
+//!
+//! ```ignore
+//! let reg = verbs::Registry::new().with(std::sync::Arc::new(iwarp::IwarpFactory));
+//! let dev = reg.open_default(None, &verbs::DeviceOptions::new())?;
+//! ```
+//!
+//! The QP life cycle is rdma-core's: [`ProtectionDomain::create_qp`] gives a
+//! QP in RESET, [`QueuePair::modify_qp`] moves it (checked against the IBTA
+//! table in [`qp_attr`], then carried out by the provider, which refuses what
+//! its transport cannot do with [`Error::NotSupported`]), and the connection
+//! manager ([`cm`]) binds an RC QP to a connection and moves it to RTS.
+//! [`ProtectionDomain::connect`] / [`ConnectRequest::accept`] do
+//! create + post receives + connect in one call.
 //!
 //! Names follow rdma-core: [`ProtectionDomain::reg_mr`], [`QueuePair::post_send`],
 //! [`QueuePair::post_recv`], [`CompletionQueue::poll`], [`WcStatus`] values,
-//! `responder_resources` / `initiator_depth` in [`ConnParam`].
+//! `responder_resources` / `initiator_depth` in [`ConnParam`], `wr.ud` as
+//! [`UdDest`], `ibv_wc` fields and [`WcFlags`] in [`WorkCompletion`].
 //!
 //! Memory: a [`MemoryRegion`] owns its bytes ([`buffer`] is the single module
 //! with `unsafe` code); every remote access is checked by [`mem::MemTable::check`]
@@ -24,8 +49,9 @@
 //! ```no_run
 //! # fn demo(dev: verbs::Device) -> verbs::Result<()> {
 //! use verbs::*;
-//! let pd = dev.alloc_pd();
+//! let pd = dev.alloc_pd()?;
 //! let cq = dev.create_cq(64)?;
+//! // or: let qp = pd.create_qp(QpInit::new(QpType::Rc, &cq))?; qp.connect(addr, &param, timeout)?;
 //! let mr = pd.reg_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_READ)?;
 //! let qp = pd.connect("127.0.0.1:7174".parse().unwrap(), QpOptions::new(&cq), std::time::Duration::from_secs(5))?;
 //! mr.write(0, b"hello")?;
@@ -35,6 +61,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod ah;
 pub mod async_event;
 pub mod buffer;
 pub mod cm;
@@ -44,13 +71,18 @@ pub mod error;
 pub mod mem;
 pub mod notify;
 pub mod port;
+pub mod provider;
+pub mod qp;
 pub mod qp_attr;
 pub mod registry;
 pub mod types;
 
+pub use ah::AddressHandle;
 pub use async_event::AsyncEvent;
-pub use cm::{CmEvent, ConnInfo, ConnectRequest, Listener, QpOptions, QueuePair, TerminateInfo};
+pub use cm::{CmEvent, ConnInfo, ConnectRequest, ErrorDetail, Listener, ProviderDetail, QpOptions};
 pub use cq::CompletionQueue;
+pub use provider::{Provider, SrqInitAttr};
+pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 pub use device::{Device, MemoryRegion, ProtectionDomain};
 pub use error::{Error, Result};
 pub use port::{DEFAULT_PKEY, LinkLayer, PortAttr, PortState};

@@ -3,7 +3,7 @@
 //! Every device has ports numbered from 1. A port has a state, an MTU, a GID
 //! table (for RoCEv2 the IPv4-mapped or IPv6 addresses the device is bound to)
 //! and a P_Key table (the default partition 0xffff at index 0). Providers
-//! answer through [`Provider::query_port`](crate::cm::Provider::query_port) and
+//! answer through [`Provider::query_port`](crate::provider::Provider::query_port) and
 //! its siblings; the defaults describe one Ethernet port that is up, with one
 //! zero GID and the default P_Key, which is what an iWARP device (addressed by
 //! IP and TCP port, not by GID) reports.

@@ -22,7 +22,7 @@
 
 use crate::types::{Access, QpState};
 use bitflags::bitflags;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+pub use crate::ah::{AhAttr, Gid};
 
 /// Transport service of a queue pair (`ibv_qp_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -109,86 +109,6 @@ impl Mtu {
         [Mtu::Mtu4096, Mtu::Mtu2048, Mtu::Mtu1024, Mtu::Mtu512, Mtu::Mtu256]
             .into_iter()
             .find(|m| m.bytes() <= bytes)
-    }
-}
-
-/// A 128-bit global identifier (`ibv_gid`). RoCEv2 GIDs are the device's IPv6
-/// addresses, or IPv4 addresses in their IPv4-mapped form (`::ffff:a.b.c.d`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
-pub struct Gid(pub [u8; 16]);
-
-impl Gid {
-    /// The IPv4-mapped GID of an IPv4 address.
-    pub fn from_ipv4(a: Ipv4Addr) -> Gid {
-        Gid(a.to_ipv6_mapped().octets())
-    }
-    /// The GID of an IP address (IPv4 as IPv4-mapped).
-    pub fn from_ip(a: IpAddr) -> Gid {
-        match a {
-            IpAddr::V4(v4) => Gid::from_ipv4(v4),
-            IpAddr::V6(v6) => Gid(v6.octets()),
-        }
-    }
-    /// The address this GID stands for (IPv4-mapped GIDs give IPv4).
-    pub fn to_ip(self) -> IpAddr {
-        let v6 = Ipv6Addr::from(self.0);
-        match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
-        }
-    }
-    /// Whether this is a multicast GID (first octet 0xff).
-    pub fn is_multicast(self) -> bool {
-        self.0[0] == 0xff
-    }
-}
-
-impl std::fmt::Display for Gid {
-    /// `ibv_devinfo`'s form: eight groups of four hex digits.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, pair) in self.0.chunks(2).enumerate() {
-            if i > 0 {
-                f.write_str(":")?;
-            }
-            write!(f, "{:02x}{:02x}", pair[0], pair[1])?;
-        }
-        Ok(())
-    }
-}
-
-impl std::fmt::Debug for Gid {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Gid({self})")
-    }
-}
-
-/// An address vector (`ibv_ah_attr` with its GRH): where a packet goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct AhAttr {
-    /// Destination GID (for RoCEv2: the peer's IP address as a GID).
-    pub dgid: Gid,
-    /// Index of our source GID in the port's GID table.
-    pub sgid_index: u8,
-    pub flow_label: u32,
-    pub hop_limit: u8,
-    pub traffic_class: u8,
-    /// Service level.
-    pub sl: u8,
-    pub port_num: u8,
-}
-
-impl AhAttr {
-    /// An address vector to `dgid` from GID index 0 of port 1, hop limit 64.
-    pub fn to_gid(dgid: Gid) -> AhAttr {
-        AhAttr {
-            dgid,
-            sgid_index: 0,
-            flow_label: 0,
-            hop_limit: 64,
-            traffic_class: 0,
-            sl: 0,
-            port_num: 1,
-        }
     }
 }
 
@@ -518,6 +438,7 @@ pub fn check_modify(qp_type: QpType, cur: QpState, attr: &QpAttr) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::{IpAddr, Ipv4Addr};
     use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
     const ERR: QpState = QpState::Err;
 

@@ -1,6 +1,7 @@
 //! Work requests, work completions, access flags and attributes, named as in
 //! rdma-core's `<infiniband/verbs.h>` so RDMA programmers find their way.
 
+use crate::ah::AddressHandle;
 use bitflags::bitflags;
 
 bitflags! {
@@ -48,7 +49,7 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-/// A remote buffer: tagged offset and STag (rkey).
+/// A remote buffer: its address (tagged offset) and rkey.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteAddr {
     pub addr: u64,
@@ -58,31 +59,32 @@ pub struct RemoteAddr {
 /// What a send-queue work request does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WrOpcode {
-    /// Send (RFC 5040 opcode 0x3, or 0x5 with `SOLICITED`).
+    /// Send.
     Send,
-    /// Send with Invalidate of the peer's STag `invalidate_rkey` (0x4 / 0x6).
+    /// Send with Invalidate of the peer's key `invalidate_rkey`.
     SendWithInv { invalidate_rkey: u32 },
-    /// Immediate data only (RFC 7306 Immediate Data, 0x8 / 0x9 with
-    /// `SOLICITED`). RFC 7306 Immediate Data carries no payload: the sg list
-    /// must be empty.
+    /// Send with immediate data (`IBV_WR_SEND_WITH_IMM`): the peer consumes
+    /// a receive and sees `imm_data`. Whether a payload may come with it is
+    /// the transport's rule (InfiniBand carries one; a provider refuses what
+    /// its transport cannot send).
     SendWithImm { imm_data: u32 },
-    /// RDMA Write (0x0).
+    /// RDMA Write.
     RdmaWrite { remote: RemoteAddr },
-    /// RDMA Write followed by an RFC 7306 Immediate Data message: the peer
-    /// consumes a receive and sees `RecvRdmaWithImm`.
+    /// RDMA Write with immediate data: the peer consumes a receive and sees
+    /// `RecvRdmaWithImm`.
     RdmaWriteWithImm { remote: RemoteAddr, imm_data: u32 },
-    /// RDMA Read (Read Request 0x1 / Read Response 0x2) into the local sg list.
+    /// RDMA Read into the local sg list.
     RdmaRead { remote: RemoteAddr },
-    /// RFC 7306 FetchAdd on the 8 aligned bytes at `remote`; the original
+    /// Fetch and add on the 8 aligned bytes at `remote`; the original
     /// value lands in the (8-byte) local sg list.
     AtomicFetchAdd { remote: RemoteAddr, add: u64 },
-    /// RFC 7306 CmpSwap.
+    /// Compare and swap on the 8 aligned bytes at `remote`.
     AtomicCmpSwap {
         remote: RemoteAddr,
         compare: u64,
         swap: u64,
     },
-    /// Invalidate a local fast-registered STag.
+    /// Invalidate a local fast-registered key.
     LocalInv { rkey: u32 },
     /// Fast-register: bind the allocated MR `mr_stag` (from `alloc_mr`) with a
     /// new `key` to `length` bytes of the region `source_lkey` starting at
@@ -98,6 +100,17 @@ pub enum WrOpcode {
     },
 }
 
+/// Where an unreliable-datagram send goes (`ibv_send_wr.wr.ud`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdDest {
+    /// The address handle of the destination port.
+    pub ah: AddressHandle,
+    /// The destination QP number (`remote_qpn`; 0xFFFFFF for multicast).
+    pub remote_qpn: u32,
+    /// The destination QP's Q_Key (`remote_qkey`).
+    pub remote_qkey: u32,
+}
+
 /// A send-queue work request (`ibv_send_wr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
@@ -105,6 +118,8 @@ pub struct SendWr {
     pub opcode: WrOpcode,
     pub sg_list: Vec<Sge>,
     pub flags: SendFlags,
+    /// UD QPs: the destination (`wr.ud`); ignored by connected QPs, as in rdma-core.
+    pub ud: Option<UdDest>,
 }
 
 impl SendWr {
@@ -114,7 +129,13 @@ impl SendWr {
             opcode,
             sg_list,
             flags: SendFlags::SIGNALED,
+            ud: None,
         }
+    }
+    /// Sends to `dest` (UD QPs).
+    pub fn ud(mut self, dest: UdDest) -> Self {
+        self.ud = Some(dest);
+        self
     }
     pub fn flags(mut self, flags: SendFlags) -> Self {
         self.flags = flags;
@@ -152,7 +173,7 @@ pub enum WcStatus {
     MwBindErr,
     /// Bad response: the peer answered with something unexpected.
     BadRespErr,
-    /// Local access error: a remote peer's access to our memory failed (e.g. bad STag in a Send with Invalidate).
+    /// Local access error: a remote peer's access to our memory failed (e.g. a bad key in a Send with Invalidate).
     LocAccessErr,
     /// Remote invalid request: the peer could not make sense of our request.
     RemInvReqErr,
@@ -216,7 +237,24 @@ pub enum WcOpcode {
     RecvRdmaWithImm,
 }
 
-/// A work completion (`ibv_wc`).
+bitflags! {
+    /// What a completion carries beyond its fields (`ibv_wc_flags`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct WcFlags: u32 {
+        /// A GRH is in the first 40 bytes of the receive buffer (UD).
+        const GRH = 1;
+        /// `imm_data` is valid.
+        const WITH_IMM = 1 << 1;
+        /// The IP checksum was checked and is good.
+        const IP_CSUM_OK = 1 << 2;
+        /// `invalidated_rkey` is valid.
+        const WITH_INV = 1 << 3;
+    }
+}
+
+/// A work completion (`ibv_wc`). Providers fill what their transport knows;
+/// the UD fields (`src_qp`, `pkey_index`, `slid`, `sl`, `dlid_path_bits`)
+/// are 0 on connected QPs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkCompletion {
     pub wr_id: u64,
@@ -227,23 +265,55 @@ pub struct WorkCompletion {
     pub qp_num: u32,
     /// Immediate data, for `Recv`/`RecvRdmaWithImm` of an Immediate Data message.
     pub imm_data: Option<u32>,
-    /// The local STag a peer's Send with Invalidate invalidated.
+    /// The local key a peer's Send with Invalidate invalidated.
     pub invalidated_rkey: Option<u32>,
     /// Whether the message that completed a receive asked for a solicited event.
     pub solicited: bool,
-    /// Provider detail for errors (for iWARP: the Terminate layer/type/code
-    /// packed as `layer << 16 | etype << 8 | code`), 0 on success.
+    /// Provider-specific detail of an error (`ibv_wc.vendor_err`; each
+    /// provider documents and decodes its own), 0 on success.
     pub vendor_err: u32,
+    /// `IBV_WC_GRH`, `IBV_WC_WITH_IMM`, `IBV_WC_WITH_INV`.
+    pub wc_flags: WcFlags,
+    /// UD receives: the sender's QP number.
+    pub src_qp: u32,
+    /// UD/GSI receives: the P_Key index the packet matched.
+    pub pkey_index: u16,
+    /// UD receives: the sender's LID (0 on Ethernet link layers).
+    pub slid: u16,
+    /// UD receives: the service level.
+    pub sl: u8,
+    /// UD receives: the destination LID path bits.
+    pub dlid_path_bits: u8,
 }
 
 impl WorkCompletion {
+    /// A completion with every optional field empty (for providers).
+    pub fn new(wr_id: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> Self {
+        WorkCompletion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            qp_num,
+            imm_data: None,
+            invalidated_rkey: None,
+            solicited: false,
+            vendor_err: 0,
+            wc_flags: WcFlags::empty(),
+            src_qp: 0,
+            pkey_index: 0,
+            slid: 0,
+            sl: 0,
+            dlid_path_bits: 0,
+        }
+    }
     pub fn is_ok(&self) -> bool {
         self.status == WcStatus::Success
     }
 }
 
 /// Queue pair states (`ibv_qp_state`). With the connection manager a QP goes
-/// Init -> Rtr -> Rts on establishment and to Err on failure or Terminate.
+/// Init -> Rtr -> Rts on establishment and to Err on a fatal error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
     Reset,
@@ -308,8 +378,8 @@ impl Default for QpInitAttr {
 /// Connection parameters (`rdma_conn_param`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ConnParam {
-    /// Up to 252 bytes for interop with Linux siw (MPA private data also
-    /// carries 4 bytes of IRD/ORD), 508 by RFC 5044.
+    /// The ULP's bytes for the peer. How many fit is the transport's limit
+    /// (its connection manager refuses more with `InvalidArgument`).
     pub private_data: Vec<u8>,
     /// Inbound RDMA Reads/atomics we accept at once (IRD).
     pub responder_resources: u8,

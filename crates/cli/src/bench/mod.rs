@@ -859,7 +859,7 @@ fn run_test(
 ) -> Result<Outcome> {
     let lat = args.lat;
     let depth = if lat { 1 } else { args.depth };
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let (echo_off, ready_off, mr_len) = client_layout(size, args.qps);
     // Room for the Report the test's end writes to the server.
     let mr = pd.reg_mr(mr_len + Report::LEN, Access::all_remote())?;

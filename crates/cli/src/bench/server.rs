@@ -83,7 +83,7 @@ pub(super) fn serve_session(
     tcp: Option<TcpServer>,
     limits: Limits,
 ) -> Result<()> {
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let mut tests = 0u32;
     let mut client: Option<SocketAddr> = None;
     loop {
@@ -199,8 +199,8 @@ pub(super) fn ended(ev: Option<CmEvent>) -> Option<Result<()>> {
     match ev? {
         CmEvent::Disconnected => Some(Ok(())),
         CmEvent::ConnectionError(e) => Some(Err(anyhow!("peer reset the connection: {e}"))),
-        CmEvent::TerminateReceived(t) => Some(Err(anyhow!("Terminate received from the peer: {t}"))),
-        CmEvent::TerminateSent(t) => Some(Err(anyhow!("Terminate sent to the peer: {t}"))),
+        CmEvent::ErrorReceived(t) => Some(Err(anyhow!("fatal error received from the peer: {t}"))),
+        CmEvent::ErrorSent(t) => Some(Err(anyhow!("fatal error sent to the peer: {t}"))),
         CmEvent::Established => None,
     }
 }

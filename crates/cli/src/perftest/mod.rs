@@ -335,8 +335,8 @@ fn check_events(qp: &QueuePair, what: &str) -> Result<()> {
         match ev {
             CmEvent::Established => {}
             CmEvent::Disconnected => bail!("peer closed the connection ({}) while we waited for {what}", who()),
-            CmEvent::TerminateReceived(t) => bail!("Terminate received ({}) while waiting for {what}: {t}", who()),
-            CmEvent::TerminateSent(t) => bail!("Terminate sent ({}) while waiting for {what}: {t}", who()),
+            CmEvent::ErrorReceived(t) => bail!("fatal error received ({}) while waiting for {what}: {t}", who()),
+            CmEvent::ErrorSent(t) => bail!("fatal error sent ({}) while waiting for {what}: {t}", who()),
             CmEvent::ConnectionError(e) => bail!("peer reset the connection ({}) while waiting for {what}: {e}", who()),
         }
     }
@@ -536,7 +536,7 @@ struct Data {
 
 fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> {
     let step = Duration::from_secs(args.timeout.max(1));
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd()?;
     let client = matches!(role, Role::Client(_));
     let role_name = if client { "client" } else { "server" };
 

@@ -33,6 +33,7 @@
 
 use super::IwarpConfig;
 use super::driver::Driver;
+use super::qp::handle::QpHandle;
 use super::qp::{IwarpQp, Negotiated, RtrRole};
 use crate::proto::mpa::{Event, IrdOrd, Mpa, MpaConfig, MpaError};
 use crate::wire::mpa::RtrSet;
@@ -45,9 +46,10 @@ use std::os::fd::{FromRawFd, IntoRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use verbs::cm::{ConnInfo, ConnRequestOps, ListenerOps, Provider, QpOps, QpRequest};
+use verbs::cm::backend::{CmBackend, ConnRequestOps, ListenerOps};
 use verbs::notify::EventQueue;
-use verbs::{ConnParam, Device, Error, Result};
+use verbs::provider::{Provider, QpCreate, QpOps};
+use verbs::{ConnInfo, ConnParam, DeviceAttr, Error, ErrorDetail, QpType, Result};
 
 /// The iWARP provider behind a `verbs::Device`.
 pub struct IwarpProvider {
@@ -90,8 +92,8 @@ impl IwarpProvider {
     }
 }
 
-fn ird_ord(p: &ConnParam, dev: &Device) -> IrdOrd {
-    let a = dev.attr();
+fn ird_ord(p: &ConnParam) -> IrdOrd {
+    let a = super::device_attr();
     IrdOrd {
         ird: (p.responder_resources as u32).min(a.max_qp_rd_atom) as u16,
         ord: (p.initiator_depth as u32).min(a.max_qp_init_rd_atom) as u16,
@@ -217,9 +219,55 @@ fn to_negotiated(n: &crate::proto::mpa::Negotiated, sock: &TcpStream) -> Negotia
 }
 
 impl Provider for IwarpProvider {
+    fn query_device(&self) -> DeviceAttr {
+        super::device_attr()
+    }
+
+    /// An RC QP in RESET; iWARP has no other service (RFC 5040 runs over
+    /// one reliable stream per QP), and no shared receive queues here.
+    fn create_qp(&self, req: QpCreate) -> Result<Arc<dyn QpOps>> {
+        if req.qp_type != QpType::Rc {
+            return Err(Error::NotSupported(format!(
+                "iWARP offers RC queue pairs only, not {:?}",
+                req.qp_type
+            )));
+        }
+        if req.srq.is_some() {
+            return Err(Error::NotSupported("iWARP: shared receive queues".into()));
+        }
+        Ok(Arc::new(QpHandle::new(self.qpn(), req)))
+    }
+}
+
+/// Starts the data path of `qp` on a negotiated stream (the QP goes to RTS).
+fn bind(
+    qp: &QpHandle,
+    sock: TcpStream,
+    pending: Vec<u8>,
+    neg: Negotiated,
+    driver: &Arc<Driver>,
+    cfg: &IwarpConfig,
+) -> Result<ConnInfo> {
+    let info = neg.info.clone();
+    qp.bind(|setup, qpn, recvs| {
+        IwarpQp::start(
+            sock,
+            pending,
+            driver.clone(),
+            setup,
+            recvs,
+            qpn,
+            neg,
+            cfg.terminate_siw_form,
+            cfg.max_ulpdu,
+        )
+    })?;
+    Ok(info)
+}
+
+impl CmBackend for IwarpProvider {
     fn listen(
         &self,
-        _dev: &Device,
         addr: SocketAddr,
         requests: Arc<EventQueue<Box<dyn ConnRequestOps>>>,
     ) -> Result<Box<dyn ListenerOps>> {
@@ -232,9 +280,6 @@ impl Provider for IwarpProvider {
             mpa: self.mpa_config(),
             driver: self.driver.clone(),
             cfg: self.cfg.clone(),
-            qpn: Arc::new(AtomicU32::new(
-                self.next_qpn.fetch_add(1 << 20, Ordering::Relaxed) + (1 << 20),
-            )),
         });
         let mut l = ListenLoop {
             poll,
@@ -266,12 +311,14 @@ impl Provider for IwarpProvider {
         }))
     }
 
-    fn connect(&self, addr: SocketAddr, req: QpRequest, timeout: Duration) -> Result<Arc<dyn QpOps>> {
-        let local = ird_ord(&req.param, req.pd.device());
+    fn connect(&self, qp: &Arc<dyn QpOps>, addr: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<ConnInfo> {
+        let handle = QpHandle::of(qp)?;
+        handle.check_bindable()?;
+        let local = ird_ord(param);
         // Refuse what MPA would refuse (private data too long, bad parameters) before the
         // TCP connect: a connection closed right after it opens is what breaks a Linux 6.1
         // siw listener (lab hazard 1).
-        Mpa::initiator(Instant::now(), self.mpa_config(), local, &req.param.private_data).map_err(mpa_err)?;
+        Mpa::initiator(Instant::now(), self.mpa_config(), local, &param.private_data).map_err(mpa_err)?;
         let mut sock = TcpStream::connect_timeout(&addr, timeout).map_err(|e| match e.kind() {
             std::io::ErrorKind::ConnectionRefused => Error::ConnectionRefused,
             std::io::ErrorKind::TimedOut => Error::Timeout,
@@ -279,29 +326,29 @@ impl Provider for IwarpProvider {
         })?;
         sock.set_nodelay(true)?;
         let mut mpa =
-            Mpa::initiator(Instant::now(), self.mpa_config(), local, &req.param.private_data).map_err(mpa_err)?;
+            Mpa::initiator(Instant::now(), self.mpa_config(), local, &param.private_data).map_err(mpa_err)?;
         let mut pending = Vec::new();
         match drive(&mut mpa, &mut sock, &mut pending)? {
             Event::Negotiated(n) => {
                 let neg = to_negotiated(&n, &sock);
                 tracing::debug!("connected to {addr}: {}", neg.info.detail);
-                let qp = IwarpQp::start(
-                    sock,
-                    pending,
-                    self.driver.clone(),
-                    req,
-                    self.qpn(),
-                    neg,
-                    self.cfg.terminate_siw_form,
-                    self.cfg.max_ulpdu,
-                )?;
-                Ok(qp)
+                bind(handle, sock, pending, neg, &self.driver, &self.cfg)
             }
             Event::Rejected(r) => Err(Error::Rejected {
                 private_data: r.private_data,
-                ird_ord: r.enhanced.map(|e| (e.ird, e.ord)),
+                detail: Some(ErrorDetail::new(crate::detail::MpaReject {
+                    ird_ord: r.enhanced.map(|e| (e.ird, e.ord)),
+                })),
             }),
             Event::ConnectRequest(_) => Err(Error::Protocol("unexpected MPA event".into())),
+        }
+    }
+
+    fn disconnect(&self, qp: &Arc<dyn QpOps>) {
+        if let Ok(h) = QpHandle::of(qp)
+            && let Some(c) = h.connected()
+        {
+            c.disconnect();
         }
     }
 }
@@ -310,7 +357,6 @@ struct ListenCtx {
     mpa: MpaConfig,
     driver: Arc<Driver>,
     cfg: IwarpConfig,
-    qpn: Arc<AtomicU32>,
 }
 
 /// The limits of a listener (see the module's resource model).
@@ -732,7 +778,10 @@ impl ConnRequestOps for IncomingRequest {
     fn param(&self) -> ConnParam {
         self.param.clone()
     }
-    fn accept(self: Box<Self>, req: QpRequest) -> Result<Arc<dyn QpOps>> {
+    fn accept(self: Box<Self>, qp: &Arc<dyn QpOps>, param: &ConnParam) -> Result<ConnInfo> {
+        let handle = QpHandle::of(qp)?;
+        // Refused before the Reply goes out: the peer is not told "accepted" for a QP that cannot run.
+        handle.check_bindable()?;
         let IncomingRequest {
             ctx,
             mut sock,
@@ -741,23 +790,11 @@ impl ConnRequestOps for IncomingRequest {
             ..
         } = *self;
         let mut mpa = mpa.into_inner().unwrap();
-        let local = ird_ord(&req.param, req.pd.device());
-        mpa.accept(local, &req.param.private_data).map_err(mpa_err)?;
+        mpa.accept(ird_ord(param), &param.private_data).map_err(mpa_err)?;
         match drive(&mut mpa, &mut sock, &mut pending)? {
             Event::Negotiated(n) => {
                 let neg = to_negotiated(&n, &sock);
-                let qpn = ctx.qpn.fetch_add(1, Ordering::Relaxed);
-                let qp = IwarpQp::start(
-                    sock,
-                    pending,
-                    ctx.driver.clone(),
-                    req,
-                    qpn,
-                    neg,
-                    ctx.cfg.terminate_siw_form,
-                    ctx.cfg.max_ulpdu,
-                )?;
-                Ok(qp)
+                bind(handle, sock, pending, neg, &ctx.driver, &ctx.cfg)
             }
             _ => Err(Error::Protocol("unexpected MPA event after accept".into())),
         }

@@ -55,11 +55,13 @@
 pub mod cm;
 pub(crate) mod driver;
 pub mod qp;
+pub(crate) mod sockio;
 mod txq;
 
 use std::sync::Arc;
 use std::time::Duration;
 use verbs::{Device, DeviceAttr};
+
 
 pub use crate::wire::mpa::Rtr;
 
@@ -143,5 +145,5 @@ pub fn device_attr() -> DeviceAttr {
 /// Opens a software iWARP device with its progress thread.
 pub fn open_device(cfg: IwarpConfig) -> std::io::Result<Device> {
     let provider = Arc::new(cm::IwarpProvider::new(cfg.clone())?);
-    Ok(Device::new(cfg.name.clone(), device_attr(), provider))
+    Ok(Device::new(cfg.name.clone(), provider.clone(), Some(provider)))
 }

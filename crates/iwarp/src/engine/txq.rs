@@ -10,7 +10,8 @@
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
-use verbs::buffer::{self, Buffer, IoPart, MAX_IO_PARTS};
+use super::sockio::{self, IoPart, MAX_IO_PARTS};
+use verbs::buffer::Buffer;
 
 enum Part {
     /// `arena[start..start + len]`.
@@ -138,7 +139,7 @@ impl TxQueue {
                 },
             });
         }
-        buffer::writev(fd, &iov)
+        sockio::writev(fd, &iov)
     }
 
     /// Appends every pending octet to `out` (what `write_to` would send, in

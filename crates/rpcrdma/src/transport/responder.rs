@@ -109,17 +109,7 @@ struct WorkerHandle {
 impl WorkerHandle {
     /// Wake the worker out of its completion wait (new connection, or stop).
     fn wake(&self) {
-        let _ = self.cq.push(WorkCompletion {
-            wr_id: wrid::WAKE,
-            status: WcStatus::Success,
-            opcode: verbs::WcOpcode::Send,
-            byte_len: 0,
-            qp_num: 0,
-            imm_data: None,
-            invalidated_rkey: None,
-            solicited: false,
-            vendor_err: 0,
-        });
+        let _ = self.cq.push(WorkCompletion::new(wrid::WAKE, WcStatus::Success, verbs::WcOpcode::Send, 0));
     }
 }
 
@@ -223,7 +213,11 @@ impl RdmaServer {
                         .iter()
                         .min_by_key(|w| w.load.load(Ordering::Relaxed))
                         .expect("at least one worker");
-                    match accept_conn(req, &dev.alloc_pd(), &w.cq, &ctx) {
+                    let accepted = dev
+                        .alloc_pd()
+                        .map_err(|e| e.to_string())
+                        .and_then(|pd| accept_conn(req, &pd, &w.cq, &ctx));
+                    match accepted {
                         Ok(c) => {
                             live.fetch_add(1, Ordering::AcqRel);
                             w.load.fetch_add(1, Ordering::Relaxed);
@@ -780,21 +774,21 @@ impl Conn {
         self.recovery.unsettle(xid, self.serial);
     }
 
-    /// The connection ended with `ev`. A Terminate from the Requester means one of our RDMA
-    /// operations met memory it does not accept (RFC 8166 §4.5.3): the Writes of the latest
+    /// The connection ended with `ev`. A fatal error from the Requester (iWARP: a Terminate)
+    /// means one of our RDMA operations met memory it does not accept (RFC 8166 §4.5.3): the Writes of the latest
     /// Replies are the candidates, so their XIDs get ERR_CHUNK when retransmitted (RPCR-MEM-05).
     /// A Requester that got its Reply does not retransmit, so this costs the others nothing.
     fn ended_by(&mut self, ev: CmEvent) -> Fatal {
-        if matches!(ev, CmEvent::TerminateReceived(_)) && !self.recent_rdma.is_empty() {
+        if matches!(ev, CmEvent::ErrorReceived(_)) && !self.recent_rdma.is_empty() {
             let mut failed = self.recovery.lock();
             for &xid in &self.recent_rdma {
                 failed.record(xid);
             }
-            tracing::debug!(xids = ?self.recent_rdma, "rpcrdma server: Terminate after RDMA on chunks");
+            tracing::debug!(xids = ?self.recent_rdma, "rpcrdma server: peer's fatal error after RDMA on chunks");
         }
         match ev {
-            CmEvent::TerminateReceived(t) => format!("peer sent a Terminate: {t:?}"),
-            CmEvent::TerminateSent(t) => format!("we sent a Terminate (peer violated the protocol): {t:?}"),
+            CmEvent::ErrorReceived(d) => format!("peer reported a fatal error: {d}"),
+            CmEvent::ErrorSent(d) => format!("we ended the connection (peer violated the protocol): {d}"),
             CmEvent::ConnectionError(e) => format!("transport error (peer reset?): {e}"),
             other => format!("{other:?}"),
         }

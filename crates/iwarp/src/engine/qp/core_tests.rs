@@ -12,10 +12,10 @@ use super::harness::{self, Side, SideConfig, device};
 use super::tx::encoded;
 use super::*;
 use crate::wire::fpdu::{Deframer, DeframerConfig, Framer};
-use verbs::{Access, MemoryRegion, ProtectionDomain, RemoteAddr};
+use verbs::{Access, Device, MemoryRegion, ProtectionDomain, RemoteAddr};
 
 fn side(dev: &Device, qpn: u32, crc: bool, ird: u32) -> Side {
-    side_in(&dev.alloc_pd(), qpn, crc, ird)
+    side_in(&dev.alloc_pd().unwrap(), qpn, crc, ird)
 }
 
 /// A core whose stream belongs to protection domain `pd`.
@@ -219,7 +219,8 @@ fn expect(a: Answer, want: (u8, u8, u8), row: &str) {
     assert!(
         a.events
             .iter()
-            .any(|e| matches!(e, CmEvent::TerminateSent(i) if (i.layer, i.etype, i.code) == want)),
+            .any(|e| matches!(e, CmEvent::ErrorSent(d)
+                if d.downcast_ref::<TerminateInfo>().is_some_and(|i| (i.layer, i.etype, i.code) == want))),
         "{row}: TerminateSent event, got {:?}",
         a.events
     );
@@ -313,7 +314,7 @@ fn every_terminate_row_is_reachable_in_memory() {
         Access::REMOTE_WRITE | Access::REMOTE_READ | Access::LOCAL_WRITE,
     );
     let no_rights = mr(&s, 4096, Access::LOCAL_WRITE);
-    let other_pd = s.p.dev.alloc_pd().reg_mr(4096, Access::all_remote()).unwrap();
+    let other_pd = s.pd.device().alloc_pd().unwrap().reg_mr(4096, Access::all_remote()).unwrap();
     let (stag, base) = (region.rkey(), region.addr());
     let write = |stag, to| tagged(op::WRITE, stag, to, true, b"data");
     let rr = |stag, to, size| ReadRequest {
@@ -439,7 +440,7 @@ fn every_terminate_row_is_reachable_in_memory() {
     term.emit_ulpdu(&mut u, 1).unwrap();
     let a = inject(&mut c, &[u]);
     assert!(a.terminates.is_empty(), "row 29: no Terminate back");
-    assert!(a.events.iter().any(|e| matches!(e, CmEvent::TerminateReceived(_))));
+    assert!(a.events.iter().any(|e| matches!(e, CmEvent::ErrorReceived(_))));
     assert_eq!(a.state, QpState::Err);
 }
 
@@ -650,11 +651,11 @@ fn every_terminate_cause_the_engine_emits_is_reached() {
 
     // Tagged buffers and Read Requests, against regions of one PD.
     let dev = device();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let probe = side_in(&pd, 9, false, 2);
     let region = probe.reg_mr(4096, Access::all_remote() | Access::LOCAL_WRITE);
     let no_rights = probe.reg_mr(4096, Access::LOCAL_WRITE);
-    let other = dev.alloc_pd().reg_mr(4096, Access::all_remote()).unwrap();
+    let other = dev.alloc_pd().unwrap().reg_mr(4096, Access::all_remote()).unwrap();
     let (stag, base) = (region.rkey(), region.addr());
     let on = |us: Vec<Vec<u8>>| {
         let mut c = side_in(&pd, 9, false, 2);
@@ -773,7 +774,7 @@ fn every_terminate_cause_the_engine_emits_is_reached() {
         MPA_ERR_CRC,
     );
     let mut c = Side::new(
-        &dev.alloc_pd(),
+        &dev.alloc_pd().unwrap(),
         SideConfig {
             markers_rx: true,
             ..SideConfig::default()
@@ -847,7 +848,7 @@ fn untagged_sequencing_and_reassembly() {
     // A Send in three segments with a Read Response and a Read Request
     // between them.
     let dev = device();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let mut s = side_in(&pd, 9, false, 4);
     let recv = s.reg_mr(4096, Access::LOCAL_WRITE);
     let sink = s.reg_mr(4096, Access::LOCAL_WRITE);
@@ -917,7 +918,7 @@ fn segments_of_one_message_stay_together() {
     );
 
     let dev = device();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let mut s = side_in(&pd, 9, false, 2);
     let region = s.reg_mr(4096, Access::all_remote());
     let sink = s.reg_mr(4096, Access::LOCAL_WRITE);
@@ -965,7 +966,7 @@ fn segments_of_one_message_stay_together() {
 #[test]
 fn segmentation_on_the_wire_llp04() {
     let dev = device();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let cfg = SideConfig {
         max_ulpdu: 1500,
         ..SideConfig::default()
@@ -1042,7 +1043,7 @@ fn segmentation_on_the_wire_llp04() {
 #[test]
 fn direct_placement_in_memory() {
     let dev = device();
-    let pd = dev.alloc_pd();
+    let pd = dev.alloc_pd().unwrap();
     let mut a = side_in(&pd, 1, true, 16);
     let mut b = side_in(&pd, 2, true, 16);
     a.set_chunk(5000);

@@ -14,33 +14,25 @@
 use super::rx_buf::RxIo;
 use super::*;
 use std::net::SocketAddr;
-use verbs::cm::{ListenerOps, Provider, QpRequest};
-use verbs::{MemoryRegion, ProtectionDomain};
+use verbs::provider::{Provider, QpCreate, QpOps};
+use verbs::{Device, DeviceAttr, MemoryRegion, ProtectionDomain};
 
-/// A provider with no transport: the cores are driven by hand.
+/// A provider with no transport and no connection manager: the cores are
+/// made and driven by hand.
 struct NoTransport;
 
 impl Provider for NoTransport {
-    fn listen(
-        &self,
-        _dev: &Device,
-        _addr: SocketAddr,
-        _requests: Arc<EventQueue<Box<dyn verbs::cm::ConnRequestOps>>>,
-    ) -> Result<Box<dyn ListenerOps>> {
-        Err(Error::InvalidArgument("in-memory test device".into()))
+    fn query_device(&self) -> DeviceAttr {
+        crate::engine::device_attr()
     }
-    fn connect(&self, _addr: SocketAddr, _req: QpRequest, _timeout: std::time::Duration) -> Result<Arc<dyn QpOps>> {
-        Err(Error::InvalidArgument("in-memory test device".into()))
+    fn create_qp(&self, _req: QpCreate) -> Result<Arc<dyn QpOps>> {
+        Err(Error::NotSupported("in-memory test device".into()))
     }
 }
 
 /// A device whose memory table the cores share, with no transport.
 pub fn device() -> Device {
-    Device::new(
-        "mem0",
-        crate::engine::device_attr(),
-        Arc::new(NoTransport) as Arc<dyn Provider>,
-    )
+    Device::new("mem0", Arc::new(NoTransport) as Arc<dyn Provider>, None)
 }
 
 /// How a [`Side`] is set up: what MPA would have negotiated.
@@ -114,7 +106,7 @@ impl Side {
         let p = Proto::new(
             cfg.qpn,
             pd.id(),
-            dev.clone(),
+            dev.mem_table(),
             cq.clone(),
             cq.clone(),
             events.clone(),
@@ -248,12 +240,13 @@ pub struct Scripted {
 impl Scripted {
     pub fn new(cfg: SideConfig, recvs: usize) -> Scripted {
         let dev = device();
-        let pd = dev.alloc_pd();
+        let pd = dev.alloc_pd().expect("a PD on the in-memory device");
         let mut side = Side::new(&pd, cfg);
         let remote = side.reg_mr(128 * 1024, Access::all_remote() | Access::LOCAL_WRITE);
         let local = side.reg_mr(4096, Access::LOCAL_WRITE);
         let other = dev
             .alloc_pd()
+            .expect("a PD on the in-memory device")
             .reg_mr(4096, Access::all_remote())
             .expect("a region on the in-memory device");
         let sink = side.reg_mr(128 * 1024, Access::LOCAL_WRITE);

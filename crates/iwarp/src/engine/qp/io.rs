@@ -16,7 +16,6 @@ struct Core {
 
 /// A connected iWARP QP.
 pub struct IwarpQp {
-    qpn: u32,
     sock: TcpStream,
     driver: Arc<Driver>,
     token: Mutex<Option<mio::Token>>,
@@ -35,7 +34,8 @@ impl IwarpQp {
         sock: TcpStream,
         leftover: Vec<u8>,
         driver: Arc<Driver>,
-        req: verbs::cm::QpRequest,
+        req: &QpSetup,
+        initial_recvs: Vec<RecvWr>,
         qpn: u32,
         neg: Negotiated,
         siw_term_form: bool,
@@ -43,17 +43,14 @@ impl IwarpQp {
     ) -> std::io::Result<Arc<IwarpQp>> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
-        let mut attr = req.attr.clone();
-        attr.max_send_wr = attr.max_send_wr.max(1);
-        attr.max_recv_wr = attr.max_recv_wr.max(1);
         let p = Proto::new(
             qpn,
-            req.pd.id(),
-            req.pd.device().clone(),
+            req.pd_id,
+            req.mem.clone(),
             req.send_cq.clone(),
             req.recv_cq.clone(),
             req.events.clone(),
-            attr,
+            req.attr.clone(),
             &neg,
             siw_term_form,
             max_ulpdu,
@@ -76,14 +73,13 @@ impl IwarpQp {
         let mut p = p;
         // Receives the application posted before the connection went live
         // (rdma_cm order: post_recv, then accept/connect).
-        if !req.initial_recvs.is_empty() {
-            p.post_recv(&req.initial_recvs)
+        if !initial_recvs.is_empty() {
+            p.post_recv(&initial_recvs)
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         }
         let p_state = p.shared_state.clone();
         let established_now = !matches!(neg.rtr, Some(RtrRole::Expect(_)));
         let qp = Arc::new(IwarpQp {
-            qpn,
             sock,
             driver: driver.clone(),
             token: Mutex::new(None),
@@ -178,8 +174,7 @@ impl IwarpQp {
                     rx.start = 0;
                     rx.end = 0;
                     let tail = d.trailer + TAGGED_FPDU_HEAD;
-                    d.buf
-                        .recv_into_then(fd, d.off + d.done, d.len - d.done, &mut rx.buf[..tail])
+                    crate::engine::sockio::recv_into_then(&d.buf, fd, d.off + d.done, d.len - d.done, &mut rx.buf[..tail])
                         .inspect(|&n| {
                             let placed = n.min(d.len - d.done);
                             d.done += placed;
@@ -335,20 +330,21 @@ impl BusyPoll {
     }
 }
 
-impl QpOps for IwarpQp {
-    fn qp_num(&self) -> u32 {
-        self.qpn
-    }
-    fn state(&self) -> QpState {
+/// The data path's side of the verbs, called by [`super::handle::QpHandle`].
+impl IwarpQp {
+    pub(crate) fn state(&self) -> QpState {
         code_state(self.state.load(Ordering::Acquire))
     }
-    fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
+    #[inline]
+    pub(crate) fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
         self.with_core(|p| p.post_send(wrs))
     }
-    fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
+    #[inline]
+    pub(crate) fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
         self.with_core(|p| p.post_recv(wrs))
     }
-    fn disconnect(&self) {
+    /// Graceful disconnect: flush, then close the stream once what is framed is sent.
+    pub(crate) fn disconnect(&self) {
         self.with_core(|p| {
             p.disconnect();
             if !p.disconnected_event {
@@ -357,11 +353,16 @@ impl QpOps for IwarpQp {
             }
         });
     }
-    fn set_error(&self) {
+    pub(crate) fn set_error(&self) {
         self.with_core(|p| p.enter_error());
     }
-    fn conn_info(&self) -> ConnInfo {
-        self.info.clone()
+    /// The negotiated IRD (inbound Reads/atomics at once).
+    pub(crate) fn ird(&self) -> u32 {
+        self.info.responder_resources
+    }
+    /// The negotiated ORD (outbound Reads/atomics at once).
+    pub(crate) fn ord(&self) -> u32 {
+        self.info.initiator_depth
     }
 }
 

@@ -33,12 +33,15 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use verbs::buffer::Buffer;
-use verbs::cm::{CmEvent, ConnInfo, QpOps, TerminateInfo};
+use crate::detail::TerminateInfo;
+use handle::QpSetup;
+use verbs::mem::MemTable;
+use verbs::{CmEvent, ConnInfo, ErrorDetail};
 use verbs::cq::Progress;
 use verbs::mem::AccessError;
 use verbs::notify::EventQueue;
 use verbs::{
-    Access, CompletionQueue, Device, Error, QpInitAttr, QpState, RecvWr, Result, SendFlags, SendWr, WcOpcode, WcStatus,
+    Access, CompletionQueue, Error, QpInitAttr, QpState, RecvWr, Result, SendFlags, SendWr, WcOpcode, WcStatus,
     WorkCompletion, WrOpcode,
 };
 
@@ -253,7 +256,7 @@ struct RxTagged {
 pub(crate) struct Proto {
     qpn: u32,
     pd: u32,
-    dev: Device,
+    mem: Arc<MemTable>,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
     events: Arc<EventQueue<CmEvent>>,
@@ -303,20 +306,11 @@ pub(crate) struct Proto {
     disconnected_event: bool,
 }
 
-fn wc(slot_or_wr: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
-    WorkCompletion {
-        wr_id: slot_or_wr,
-        status,
-        opcode,
-        byte_len: 0,
-        qp_num,
-        imm_data: None,
-        invalidated_rkey: None,
-        solicited: false,
-        vendor_err: 0,
-    }
+pub(crate) fn wc(slot_or_wr: u64, status: WcStatus, opcode: WcOpcode, qp_num: u32) -> WorkCompletion {
+    WorkCompletion::new(slot_or_wr, status, opcode, qp_num)
 }
 
+/// The cause as `vendor_err` carries it ([`TerminateInfo::vendor_err`]).
 fn pack_cause(c: &TermCause) -> u32 {
     (c.layer.to_nibble() as u32) << 16 | (c.etype as u32) << 8 | c.code as u32
 }
@@ -328,6 +322,11 @@ fn term_info(c: &TermCause) -> TerminateInfo {
         code: c.code,
         description: c.describe().to_string(),
     }
+}
+
+/// A Terminate's cause as the detail of a CM event.
+fn term_detail(c: &TermCause) -> ErrorDetail {
+    ErrorDetail::new(term_info(c))
 }
 
 /// The completion status a peer's Terminate means for the work request it names.
@@ -407,7 +406,7 @@ impl Proto {
     pub(crate) fn new(
         qpn: u32,
         pd: u32,
-        dev: Device,
+        mem: Arc<MemTable>,
         send_cq: CompletionQueue,
         recv_cq: CompletionQueue,
         events: Arc<EventQueue<CmEvent>>,
@@ -419,7 +418,7 @@ impl Proto {
         Proto {
             qpn,
             pd,
-            dev,
+            mem,
             send_cq,
             recv_cq,
             events,
@@ -473,8 +472,7 @@ impl Proto {
                 continue;
             }
             let r = self
-                .dev
-                .mem()
+                .mem
                 .check(s.lkey, self.pd, self.qpn, s.addr, s.length as u64, need)
                 .map_err(|e| format!("local protection error on lkey {:#010x}: {e:?}", s.lkey))?;
             total = total.checked_add(s.length as usize).ok_or("sg list too long")?;
@@ -749,7 +747,7 @@ impl Proto {
         // The state, then the event (see on_terminate), then the failing work request (if
         // ours) gets the local status.
         self.publish_error_state();
-        self.events.push(CmEvent::TerminateSent(term_info(&f.cause)));
+        self.events.push(CmEvent::ErrorSent(term_detail(&f.cause)));
         self.enter_error();
         self.shutdown_when_drained = true;
     }
@@ -781,6 +779,7 @@ fn code_state(c: u8) -> QpState {
 
 #[cfg(test)]
 mod core_tests;
+pub(crate) mod handle;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod harness;
 mod io;

@@ -203,8 +203,7 @@ impl Proto {
             None
         } else {
             let r = self
-                .dev
-                .mem()
+                .mem
                 .check(stag, self.pd, self.qpn, to, len as u64, Access::REMOTE_WRITE)
                 .map_err(|e| Fatal::new(ddp_tagged_cause(e)))?;
             Some((r.buffer, r.offset))
@@ -301,8 +300,7 @@ impl Proto {
     /// stream that this Read did not name, is "invalid STag" (1/1/0x00).
     pub(super) fn foreign_sink_cause(&self, stag: u32, to: u64, len: usize) -> TermCause {
         match self
-            .dev
-            .mem()
+            .mem
             .check(stag, self.pd, self.qpn, to, len as u64, Access::empty())
         {
             Err(AccessError::NotAssociated) => cause::DDP_ERR_T_STAG_NOT_ASSOCIATED,
@@ -453,14 +451,18 @@ impl Proto {
         if is_imm {
             let v = u64::from_be_bytes(payload.try_into().unwrap_or([0; 8]));
             w.imm_data = Some(v as u32);
+            w.wc_flags |= verbs::WcFlags::WITH_IMM;
             if was_write {
                 w.opcode = WcOpcode::RecvRdmaWithImm;
             }
         }
         if matches!(opcode, op::SEND_INV | op::SEND_SE_INV) {
             use verbs::mem::InvalidateError;
-            match self.dev.mem().remote_invalidate(inv_stag, self.pd, self.qpn) {
-                Ok(()) => w.invalidated_rkey = Some(inv_stag),
+            match self.mem.remote_invalidate(inv_stag, self.pd, self.qpn) {
+                Ok(()) => {
+                    w.invalidated_rkey = Some(inv_stag);
+                    w.wc_flags |= verbs::WcFlags::WITH_INV;
+                }
                 Err(e) => {
                     // RDMAP-SND-06; catalogue A.5 #4 on the error type.
                     let c = match e {
@@ -498,8 +500,7 @@ impl Proto {
             return Ok(());
         }
         let r = self
-            .dev
-            .mem()
+            .mem
             .check(
                 rr.src_stag,
                 self.pd,
@@ -535,8 +536,7 @@ impl Proto {
             return Err(Fatal::new(cause::RDMAP_ERR_CATASTROPHIC_STREAM));
         }
         let r = self
-            .dev
-            .mem()
+            .mem
             .check(
                 ar.remote_stag,
                 self.pd,
@@ -604,7 +604,7 @@ impl Proto {
         // the state, then the event, then the flushed completions: a consumer woken by the
         // completions finds the event queued, and one woken by the event finds the QP in ERR
         self.publish_error_state();
-        self.events.push(CmEvent::TerminateReceived(term_info(&c)));
+        self.events.push(CmEvent::ErrorReceived(term_detail(&c)));
         self.enter_error();
         self.shutdown_when_drained = true;
     }

@@ -239,7 +239,7 @@ impl Proto {
                 self.atomic(id, src, AtomicOp::CmpSwap, remote, swap, u64::MAX, compare, u64::MAX)
             }
             WrOpcode::LocalInv { rkey } => {
-                let st = match self.dev.mem().local_invalidate(rkey, self.pd) {
+                let st = match self.mem.local_invalidate(rkey, self.pd) {
                     Ok(()) => WcStatus::Success,
                     Err(_) => WcStatus::MwBindErr,
                 };
@@ -257,13 +257,11 @@ impl Proto {
             } => {
                 let st =
                     match self
-                        .dev
-                        .mem()
+                        .mem
                         .check(source_lkey, self.pd, self.qpn, source_addr, length, Access::LOCAL_READ)
                     {
                         Ok(r) => match self
-                            .dev
-                            .mem()
+                            .mem
                             .fast_register(mr_stag, self.pd, key, r.buffer, r.offset, iova, length, access)
                         {
                             Ok(_) => WcStatus::Success,

@@ -1,0 +1,142 @@
+//! The provider's socket I/O straight into and out of registered memory:
+//! `readv` of a tagged payload into its region (direct data placement) and
+//! `writev` of a gather list that references regions in place. Socket work
+//! is the iWARP engine's; the verbs' [`Buffer`] only lends checked raw ranges
+//! ([`Buffer::raw_range`]).
+
+use std::os::fd::RawFd;
+use verbs::buffer::{Buffer, OutOfBounds};
+
+fn out_of_bounds(_: OutOfBounds) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, OutOfBounds)
+}
+
+/// `readv(2)` from `fd` into `off..off + len` of this buffer, then
+/// into `tail` (the next protocol headers): direct data placement that
+/// also fetches what follows, in one call. Returns the octets read, the
+/// buffer range filled first; 0 means end of stream.
+pub fn recv_into_then(buf: &Buffer, fd: RawFd, off: usize, len: usize, tail: &mut [u8]) -> std::io::Result<usize> {
+    let (p, _) = buf.raw_range(off, len).map_err(out_of_bounds)?;
+    let iov = [
+        libc::iovec {
+            iov_base: p as *mut libc::c_void,
+            iov_len: len,
+        },
+        libc::iovec {
+            iov_base: tail.as_mut_ptr() as *mut libc::c_void,
+            iov_len: tail.len(),
+        },
+    ];
+    // SAFETY: the first iovec is a checked range of the live mapping
+    // (alive for the borrow of `buf`), the second a borrowed mutable slice; the kernel
+    // writes at most their lengths.
+    let n = unsafe { libc::readv(fd, iov.as_ptr(), 2) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// `read(2)` from `fd` straight into `off..off + len` (direct data
+/// placement of a tagged segment's payload). Returns the octets read;
+/// 0 means end of stream.
+#[cfg(test)]
+pub fn recv_into(buf: &Buffer, fd: RawFd, off: usize, len: usize) -> std::io::Result<usize> {
+    let (p, _) = buf.raw_range(off, len).map_err(out_of_bounds)?;
+    // SAFETY: p..p+len lies inside the live mapping (checked above and
+    // kept alive by the borrow of `buf`); the kernel writes at most len octets there.
+    let n = unsafe { libc::read(fd, p as *mut libc::c_void, len) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// One element of a gather list for [`writev`].
+#[derive(Clone, Copy)]
+pub enum IoPart<'a> {
+    /// Private bytes (headers, trailers, copied data).
+    Bytes(&'a [u8]),
+    /// A range of a registered buffer, sent without a userspace copy.
+    Mem { buf: &'a Buffer, off: usize, len: usize },
+}
+
+/// The most parts one [`writev`] call takes (Linux's `IOV_MAX`).
+pub const MAX_IO_PARTS: usize = 1024;
+
+/// `writev(2)` of up to [`MAX_IO_PARTS`] parts to `fd`: the kernel copies
+/// straight from registered buffers into socket buffers. Returns the octets
+/// written (possibly fewer than asked, as `writev` does).
+pub fn writev(fd: RawFd, parts: &[IoPart<'_>]) -> std::io::Result<usize> {
+    let mut iov: Vec<libc::iovec> = Vec::with_capacity(parts.len().min(MAX_IO_PARTS));
+    for part in parts.iter().take(MAX_IO_PARTS) {
+        let (base, len) = match *part {
+            IoPart::Bytes(b) => (b.as_ptr() as *mut u8, b.len()),
+            IoPart::Mem { buf, off, len } => buf.raw_range(off, len).map_err(out_of_bounds)?,
+        };
+        iov.push(libc::iovec {
+            iov_base: base as *mut libc::c_void,
+            iov_len: len,
+        });
+    }
+    // SAFETY: every iovec points at live memory of its stated length: a
+    // borrowed slice, or a bounds-checked range of a Buffer borrowed for the
+    // call. The kernel only reads them.
+    let n = unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scan_writev_recv_into() {
+        let b = Buffer::new(10_000).unwrap();
+        let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+        b.write(0, &data).unwrap();
+        let mut seen = Vec::new();
+        b.scan(100, 9_000, |c| seen.extend_from_slice(c)).unwrap();
+        assert_eq!(seen, &data[100..9_100]);
+        assert_eq!(b.scan(9_000, 1_001, |_| ()), Err(OutOfBounds));
+        let (mut r, mut w) = std::os::unix::net::UnixStream::pair().unwrap();
+        use std::os::fd::AsRawFd;
+        let parts = [
+            IoPart::Bytes(b"head"),
+            IoPart::Mem {
+                buf: &b,
+                off: 10,
+                len: 20,
+            },
+            IoPart::Bytes(b"tail"),
+        ];
+        assert_eq!(writev(w.as_raw_fd(), &parts).unwrap(), 28);
+        let bad = [IoPart::Mem {
+            buf: &b,
+            off: 9_999,
+            len: 2,
+        }];
+        assert!(writev(w.as_raw_fd(), &bad).is_err(), "out of bounds refused");
+        let dst = Buffer::new(64).unwrap();
+        assert_eq!(recv_into(&dst, r.as_raw_fd(), 4, 28).unwrap(), 28);
+        let mut got = [0u8; 28];
+        dst.read(4, &mut got).unwrap();
+        assert_eq!(&got[..4], b"head");
+        assert_eq!(&got[4..24], &data[10..30]);
+        assert_eq!(&got[24..], b"tail");
+        assert!(recv_into(&dst, r.as_raw_fd(), 60, 8).is_err(), "out of bounds refused");
+        assert_eq!(writev(w.as_raw_fd(), &parts).unwrap(), 28);
+        let mut tail = [0u8; 10];
+        assert_eq!(recv_into_then(&dst, r.as_raw_fd(), 0, 20, &mut tail).unwrap(), 28);
+        dst.read(0, &mut got[..20]).unwrap();
+        assert_eq!(&got[..4], b"head");
+        assert_eq!(&tail[..8], &[&data[26..30], &b"tail"[..]].concat()[..]);
+        let _ = (&mut r, &mut w);
+    }
+}

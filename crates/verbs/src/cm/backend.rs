@@ -1,0 +1,56 @@
+//! The connection manager's provider side: one backend per transport (MPA
+//! over TCP for iWARP today; IB CM MADs on QP1 for RoCEv2 next), offered by
+//! the provider beside its [`Provider`](crate::provider::Provider).
+//!
+//! The backend binds a QP that the verbs made ([`QpOps`], in INIT) to a
+//! connection, as `rdma_connect` / `rdma_accept` do with the QP of
+//! `rdma_create_qp`; it moves the QP to RTS itself (iWARP's MPA, the IB CM's
+//! REQ/REP/RTU exchange). Addresses are socket addresses (IP and port, as
+//! `rdma_resolve_addr` takes them); nothing here assumes TCP: an IB CM
+//! backend maps the port to a service ID.
+
+use crate::cm::event::ConnInfo;
+use crate::error::Result;
+use crate::notify::EventQueue;
+use crate::provider::QpOps;
+use crate::types::ConnParam;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A provider's incoming connection, before accept or reject.
+pub trait ConnRequestOps: Send {
+    fn peer_addr(&self) -> SocketAddr;
+    fn local_addr(&self) -> SocketAddr;
+    /// The initiator's private data, without the provider's own bytes.
+    fn private_data(&self) -> &[u8];
+    /// The peer's IRD/ORD as it stated them.
+    fn param(&self) -> ConnParam;
+    /// Binds `qp` (in INIT, made by this provider) to the connection and
+    /// answers the peer (`rdma_accept`); the QP is in RTS on return.
+    fn accept(self: Box<Self>, qp: &Arc<dyn QpOps>, param: &ConnParam) -> Result<ConnInfo>;
+    /// Refuses the connection with `private_data` for the initiator (`rdma_reject`).
+    fn reject(self: Box<Self>, private_data: &[u8]) -> Result<()>;
+}
+
+/// A provider's listener; dropping it stops listening.
+pub trait ListenerOps: Send + Sync {
+    fn local_addr(&self) -> SocketAddr;
+}
+
+/// A transport's connection manager.
+pub trait CmBackend: Send + Sync {
+    /// Starts listening on `addr` (`rdma_bind_addr` + `rdma_listen`);
+    /// incoming requests are pushed to `requests`.
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        requests: Arc<EventQueue<Box<dyn ConnRequestOps>>>,
+    ) -> Result<Box<dyn ListenerOps>>;
+    /// Connects `qp` (in INIT, made by this provider) to a listener
+    /// (`rdma_connect`); returns once established (QP in RTS), rejected or failed.
+    fn connect(&self, qp: &Arc<dyn QpOps>, addr: SocketAddr, param: &ConnParam, timeout: Duration)
+    -> Result<ConnInfo>;
+    /// Graceful disconnect of a connected QP (`rdma_disconnect`).
+    fn disconnect(&self, qp: &Arc<dyn QpOps>);
+}

@@ -1,0 +1,234 @@
+//! Connection manager in the style of `rdma_cm`, above the verbs.
+//!
+//! The rdma_cm flow: make the QP first ([`ProtectionDomain::create_qp`],
+//! RESET; `rdma_create_qp` also moves it to INIT), post receives, then bind
+//! it to a connection: actively with [`QueuePair::connect`]
+//! (`rdma_connect`), passively by taking a [`ConnectRequest`] from a
+//! [`Listener`] ([`Device::listen`]) and [`ConnectRequest::accept_qp`]
+//! (`rdma_accept`), or [`reject`](ConnectRequest::reject) it with private data.
+//! The transport's backend ([`backend::CmBackend`]: MPA for iWARP, the IB CM
+//! for RoCEv2) moves the QP to RTS. Afterwards the QP reports [`CmEvent`]s:
+//! established, disconnected, and a fatal error received or sent, whose
+//! [`ErrorDetail`] the provider fills (iWARP: the Terminate's layer, type and
+//! code, in the iwarp crate's type).
+//!
+//! [`ProtectionDomain::connect`] and [`ConnectRequest::accept`] do the three
+//! steps in one call (create, post the initial receives, connect/accept):
+//! what most programs want.
+
+pub mod backend;
+pub mod event;
+
+use crate::cm::backend::{CmBackend, ConnRequestOps, ListenerOps};
+use crate::cq::CompletionQueue;
+use crate::device::{Device, ProtectionDomain};
+use crate::error::{Error, Result};
+use crate::notify::EventQueue;
+use crate::qp::{QpInit, QueuePair};
+use crate::qp_attr::{QpAttr, QpType};
+use crate::types::{Access, ConnParam, QpInitAttr, QpState, RecvWr};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use event::{CmEvent, ConnInfo, ErrorDetail, ProviderDetail};
+
+fn backend(dev: &Device) -> Result<&Arc<dyn CmBackend>> {
+    dev.cm_backend()
+        .ok_or_else(|| Error::NotSupported(format!("device {} has no connection manager", dev.name())))
+}
+
+/// A listening endpoint (`rdma_listen`).
+pub struct Listener {
+    ops: Box<dyn ListenerOps>,
+    requests: Arc<EventQueue<Box<dyn ConnRequestOps>>>,
+}
+
+impl Listener {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.ops.local_addr()
+    }
+
+    /// Waits for the next connect request (`rdma_get_request`).
+    pub fn get_request(&self, timeout: Option<Duration>) -> Result<ConnectRequest> {
+        self.requests
+            .pop_timeout(timeout)
+            .map(|ops| ConnectRequest { ops })
+            .ok_or(Error::Timeout)
+    }
+
+    /// Async [`get_request`](Self::get_request).
+    pub async fn get_request_async(&self) -> Result<ConnectRequest> {
+        self.requests
+            .pop_async()
+            .await
+            .map(|ops| ConnectRequest { ops })
+            .ok_or(Error::Closed)
+    }
+}
+
+/// Options for the queue pair that [`ProtectionDomain::connect`] and
+/// [`ConnectRequest::accept`] create.
+#[derive(Clone)]
+pub struct QpOptions {
+    pub send_cq: CompletionQueue,
+    pub recv_cq: CompletionQueue,
+    pub attr: QpInitAttr,
+    pub param: ConnParam,
+    /// Receives posted before the connection goes live, as an rdma_cm user
+    /// posts them between `rdma_create_qp` and `rdma_accept`/`rdma_connect`:
+    /// the peer may Send the moment it is connected, and iWARP has no
+    /// receiver-not-ready retry (a Send without a receive is a Terminate).
+    pub initial_recvs: Vec<RecvWr>,
+}
+
+impl QpOptions {
+    /// One CQ for both queues, default QP attributes and connection parameters.
+    pub fn new(cq: &CompletionQueue) -> Self {
+        QpOptions {
+            send_cq: cq.clone(),
+            recv_cq: cq.clone(),
+            attr: QpInitAttr::default(),
+            param: ConnParam::default(),
+            initial_recvs: Vec::new(),
+        }
+    }
+    /// Receives to post before the connection is established (see
+    /// [`QpOptions::initial_recvs`]).
+    pub fn post_recv(mut self, wrs: impl IntoIterator<Item = RecvWr>) -> Self {
+        self.initial_recvs.extend(wrs);
+        self
+    }
+    pub fn private_data(mut self, pd: &[u8]) -> Self {
+        self.param.private_data = pd.to_vec();
+        self
+    }
+    /// IRD (`responder_resources`) and ORD (`initiator_depth`).
+    pub fn rd_atomic(mut self, responder_resources: u8, initiator_depth: u8) -> Self {
+        self.param.responder_resources = responder_resources;
+        self.param.initiator_depth = initiator_depth;
+        self
+    }
+    pub fn attr(mut self, attr: QpInitAttr) -> Self {
+        self.attr = attr;
+        self
+    }
+    /// The RC QP these options describe.
+    pub fn qp_init(&self) -> QpInit {
+        QpInit::new(QpType::Rc, &self.send_cq).recv_cq(&self.recv_cq).cap(self.attr.clone())
+    }
+}
+
+/// An incoming connection (`RDMA_CM_EVENT_CONNECT_REQUEST`).
+pub struct ConnectRequest {
+    ops: Box<dyn ConnRequestOps>,
+}
+
+impl ConnectRequest {
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.ops.peer_addr()
+    }
+    pub fn local_addr(&self) -> SocketAddr {
+        self.ops.local_addr()
+    }
+    /// The initiator's private data (without provider bytes such as MPA's IRD/ORD words).
+    pub fn private_data(&self) -> &[u8] {
+        self.ops.private_data()
+    }
+    /// The initiator's stated IRD/ORD.
+    pub fn param(&self) -> ConnParam {
+        self.ops.param()
+    }
+    /// Binds `qp` (RC, in RESET or INIT, receives posted) to this
+    /// connection and accepts it (`rdma_accept`); the QP is in RTS on return.
+    pub fn accept_qp(self, qp: &QueuePair, param: &ConnParam) -> Result<()> {
+        prepare(qp)?;
+        let info = self.ops.accept(qp.ops(), param)?;
+        qp.set_connected(info);
+        Ok(())
+    }
+    /// Creates an RC QP in `pd`, posts `opts.initial_recvs` and accepts
+    /// (`rdma_create_qp` + `rdma_accept`); returns the connected QP.
+    pub fn accept(self, pd: &ProtectionDomain, opts: QpOptions) -> Result<QueuePair> {
+        let qp = pd.create_qp(opts.qp_init())?;
+        prepare(&qp)?;
+        qp.post_recv(&opts.initial_recvs)?;
+        self.accept_qp(&qp, &opts.param)?;
+        Ok(qp)
+    }
+    /// Rejects (`rdma_reject`) with private data for the initiator.
+    pub fn reject(self, private_data: &[u8]) -> Result<()> {
+        self.ops.reject(private_data)
+    }
+}
+
+impl Device {
+    /// Listens on `addr` (`rdma_bind_addr` + `rdma_listen`). Port 0 picks a free port.
+    pub fn listen(&self, addr: SocketAddr) -> Result<Listener> {
+        let requests = Arc::new(EventQueue::new());
+        let ops = backend(self)?.listen(addr, requests.clone())?;
+        Ok(Listener { ops, requests })
+    }
+}
+
+/// The QP's access flags once `rdma_create_qp` moved it to INIT: every
+/// remote right (each access is still checked against its region's rights).
+const CM_QP_ACCESS: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC);
+
+/// Checks that `qp` can be bound to a connection, moving it from RESET to
+/// INIT as `rdma_create_qp` does.
+fn prepare(qp: &QueuePair) -> Result<()> {
+    if qp.qp_type() != QpType::Rc {
+        return Err(Error::InvalidArgument(format!(
+            "the connection manager connects RC QPs, not {:?}",
+            qp.qp_type()
+        )));
+    }
+    if qp.is_connected() {
+        return Err(Error::InvalidArgument(format!("QP {} is already connected", qp.qp_num())));
+    }
+    match qp.state() {
+        QpState::Reset => qp.modify_qp(&QpAttr::init(1, 0, CM_QP_ACCESS)),
+        QpState::Init => Ok(()),
+        s => Err(Error::InvalidState(s)),
+    }
+}
+
+impl QueuePair {
+    /// Connects this QP (RC, in RESET or INIT, receives posted) to a
+    /// listener (`rdma_connect`): returns once the connection is
+    /// established (QP in RTS), or `Error::Rejected` with the peer's private data.
+    pub fn connect(&self, addr: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<()> {
+        prepare(self)?;
+        let info = backend(self.pd().device())?.connect(self.ops(), addr, param, timeout)?;
+        self.set_connected(info);
+        Ok(())
+    }
+}
+
+impl ProtectionDomain {
+    /// Creates an RC QP, posts `opts.initial_recvs` and connects it
+    /// (`rdma_create_qp` + `rdma_connect`): returns the QP once the
+    /// connection is established, or `Error::Rejected` with the peer's private data.
+    pub fn connect(&self, addr: SocketAddr, opts: QpOptions, timeout: Duration) -> Result<QueuePair> {
+        let qp = self.create_qp(opts.qp_init())?;
+        prepare(&qp)?;
+        qp.post_recv(&opts.initial_recvs)?;
+        qp.connect(addr, &opts.param, timeout)?;
+        Ok(qp)
+    }
+
+    /// Async [`connect`](Self::connect): the handshake runs on a helper thread.
+    pub async fn connect_async(&self, addr: SocketAddr, opts: QpOptions, timeout: Duration) -> Result<QueuePair> {
+        let q: Arc<EventQueue<Result<QueuePair>>> = Arc::new(EventQueue::new());
+        let (q2, pd) = (q.clone(), self.clone());
+        std::thread::Builder::new()
+            .name("softrdma-connect".into())
+            .spawn(move || q2.push(pd.connect(addr, opts, timeout)))
+            .map_err(Error::Io)?;
+        q.pop_async().await.unwrap_or(Err(Error::Closed))
+    }
+}

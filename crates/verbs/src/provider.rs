@@ -1,0 +1,182 @@
+//! The provider interface: what a transport implements so that the verbs
+//! reach it, shaped like the kernel's `struct ib_device_ops` and rdma-core's
+//! `struct verbs_context_ops` and named as they are.
+//!
+//! Every verbs call that creates, changes or destroys a resource passes
+//! through here: [`Provider::query_device`], [`Provider::query_port`],
+//! [`Provider::query_gid`], [`Provider::query_pkey`], [`Provider::alloc_pd`] /
+//! [`Provider::dealloc_pd`], [`Provider::reg_mr`] (the provider chooses the
+//! backing memory) / [`Provider::dereg_mr`], [`Provider::create_cq`],
+//! [`Provider::create_qp`] (the QP starts in RESET) with [`QpOps::modify_qp`],
+//! [`QpOps::query_qp`] and destroy by drop, [`Provider::create_ah`],
+//! [`Provider::create_srq`], [`Provider::attach_mcast`] /
+//! [`Provider::detach_mcast`].
+//!
+//! A provider refuses what its transport cannot do with
+//! [`Error::NotSupported`] (iWARP: UD and GSI QPs, address handles,
+//! multicast, manual RTR/RTS). The defaults below are those refusals, and
+//! for ports, memory and CQs the behaviour of a plain software device.
+//!
+//! The verbs layer checks arguments and the IBTA transition table
+//! ([`crate::qp_attr::check_modify`]) before a call reaches the provider, so
+//! a provider sees only calls that are legal for its QP's type and state.
+//!
+//! Connection management is not here: a provider that needs a connection
+//! manager (iWARP's MPA, the IB CM) offers a [`crate::cm::backend::CmBackend`]
+//! beside this trait, which binds a QP made here to a connection.
+
+use crate::ah::AhOps;
+use crate::buffer::Buffer;
+use crate::cm::event::CmEvent;
+use crate::cq::CompletionQueue;
+use crate::error::{Error, Result};
+use crate::mem::MemTable;
+use crate::notify::EventQueue;
+use crate::port::{DEFAULT_PKEY, PortAttr};
+use crate::qp_attr::{AhAttr, Gid, QpAttr, QpType};
+use crate::types::{Access, DeviceAttr, QpInitAttr, QpState, RecvWr, SendWr};
+use std::any::Any;
+use std::sync::Arc;
+
+/// Everything a provider needs to create a QP (`ibv_qp_init_attr` plus the
+/// resources the verbs layer resolved).
+pub struct QpCreate {
+    pub qp_type: QpType,
+    /// The protection domain's number (memory checks compare it).
+    pub pd_id: u32,
+    /// The device's memory table, which every access is checked against.
+    pub mem: Arc<MemTable>,
+    pub send_cq: CompletionQueue,
+    pub recv_cq: CompletionQueue,
+    /// Receives come from this shared receive queue instead of the QP's own.
+    pub srq: Option<Arc<dyn SrqOps>>,
+    pub attr: QpInitAttr,
+    /// The QP's connection events, for a provider whose data path sees them
+    /// (an iWARP Terminate, a closed stream). Events pushed here also raise
+    /// the device's asynchronous events (`QpFatal`, `CommEstablished`).
+    pub events: Arc<EventQueue<CmEvent>>,
+}
+
+/// A provider's queue pair. Created in RESET by [`Provider::create_qp`];
+/// destroyed when the last handle is dropped.
+pub trait QpOps: Send + Sync + 'static {
+    fn qp_num(&self) -> u32;
+    fn state(&self) -> QpState;
+    /// `ibv_post_send`; the verbs layer adds nothing on this path.
+    fn post_send(&self, wrs: &[SendWr]) -> Result<()>;
+    /// `ibv_post_recv`; allowed from INIT on (IBTA 10.8.2).
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<()>;
+    /// Carries out a `modify_qp` the verbs layer found legal for the QP's
+    /// type and current state; refuses with `NotSupported` what the
+    /// transport cannot do.
+    fn modify_qp(&self, attr: &QpAttr) -> Result<()>;
+    /// `ibv_query_qp`: the attributes the provider knows.
+    fn query_qp(&self) -> QpAttr;
+    /// For the provider's own connection manager: its concrete QP type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Shared receive queue creation attributes (`ibv_srq_init_attr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqInitAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    /// Raise `SrqLimitReached` when fewer receives than this remain (0: never).
+    pub srq_limit: u32,
+}
+
+impl Default for SrqInitAttr {
+    fn default() -> Self {
+        SrqInitAttr {
+            max_wr: 256,
+            max_sge: 6,
+            srq_limit: 0,
+        }
+    }
+}
+
+/// A provider's shared receive queue (`ibv_srq`).
+pub trait SrqOps: Send + Sync + 'static {
+    /// `ibv_post_srq_recv`.
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<()>;
+    /// `ibv_query_srq`.
+    fn query(&self) -> SrqInitAttr;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A transport provider (`ib_device_ops` / `verbs_context_ops`).
+pub trait Provider: Send + Sync {
+    /// Device limits (`ibv_query_device`); read once when the device opens.
+    fn query_device(&self) -> DeviceAttr;
+
+    /// Number of ports (numbered from 1).
+    fn phys_port_cnt(&self) -> u8 {
+        1
+    }
+    /// Attributes of a port that exists (the verbs layer checked the number).
+    fn query_port(&self, _port_num: u8) -> PortAttr {
+        PortAttr::default()
+    }
+    /// Entry `index` of the port's GID table. The default is one zero GID,
+    /// as an iWARP device (addressed by IP and TCP port) reports it.
+    fn query_gid(&self, _port_num: u8, index: u32) -> Result<Gid> {
+        match index {
+            0 => Ok(Gid::default()),
+            _ => Err(Error::InvalidArgument(format!("GID index {index} beyond the table"))),
+        }
+    }
+    /// Entry `index` of the port's P_Key table; the default is the default
+    /// partition alone.
+    fn query_pkey(&self, _port_num: u8, index: u16) -> Result<u16> {
+        match index {
+            0 => Ok(DEFAULT_PKEY),
+            _ => Err(Error::InvalidArgument(format!("P_Key index {index} beyond the table"))),
+        }
+    }
+
+    /// A protection domain numbered `pd_id` was allocated (`ibv_alloc_pd`).
+    fn alloc_pd(&self, _pd_id: u32) -> Result<()> {
+        Ok(())
+    }
+    /// The last handle of protection domain `pd_id` is gone (`ibv_dealloc_pd`).
+    fn dealloc_pd(&self, _pd_id: u32) {}
+
+    /// The memory behind a region of `len` bytes (`ibv_reg_mr`): the
+    /// provider chooses it (a shared-memory provider can hand out a mapping
+    /// its peer sees). The default is fresh, zeroed, page-aligned memory the
+    /// region owns.
+    fn reg_mr(&self, _pd_id: u32, len: usize, _access: Access) -> Result<Arc<Buffer>> {
+        Ok(Arc::new(Buffer::new(len)?))
+    }
+    /// The region named by `lkey` was deregistered (`ibv_dereg_mr`); its
+    /// memory table entry is already gone.
+    fn dereg_mr(&self, _lkey: u32) {}
+
+    /// A completion queue of `cqe` entries (`ibv_create_cq`; the verbs layer
+    /// checked `cqe` against `max_cqe`).
+    fn create_cq(&self, cqe: usize) -> Result<CompletionQueue> {
+        Ok(CompletionQueue::new(cqe))
+    }
+
+    /// A queue pair in RESET (`ibv_create_qp`).
+    fn create_qp(&self, req: QpCreate) -> Result<Arc<dyn QpOps>>;
+
+    /// An address handle (`ibv_create_ah`), for UD sends.
+    fn create_ah(&self, _pd_id: u32, _attr: &AhAttr) -> Result<Arc<dyn AhOps>> {
+        Err(Error::NotSupported("address handles (this transport has no UD service)".into()))
+    }
+
+    /// A shared receive queue (`ibv_create_srq`).
+    fn create_srq(&self, _pd_id: u32, _attr: &SrqInitAttr) -> Result<Arc<dyn SrqOps>> {
+        Err(Error::NotSupported("shared receive queues".into()))
+    }
+
+    /// Joins `qp` (a UD QP) to the multicast group `gid` (`ibv_attach_mcast`).
+    fn attach_mcast(&self, _qp: &dyn QpOps, _gid: &Gid, _lid: u16) -> Result<()> {
+        Err(Error::NotSupported("multicast (this transport has no UD service)".into()))
+    }
+    /// Leaves the group (`ibv_detach_mcast`).
+    fn detach_mcast(&self, _qp: &dyn QpOps, _gid: &Gid, _lid: u16) -> Result<()> {
+        Err(Error::NotSupported("multicast (this transport has no UD service)".into()))
+    }
+}
