@@ -1282,6 +1282,17 @@ impl Export {
     }
 }
 
+/// A registry that serves `export` (NFSv3 and MOUNT v3) and, when `portmap` is given, a
+/// portmapper GETPORT that answers from that table of (prog, vers, prot, port).
+pub fn registry(export: &Arc<Export>, portmap: Option<Vec<(u32, u32, u32, u16)>>) -> Registry {
+    let mut reg = Registry::new();
+    export.register(&mut reg);
+    if let Some(table) = portmap {
+        crate::portmap::register(&mut reg, table);
+    }
+    reg
+}
+
 /// Open a regular file without following a final symbolic link, and without blocking on a
 /// FIFO that replaced it.
 fn open_nofollow(p: &Path, write: bool) -> io::Result<File> {
