@@ -196,10 +196,12 @@ struct Session {
 impl Session {
     /// The directory holding the file the target names, and the file's name in it.
     fn parent_of(&self, target: &str) -> Result<(Fh, String)> {
-        let (dir, name) = match self.rest.trim_end_matches('/').rsplit_once('/') {
-            Some((d, n)) if !n.is_empty() => (d, n),
-            _ => bail!("{target}: name a file below the export {}", self.export),
-        };
+        // with the export "/", the rest of "SERVER:/file" is "file": its directory is the root
+        let rest = self.rest.trim_end_matches('/');
+        let (dir, name) = rest.rsplit_once('/').unwrap_or(("", rest));
+        if name.is_empty() {
+            bail!("{target}: name a file below the export {}", self.export);
+        }
         let (dfh, _) = self.nfs.lookup_path(&self.root, dir)?;
         Ok((dfh, name.to_string()))
     }

@@ -15,8 +15,8 @@ use std::sync::Arc;
 use rawpeer::{Ask, RawPeer, op, untagged};
 use rpcrdma::client::{Auth, Call, RpcClient};
 use rpcrdma::mount;
-use rpcrdma::nfs3::server::{self as nfsd, Export, ExportConfig};
 use rpcrdma::nfs3::server::wire::*;
+use rpcrdma::nfs3::server::{self as nfsd, Export, ExportConfig};
 use rpcrdma::nfs3::*;
 use rpcrdma::private_data::PrivateData;
 use rpcrdma::tcp::{TcpClient, TcpServer};
@@ -92,12 +92,17 @@ impl Srv {
             inline_recv: 4096,
             ..RdmaConfig::default()
         };
-        Nfs3Client::new(RdmaClient::connect(&self.dev.alloc_pd(), self.rdma.local_addr(), cfg).unwrap(), auth())
+        Nfs3Client::new(
+            RdmaClient::connect(&self.dev.alloc_pd(), self.rdma.local_addr(), cfg).unwrap(),
+            auth(),
+        )
     }
 }
 
 fn pattern(len: usize, seed: u32) -> Vec<u8> {
-    (0..len as u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed as u8).collect()
+    (0..len as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed as u8)
+        .collect()
 }
 
 fn sha(b: &[u8]) -> [u8; 32] {
@@ -149,7 +154,10 @@ fn put_get<C: RpcClient>(srv: &Srv, nfs: &Nfs3Client<C>, root: &Fh, name: &str, 
     }
     assert_eq!(Some(nfs.commit(&fh, 0, 0).unwrap().verf), verf);
     // the host's file has the bytes
-    assert_eq!(sha(&std::fs::read(srv.export.config().root.join(name)).unwrap()), sha(&data));
+    assert_eq!(
+        sha(&std::fs::read(srv.export.config().root.join(name)).unwrap()),
+        sha(&data)
+    );
     let mut back = Vec::new();
     loop {
         let (chunk, r) = nfs.read(&fh, back.len() as u64, 1 << 20).unwrap();
@@ -171,9 +179,15 @@ fn multi_mib_put_and_get_over_tcp_and_rdma_match_by_sha256() {
     put_get(&srv, &srv.rdma_client(), &root, "via-rdma.bin", (5 << 20) + 123);
     let after = srv.rdma.snapshot();
     // READ replies went through the Write list, WRITE data through Read chunks
-    assert!(after.replies_write_chunks - before.replies_write_chunks >= 6, "{before:?} -> {after:?}");
+    assert!(
+        after.replies_write_chunks - before.replies_write_chunks >= 6,
+        "{before:?} -> {after:?}"
+    );
     // five 1 MiB WRITEs through Read chunks (the 123-octet tail goes inline)
-    assert!(after.calls_chunked - before.calls_chunked >= 5, "{before:?} -> {after:?}");
+    assert!(
+        after.calls_chunked - before.calls_chunked >= 5,
+        "{before:?} -> {after:?}"
+    );
     assert!(srv.export.counters.get(procs::WRITE) >= 12);
 }
 
@@ -193,8 +207,12 @@ fn namespace<C: RpcClient>(srv: &Srv, nfs: &Nfs3Client<C>, root: &Fh, tag: &str)
     let dfh = ok(raw::<_, _, CreateRes>(nfs, procs::MKDIR, &mk, 1024)).obj.unwrap();
     assert!(host.join(&d).is_dir());
     for i in 0..200 {
-        nfs.create(&dfh, format!("small-file-number-{i:04}").as_bytes(), CreateHow::Unchecked(Sattr::default()))
-            .unwrap();
+        nfs.create(
+            &dfh,
+            format!("small-file-number-{i:04}").as_bytes(),
+            CreateHow::Unchecked(Sattr::default()),
+        )
+        .unwrap();
     }
     // ls: READDIRPLUS and READDIR through the Reply chunk over RDMA, paged by count
     let all = nfs.readdirplus_all(&dfh, 8192).unwrap();
@@ -242,7 +260,10 @@ fn namespace<C: RpcClient>(srv: &Srv, nfs: &Nfs3Client<C>, root: &Fh, tag: &str)
     };
     let w = ok(raw::<_, _, WccRes>(nfs, procs::SETATTR, &set, 1024));
     assert_eq!((w.after.unwrap().mode, w.after.unwrap().size), (0o600, 4));
-    assert_eq!(std::fs::read(host.join(&d).join("small-file-number-0002")).unwrap(), b"0123");
+    assert_eq!(
+        std::fs::read(host.join(&d).join("small-file-number-0002")).unwrap(),
+        b"0123"
+    );
     // mv and ln
     let mv = RenameArgs {
         from: DirOp {
@@ -263,11 +284,17 @@ fn namespace<C: RpcClient>(srv: &Srv, nfs: &Nfs3Client<C>, root: &Fh, tag: &str)
             name: format!("hard-{tag}").into_bytes(),
         },
     };
-    assert_eq!(ok(raw::<_, _, LinkRes>(nfs, procs::LINK, &ln, 1024)).0.unwrap().nlink, 2);
+    assert_eq!(
+        ok(raw::<_, _, LinkRes>(nfs, procs::LINK, &ln, 1024)).0.unwrap().nlink,
+        2
+    );
     // df, pathconf, access
     let st = ok(raw::<_, _, FsstatRes>(nfs, procs::FSSTAT, root, 1024));
     assert!(st.tbytes > 0);
-    assert_eq!(ok(raw::<_, _, PathconfRes>(nfs, procs::PATHCONF, root, 1024)).name_max, 255);
+    assert_eq!(
+        ok(raw::<_, _, PathconfRes>(nfs, procs::PATHCONF, root, 1024)).name_max,
+        255
+    );
     let acc = AccessArgs {
         object: root.clone(),
         access: 0x1f,
@@ -296,7 +323,10 @@ fn namespace_procedures_over_tcp_and_rdma() {
     let before = srv.rdma.snapshot();
     namespace(&srv, &srv.rdma_client(), &root, "rdma");
     let after = srv.rdma.snapshot();
-    assert!(after.replies_long > before.replies_long, "listings used the Reply chunk: {after:?}");
+    assert!(
+        after.replies_long > before.replies_long,
+        "listings used the Reply chunk: {after:?}"
+    );
 }
 
 #[test]
@@ -311,15 +341,26 @@ fn escape_attempts_are_refused_over_the_wire() {
     let check = |lookup: &dyn Fn(&Fh, &[u8]) -> Result<LookupOk, NfsError>,
                  read: &dyn Fn(&Fh) -> Result<(Vec<u8>, ReadReply), NfsError>,
                  getattr: &dyn Fn(&Fh) -> Result<Fattr, NfsError>| {
-        assert_eq!(lookup(&root, b"..").unwrap().object, root, "'..' of the root is the root");
+        assert_eq!(
+            lookup(&root, b"..").unwrap().object,
+            root,
+            "'..' of the root is the root"
+        );
         assert_eq!(lookup(&root, b"../secret").unwrap_err().status(), Some(NfsStat::NOENT));
         let l = lookup(&root, b"out").unwrap();
         assert_eq!(l.obj_attributes.unwrap().ftype, Ftype::Lnk);
-        assert_eq!(read(&l.object).unwrap_err().status(), Some(NfsStat::INVAL), "READ does not follow");
+        assert_eq!(
+            read(&l.object).unwrap_err().status(),
+            Some(NfsStat::INVAL),
+            "READ does not follow"
+        );
         let mut forged = l.object.clone();
         forged.0[12] ^= 0x80;
         assert_eq!(getattr(&forged).unwrap_err().status(), Some(NfsStat::BADHANDLE));
-        assert_eq!(getattr(&Fh(vec![1; 64])).unwrap_err().status(), Some(NfsStat::BADHANDLE));
+        assert_eq!(
+            getattr(&Fh(vec![1; 64])).unwrap_err().status(),
+            Some(NfsStat::BADHANDLE)
+        );
     };
     let t = srv.tcp_client();
     check(&|d, n| t.lookup(d, n), &|f| t.read(f, 0, 100), &|f| t.getattr(f));
@@ -351,7 +392,10 @@ fn a_restart_keeps_handles_and_changes_the_write_verifier() {
     }
     let srv = serve(&s.0, verf2);
     for (name, commit) in [
-        ("tcp", Box::new(|| srv.tcp_client().commit(&fh, 0, 0)) as Box<dyn Fn() -> _>),
+        (
+            "tcp",
+            Box::new(|| srv.tcp_client().commit(&fh, 0, 0)) as Box<dyn Fn() -> _>,
+        ),
         ("rdma", Box::new(|| srv.rdma_client().commit(&fh, 0, 0))),
     ] {
         let c = commit().unwrap();
@@ -393,7 +437,9 @@ fn malformed_headers_get_rdma_error_while_another_client_goes_on() {
     };
     let words = |ws: &[u32]| ws.iter().flat_map(|w| w.to_be_bytes()).collect::<Vec<u8>>();
     // version 2: RDMA_ERROR / ERR_VERS 1..1 (RPCR-ERR-07)
-    let a = send_and_answer(&words(&[0x1001, 2, 8, 0, 0, 0, 0, 0x1001, 0, 2, PROGRAM, VERSION, 0, 0, 0, 0, 0]));
+    let a = send_and_answer(&words(&[
+        0x1001, 2, 8, 0, 0, 0, 0, 0x1001, 0, 2, PROGRAM, VERSION, 0, 0, 0, 0, 0,
+    ]));
     assert_eq!(a[..7], [0x1001, 2, a[2], 4, 1, 1, 1], "ERR_VERS: {a:x?}");
     // a good read in between
     assert_eq!(good.read(&fh, 0, 100_000).unwrap().0, pattern(1 << 20, 3)[..100_000]);
@@ -404,9 +450,14 @@ fn malformed_headers_get_rdma_error_while_another_client_goes_on() {
     let a = send_and_answer(&words(&[0x1003, 1, 8, 9, 0, 0, 0]));
     assert_eq!([a[0], a[1], a[3], a[4]], [0x1003, 1, 4, 2], "ERR_CHUNK: {a:x?}");
     // the hostile connection still gets NFS NULL answered
-    let a = send_and_answer(&words(&[0x1004, 1, 8, 0, 0, 0, 0, 0x1004, 0, 2, PROGRAM, VERSION, 0, 0, 0, 0, 0]));
+    let a = send_and_answer(&words(&[
+        0x1004, 1, 8, 0, 0, 0, 0, 0x1004, 0, 2, PROGRAM, VERSION, 0, 0, 0, 0, 0,
+    ]));
     assert_eq!([a[0], a[3]], [0x1004, 0], "RDMA_MSG reply to NULL: {a:x?}");
     // and the good client goes on
-    assert_eq!(good.read(&fh, 900_000, 200_000).unwrap().0, pattern(1 << 20, 3)[900_000..]);
+    assert_eq!(
+        good.read(&fh, 900_000, 200_000).unwrap().0,
+        pattern(1 << 20, 3)[900_000..]
+    );
     assert!(srv.rdma.snapshot().rdma_errors >= 3);
 }
