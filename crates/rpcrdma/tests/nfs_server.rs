@@ -338,34 +338,33 @@ fn escape_attempts_are_refused_over_the_wire() {
     std::os::unix::fs::symlink("../secret", root_dir.join("out")).unwrap();
     let srv = serve(&root_dir, *b"run00001");
     let root = srv.mount();
-    let check = |lookup: &dyn Fn(&Fh, &[u8]) -> Result<LookupOk, NfsError>,
-                 read: &dyn Fn(&Fh) -> Result<(Vec<u8>, ReadReply), NfsError>,
-                 getattr: &dyn Fn(&Fh) -> Result<Fattr, NfsError>| {
+    fn check<C: RpcClient>(nfs: &Nfs3Client<C>, root: &Fh) {
         assert_eq!(
-            lookup(&root, b"..").unwrap().object,
+            &nfs.lookup(root, b"..").unwrap().object,
             root,
             "'..' of the root is the root"
         );
-        assert_eq!(lookup(&root, b"../secret").unwrap_err().status(), Some(NfsStat::NOENT));
-        let l = lookup(&root, b"out").unwrap();
+        assert_eq!(
+            nfs.lookup(root, b"../secret").unwrap_err().status(),
+            Some(NfsStat::NOENT)
+        );
+        let l = nfs.lookup(root, b"out").unwrap();
         assert_eq!(l.obj_attributes.unwrap().ftype, Ftype::Lnk);
         assert_eq!(
-            read(&l.object).unwrap_err().status(),
+            nfs.read(&l.object, 0, 100).unwrap_err().status(),
             Some(NfsStat::INVAL),
             "READ does not follow"
         );
         let mut forged = l.object.clone();
         forged.0[12] ^= 0x80;
-        assert_eq!(getattr(&forged).unwrap_err().status(), Some(NfsStat::BADHANDLE));
+        assert_eq!(nfs.getattr(&forged).unwrap_err().status(), Some(NfsStat::BADHANDLE));
         assert_eq!(
-            getattr(&Fh(vec![1; 64])).unwrap_err().status(),
+            nfs.getattr(&Fh(vec![1; 64])).unwrap_err().status(),
             Some(NfsStat::BADHANDLE)
         );
-    };
-    let t = srv.tcp_client();
-    check(&|d, n| t.lookup(d, n), &|f| t.read(f, 0, 100), &|f| t.getattr(f));
-    let r = srv.rdma_client();
-    check(&|d, n| r.lookup(d, n), &|f| r.read(f, 0, 100), &|f| r.getattr(f));
+    }
+    check(&srv.tcp_client(), &root);
+    check(&srv.rdma_client(), &root);
     assert_eq!(std::fs::read(s.0.join("secret")).unwrap(), b"outside");
 }
 
