@@ -7,6 +7,7 @@
 //! softrdma nfs put  LOCAL SERVER:/export/file   [--wsize 1M] [--stable unstable|file-sync]
 //! softrdma nfs rm   SERVER:/export/file
 //! softrdma nfs probe SERVER:/export/file [--scratch /export/dir]   (RFC 8166 §4.5 chunk errors)
+//! softrdma nfs serve DIR [--rdma ADDR:20049] [--tcp ADDR:2049] [--mount-port N] [--ro]   (the server)
 //! ```
 //!
 //! As Linux mounts: rpcbind GETPORT for mountd and MOUNT v3 MNT over TCP (the
@@ -31,6 +32,8 @@ use crate::units::parse_size;
 
 #[path = "nfs_probe.rs"]
 mod probe;
+#[path = "nfs_serve.rs"]
+mod serve;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -130,6 +133,9 @@ enum Cmd {
         /// SERVER:/export/file to remove.
         target: String,
     },
+    /// Export the directory DIR over NFSv3 (RPC-over-RDMA and TCP) and MOUNT v3, until SIGINT
+    /// or SIGTERM. Registers with rpcbind when one runs.
+    Serve(serve::ServeArgs),
     /// Ask how the server handles RPC-over-RDMA chunks it cannot use (RFC 8166 §4.5): READs of
     /// the file TARGET with a Write chunk or Reply chunk too small, and with a stale Write-chunk
     /// handle (the server's RDMA Write meets our Terminate; the call is retransmitted after a
@@ -206,10 +212,12 @@ struct Session {
 impl Session {
     /// The directory holding the file the target names, and the file's name in it.
     fn parent_of(&self, target: &str) -> Result<(Fh, String)> {
-        let (dir, name) = match self.rest.trim_end_matches('/').rsplit_once('/') {
-            Some((d, n)) if !n.is_empty() => (d, n),
-            _ => bail!("{target}: name a file below the export {}", self.export),
-        };
+        // with the export "/", the rest of "SERVER:/file" is "file": its directory is the root
+        let rest = self.rest.trim_end_matches('/');
+        let (dir, name) = rest.rsplit_once('/').unwrap_or(("", rest));
+        if name.is_empty() {
+            bail!("{target}: name a file below the export {}", self.export);
+        }
         let (dfh, _) = self.nfs.lookup_path(&self.root, dir)?;
         Ok((dfh, name.to_string()))
     }
@@ -427,6 +435,7 @@ impl Progress {
 pub fn run(args: Args) -> Result<()> {
     let o = args.opts;
     match args.cmd {
+        Cmd::Serve(a) => serve::serve(a, o.mount_port, o.crc),
         Cmd::Stat { target } => {
             let s = connect(&o, &target)?;
             let (fh, a) = s.nfs.lookup_path(&s.root, &s.rest)?;

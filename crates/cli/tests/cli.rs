@@ -8,20 +8,36 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
 
-/// Waits for `child` at most `limit`, killing it if it takes longer.
+/// Waits for `child` at most `limit`, killing it if it takes longer. Its stdout and stderr
+/// are read while it runs: a child whose output exceeds a pipe's capacity (the bash
+/// completions are ~62 KB in 13 writes) would otherwise block forever in write(2).
 fn wait_output(mut child: Child, limit: Duration) -> Output {
+    fn drain(p: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut p) = p {
+                let _ = p.read_to_end(&mut v);
+            }
+            v
+        })
+    }
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
     let start = Instant::now();
     loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
+        if let Some(status) = child.try_wait().unwrap() {
+            return Output {
+                status,
+                stdout: out.join().unwrap(),
+                stderr: err.join().unwrap(),
+            };
         }
         if start.elapsed() > limit {
             child.kill().unwrap();
-            let out = child.wait_with_output().unwrap();
+            let _ = child.wait();
             panic!(
                 "timed out after {limit:?}; stdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+                String::from_utf8_lossy(&out.join().unwrap()),
+                String::from_utf8_lossy(&err.join().unwrap())
             );
         }
         std::thread::sleep(Duration::from_millis(10));

@@ -327,9 +327,20 @@ fn nfs_server_stops_mid_read() {
             .arg("-r")
             .arg(&pcap)
             .args(["-T", "fields", "-e", "frame.time_relative", "-e", "tcp.stream"])
-            .args(["-e", "tcp.srcport", "-e", "tcp.dstport", "-e", "tcp.flags.str", "-e", "tcp.len"])
+            .args([
+                "-e",
+                "tcp.srcport",
+                "-e",
+                "tcp.dstport",
+                "-e",
+                "tcp.flags.str",
+                "-e",
+                "tcp.len",
+            ])
             .output();
-        let text = t.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+        let text = t
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         eprintln!(
             "--- last TCP segments on port 20049 ({} in {}) ---\n{}",
@@ -337,7 +348,11 @@ fn nfs_server_stops_mid_read() {
             pcap.display(),
             lines[lines.len().saturating_sub(60)..].join("\n")
         );
-        let up = Command::new("./vm.sh").arg("restart").current_dir(&lab.dir).output().unwrap();
+        let up = Command::new("./vm.sh")
+            .arg("restart")
+            .current_dir(&lab.dir)
+            .output()
+            .unwrap();
         assert!(up.status.success(), "vm.sh restart after the hazard");
     }
     let start = Command::new("./vm.sh")

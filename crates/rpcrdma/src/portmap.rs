@@ -10,6 +10,10 @@ use crate::xdr::{Decoder, Encoder, ReplySizing, Sink, XdrError};
 pub const PROGRAM: u32 = 100_000;
 /// PMAP_VERS (rpcbind answers version 2 as the portmapper).
 pub const VERSION: u32 = 2;
+/// PMAPPROC_SET.
+pub const SET: u32 = 1;
+/// PMAPPROC_UNSET.
+pub const UNSET: u32 = 2;
 /// PMAPPROC_GETPORT.
 pub const GETPORT: u32 = 3;
 /// IPPROTO_TCP.
@@ -77,6 +81,44 @@ pub fn getport<C: RpcClient>(c: &C, prog: u32, vers: u32, prot: u32) -> Result<u
             max: 65535,
         })
     })
+}
+
+fn set_or_unset<C: RpcClient>(c: &C, proc_: u32, m: Mapping) -> Result<bool, RpcError> {
+    let args = |e: &mut Encoder<Vec<u8>>| m.encode(e);
+    let call = Call::new(
+        PROGRAM,
+        VERSION,
+        proc_,
+        &args,
+        ReplySizing {
+            max_results: 4,
+            ddp_results: vec![],
+        },
+    );
+    c.call(&call, |d| d.get_bool())
+}
+
+/// PMAPPROC_SET: register `prog`/`vers` over `prot` at `port` (rpcbind accepts it from a
+/// local caller only). False when the portmapper refused (e.g. another port is registered).
+pub fn set<C: RpcClient>(c: &C, prog: u32, vers: u32, prot: u32, port: u16) -> Result<bool, RpcError> {
+    let m = Mapping {
+        prog,
+        vers,
+        prot,
+        port: u32::from(port),
+    };
+    set_or_unset(c, SET, m)
+}
+
+/// PMAPPROC_UNSET: drop every registration of `prog`/`vers`.
+pub fn unset<C: RpcClient>(c: &C, prog: u32, vers: u32) -> Result<bool, RpcError> {
+    let m = Mapping {
+        prog,
+        vers,
+        prot: 0,
+        port: 0,
+    };
+    set_or_unset(c, UNSET, m)
 }
 
 /// Register a GETPORT that answers from `table` (prog, vers, prot) -> port

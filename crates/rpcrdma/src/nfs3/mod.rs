@@ -21,6 +21,7 @@
 //! [`memfs`] is a small in-memory NFSv3 + MOUNT server for tests and demos.
 
 pub mod memfs;
+pub mod server;
 mod types;
 
 pub use types::*;
@@ -38,20 +39,44 @@ pub mod procs {
     pub const NULL: u32 = 0;
     /// GETATTR.
     pub const GETATTR: u32 = 1;
+    /// SETATTR.
+    pub const SETATTR: u32 = 2;
     /// LOOKUP.
     pub const LOOKUP: u32 = 3;
+    /// ACCESS.
+    pub const ACCESS: u32 = 4;
+    /// READLINK.
+    pub const READLINK: u32 = 5;
     /// READ.
     pub const READ: u32 = 6;
     /// WRITE.
     pub const WRITE: u32 = 7;
     /// CREATE.
     pub const CREATE: u32 = 8;
+    /// MKDIR.
+    pub const MKDIR: u32 = 9;
+    /// SYMLINK.
+    pub const SYMLINK: u32 = 10;
+    /// MKNOD.
+    pub const MKNOD: u32 = 11;
     /// REMOVE.
     pub const REMOVE: u32 = 12;
+    /// RMDIR.
+    pub const RMDIR: u32 = 13;
+    /// RENAME.
+    pub const RENAME: u32 = 14;
+    /// LINK.
+    pub const LINK: u32 = 15;
+    /// READDIR.
+    pub const READDIR: u32 = 16;
     /// READDIRPLUS.
     pub const READDIRPLUS: u32 = 17;
+    /// FSSTAT.
+    pub const FSSTAT: u32 = 18;
     /// FSINFO.
     pub const FSINFO: u32 = 19;
+    /// PATHCONF.
+    pub const PATHCONF: u32 = 20;
     /// COMMIT.
     pub const COMMIT: u32 = 21;
 }

@@ -59,14 +59,26 @@ impl NfsStat {
     pub const ROFS: NfsStat = NfsStat(30);
     /// NFS3ERR_NAMETOOLONG.
     pub const NAMETOOLONG: NfsStat = NfsStat(63);
+    /// NFS3ERR_XDEV.
+    pub const XDEV: NfsStat = NfsStat(18);
+    /// NFS3ERR_MLINK.
+    pub const MLINK: NfsStat = NfsStat(31);
+    /// NFS3ERR_NOTEMPTY.
+    pub const NOTEMPTY: NfsStat = NfsStat(66);
+    /// NFS3ERR_DQUOT.
+    pub const DQUOT: NfsStat = NfsStat(69);
     /// NFS3ERR_STALE.
     pub const STALE: NfsStat = NfsStat(70);
     /// NFS3ERR_BADHANDLE.
     pub const BADHANDLE: NfsStat = NfsStat(10001);
+    /// NFS3ERR_NOT_SYNC (SETATTR's guard did not match).
+    pub const NOT_SYNC: NfsStat = NfsStat(10002);
     /// NFS3ERR_BAD_COOKIE.
     pub const BAD_COOKIE: NfsStat = NfsStat(10003);
     /// NFS3ERR_NOTSUPP.
     pub const NOTSUPP: NfsStat = NfsStat(10004);
+    /// NFS3ERR_TOOSMALL.
+    pub const TOOSMALL: NfsStat = NfsStat(10005);
     /// NFS3ERR_SERVERFAULT.
     pub const SERVERFAULT: NfsStat = NfsStat(10006);
     /// NFS3ERR_JUKEBOX: the server cannot answer now (a file being migrated, an export
@@ -296,11 +308,11 @@ impl<'a> XdrDecode<'a> for Fattr {
     }
 }
 
-fn put_post_op_attr<S: Sink>(e: &mut Encoder<S>, a: &Option<Fattr>) -> Result<(), XdrError> {
+pub(crate) fn put_post_op_attr<S: Sink>(e: &mut Encoder<S>, a: &Option<Fattr>) -> Result<(), XdrError> {
     e.put_optional(a.as_ref(), |e, a| a.encode(e))
 }
 
-fn get_post_op_attr(d: &mut Decoder<'_>) -> Result<Option<Fattr>, XdrError> {
+pub(crate) fn get_post_op_attr(d: &mut Decoder<'_>) -> Result<Option<Fattr>, XdrError> {
     d.get_optional(Fattr::decode)
 }
 
@@ -465,7 +477,7 @@ pub enum Res<T, F> {
     Fail(NfsStat, F),
 }
 
-fn encode_res<S: Sink, T, F>(
+pub(crate) fn encode_res<S: Sink, T, F>(
     e: &mut Encoder<S>,
     r: &Res<T, F>,
     ok: impl FnOnce(&mut Encoder<S>, &T) -> Result<(), XdrError>,
@@ -483,7 +495,7 @@ fn encode_res<S: Sink, T, F>(
     }
 }
 
-fn decode_res<'a, T, F>(
+pub(crate) fn decode_res<'a, T, F>(
     d: &mut Decoder<'a>,
     ok: impl FnOnce(&mut Decoder<'a>) -> Result<T, XdrError>,
     fail: impl FnOnce(&mut Decoder<'a>) -> Result<F, XdrError>,
@@ -644,7 +656,7 @@ pub enum Stable {
 }
 
 impl Stable {
-    fn from_code(v: u32) -> Result<Self, XdrError> {
+    pub(crate) fn from_code(v: u32) -> Result<Self, XdrError> {
         Ok(match v {
             0 => Stable::Unstable,
             1 => Stable::DataSync,
@@ -728,7 +740,7 @@ impl XdrEncode for WriteRes {
     }
 }
 
-fn get_verf(d: &mut Decoder<'_>) -> Result<[u8; VERFSIZE], XdrError> {
+pub(crate) fn get_verf(d: &mut Decoder<'_>) -> Result<[u8; VERFSIZE], XdrError> {
     let v = d.get_opaque_fixed(VERFSIZE)?;
     let mut a = [0u8; VERFSIZE];
     a.copy_from_slice(v);
