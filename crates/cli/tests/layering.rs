@@ -131,5 +131,9 @@ fn verbs_code_names_no_iwarp_type() {
             bad.push(format!("{}:{line}: {text}", f.display()));
         }
     }
-    assert!(bad.is_empty(), "iWARP names in the verbs crate's code:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "iWARP names in the verbs crate's code:\n{}",
+        bad.join("\n")
+    );
 }

@@ -388,26 +388,25 @@ fn guest_task_dump(names: &[&str]) -> String {
     use std::io::Write;
     let console = Path::new(LAB_STATE).join("console.log");
     let before = std::fs::metadata(&console).map(|m| m.len()).unwrap_or(0) as usize;
-    let sent = std::os::unix::net::UnixStream::connect(Path::new(LAB_STATE).join("monitor.sock"))
-        .and_then(|mut s| {
-            std::thread::sleep(std::time::Duration::from_millis(300));
-            s.write_all(b"sendkey alt-sysrq-t\n")?;
-            // QEMU drops a command whose connection closes before it ran: wait for its echo
-            s.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
-            let mut buf = [0u8; 4096];
-            let t0 = std::time::Instant::now();
-            let mut seen = Vec::new();
-            while t0.elapsed().as_secs() < 2 {
-                match std::io::Read::read(&mut s, &mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => seen.extend_from_slice(&buf[..n]),
-                }
-                if seen.windows(6).filter(|w| w == b"(qemu)").count() >= 2 {
-                    break;
-                }
+    let sent = std::os::unix::net::UnixStream::connect(Path::new(LAB_STATE).join("monitor.sock")).and_then(|mut s| {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        s.write_all(b"sendkey alt-sysrq-t\n")?;
+        // QEMU drops a command whose connection closes before it ran: wait for its echo
+        s.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
+        let mut buf = [0u8; 4096];
+        let t0 = std::time::Instant::now();
+        let mut seen = Vec::new();
+        while t0.elapsed().as_secs() < 2 {
+            match std::io::Read::read(&mut s, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
             }
-            Ok(())
-        });
+            if seen.windows(6).filter(|w| w == b"(qemu)").count() >= 2 {
+                break;
+            }
+        }
+        Ok(())
+    });
     if let Err(e) = sent {
         return format!("(no QEMU monitor: {e})");
     }

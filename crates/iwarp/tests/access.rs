@@ -28,8 +28,8 @@
 //! the Terminate (our engine blames the oldest outstanding request) or
 //! `WrFlushErr` (what Linux siw reports for requests flushed by a Terminate).
 
-use std::time::Duration;
 use iwarp::TerminateInfo;
+use std::time::Duration;
 use verbs::*;
 
 const T: Duration = Duration::from_secs(10);
@@ -899,7 +899,12 @@ fn atomic_past_end_rdmap_sec_03() {
 #[test]
 fn atomic_stag_of_another_pd_rdmap_sec_01() {
     let w = world();
-    let mr = w.dev.alloc_pd().unwrap().reg_mr(4096, RW | Access::REMOTE_ATOMIC).unwrap();
+    let mr = w
+        .dev
+        .alloc_pd()
+        .unwrap()
+        .reg_mr(4096, RW | Access::REMOTE_ATOMIC)
+        .unwrap();
     mr.write(0, &5u64.to_ne_bytes()).unwrap();
     atomic_fails(&w, remote(&mr, 0), 0x03);
     assert_eq!(mr.to_vec(0, 8).unwrap(), 5u64.to_ne_bytes(), "target unchanged");

@@ -11,8 +11,8 @@
 
 mod pair;
 
-use pair::T;
 use iwarp::TerminateInfo;
+use pair::T;
 use verbs::*;
 
 /// Two connected QPs in separate PDs (the shared `pair` module) and a region of `a`'s.

@@ -93,7 +93,7 @@ impl Srv {
             ..RdmaConfig::default()
         };
         Nfs3Client::new(
-            RdmaClient::connect(&self.dev.alloc_pd(), self.rdma.local_addr(), cfg).unwrap(),
+            RdmaClient::connect(&self.dev.alloc_pd().unwrap(), self.rdma.local_addr(), cfg).unwrap(),
             auth(),
         )
     }

@@ -81,11 +81,11 @@ pub use ah::AddressHandle;
 pub use async_event::AsyncEvent;
 pub use cm::{CmEvent, ConnInfo, ConnectRequest, ErrorDetail, Listener, ProviderDetail, QpOptions};
 pub use cq::CompletionQueue;
-pub use provider::{Provider, SrqInitAttr};
-pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 pub use device::{Device, MemoryRegion, ProtectionDomain};
 pub use error::{Error, Result};
 pub use port::{DEFAULT_PKEY, LinkLayer, PortAttr, PortState};
+pub use provider::{Provider, SrqInitAttr};
+pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 pub use qp_attr::{
     AhAttr, Gid, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpType, RtrAttr, RtsAttr, TransitionRule, check_modify,
     transition_rule,

@@ -163,7 +163,9 @@ pub trait Provider: Send + Sync {
 
     /// An address handle (`ibv_create_ah`), for UD sends.
     fn create_ah(&self, _pd_id: u32, _attr: &AhAttr) -> Result<Arc<dyn AhOps>> {
-        Err(Error::NotSupported("address handles (this transport has no UD service)".into()))
+        Err(Error::NotSupported(
+            "address handles (this transport has no UD service)".into(),
+        ))
     }
 
     /// A shared receive queue (`ibv_create_srq`).
@@ -173,10 +175,14 @@ pub trait Provider: Send + Sync {
 
     /// Joins `qp` (a UD QP) to the multicast group `gid` (`ibv_attach_mcast`).
     fn attach_mcast(&self, _qp: &dyn QpOps, _gid: &Gid, _lid: u16) -> Result<()> {
-        Err(Error::NotSupported("multicast (this transport has no UD service)".into()))
+        Err(Error::NotSupported(
+            "multicast (this transport has no UD service)".into(),
+        ))
     }
     /// Leaves the group (`ibv_detach_mcast`).
     fn detach_mcast(&self, _qp: &dyn QpOps, _gid: &Gid, _lid: u16) -> Result<()> {
-        Err(Error::NotSupported("multicast (this transport has no UD service)".into()))
+        Err(Error::NotSupported(
+            "multicast (this transport has no UD service)".into(),
+        ))
     }
 }

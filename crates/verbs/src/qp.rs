@@ -76,7 +76,9 @@ impl ProtectionDomain {
         if let Some(srq) = &init.srq
             && srq.pd_id != self.id()
         {
-            return Err(Error::InvalidArgument("the SRQ belongs to another protection domain".into()));
+            return Err(Error::InvalidArgument(
+                "the SRQ belongs to another protection domain".into(),
+            ));
         }
         let route = QpEventRoute::new(dev);
         let events = route.cm_queue();
@@ -288,7 +290,13 @@ impl Drop for QueuePair {
 
 impl std::fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "QueuePair({}, {:?}, {:?})", self.qp_num(), self.qp_type, self.state())
+        write!(
+            f,
+            "QueuePair({}, {:?}, {:?})",
+            self.qp_num(),
+            self.qp_type,
+            self.state()
+        )
     }
 }
 

@@ -20,9 +20,9 @@
 //! iw_cm, so the iWARP provider refuses a manual RTR/RTS with
 //! [`Error::NotSupported`](crate::Error::NotSupported).
 
+pub use crate::ah::{AhAttr, Gid};
 use crate::types::{Access, QpState};
 use bitflags::bitflags;
-pub use crate::ah::{AhAttr, Gid};
 
 /// Transport service of a queue pair (`ibv_qp_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -438,8 +438,8 @@ pub fn check_modify(qp_type: QpType, cur: QpState, attr: &QpAttr) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::{IpAddr, Ipv4Addr};
     use QpState::{Init, Reset, Rtr, Rts, Sqd, Sqe};
+    use std::net::{IpAddr, Ipv4Addr};
     const ERR: QpState = QpState::Err;
 
     /// The legal (from, to) pairs per type, written out independently of the

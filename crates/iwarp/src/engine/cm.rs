@@ -325,8 +325,7 @@ impl CmBackend for IwarpProvider {
             _ => Error::Io(e),
         })?;
         sock.set_nodelay(true)?;
-        let mut mpa =
-            Mpa::initiator(Instant::now(), self.mpa_config(), local, &param.private_data).map_err(mpa_err)?;
+        let mut mpa = Mpa::initiator(Instant::now(), self.mpa_config(), local, &param.private_data).map_err(mpa_err)?;
         let mut pending = Vec::new();
         match drive(&mut mpa, &mut sock, &mut pending)? {
             Event::Negotiated(n) => {

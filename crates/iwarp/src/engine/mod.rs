@@ -62,7 +62,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use verbs::{Device, DeviceAttr};
 
-
 pub use crate::wire::mpa::Rtr;
 
 /// How the provider negotiates and frames connections. The defaults match

@@ -7,10 +7,10 @@
 //! Positions are counted in octets since the start of Full Operation, so a
 //! completion mark ("slot N is done once octet X left") survives compaction.
 
+use super::sockio::{self, IoPart, MAX_IO_PARTS};
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
-use super::sockio::{self, IoPart, MAX_IO_PARTS};
 use verbs::buffer::Buffer;
 
 enum Part {

@@ -20,7 +20,11 @@ pub struct Pair {
 pub fn pair_with(cfg: iwarp::IwarpConfig, pd_b_separate: bool) -> Pair {
     let dev = iwarp::open_device(cfg).unwrap();
     let pd = dev.alloc_pd().unwrap();
-    let pd_b = if pd_b_separate { dev.alloc_pd().unwrap() } else { pd.clone() };
+    let pd_b = if pd_b_separate {
+        dev.alloc_pd().unwrap()
+    } else {
+        pd.clone()
+    };
     let listener = dev.listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let addr = listener.local_addr();
     let cq_a = dev.create_cq(4096).unwrap();

@@ -109,7 +109,12 @@ struct WorkerHandle {
 impl WorkerHandle {
     /// Wake the worker out of its completion wait (new connection, or stop).
     fn wake(&self) {
-        let _ = self.cq.push(WorkCompletion::new(wrid::WAKE, WcStatus::Success, verbs::WcOpcode::Send, 0));
+        let _ = self.cq.push(WorkCompletion::new(
+            wrid::WAKE,
+            WcStatus::Success,
+            verbs::WcOpcode::Send,
+            0,
+        ));
     }
 }
 

@@ -49,8 +49,7 @@ pub trait CmBackend: Send + Sync {
     ) -> Result<Box<dyn ListenerOps>>;
     /// Connects `qp` (in INIT, made by this provider) to a listener
     /// (`rdma_connect`); returns once established (QP in RTS), rejected or failed.
-    fn connect(&self, qp: &Arc<dyn QpOps>, addr: SocketAddr, param: &ConnParam, timeout: Duration)
-    -> Result<ConnInfo>;
+    fn connect(&self, qp: &Arc<dyn QpOps>, addr: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<ConnInfo>;
     /// Graceful disconnect of a connected QP (`rdma_disconnect`).
     fn disconnect(&self, qp: &Arc<dyn QpOps>);
 }

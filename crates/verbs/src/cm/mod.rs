@@ -115,7 +115,9 @@ impl QpOptions {
     }
     /// The RC QP these options describe.
     pub fn qp_init(&self) -> QpInit {
-        QpInit::new(QpType::Rc, &self.send_cq).recv_cq(&self.recv_cq).cap(self.attr.clone())
+        QpInit::new(QpType::Rc, &self.send_cq)
+            .recv_cq(&self.recv_cq)
+            .cap(self.attr.clone())
     }
 }
 
@@ -188,7 +190,10 @@ fn prepare(qp: &QueuePair) -> Result<()> {
         )));
     }
     if qp.is_connected() {
-        return Err(Error::InvalidArgument(format!("QP {} is already connected", qp.qp_num())));
+        return Err(Error::InvalidArgument(format!(
+            "QP {} is already connected",
+            qp.qp_num()
+        )));
     }
     match qp.state() {
         QpState::Reset => qp.modify_qp(&QpAttr::init(1, 0, CM_QP_ACCESS)),

@@ -217,9 +217,7 @@ fn expect(a: Answer, want: (u8, u8, u8), row: &str) {
     let c = a.terminates[0].cause;
     assert_eq!((c.layer.to_nibble(), c.etype, c.code), want, "{row}: {c}");
     assert!(
-        a.events
-            .iter()
-            .any(|e| matches!(e, CmEvent::ErrorSent(d)
+        a.events.iter().any(|e| matches!(e, CmEvent::ErrorSent(d)
                 if d.downcast_ref::<TerminateInfo>().is_some_and(|i| (i.layer, i.etype, i.code) == want))),
         "{row}: TerminateSent event, got {:?}",
         a.events
@@ -314,7 +312,12 @@ fn every_terminate_row_is_reachable_in_memory() {
         Access::REMOTE_WRITE | Access::REMOTE_READ | Access::LOCAL_WRITE,
     );
     let no_rights = mr(&s, 4096, Access::LOCAL_WRITE);
-    let other_pd = s.pd.device().alloc_pd().unwrap().reg_mr(4096, Access::all_remote()).unwrap();
+    let other_pd =
+        s.pd.device()
+            .alloc_pd()
+            .unwrap()
+            .reg_mr(4096, Access::all_remote())
+            .unwrap();
     let (stag, base) = (region.rkey(), region.addr());
     let write = |stag, to| tagged(op::WRITE, stag, to, true, b"data");
     let rr = |stag, to, size| ReadRequest {

@@ -19,8 +19,7 @@ use verbs::mem::MemTable;
 use verbs::notify::EventQueue;
 use verbs::provider::{QpCreate, QpOps};
 use verbs::{
-    Access, CmEvent, CompletionQueue, Error, QpAttr, QpInitAttr, QpState, RecvWr, Result, SendWr, WcOpcode,
-    WcStatus,
+    Access, CmEvent, CompletionQueue, Error, QpAttr, QpInitAttr, QpState, RecvWr, Result, SendWr, WcOpcode, WcStatus,
 };
 
 /// What the data path needs from `create_qp`.

@@ -174,12 +174,18 @@ impl IwarpQp {
                     rx.start = 0;
                     rx.end = 0;
                     let tail = d.trailer + TAGGED_FPDU_HEAD;
-                    crate::engine::sockio::recv_into_then(&d.buf, fd, d.off + d.done, d.len - d.done, &mut rx.buf[..tail])
-                        .inspect(|&n| {
-                            let placed = n.min(d.len - d.done);
-                            d.done += placed;
-                            rx.end = n - placed;
-                        })
+                    crate::engine::sockio::recv_into_then(
+                        &d.buf,
+                        fd,
+                        d.off + d.done,
+                        d.len - d.done,
+                        &mut rx.buf[..tail],
+                    )
+                    .inspect(|&n| {
+                        let placed = n.min(d.len - d.done);
+                        d.done += placed;
+                        rx.end = n - placed;
+                    })
                 }
                 _ => {
                     rx.make_room();

@@ -19,12 +19,14 @@
 
 use super::driver::{Driver, Poke, Pollable};
 use super::txq::TxQueue;
+use crate::detail::TerminateInfo;
 use crate::wire::cause::{self, TermCause};
 use crate::wire::ddp::{self, Addr, Header};
 use crate::wire::fpdu;
 use crate::wire::fpdu::{Deframer, DeframerConfig, Framer};
 use crate::wire::rdmap::{self, AtomicOp, AtomicRequest, AtomicResponse, Message, ReadRequest, op, qn};
 use crate::wire::terminate::{self, Offending};
+use handle::QpSetup;
 use std::collections::VecDeque;
 use std::io::Read;
 use std::net::TcpStream;
@@ -33,17 +35,15 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use verbs::buffer::Buffer;
-use crate::detail::TerminateInfo;
-use handle::QpSetup;
-use verbs::mem::MemTable;
-use verbs::{CmEvent, ConnInfo, ErrorDetail};
 use verbs::cq::Progress;
 use verbs::mem::AccessError;
+use verbs::mem::MemTable;
 use verbs::notify::EventQueue;
 use verbs::{
     Access, CompletionQueue, Error, QpInitAttr, QpState, RecvWr, Result, SendFlags, SendWr, WcOpcode, WcStatus,
     WorkCompletion, WrOpcode,
 };
+use verbs::{CmEvent, ConnInfo, ErrorDetail};
 
 /// RDMAP control octet: RV = 01b (RFC 5040 §4.1) and the opcode.
 const fn rdmap_ctrl(opcode: u8) -> u8 {

@@ -299,10 +299,7 @@ impl Proto {
     /// this DDP stream" (1/1/0x02); an unknown STag, or a valid one of this
     /// stream that this Read did not name, is "invalid STag" (1/1/0x00).
     pub(super) fn foreign_sink_cause(&self, stag: u32, to: u64, len: usize) -> TermCause {
-        match self
-            .mem
-            .check(stag, self.pd, self.qpn, to, len as u64, Access::empty())
-        {
+        match self.mem.check(stag, self.pd, self.qpn, to, len as u64, Access::empty()) {
             Err(AccessError::NotAssociated) => cause::DDP_ERR_T_STAG_NOT_ASSOCIATED,
             _ => cause::DDP_ERR_T_INVALID_STAG,
         }

@@ -255,20 +255,19 @@ impl Proto {
                 iova,
                 access,
             } => {
-                let st =
-                    match self
+                let st = match self
+                    .mem
+                    .check(source_lkey, self.pd, self.qpn, source_addr, length, Access::LOCAL_READ)
+                {
+                    Ok(r) => match self
                         .mem
-                        .check(source_lkey, self.pd, self.qpn, source_addr, length, Access::LOCAL_READ)
+                        .fast_register(mr_stag, self.pd, key, r.buffer, r.offset, iova, length, access)
                     {
-                        Ok(r) => match self
-                            .mem
-                            .fast_register(mr_stag, self.pd, key, r.buffer, r.offset, iova, length, access)
-                        {
-                            Ok(_) => WcStatus::Success,
-                            Err(_) => WcStatus::MwBindErr,
-                        },
-                        Err(_) => WcStatus::LocProtErr,
-                    };
+                        Ok(_) => WcStatus::Success,
+                        Err(_) => WcStatus::MwBindErr,
+                    },
+                    Err(_) => WcStatus::LocProtErr,
+                };
                 self.finish_slot(id, st);
                 None
             }
