@@ -35,23 +35,7 @@ struct Inner {
     next: u64,
 }
 
-/// Calls served, per NFS procedure number.
-#[derive(Debug, Default)]
-pub struct Counters {
-    calls: [AtomicU64; 22],
-}
-
-impl Counters {
-    /// Calls of NFS procedure `proc_` served so far.
-    pub fn get(&self, proc_: u32) -> u64 {
-        self.calls.get(proc_ as usize).map_or(0, |c| c.load(Ordering::Relaxed))
-    }
-    fn bump(&self, proc_: u32) {
-        if let Some(c) = self.calls.get(proc_ as usize) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
+pub use super::Counters;
 
 /// The in-memory file system and its export.
 pub struct MemFs {

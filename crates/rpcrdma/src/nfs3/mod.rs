@@ -26,6 +26,26 @@ mod types;
 
 pub use types::*;
 
+/// Calls served, per NFS procedure number (shared by [`memfs`] and [`server`]).
+#[derive(Debug, Default)]
+pub struct Counters {
+    calls: [std::sync::atomic::AtomicU64; 22],
+}
+
+impl Counters {
+    /// Calls of NFS procedure `proc_` served so far.
+    pub fn get(&self, proc_: u32) -> u64 {
+        self.calls
+            .get(proc_ as usize)
+            .map_or(0, |c| c.load(std::sync::atomic::Ordering::Relaxed))
+    }
+    pub(crate) fn bump(&self, proc_: u32) {
+        if let Some(c) = self.calls.get(proc_ as usize) {
+            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
 use crate::client::{Auth, Call, RpcClient, RpcError};
 use crate::xdr::{Decoder, ReplySizing, XdrDecode, XdrEncode, XdrError, roundup_u32};
 

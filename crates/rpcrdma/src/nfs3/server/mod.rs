@@ -40,7 +40,6 @@ use std::io;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, DirEntryExt, FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use handle::HandleKey;
@@ -100,23 +99,7 @@ pub enum ExportError {
     },
 }
 
-/// Calls served, per NFS procedure number.
-#[derive(Debug, Default)]
-pub struct Counters {
-    calls: [AtomicU64; 22],
-}
-
-impl Counters {
-    /// Calls of NFS procedure `proc_` served so far.
-    pub fn get(&self, proc_: u32) -> u64 {
-        self.calls.get(proc_ as usize).map_or(0, |c| c.load(Ordering::Relaxed))
-    }
-    fn bump(&self, proc_: u32) {
-        if let Some(c) = self.calls.get(proc_ as usize) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
+pub use super::Counters;
 
 /// One exported directory.
 pub struct Export {
@@ -946,43 +929,64 @@ impl Export {
         Ok(())
     }
 
-    /// READDIR: entries whose encoding fits `count` (and [`MAX_DIR_REPLY`]).
-    pub fn readdir(&self, a: &ReaddirArgs) -> ReaddirRes {
-        let dir = match self.resolve(&a.dir) {
-            Ok(d) => d,
-            Err(s) => return Res::Fail(s, None),
-        };
+    /// READDIR's and READDIRPLUS's common start: the directory `fh`, its attributes and its
+    /// entries after `cookie`; on failure the status with the attributes known by then.
+    #[allow(clippy::type_complexity)]
+    fn dir_listing(
+        &self,
+        fh: &Fh,
+        cookie: u64,
+        verf: &[u8; VERFSIZE],
+    ) -> Result<(Obj, Option<Fattr>, Vec<(u64, OsString, u64)>), (NfsStat, Option<Fattr>)> {
+        let dir = self.resolve(fh).map_err(|s| (s, None))?;
         let dattr = Some(self.fattr(&dir.meta));
         if !dir.meta.is_dir() {
-            return Res::Fail(NfsStat::NOTDIR, dattr);
+            return Err((NfsStat::NOTDIR, dattr));
         }
-        if let Err(s) = Self::check_cookie(a.cookie, &a.cookieverf) {
-            return Res::Fail(s, dattr);
-        }
-        let list = match self.list(&dir, a.cookie) {
-            Ok(l) => l,
-            Err(s) => return Res::Fail(s, dattr),
-        };
-        let budget = a.count.min(MAX_DIR_REPLY) as usize;
+        Self::check_cookie(cookie, verf).map_err(|s| (s, dattr))?;
+        let list = self.list(&dir, cookie).map_err(|s| (s, dattr))?;
+        Ok((dir, dattr, list))
+    }
+
+    /// The entries of `list`, made by `make`, while their encoding fits the client's `count`
+    /// (and [`MAX_DIR_REPLY`], [`MAX_DIR_ENTRIES`]), and whether that was all of them; `None`
+    /// when not even the first fits (NFS3ERR_TOOSMALL).
+    fn fill<E>(
+        list: Vec<(u64, OsString, u64)>,
+        count: u32,
+        len: impl Fn(&E) -> usize,
+        mut make: impl FnMut(u64, OsString, u64) -> E,
+    ) -> Option<(Vec<E>, bool)> {
+        let budget = count.min(MAX_DIR_REPLY) as usize;
         let mut used = 4 + POST_OP_ATTR_MAX as usize + VERFSIZE + 8;
         let mut entries = Vec::new();
         let mut eof = true;
         for (cookie, name, ino) in list {
-            let e = Entry {
-                fileid: ino,
-                name: name.into_vec(),
-                cookie,
-            };
-            if used + e.encoded_len() > budget || entries.len() >= MAX_DIR_ENTRIES {
+            let e = make(cookie, name, ino);
+            if used + len(&e) > budget || entries.len() >= MAX_DIR_ENTRIES {
                 eof = false;
                 break;
             }
-            used += e.encoded_len();
+            used += len(&e);
             entries.push(e);
         }
-        if entries.is_empty() && !eof {
+        (!entries.is_empty() || eof).then_some((entries, eof))
+    }
+
+    /// READDIR: entries whose encoding fits `count` (and [`MAX_DIR_REPLY`]).
+    pub fn readdir(&self, a: &ReaddirArgs) -> ReaddirRes {
+        let (_, dattr, list) = match self.dir_listing(&a.dir, a.cookie, &a.cookieverf) {
+            Ok(l) => l,
+            Err((s, dattr)) => return Res::Fail(s, dattr),
+        };
+        let fill = Self::fill(list, a.count, Entry::encoded_len, |cookie, name, ino| Entry {
+            fileid: ino,
+            name: name.into_vec(),
+            cookie,
+        });
+        let Some((entries, eof)) = fill else {
             return Res::Fail(NfsStat::TOOSMALL, dattr);
-        }
+        };
         Res::Ok(ReaddirOk {
             dir_attributes: dattr,
             cookieverf: Self::COOKIEVERF,
@@ -994,46 +998,25 @@ impl Export {
     /// READDIRPLUS: entries with attributes and handles whose encoding fits `maxcount`
     /// (and [`MAX_DIR_REPLY`]).
     pub fn readdirplus(&self, a: &ReaddirplusArgs) -> ReaddirplusRes {
-        let dir = match self.resolve(&a.dir) {
-            Ok(d) => d,
-            Err(s) => return Res::Fail(s, None),
-        };
-        let dattr = Some(self.fattr(&dir.meta));
-        if !dir.meta.is_dir() {
-            return Res::Fail(NfsStat::NOTDIR, dattr);
-        }
-        if let Err(s) = Self::check_cookie(a.cookie, &a.cookieverf) {
-            return Res::Fail(s, dattr);
-        }
-        let list = match self.list(&dir, a.cookie) {
+        let (dir, dattr, list) = match self.dir_listing(&a.dir, a.cookie, &a.cookieverf) {
             Ok(l) => l,
-            Err(s) => return Res::Fail(s, dattr),
+            Err((s, dattr)) => return Res::Fail(s, dattr),
         };
-        let budget = a.maxcount.min(MAX_DIR_REPLY) as usize;
-        let mut used = 4 + POST_OP_ATTR_MAX as usize + VERFSIZE + 8;
-        let mut entries = Vec::new();
-        let mut eof = true;
-        for (cookie, name, ino) in list {
+        let fill = Self::fill(list, a.maxcount, EntryPlus::encoded_len, |cookie, name, ino| {
             // an entry that went away since read_dir, or a mount point, goes without
             // attributes and handle (the client LOOKUPs it if it wants it)
             let child = self.child(&dir, &name).ok().filter(|o| o.ino == ino);
-            let e = EntryPlus {
+            EntryPlus {
                 fileid: ino,
                 name: name.into_vec(),
                 cookie,
                 attributes: child.as_ref().map(|o| self.fattr(&o.meta)),
                 handle: child.as_ref().map(|o| self.key.mint(o.ino)),
-            };
-            if used + e.encoded_len() > budget || entries.len() >= MAX_DIR_ENTRIES {
-                eof = false;
-                break;
             }
-            used += e.encoded_len();
-            entries.push(e);
-        }
-        if entries.is_empty() && !eof {
+        });
+        let Some((entries, eof)) = fill else {
             return Res::Fail(NfsStat::TOOSMALL, dattr);
-        }
+        };
         Res::Ok(ReaddirplusOk {
             dir_attributes: dattr,
             cookieverf: Self::COOKIEVERF,

@@ -1,6 +1,7 @@
 //! The export's procedures in memory, on a scratch directory of the host file system.
 
 use super::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A scratch directory removed on drop.
 pub(crate) struct Scratch(pub PathBuf);
