@@ -89,16 +89,7 @@ pub(super) fn tcp_serve_conn(mut s: TcpStream, limits: Limits) -> Result<()> {
     let count = u64::from_le_bytes(h[16..24].try_into().unwrap());
     match h[0] {
         TCP_STREAM_IN => {
-            let mut buf = vec![0u8; req.min(1 << 20)];
-            let mut left = count * req as u64;
-            while left > 0 {
-                let n = (buf.len() as u64).min(left) as usize;
-                let got = s.read(&mut buf[..n])?;
-                if got == 0 {
-                    bail!("baseline stream cut short");
-                }
-                left -= got as u64;
-            }
+            read_and_drop(&mut s, count * req as u64, req)?;
             s.write_all(&[1])?;
         }
         TCP_STREAM_OUT => {
@@ -205,16 +196,7 @@ pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) 
                     Op::Read => {
                         barrier.wait();
                         let mut s = tcp_open(addr, TCP_STREAM_OUT, size, 0, count)?;
-                        let mut buf = vec![0u8; (size as usize).min(1 << 20)];
-                        let mut left = count * size as u64;
-                        while left > 0 {
-                            let n = (buf.len() as u64).min(left) as usize;
-                            let got = s.read(&mut buf[..n])?;
-                            if got == 0 {
-                                bail!("baseline stream cut short");
-                            }
-                            left -= got as u64;
-                        }
+                        read_and_drop(&mut s, count * size as u64, size as usize)?;
                     }
                     Op::Atomic => {
                         let mut s = tcp_open(addr, TCP_RPC, 8, 8, count)?;
@@ -260,4 +242,20 @@ pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) 
         hist: None,
         cpu_s: None,
     })
+}
+
+/// Reads `total` bytes of a baseline stream in reads of up to `msg` bytes (1 MiB at most),
+/// dropping them.
+fn read_and_drop(s: &mut impl Read, total: u64, msg: usize) -> Result<()> {
+    let mut buf = vec![0u8; msg.min(1 << 20)];
+    let mut left = total;
+    while left > 0 {
+        let n = (buf.len() as u64).min(left) as usize;
+        let got = s.read(&mut buf[..n])?;
+        if got == 0 {
+            bail!("baseline stream cut short");
+        }
+        left -= got as u64;
+    }
+    Ok(())
 }
