@@ -97,14 +97,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn scan_writev_recv_into() {
+    fn writev_recv_into() {
+        // (Buffer::scan is tested with the buffer, verbs/src/buffer.rs)
         let b = Buffer::new(10_000).unwrap();
         let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
         b.write(0, &data).unwrap();
-        let mut seen = Vec::new();
-        b.scan(100, 9_000, |c| seen.extend_from_slice(c)).unwrap();
-        assert_eq!(seen, &data[100..9_100]);
-        assert_eq!(b.scan(9_000, 1_001, |_| ()), Err(OutOfBounds));
         let (mut r, mut w) = std::os::unix::net::UnixStream::pair().unwrap();
         use std::os::fd::AsRawFd;
         let parts = [
