@@ -264,10 +264,7 @@ impl Endpoint<'_> {
 
     fn post_recv(&self) -> Result<()> {
         self.qp
-            .post_recv(&[RecvWr {
-                wr_id: WR_RECV,
-                sg_list: vec![self.recv_mr.sge(0, INFO_LEN as u32)],
-            }])
+            .post_recv(&[info_recv(&self.recv_mr)])
             .context("post recv error")
     }
 
@@ -505,11 +502,16 @@ fn recv_buf(pd: &ProtectionDomain, opts: QpOptions) -> Result<(MemoryRegion, QpO
     let mr = pd
         .reg_mr(INFO_LEN, Access::LOCAL_WRITE)
         .context("recv_buf reg_mr failed")?;
-    let wr = RecvWr {
+    let wr = info_recv(&mr);
+    Ok((mr, opts.post_recv([wr])))
+}
+
+/// The receive of one `rping_rdma_info` into `mr`.
+fn info_recv(mr: &MemoryRegion) -> RecvWr {
+    RecvWr {
         wr_id: WR_RECV,
         sg_list: vec![mr.sge(0, INFO_LEN as u32)],
-    };
-    Ok((mr, opts.post_recv([wr])))
+    }
 }
 
 fn endpoint<'a>(
