@@ -1,0 +1,17 @@
+//! softrdma's RoCEv2 provider: the InfiniBand transport (IBTA vol. 1 ch. 9, RoCEv2 annex
+//! A17) carried in UDP datagrams to port 4791, and the IB communication manager (vol. 1
+//! ch. 12) on QP1.
+//!
+//! Layout, bottom up (sans-I/O first, as in the iWARP crate):
+//! - [`wire`]: base and extended transport headers (BTH, RETH, AETH, AtomicETH,
+//!   AtomicAckETH, ImmDt, IETH, DETH) with `parse`/`emit` on byte slices, the opcode table,
+//!   PSN arithmetic, path-MTU segmentation and the invariant CRC.
+//! - [`cm`]: IB CM MADs (REQ, REP, RTU, REJ, DREQ, DREP, MRA) and the rdma_cm private-data
+//!   header and service IDs, parsed and emitted; the CM state machine driven by events.
+//!
+//! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts C1 (IB CM) and C3 (RoCE and
+//! the RC transport).
+#![forbid(unsafe_code)]
+
+pub mod cm;
+pub mod wire;
