@@ -131,10 +131,32 @@ fn sha256(path: &Path) -> String {
         .to_string()
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("softrdma-nfs-interop-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// A test's scratch directory under $TMPDIR, removed when the test passes and kept (its path
+/// printed) when it fails, so a failed run's files and captures can be read afterwards.
+struct Scratch(Option<tempfile::TempDir>);
+
+fn scratch() -> Scratch {
+    let dir = tempfile::Builder::new()
+        .prefix("softrdma-nfs-interop-")
+        .tempdir()
+        .expect("scratch directory");
+    Scratch(Some(dir))
+}
+
+impl Scratch {
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.as_ref().expect("scratch directory").path().join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking()
+            && let Some(dir) = self.0.take()
+        {
+            eprintln!("nfs interop: kept the failed test's files in {}", dir.keep().display());
+        }
+    }
 }
 
 fn target(path: &str) -> String {
@@ -182,7 +204,8 @@ fn nfs_read_16m_sha256_tcp_and_rdma_rsizes() {
     let Some(lab) = lab("nfs_read_16m_sha256_tcp_and_rdma_rsizes") else {
         return;
     };
-    let hello = tmp("hello.txt");
+    let scratch = scratch();
+    let hello = scratch.join("hello.txt");
     lab.ok(&["get", &target("/hello.txt"), hello.to_str().unwrap()]);
     assert_eq!(sha256(&hello), HELLO_SHA);
     let runs: &[&[&str]] = &[
@@ -192,7 +215,7 @@ fn nfs_read_16m_sha256_tcp_and_rdma_rsizes() {
         &["--rsize", "4K", "--parallel", "8"],
     ];
     for (i, extra) in runs.iter().enumerate() {
-        let local = tmp(&format!("data-{i}.bin"));
+        let local = scratch.join(&format!("data-{i}.bin"));
         let mut args = vec!["get", "--json"];
         let t = target("/data-16M.bin");
         args.push(&t);
@@ -212,6 +235,7 @@ fn nfs_write_multi_mib_read_back_by_the_guest() {
     let Some(lab) = lab("nfs_write_multi_mib_read_back_by_the_guest") else {
         return;
     };
+    let scratch = scratch();
     // 6 MiB + 3 bytes of deterministic, incompressible-ish data
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let data: Vec<u8> = (0..(6 << 20) + 3)
@@ -222,7 +246,7 @@ fn nfs_write_multi_mib_read_back_by_the_guest() {
             x as u8
         })
         .collect();
-    let local = tmp("up.bin");
+    let local = scratch.join("up.bin");
     std::fs::write(&local, &data).unwrap();
     let want = sha256(&local);
     // UNSTABLE + COMMIT (the default, as Linux's client) and FILE_SYNC
@@ -257,11 +281,12 @@ fn nfs_server_stops_mid_read() {
     let Some(lab) = lab("nfs_server_stops_mid_read") else {
         return;
     };
-    let local = tmp("fault.bin");
+    let scratch = scratch();
+    let local = scratch.join("fault.bin");
     // lets guest_task_dump() ask for the guest's task stacks should the stop hang
     let _ = lab.exec("echo 1 > /proc/sys/kernel/sysrq", 20);
     // and the TCP headers of the RDMA connections, evidence should the stop hang
-    let pcap = tmp("stop.pcap");
+    let pcap = scratch.join("stop.pcap");
     let mut capture = Command::new("ip")
         .args(["netns", "exec", NS, "tcpdump", "-i", "br0", "-U", "-s", "96", "-w"])
         .arg(&pcap)
@@ -452,7 +477,8 @@ fn nfs_read_survives_a_connection_reset() {
     let Some(lab) = lab("nfs_read_survives_a_connection_reset") else {
         return;
     };
-    let local = tmp("reset.bin");
+    let scratch = scratch();
+    let local = scratch.join("reset.bin");
     let child = Command::new("ip")
         .args(["netns", "exec", NS, "timeout", "120", BIN, "nfs", "get", "--json"])
         .arg(target("/data-16M.bin"))
@@ -638,6 +664,7 @@ fn nfs_wire_chunk_usage_matches_linux_reference() {
     let Some(lab) = lab("nfs_wire_chunk_usage_matches_linux_reference") else {
         return;
     };
+    let scratch = scratch();
     let reference = lab.dir.join("results/vm-lo-nfs-rdma.pcap");
     if !reference.exists() || !sh_ok("command -v tcpdump && command -v tshark") {
         eprintln!(
@@ -647,7 +674,7 @@ fn nfs_wire_chunk_usage_matches_linux_reference() {
         assert_ne!(gate(), "require", "tcpdump/tshark/reference capture missing");
         return;
     }
-    let pcap = tmp("ours-br0.pcap");
+    let pcap = scratch.join("ours-br0.pcap");
     let mut dump = Command::new("ip")
         .args(["netns", "exec", NS, "tcpdump", "-i", "br0", "-U", "-s", "0", "-w"])
         .arg(&pcap)
@@ -677,10 +704,14 @@ fn nfs_wire_chunk_usage_matches_linux_reference() {
         let _ = dump.wait();
         panic!("tcpdump did not start: {said}");
     }
-    let local = tmp("wire-up.bin");
+    let local = scratch.join("wire-up.bin");
     std::fs::write(&local, (0..65536u32).map(|i| (i * 7 + 3) as u8).collect::<Vec<u8>>()).unwrap();
     lab.ok(&["ls", &target("/")]);
-    lab.ok(&["get", &target("/hello.txt"), tmp("wire-hello.txt").to_str().unwrap()]);
+    lab.ok(&[
+        "get",
+        &target("/hello.txt"),
+        scratch.join("wire-hello.txt").to_str().unwrap(),
+    ]);
     lab.ok(&[
         "put",
         local.to_str().unwrap(),
