@@ -213,6 +213,8 @@ fn bench_latency_with_tcp_baseline() {
         let b = num(&v["baseline"]["lat"], "p50_us");
         assert!(b > 0.0, "{v}");
         assert_eq!(v["baseline"]["kind"], "tcp");
+        // Our ends busy-poll their CQs here, so the TCP ends busy-poll too (issue 18).
+        assert_eq!(v["baseline"]["polling"], "busy-poll");
         assert_eq!(v["baseline"]["ratio_of"], "lat.p50_us");
         assert!((num(&v["baseline"], "ratio") - p50 / b).abs() < 1e-9, "{v}");
     }
@@ -220,10 +222,36 @@ fn bench_latency_with_tcp_baseline() {
 
 #[test]
 fn bench_latency_with_events() {
-    let out = ok(&["bench", "send", "--lat", "--events", "--iters", "200", "--json"]);
+    let out = ok(&[
+        "bench",
+        "send",
+        "--lat",
+        "--events",
+        "--iters",
+        "200",
+        "--baseline",
+        "tcp",
+        "--json",
+    ]);
     let v = &json_lines(&out)[0];
     assert_eq!(v["iters"], 200);
     assert!(num(&v["lat"], "p50_us") > 0.0, "{v}");
+    // Both our ends sleep on their CQs, so the TCP ends block in read (issue 18).
+    assert_eq!(v["baseline"]["polling"], "blocking", "{v}");
+    assert!(num(&v["baseline"]["lat"], "p50_us") > 0.0, "{v}");
+    let out = ok(&[
+        "bench",
+        "send",
+        "--lat",
+        "--events",
+        "--iters",
+        "200",
+        "--baseline",
+        "tcp",
+    ]);
+    assert!(out.contains("blocking reads on both ends"), "{out}");
+    let out = ok(&["bench", "send", "--lat", "--iters", "200", "--baseline", "tcp"]);
+    assert!(out.contains("busy-polling non-blocking sockets on both ends"), "{out}");
 }
 
 #[test]
@@ -243,6 +271,7 @@ fn bench_bandwidth_with_tcp_baseline_human_and_json() {
     check_bw(v, "read", 65536, 300);
     let base = &v["baseline"];
     assert_eq!(base["kind"], "tcp");
+    assert_eq!(base["polling"], "blocking");
     let b = num(base, "gbit_per_s");
     assert!(b > 0.0 && num(base, "mb_per_s") > 0.0, "{v}");
     assert_eq!(base["ratio_of"], "gbit_per_s");

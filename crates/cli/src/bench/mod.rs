@@ -602,6 +602,9 @@ struct BenchJson {
 #[derive(serde::Serialize)]
 struct BaselineJson {
     kind: &'static str,
+    /// How the baseline's ends waited for data: "busy-poll" (latency tests without
+    /// `--events`, like `sockperf ping-pong --tcp --nonblocked`) or "blocking".
+    polling: &'static str,
     #[serde(flatten)]
     bw: Bandwidth,
     lat: Option<Latency>,
@@ -621,6 +624,8 @@ struct Outcome {
     qps: u16,
     depth: u32,
     lat: bool,
+    /// `--events`: the latency test's ends sleep on their CQs instead of busy-polling.
+    events: bool,
     crc: bool,
     /// Messages completed in total over all QPs.
     messages: u64,
@@ -638,6 +643,8 @@ struct Baseline {
     hist: Option<Histogram<u64>>,
     /// CPU seconds this process used during the baseline.
     cpu_s: Option<f64>,
+    /// How the baseline's ends waited: like the RDMA side in latency tests.
+    polling: tcp::Polling,
 }
 
 fn us(h: &Histogram<u64>, q: f64) -> f64 {
@@ -689,6 +696,7 @@ impl Outcome {
             cpu_s: self.cpu_s,
             baseline: self.baseline.as_ref().map(|b| BaselineJson {
                 kind: "tcp",
+                polling: b.polling.as_str(),
                 bw: bw(b.gbit),
                 lat: b.hist.as_ref().map(Latency::of_ns),
                 cpu_s: b.cpu_s,
@@ -785,6 +793,11 @@ fn print_header(args: &Args, dev: &Device, target: SocketAddr, r: &Outcome) {
     println!(" MPA CRC32c      : {}", if r.crc { "on" } else { "off" });
     if args.baseline.is_some() {
         println!(" Baseline        : plain TCP sockets, same message size and count");
+        if r.lat && !args.events {
+            println!(" Baseline wait   : busy-polling non-blocking sockets on both ends, as we busy-poll the CQs");
+        } else if r.lat {
+            println!(" Baseline wait   : blocking reads on both ends, as --events sleeps on the CQs");
+        }
     }
     println!("{line}");
     if r.lat {
@@ -952,6 +965,7 @@ fn run_test(
         qps: args.qps,
         depth,
         lat,
+        events: args.events,
         crc,
         messages: 0,
         secs: 0.0,

@@ -5,7 +5,106 @@ use super::*;
 
 pub(super) const TCP_STREAM_IN: u8 = 1; // client -> server
 pub(super) const TCP_STREAM_OUT: u8 = 2; // server -> client
-pub(super) const TCP_RPC: u8 = 3; // request/response
+pub(super) const TCP_RPC: u8 = 3; // request/response, blocking reads on both ends
+pub(super) const TCP_RPC_BUSY: u8 = 4; // request/response, both ends busy-poll non-blocking sockets
+
+/// How a baseline's ends wait for data: the latency baseline polls like the RDMA side it is
+/// compared with (busy-polling unless `--events`), as `sockperf ping-pong --tcp --nonblocked`
+/// does; bandwidth baselines block in `read`/`write`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Polling {
+    /// Non-blocking sockets, `recv` retried until data is there.
+    Busy,
+    /// Blocking `read`/`write`: the thread sleeps until the kernel wakes it.
+    Blocking,
+}
+
+impl Polling {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Polling::Busy => "busy-poll",
+            Polling::Blocking => "blocking",
+        }
+    }
+}
+
+/// After this long without data a busy-polling end sleeps in a blocking read instead, so a
+/// silent peer costs no CPU (the RDMA latency servers do the same).
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(100);
+
+/// `read_exact` on a non-blocking socket by spinning on `recv`; after [`SPIN_BEFORE_SLEEP`]
+/// without a byte it blocks (bounded by `timeout`, `None`: forever) until data comes.
+fn spin_read_exact(s: &mut TcpStream, buf: &mut [u8], timeout: Option<Duration>) -> std::io::Result<()> {
+    use std::io::ErrorKind;
+    let mut off = 0;
+    let mut idle_since: Option<Instant> = None;
+    while off < buf.len() {
+        match s.read(&mut buf[off..]) {
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                off += n;
+                idle_since = None;
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                let since = *idle_since.get_or_insert_with(Instant::now);
+                if since.elapsed() < SPIN_BEFORE_SLEEP {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                // Sleep in a blocking read for the rest of the timeout, then spin again.
+                let left = timeout.map(|t| t.saturating_sub(since.elapsed()));
+                if left == Some(Duration::ZERO) {
+                    return Err(ErrorKind::TimedOut.into());
+                }
+                s.set_nonblocking(false)?;
+                s.set_read_timeout(left)?;
+                let r = s.read(&mut buf[off..]);
+                s.set_nonblocking(true)?;
+                match r {
+                    Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+                    Ok(n) => {
+                        off += n;
+                        idle_since = None;
+                    }
+                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                        return Err(ErrorKind::TimedOut.into());
+                    }
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// `write_all` on a non-blocking socket, spinning while the send buffer is full (a latency
+/// test's single small message never fills it; bounded by `timeout` all the same).
+fn spin_write_all(s: &mut TcpStream, mut buf: &[u8], timeout: Option<Duration>) -> std::io::Result<()> {
+    use std::io::ErrorKind;
+    let mut full_since: Option<Instant> = None;
+    while !buf.is_empty() {
+        match s.write(buf) {
+            Ok(0) => return Err(ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                buf = &buf[n..];
+                full_since = None;
+            }
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                let since = *full_since.get_or_insert_with(Instant::now);
+                if timeout.is_some_and(|t| since.elapsed() >= t) {
+                    return Err(ErrorKind::TimedOut.into());
+                }
+                std::hint::spin_loop();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
 
 /// The server's TCP baseline listener: its port and how many baseline connections it has finished.
 #[derive(Clone)]
@@ -105,6 +204,14 @@ pub(super) fn tcp_serve_conn(mut s: TcpStream, limits: Limits) -> Result<()> {
                 s.write_all(&b)?;
             }
         }
+        TCP_RPC_BUSY => {
+            s.set_nonblocking(true)?;
+            let (mut a, b) = (vec![0u8; req], vec![0u8; resp]);
+            for _ in 0..count {
+                spin_read_exact(&mut s, &mut a, limits.idle)?;
+                spin_write_all(&mut s, &b, limits.idle)?;
+            }
+        }
         m => bail!("unknown baseline mode {m}"),
     }
     Ok(())
@@ -155,13 +262,33 @@ pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) 
             Op::Read => (16, size), // a Read Request carries about 16 bytes of addressing
             Op::Atomic => (8, 8),
         };
-        let mut s = tcp_open(addr, TCP_RPC, req, resp, count + 100)?;
+        let polling = if r.events { Polling::Blocking } else { Polling::Busy };
+        let mode = match polling {
+            Polling::Busy => TCP_RPC_BUSY,
+            Polling::Blocking => TCP_RPC,
+        };
+        let mut s = tcp_open(addr, mode, req, resp, count + 100)?;
         let (a, mut b) = (vec![0u8; req as usize], vec![0u8; resp as usize]);
         let mut hist = new_hist();
+        // A server that stops answering fails the baseline instead of hanging it.
+        let timeout = Some(Duration::from_secs(60));
+        s.set_read_timeout(timeout)?;
+        s.set_write_timeout(timeout)?;
+        if polling == Polling::Busy {
+            s.set_nonblocking(true)?;
+        }
         for i in 0..count + 100 {
             let t0 = Instant::now();
-            s.write_all(&a)?;
-            s.read_exact(&mut b)?;
+            match polling {
+                Polling::Busy => {
+                    spin_write_all(&mut s, &a, timeout)?;
+                    spin_read_exact(&mut s, &mut b, timeout)?;
+                }
+                Polling::Blocking => {
+                    s.write_all(&a)?;
+                    s.read_exact(&mut b)?;
+                }
+            }
             if i >= 100 {
                 hist.record(t0.elapsed().as_nanos().max(1) as u64)?;
             }
@@ -171,6 +298,7 @@ pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) 
             gbit: count as f64 * size as f64 * 8.0 / secs / 1e9,
             hist: Some(hist),
             cpu_s: None,
+            polling,
         });
     }
     let barrier = Arc::new(Barrier::new(conns + 1));
@@ -241,6 +369,7 @@ pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) 
         gbit: total as f64 * size as f64 * 8.0 / secs / 1e9,
         hist: None,
         cpu_s: None,
+        polling: Polling::Blocking,
     })
 }
 
