@@ -1370,18 +1370,7 @@ fn lat_send(
         sg_list: vec![mr.sge(0, len)],
     };
     c.qp.post_recv(&[recv(0)])?;
-    let mut hist = new_hist();
-    let wu = warmup(stop);
-    let mut i = 0u64;
-    let mut start = Instant::now();
-    loop {
-        if i == wu {
-            start = Instant::now();
-        }
-        let measured = i.saturating_sub(wu);
-        if i >= wu && !keep_going(stop, start, measured) {
-            break;
-        }
+    ping_pong(stop, prog, size, |i| {
         let t0 = Instant::now();
         c.qp.post_send_one(SendWr::new(
             wr_id(KIND_DATA, 0, i),
@@ -1397,13 +1386,8 @@ fn lat_send(
         }
         let dt = t0.elapsed();
         c.qp.post_recv(&[recv(i + 1)])?;
-        if i >= wu {
-            hist.record(dt.as_nanos().max(1) as u64)?;
-            prog.tick(start, measured + 1, size);
-        }
-        i += 1;
-    }
-    Ok(hist)
+        Ok(dt)
+    })
 }
 
 /// The byte a ping-pong Write number `i` leaves at the end of the buffer (never 0).
@@ -1427,20 +1411,9 @@ fn lat_write(
         addr: c.reply.addr,
         rkey: c.reply.rkey,
     };
-    let mut hist = new_hist();
-    let wu = warmup(stop);
-    let mut i = 0u64;
-    let mut start = Instant::now();
     let mut wcs = Vec::new();
     let mut b = [0u8];
-    loop {
-        if i == wu {
-            start = Instant::now();
-        }
-        let measured = i.saturating_sub(wu);
-        if i >= wu && !keep_going(stop, start, measured) {
-            break;
-        }
+    ping_pong(stop, prog, size, |i| {
         let s = stamp(i);
         mr.write(last, &[s])?; // the last byte of what we send
         let seen = echo_off + last; // where the server's echo puts it
@@ -1474,14 +1447,8 @@ fn lat_write(
             }
             std::hint::spin_loop();
         }
-        let dt = t0.elapsed();
-        if i >= wu {
-            hist.record(dt.as_nanos().max(1) as u64)?;
-            prog.tick(start, measured + 1, size);
-        }
-        i += 1;
-    }
-    Ok(hist)
+        Ok(t0.elapsed())
+    })
 }
 
 /// One Read or atomic at a time.
@@ -1502,18 +1469,7 @@ fn lat_one_sided(
         Op::Read => (WrOpcode::RdmaRead { remote }, size as u32),
         _ => (WrOpcode::AtomicFetchAdd { remote, add: 1 }, 8),
     };
-    let mut hist = new_hist();
-    let wu = warmup(stop);
-    let mut i = 0u64;
-    let mut start = Instant::now();
-    loop {
-        if i == wu {
-            start = Instant::now();
-        }
-        let measured = i.saturating_sub(wu);
-        if i >= wu && !keep_going(stop, start, measured) {
-            break;
-        }
+    ping_pong(stop, prog, len as u64, |i| {
         let t0 = Instant::now();
         c.qp.post_send_one(SendWr::new(
             wr_id(KIND_DATA, 0, i),
@@ -1522,12 +1478,35 @@ fn lat_one_sided(
         ))?;
         let wc = spin(cq, c.events)?;
         check(&wc, op.name())?;
-        let dt = t0.elapsed();
+        Ok(t0.elapsed())
+    })
+}
+
+/// The loop every latency test runs: `one(i)` does message `i` and returns its round trip;
+/// the first [`warmup`] messages are not recorded, then messages run until `stop`, each
+/// recorded in the histogram and shown on the progress line (`bytes` per message).
+fn ping_pong(
+    stop: Stop,
+    prog: &Progress,
+    bytes: u64,
+    mut one: impl FnMut(u64) -> Result<Duration>,
+) -> Result<Histogram<u64>> {
+    let mut hist = new_hist();
+    let wu = warmup(stop);
+    let mut start = Instant::now();
+    for i in 0u64.. {
+        if i == wu {
+            start = Instant::now();
+        }
+        let measured = i.saturating_sub(wu);
+        if i >= wu && !keep_going(stop, start, measured) {
+            break;
+        }
+        let dt = one(i)?;
         if i >= wu {
             hist.record(dt.as_nanos().max(1) as u64)?;
-            prog.tick(start, measured + 1, len as u64);
+            prog.tick(start, measured + 1, bytes);
         }
-        i += 1;
     }
     Ok(hist)
 }
