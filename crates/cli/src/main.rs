@@ -22,10 +22,12 @@ mod fdlimit;
 mod net;
 mod nfs;
 mod perftest;
+mod procstat;
 mod providers;
 mod report;
 mod rpc;
 mod rping;
+mod scale;
 mod sigpipe;
 mod units;
 
@@ -62,6 +64,10 @@ enum Cmd {
     /// perftest's ib_{send,write,read}_{bw,lat} -R exchange (rdma_cm mode): measure against
     /// perftest on Linux siw or an iWARP RNIC, in either role (see `softrdma perftest --help`).
     Perftest(perftest::Args),
+    /// What N connected queue pairs cost on one device next to N TCP connections, in one
+    /// run: setup rate, memory and descriptors per connection, idle CPU, and how fairly a few
+    /// active connections share the bandwidth (Jain's index).
+    Scale(scale::Args),
     /// Print a shell completion script: `softrdma completions bash > /etc/bash_completion.d/softrdma`.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -125,6 +131,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Rpc(args) => rpc::run(args),
         Cmd::Nfs(args) => nfs::run(args),
         Cmd::Perftest(args) => perftest::run(args),
+        Cmd::Scale(args) => scale::run(args),
         Cmd::Completions { shell } => completions(shell),
         Cmd::Man { dir } => man_pages(&dir),
     };

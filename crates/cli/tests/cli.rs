@@ -771,3 +771,46 @@ fn rpc_bench_json_has_the_family_units() {
     ]))[0];
     assert!(v["rdma"].is_null() && v["rdma_tcp_ratio"].is_null(), "{v}");
 }
+
+/// `softrdma scale` (issue 18, "Scale"): both kinds of connection measured in one run, with
+/// the figures in range; idle connections cost no CPU (no thread per connection, nobody
+/// spinning: under 0.3 CPU s over a 1 s idle window even on a loaded machine).
+#[test]
+fn scale_measures_rdma_and_tcp_connections_in_one_run() {
+    let out = ok(&[
+        "scale",
+        "--qps",
+        "40",
+        "--active",
+        "4",
+        "--idle-secs",
+        "1",
+        "--duration",
+        "0.5",
+        "--size",
+        "16K",
+        "--json",
+    ]);
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["tool"], "scale", "{v}");
+    assert_eq!(v["conns"], 40, "{v}");
+    for kind in ["rdma", "tcp"] {
+        let k = &v[kind];
+        assert!(num(k, "setup_per_s") > 0.0, "{kind}: {v}");
+        // Two endpoints per connection, each holding one socket descriptor.
+        let fds = num(k, "fds_per_conn");
+        assert!((1.5..=3.0).contains(&fds), "{kind} fds per connection {fds}: {v}");
+        let idle = num(k, "idle_cpu_s");
+        assert!(idle < 0.3, "{kind}: idle connections used {idle} CPU s in 1 s: {v}");
+        let f = &k["fair"];
+        let per = f["gbit_per_s"].as_array().unwrap();
+        assert_eq!(per.len(), 4, "{kind}: {v}");
+        assert!(num(f, "gbit_per_s_total") > 0.0, "{kind}: {v}");
+        let jain = num(f, "jain");
+        assert!(jain > 0.0 && jain <= 1.0 + 1e-9, "{kind}: {v}");
+    }
+    let out = run(&["scale", "--qps", "4", "--active", "8"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--active 8 is more than --qps 4"), "{err}");
+}

@@ -52,6 +52,7 @@ use verbs::*;
 mod server;
 mod tcp;
 
+use crate::procstat::cpu_secs;
 use server::*;
 use tcp::*;
 

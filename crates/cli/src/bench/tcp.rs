@@ -237,18 +237,6 @@ pub(super) fn run_baseline(target: SocketAddr, r: &Outcome, conns: usize) -> Res
     Ok(b)
 }
 
-/// CPU seconds (user + system) this process has used so far, from `/proc/self/stat`
-/// (in USER_HZ = 100 ticks per second, the fixed Linux ABI value); `None` where unavailable.
-pub(super) fn cpu_secs() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the parenthesised command: state is field 3, utime 14, stime 15.
-    let rest = &s[s.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let utime: u64 = f.get(11)?.parse().ok()?;
-    let stime: u64 = f.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / 100.0)
-}
-
 pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) -> Result<Baseline> {
     if r.tcp_port == 0 {
         bail!("the server offers no TCP baseline");
