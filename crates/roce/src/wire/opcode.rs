@@ -36,7 +36,7 @@ pub const CNP_RESERVED_LEN: usize = 16;
 
 impl HeaderSet {
     /// Octets of these headers together (BTH not included).
-    pub const fn len(self) -> usize {
+    pub const fn octets(self) -> usize {
         use super::headers::{AtomicAckEth, AtomicEth, Deth, Ieth, ImmDt, Reth};
         let b = self.bits();
         let mut n = 0;
@@ -257,7 +257,7 @@ impl OpInfo {
     }
     /// Octets from the start of the BTH to the payload.
     pub const fn header_len(&self) -> usize {
-        super::headers::Bth::LEN + self.headers.len()
+        super::headers::Bth::LEN + self.headers.octets()
     }
     /// The requester must eventually get an answer for it (RC requests; the requester sets
     /// AckReq at least on the last packet of a message).

@@ -110,7 +110,7 @@ impl<'a> Packet<'a> {
         if len < Bth::LEN + ICRC_LEN {
             return Err(ParseError::TooShort { len });
         }
-        if len % 4 != 0 {
+        if !len.is_multiple_of(4) {
             return Err(ParseError::Unaligned { len });
         }
         let (body, icrc) = udp_payload.split_at(len - ICRC_LEN);
