@@ -11,7 +11,7 @@
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
 use pcap_file::pcap::PcapReader;
 use roce::wire::icrc::{self, IcrcError};
-use roce::wire::{Aeth, GSI_QKEY, Opcode, Packet, Psn, ROCEV2_UDP_PORT, Reth, Syndrome};
+use roce::wire::{Aeth, Bth, ExtHeaders, GSI_QKEY, Opcode, Packet, Psn, ROCEV2_UDP_PORT, Reth, Syndrome};
 
 const CAPTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/host-br0-roce-cm.pcap");
 
@@ -222,4 +222,32 @@ fn rc_exchange_of_the_ping_c3() {
     let ack2 = parse(by(14));
     assert_eq!(ack2.bth.psn, req_psn.next());
     assert_eq!(ack2.ext.aeth.unwrap().msn, 2);
+}
+
+#[test]
+fn built_from_scratch_like_a_udp_socket_sends_c3() {
+    // The probe sends as our data path will: an unconnected UDP socket with
+    // IP_PMTUDISC_DO, so IPv4 ID 0 and DF (lab README). Building its RDMA READ RESPONSE ONLY
+    // (frame 12) from the opcode table, with IP/UDP headers from `icrc::ipv4_header` /
+    // `icrc::udp_header` instead of the captured ones, gives the captured octets, ICRC too.
+    let f = &frames()[11];
+    let want = parse(f);
+    let bth = Bth {
+        ack_req: false,
+        ..Bth::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, want.bth.dest_qp, want.bth.psn)
+    };
+    let ext = ExtHeaders {
+        aeth: Some(Aeth {
+            syndrome: Syndrome::ACK,
+            msn: 1,
+        }),
+        ..Default::default()
+    };
+    let p = Packet::new(bth, ext, want.payload).unwrap();
+    let mut out = vec![0; p.buffer_len()];
+    p.emit(&mut out).unwrap();
+    let ip = icrc::ipv4_header([192, 168, 77, 1], [192, 168, 77, 2], 0, out.len());
+    let udp = icrc::udp_header(ROCEV2_UDP_PORT, ROCEV2_UDP_PORT, out.len());
+    icrc::seal(&ip, &udp, &mut out).unwrap();
+    assert_eq!(out, f.payload);
 }

@@ -502,8 +502,8 @@ impl RnrTimer {
         RNR_TIMER_US[usize::from(self.0 & 0x1f)]
     }
 
-    /// The smallest code whose delay is at least `us` (491.52 ms and more: code 31, except
-    /// that code 0, 655.36 ms, is chosen above 491.52 ms).
+    /// The smallest code whose delay is at least `us`; above 491.52 ms (code 31) only code 0,
+    /// 655.36 ms, is longer.
     pub fn at_least(us: u32) -> RnrTimer {
         (1u8..=31)
             .find(|&c| RNR_TIMER_US[usize::from(c)] >= us)

@@ -34,14 +34,14 @@ pub use opcode::{HeaderSet, OpInfo, Opcode, Operation, Position, Transport};
 pub use packet::{EmitError, ExtHeaders, Packet, ParseError};
 pub use psn::Psn;
 
-/// UDP destination port of RoCEv2 (IBTA annex A17.2.1; IANA "roce").
+/// UDP destination port of RoCEv2 (IBTA annex A17; IANA service name "roce").
 pub const ROCEV2_UDP_PORT: u16 = 4791;
 /// Length of the invariant CRC trailer.
 pub const ICRC_LEN: usize = 4;
-/// The Q_Key of the general services interface, QP1 (IBTA vol. 1 §13.5.1, C1 in the
-/// requirements: CM MADs use it).
+/// The Q_Key of the general services interface, QP1 (IBTA vol. 1 ch. 13; requirements C1:
+/// CM MADs use it).
 pub const GSI_QKEY: u32 = 0x8001_0000;
-/// The default partition key, full membership (IBTA vol. 1 §10.9.1.2).
+/// The default partition key, full membership (IBTA vol. 1 §10.9).
 pub const DEFAULT_PKEY: u16 = 0xffff;
 
 /// A header or packet is shorter than its fixed layout (peer input).

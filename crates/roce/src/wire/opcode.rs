@@ -11,7 +11,7 @@
 //! Covered: the RC opcodes (C3: SEND 0x00..0x05, RDMA WRITE 0x06..0x0B, RDMA READ request
 //! 0x0C and responses 0x0D..0x10, ACK 0x11, ATOMIC ACK 0x12, CMP_SWAP 0x13, FETCH_ADD 0x14,
 //! SEND with invalidate 0x16/0x17), UD SEND_ONLY 0x64 and SEND_ONLY with immediate 0x65, and
-//! the RoCEv2 congestion notification packet 0x81 (annex A17.9: BTH, 16 reserved octets).
+//! the RoCEv2 congestion notification packet 0x81 (annex A17: BTH, 16 reserved octets).
 
 use core::fmt;
 
@@ -26,7 +26,7 @@ bitflags::bitflags! {
         const ATOMIC_ACK_ETH = 1 << 4;
         const IMM_DT = 1 << 5;
         const IETH = 1 << 6;
-        /// The 16 reserved octets of a RoCEv2 CNP (annex A17.9).
+        /// The 16 reserved octets of a RoCEv2 CNP (annex A17).
         const CNP_RESERVED = 1 << 7;
     }
 }

@@ -1,4 +1,4 @@
-//! A whole RoCEv2 packet, i.e. one UDP payload to port 4791 (IBTA annex A17.4):
+//! A whole RoCEv2 packet, i.e. one UDP payload to port 4791 (IBTA vol. 1 ch. 9, annex A17):
 //!
 //! ```text
 //! BTH (12) | extension headers (per opcode, see `opcode::TABLE`) | payload | pad (0..3) | ICRC (4)
