@@ -1,1 +1,98 @@
-//! RoCEv2 wire formats: InfiniBand transport headers in UDP (IBTA vol. 1 ch. 9, annex A17).
+//! RoCEv2 wire formats: InfiniBand transport headers in UDP (IBTA vol. 1 ch. 9, annex A17),
+//! sans-I/O: parse and emit on byte slices only.
+//!
+//! Bottom to top:
+//! - [`headers`]: the base transport header ([`Bth`], IBTA vol. 1 §9.2) and the extended
+//!   transport headers ([`Reth`], [`Aeth`], [`AtomicEth`], [`AtomicAckEth`], [`ImmDt`],
+//!   [`Ieth`], [`Deth`], §9.3), each with `LEN`, `parse(&[u8]) -> (Self, rest)` and `emit`.
+//! - [`opcode`]: the opcode table (RC, UD SEND_ONLY(_IMM), the RoCEv2 CNP) as data: which
+//!   headers follow, the position in a message, payload, request or response, what answers
+//!   it. Packet parsing, packet building and the receive checks all read this one table, as
+//!   Linux rxe's `rxe_opcode.c` does.
+//! - [`packet`]: a whole UDP payload (BTH, extension headers, payload, pad, ICRC) as
+//!   [`Packet`], with a typed error for every malformed case, and its emitter.
+//! - [`icrc`]: the invariant CRC exactly as rxe computes it (masked IP/UDP/BTH fields).
+//! - [`psn`]: PSN arithmetic modulo 2^24.
+//! - [`segment`]: path-MTU segmentation into FIRST/MIDDLE/LAST/ONLY and pad counts.
+//!
+//! No module here allocates on the data path, performs I/O, reads a clock or logs. Every
+//! length that comes from a peer is checked before use; nothing panics on peer input.
+//!
+//! Requirements: `../shared/requirements/smcr-ipoibcm.md` C3 (RoCEv2, BTH and extension
+//! headers, RC opcodes, path MTU); the lab README's "RoCEv2 from the host" for the measured
+//! ICRC rules.
+
+pub mod headers;
+pub mod icrc;
+pub mod opcode;
+pub mod packet;
+pub mod psn;
+pub mod segment;
+
+pub use headers::{Aeth, AtomicAckEth, AtomicEth, Bth, Deth, Ieth, ImmDt, NakCode, Reth, RnrTimer, Syndrome};
+pub use opcode::{HeaderSet, OpInfo, Opcode, Operation, Position, Transport};
+pub use packet::{EmitError, ExtHeaders, Packet, ParseError};
+pub use psn::Psn;
+
+/// UDP destination port of RoCEv2 (IBTA annex A17; IANA service name "roce").
+pub const ROCEV2_UDP_PORT: u16 = 4791;
+/// Length of the invariant CRC trailer.
+pub const ICRC_LEN: usize = 4;
+/// The Q_Key of the general services interface, QP1 (IBTA vol. 1 ch. 13; requirements C1:
+/// CM MADs use it).
+pub const GSI_QKEY: u32 = 0x8001_0000;
+/// The default partition key, full membership (IBTA vol. 1 §10.9).
+pub const DEFAULT_PKEY: u16 = 0xffff;
+
+/// A header or packet is shorter than its fixed layout (peer input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[error("{what} needs {need} octets, {have} present")]
+pub struct Truncated {
+    pub what: &'static str,
+    pub need: usize,
+    pub have: usize,
+}
+
+/// An emit buffer was too small (a local bug, never peer input).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[error("emit buffer of {have} octets, {need} needed")]
+pub struct BufferTooSmall {
+    pub need: usize,
+    pub have: usize,
+}
+
+pub(crate) const fn need(have: usize, need: usize) -> Result<(), BufferTooSmall> {
+    if have < need {
+        Err(BufferTooSmall { need, have })
+    } else {
+        Ok(())
+    }
+}
+
+/// Big-endian field access; the caller has checked the length.
+pub(crate) mod be {
+    pub fn u16_at(b: &[u8], at: usize) -> u16 {
+        u16::from_be_bytes([b[at], b[at + 1]])
+    }
+    pub fn u24_at(b: &[u8], at: usize) -> u32 {
+        u32::from_be_bytes([0, b[at], b[at + 1], b[at + 2]])
+    }
+    pub fn u32_at(b: &[u8], at: usize) -> u32 {
+        u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+    }
+    pub fn u64_at(b: &[u8], at: usize) -> u64 {
+        (u64::from(u32_at(b, at)) << 32) | u64::from(u32_at(b, at + 4))
+    }
+    pub fn put_u16(b: &mut [u8], at: usize, v: u16) {
+        b[at..at + 2].copy_from_slice(&v.to_be_bytes());
+    }
+    pub fn put_u24(b: &mut [u8], at: usize, v: u32) {
+        b[at..at + 3].copy_from_slice(&v.to_be_bytes()[1..]);
+    }
+    pub fn put_u32(b: &mut [u8], at: usize, v: u32) {
+        b[at..at + 4].copy_from_slice(&v.to_be_bytes());
+    }
+    pub fn put_u64(b: &mut [u8], at: usize, v: u64) {
+        b[at..at + 8].copy_from_slice(&v.to_be_bytes());
+    }
+}
