@@ -208,7 +208,8 @@ pub enum CmEvent {
     ConnectReply { id: CmId, rep: Box<Rep>, qp: QpParams },
     /// Both sides: the connection is up (active: RTU sent; passive: RTU or first data).
     Established { id: CmId, qp: QpParams },
-    /// The peer rejected our REQ or REP.
+    /// The peer rejected our REQ or REP, or gave up on a connection (a REJ after our RTU:
+    /// the connection is in time-wait then; the QP should go to ERR).
     Rejected {
         id: CmId,
         reason: RejReason,
@@ -569,6 +570,34 @@ impl Cm {
         Ok(())
     }
 
+    /// Asks the peer for patience (MRA, IBTA §12.6.6): passive before [`Cm::accept`], active
+    /// before [`Cm::rtu`]. The peer stops retransmitting and waits the service timeout of
+    /// [`CmConfig::mra_service_timeout`]; a repeat of its message gets the MRA again. (Without
+    /// this call a repeated REQ gets an MRA anyway, as rdma_cm's delayed MRA does.)
+    pub fn mra(&mut self, _now: Instant, id: CmId) -> Result<(), CmError> {
+        let service_timeout = self.cfg.mra_service_timeout;
+        let c = self.conns.get_mut(&id.0).ok_or(CmError::UnknownId(id))?;
+        let (message_mraed, next) = match c.state {
+            State::ReqRcvd | State::MraReqSent => (MsgType::Req, State::MraReqSent),
+            State::RepRcvd | State::MraRepSent => (MsgType::Rep, State::MraRepSent),
+            state => return Err(CmError::State { id, state }),
+        };
+        let mad = Mad {
+            hdr: MadHeader::with_tid(c.tid),
+            msg: CmMsg::Mra(Mra {
+                local_comm_id: id.0,
+                remote_comm_id: c.remote_comm_id,
+                message_mraed,
+                service_timeout,
+                private_data: Vec::new(),
+            }),
+        };
+        c.state = next;
+        c.last = Some(mad.clone());
+        self.tx.push_back((c.peer, mad));
+        Ok(())
+    }
+
     /// Passive: the QP received its first packet before the RTU (IBTA §12.9.6: that
     /// establishes the connection too; `ib_cm_notify(IB_EVENT_COMM_EST)` in Linux).
     pub fn notify_established(&mut self, _now: Instant, id: CmId) -> Result<(), CmError> {
@@ -827,22 +856,13 @@ impl Cm {
                 self.stats.duplicates += 1;
                 self.resend_last(id);
             }
-            // The application is slow to RTU: ask for patience, once per repeat.
-            State::RepRcvd | State::MraRepSent => {
+            // A repeat while the application has not sent the RTU: Linux's cm_dup_rep_handler
+            // repeats an MRA only if the application sent one ([`Cm::mra`]).
+            State::MraRepSent => {
                 self.stats.duplicates += 1;
-                c.state = State::MraRepSent;
-                let mad = Mad {
-                    hdr: MadHeader::with_tid(c.tid),
-                    msg: CmMsg::Mra(Mra {
-                        local_comm_id: id,
-                        remote_comm_id: c.remote_comm_id,
-                        message_mraed: MsgType::Rep,
-                        service_timeout: self.cfg.mra_service_timeout,
-                        private_data: Vec::new(),
-                    }),
-                };
-                self.tx.push_back((c.peer, mad));
+                self.resend_last(id);
             }
+            State::RepRcvd => self.stats.duplicates += 1,
             _ => self.stats.dropped += 1,
         }
     }
@@ -908,7 +928,16 @@ impl Cm {
             return;
         }
         match c.state {
-            State::ReqSent | State::MraReqRcvd | State::RepSent | State::MraRepRcvd => {
+            // Any state before established: our REQ or REP was refused, or the peer gave up
+            // on the connection it asked for or accepted (its REJ "timeout").
+            State::ReqSent
+            | State::MraReqRcvd
+            | State::ReqRcvd
+            | State::MraReqSent
+            | State::RepSent
+            | State::MraRepRcvd
+            | State::RepRcvd
+            | State::MraRepSent => {
                 self.remove(id);
                 self.events.push_back(CmEvent::Rejected {
                     id: CmId(id),
@@ -917,12 +946,16 @@ impl Cm {
                     private_data: rej.private_data,
                 });
             }
-            // The peer says our connection is stale (it saw a newer REQ from our QP).
-            State::Established if rej.reason == RejReason::StaleConn => {
+            // After our RTU or during our DREQ: the peer gave up on the connection (its REP
+            // timed out, or it saw a newer REQ from our QP: stale). Linux's cm_rej_handler
+            // enters time-wait and reports the REJ; so do we.
+            State::Established | State::DreqSent => {
                 self.enter_time_wait(now, id);
-                self.events.push_back(CmEvent::Disconnected {
+                self.events.push_back(CmEvent::Rejected {
                     id: CmId(id),
-                    private_data: Vec::new(),
+                    reason: rej.reason,
+                    ari: rej.ari,
+                    private_data: rej.private_data,
                 });
             }
             _ => self.stats.dropped += 1,
@@ -979,7 +1012,7 @@ impl Cm {
             // cm_dreq_handler: a DREQ for a connection we do not know still gets a DREP, so
             // that the peer's DREQ does not time out.
             self.stats.dropped += 1;
-            self.send(from, tid, drep(0, dreq.local_comm_id));
+            self.send(from, tid, drep(dreq.remote_comm_id, dreq.local_comm_id));
             return;
         };
         if c.remote_comm_id != dreq.local_comm_id {
