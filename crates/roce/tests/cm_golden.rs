@@ -261,3 +261,78 @@ fn capture_exchange_is_consistent() {
 //     -e infiniband.cm.… (every field named in the header line of the file)
 // and the .mad files: octets 62..318 of each CM frame (Ethernet 14, IPv4 20, UDP 8,
 // BTH 12, DETH 8; the ICRC follows).
+
+/// Our CM's REQ for an rdma_cm peer is byte for byte the REQ Linux accepted in frame 1 (sent
+/// by `tools/roce_probe.py`), once the random values (comm ID, TID) are those of the frame and
+/// the inputs (CA GUID, QPN, PSN, rdma_cm source port, GIDs) are the frame's (C1.4, rdma_cm).
+/// Likewise our REP for that REQ is Linux's REP of frame 2 (C1.5) with its QPN, PSN, GUID.
+#[test]
+fn our_req_and_rep_are_linux_shaped() {
+    use roce::cm::{AcceptParams, Cm, CmConfig, CmEvent, ConnectParams};
+    use std::time::Instant;
+    use verbs::Gid;
+
+    let frame1 = mad_file(1);
+    let CmMsg::Req(linux_req) = Mad::parse(&frame1).unwrap().msg else {
+        panic!()
+    };
+    let cma = CmaHdr::parse(&linux_req.private_data).unwrap();
+    let host = Gid::from_ip(cma.src.ip());
+    let rxe = Gid::from_ip(cma.dst);
+    let now = Instant::now();
+
+    let mut ours = Cm::new(CmConfig::new(linux_req.local_ca_guid, host, 1));
+    let dst = std::net::SocketAddr::new(cma.dst, 7174);
+    let p = ConnectParams::rdma_cm(cma.src, dst, linux_req.local_qpn, linux_req.starting_psn, &[]).unwrap();
+    ours.connect(now, p).unwrap();
+    let (to, mut mad) = ours.poll_transmit().unwrap();
+    assert_eq!(to, rxe);
+    let req_tid = Mad::parse(&frame1).unwrap().hdr.tid;
+    mad.hdr.tid = req_tid;
+    if let CmMsg::Req(q) = &mut mad.msg {
+        q.local_comm_id = linux_req.local_comm_id;
+    }
+    assert_eq!(hex::encode(mad.emit().unwrap()), hex::encode(&frame1));
+
+    // The passive side: feed Linux's REQ to a CM with rxe0's GUID and GID, accept with the
+    // QPN and PSN Linux chose, compare with frame 2.
+    let frame2 = mad_file(2);
+    let CmMsg::Rep(linux_rep) = Mad::parse(&frame2).unwrap().msg else {
+        panic!()
+    };
+    let mut passive = Cm::new(CmConfig::new(linux_rep.local_ca_guid, rxe, 2));
+    passive.listen(linux_req.service_id).unwrap();
+    passive.handle_mad(now, &frame1, host).unwrap();
+    let Some(CmEvent::ConnectRequest(r)) = passive.poll_event() else {
+        panic!("no ConnectRequest")
+    };
+    assert_eq!(r.cma, Some(cma));
+    let qp = passive
+        .accept(
+            now,
+            r.id,
+            AcceptParams {
+                qpn: linux_rep.local_qpn,
+                starting_psn: linux_rep.starting_psn,
+                responder_resources: 1,
+                initiator_depth: 1,
+                rnr_retry_count: 7,
+                target_ack_delay: 15,
+                srq: false,
+                min_rnr_timer: 12,
+                private_data: vec![],
+            },
+        )
+        .unwrap();
+    let (to, mut rep) = passive.poll_transmit().unwrap();
+    assert_eq!(to, host);
+    if let CmMsg::Rep(p) = &mut rep.msg {
+        p.local_comm_id = linux_rep.local_comm_id;
+    }
+    assert_eq!(hex::encode(rep.emit().unwrap()), hex::encode(&frame2));
+    // The passive QP sends from the REQ's PSN and expects the REP's (lab README "PSN
+    // direction": rxe's READ REQUEST carried the REQ PSN, and wanted the REP PSN from us).
+    assert_eq!(qp.rts.sq_psn, linux_req.starting_psn);
+    assert_eq!(qp.rtr.rq_psn, linux_rep.starting_psn);
+    assert_eq!(qp.rtr.dest_qp_num, linux_req.local_qpn);
+}
