@@ -437,7 +437,21 @@ fn active_rejects_rep() {
     n.pump();
     n.a.reject(n.now, ida, RejReason::ConsumerDefined, &[], b"no").unwrap();
     n.pump();
-    assert!(matches!(n.ev_b.last(), Some(CmEvent::Rejected { id, .. }) if *id == idb));
+    match n.ev_b.last() {
+        Some(CmEvent::Rejected {
+            id,
+            reason,
+            private_data,
+            ..
+        }) => {
+            assert_eq!(*id, idb);
+            assert_eq!(*reason, RejReason::ConsumerDefined);
+            assert_eq!(&private_data[..2], b"no");
+        }
+        e => panic!("{e:?}"),
+    }
+    let rej = &n.log.iter().rfind(|(s, _, _)| *s == Side::A).unwrap().2;
+    assert!(matches!(&rej.msg, CmMsg::Rej(r) if r.message_rejected == MsgType::Rep));
     n.settle();
     assert_eq!(n.sent(Side::B, AttrId::Rep), 1);
     assert_eq!((n.a.connections(), n.b.connections()), (0, 0));
