@@ -174,7 +174,8 @@ impl CmaHdr {
 mod tests {
     use super::*;
 
-    /// C1.x rdma_cm: RDMA_PS_TCP port 7174 is 0x0000000001061c06 (lab README, pcap frame 1).
+    /// rdma_cm service IDs (issue 13 item 4, peers file §1.3): RDMA_PS_TCP port 7174 is
+    /// 0x0000000001061c06 (lab README, pcap frame 1).
     #[test]
     fn service_id_of_rping_port() {
         assert_eq!(service_id(PortSpace::Tcp, 7174), 0x0000_0000_0106_1c06);

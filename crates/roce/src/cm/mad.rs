@@ -193,7 +193,7 @@ impl MsgType {
     }
 }
 
-/// REJ reasons (C1.x "REJ reasons", IBTA table 109; Linux `enum ib_cm_rej_reason`).
+/// REJ reasons (C1.6, IBTA table 109; Linux `enum ib_cm_rej_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RejReason {
     NoQp,
