@@ -11,16 +11,19 @@ SOFTRDMA_INTEROP=0 cargo test --workspace --release --all-targets --no-fail-fast
 bash scripts/fuzz-smoke.sh
 
 # --- 4. interop with Linux siw, perftest and NFS/RDMA (crates/cli/tests/{interop_siw,
-#        interop_perftest,nfs_interop}.rs, docs/interop-{siw,perftest,nfs}.md) --------------
+#        interop_perftest,nfs_interop,nfs_serve_interop}.rs, docs/interop-{siw,perftest,nfs}.md,
+#        docs/nfs-server.md) ------------------------------------------------------------------
 # SOFTRDMA_INTEROP=1 lets the suite build the lab (setup.sh) and start the VM itself; without
 # root, QEMU or the lab directory each test prints SKIPPED and passes. About 5 minutes under
-# TCG once the lab is built. SOFTRDMA_INTEROP=0 skips this step, =require fails on a skip.
+# TCG once the lab is built, plus about 4 for nfs_serve_interop (the guest kernel's NFS client
+# against `softrdma nfs serve`). SOFTRDMA_INTEROP=0 skips this step, =require fails on a skip.
 # A VM this step started is stopped again at the end.
 if [ "${SOFTRDMA_INTEROP:-1}" != 0 ]; then
     lab="${RDMALAB_REPO:-../shared/lab}"
     was_running=0
     if [ -x "$lab/vm.sh" ] && "$lab/vm.sh" exec true >/dev/null 2>&1; then was_running=1; fi
     SOFTRDMA_INTEROP="${SOFTRDMA_INTEROP:-1}" \
-        cargo test --release -p softrdma --test interop_siw --test nfs_interop --test interop_perftest -- --test-threads=1
+        cargo test --release -p softrdma --test interop_siw --test nfs_interop --test interop_perftest \
+        --test nfs_serve_interop -- --test-threads=1
     if [ "$was_running" = 0 ] && [ -x "$lab/vm.sh" ]; then "$lab/vm.sh" stop || true; fi
 fi

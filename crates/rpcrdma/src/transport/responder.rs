@@ -346,7 +346,24 @@ struct Conn {
     idle_closed: bool,
     /// We closed it because the server stops.
     stopping: bool,
+    /// The status of the last work request that failed in [`Conn::wait_for`].
+    failed_status: Option<WcStatus>,
     stats: Arc<ServerStats>,
+}
+
+/// Whether an RDMA Read or Write of a Call's chunks that failed with `status`, on a connection
+/// ended by `event` (if one is known), means the Requester refused the chunk's memory: then its
+/// retransmission gets ERR_CHUNK (RFC 8166 §4.5.3, RPCR-MEM-05). A peer's Terminate (iWARP)
+/// or a remote access/operation error names the chunk. A flush because the connection broke
+/// under the operation (the peer or a middlebox reset it, the peer closed it, the transport
+/// gave up) says nothing about the chunk: Linux's client then reconnects and retransmits
+/// the Call, which must run again (answering ERR_CHUNK made the kernel client fail the
+/// application's write with EIO after a TCP reset, issue 17).
+fn chunk_refused(status: Option<WcStatus>, event: Option<&CmEvent>) -> bool {
+    matches!(
+        status,
+        Some(WcStatus::RemAccessErr | WcStatus::RemOpErr | WcStatus::RemInvReqErr)
+    ) || matches!(event, Some(CmEvent::ErrorReceived(_)))
 }
 
 /// Completions one connection can have outstanding: its receives, and the Reads, Writes
@@ -531,6 +548,7 @@ fn accept_conn(
         last_active: Instant::now(),
         idle_closed: false,
         stopping: false,
+        failed_status: None,
         stats: ctx.stats.clone(),
     })
 }
@@ -834,6 +852,7 @@ impl Conn {
                 continue;
             }
             if wc.status != WcStatus::Success {
+                self.failed_status = Some(wc.status);
                 return Err(format!(
                     "{:?} failed: {} (vendor {:#x})",
                     wc.opcode, wc.status, wc.vendor_err
@@ -842,6 +861,30 @@ impl Conn {
             if wc.wr_id == id {
                 return Ok(wc);
             }
+        }
+    }
+
+    /// An RDMA operation on `xid`'s chunks failed and ends the connection: records the XID for
+    /// ERR_CHUNK when the Requester refused the chunk ([`chunk_refused`]). The engine queues a
+    /// Terminate's event before it flushes the work requests, so it is there to be seen.
+    fn record_if_refused(&mut self, xid: u32) {
+        let mut event = None;
+        while let Some(ev) = self.qp.get_event(Some(Duration::ZERO)) {
+            if !matches!(ev, CmEvent::Established) {
+                event = Some(ev);
+                break;
+            }
+        }
+        let status = self.failed_status.take();
+        if chunk_refused(status, event.as_ref()) {
+            self.recovery.lock().record(xid);
+        } else {
+            tracing::debug!(
+                xid,
+                ?status,
+                ?event,
+                "rpcrdma server: RDMA on chunks cut off by the connection's end"
+            );
         }
     }
 
@@ -929,8 +972,9 @@ impl Conn {
                         return self.send_system_err(&fixed, &lists);
                     }
                     Err(e) => {
-                        // RPCR-MEM-05: remember the XID; its retransmission gets ERR_CHUNK
-                        self.recovery.lock().record(xid);
+                        // RPCR-MEM-05: when the Requester refused the chunk, remember the
+                        // XID; its retransmission gets ERR_CHUNK
+                        self.record_if_refused(xid);
                         return Err(e);
                     }
                 };
@@ -1228,10 +1272,41 @@ impl Conn {
         self.qp.post_send(&wrs).map_err(|e| e.to_string())?;
         if let Err(e) = self.wait_for(id) {
             if !writes.is_empty() {
-                self.recovery.lock().record(xid);
+                self.record_if_refused(xid);
             }
             return Err(e);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 17: a connection reset under a WRITE's RDMA Read (or a READ's RDMA Writes) flushes
+    /// them; the Call's retransmission must run, not get ERR_CHUNK (RPCR-MEM-05 is about the
+    /// Requester refusing the chunk).
+    #[test]
+    fn a_flush_by_a_broken_connection_is_not_a_refused_chunk() {
+        let reset = CmEvent::ConnectionError("Connection reset by peer".into());
+        assert!(!chunk_refused(Some(WcStatus::WrFlushErr), Some(&reset)));
+        assert!(!chunk_refused(Some(WcStatus::WrFlushErr), Some(&CmEvent::Disconnected)));
+        assert!(!chunk_refused(Some(WcStatus::WrFlushErr), None));
+        assert!(!chunk_refused(Some(WcStatus::RetryExcErr), None));
+        assert!(!chunk_refused(None, None));
+    }
+
+    /// RPCR-MEM-05: the Requester's Terminate, or the completion status it gives the operation
+    /// it names, marks the chunk as refused.
+    #[test]
+    fn a_terminate_or_remote_access_error_is_a_refused_chunk() {
+        let term = CmEvent::ErrorReceived(verbs::cm::ErrorDetail::new(
+            "layer 1, type 1, code 0: invalid STag".to_string(),
+        ));
+        assert!(chunk_refused(Some(WcStatus::WrFlushErr), Some(&term)));
+        assert!(chunk_refused(Some(WcStatus::RemAccessErr), None));
+        assert!(chunk_refused(Some(WcStatus::RemOpErr), Some(&CmEvent::Disconnected)));
+        assert!(chunk_refused(Some(WcStatus::RemInvReqErr), None));
     }
 }
