@@ -33,7 +33,10 @@ mod units;
 #[command(
     name = "softrdma",
     version,
-    about = "Userspace RDMA (iWARP: RDMAP/DDP/MPA over TCP) without RDMA hardware"
+    about = "Userspace RDMA (iWARP: RDMAP/DDP/MPA over TCP) without RDMA hardware",
+    after_help = "Logging: diagnostics go to stderr. Without RUST_LOG they show warnings and the servers' \
+connection notes (peer closed, Terminates, idle closes, refusals); RUST_LOG=info, debug, or \
+per crate (RUST_LOG=softrdma=debug,iwarp=trace) turns them up. Colours only when stderr is a terminal."
 )]
 struct Cli {
     #[command(subcommand)]

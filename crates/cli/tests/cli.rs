@@ -432,6 +432,14 @@ fn completions_and_man_pages() {
         let roff = std::fs::read_to_string(&p).unwrap();
         assert!(roff.starts_with(".ie") || roff.contains(".TH"), "{page} is not roff");
     }
+    // The logging switch is documented where users look: `--help` and the man page.
+    let help = ok(&["--help"]);
+    assert!(
+        help.contains("RUST_LOG=info") && help.contains("stderr is a terminal"),
+        "{help}"
+    );
+    let main_page = std::fs::read_to_string(dir.join("softrdma.1")).unwrap();
+    assert!(main_page.contains("RUST_LOG"), "softrdma.1 says nothing of RUST_LOG");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
