@@ -9,8 +9,9 @@
 //! `rdma_resolve_addr` takes them); nothing here assumes TCP: an IB CM
 //! backend maps the port to a service ID.
 
+use crate::cm::RouteOptions;
 use crate::cm::event::ConnInfo;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::notify::EventQueue;
 use crate::provider::QpOps;
 use crate::types::ConnParam;
@@ -50,6 +51,21 @@ pub trait CmBackend: Send + Sync {
     /// Connects `qp` (in INIT, made by this provider) to a listener
     /// (`rdma_connect`); returns once established (QP in RTS), rejected or failed.
     fn connect(&self, qp: &Arc<dyn QpOps>, addr: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<ConnInfo>;
+    /// [`connect`](Self::connect) with a source address and type of service
+    /// (not both `None`). The default refuses: a backend that can place a
+    /// connection implements it.
+    fn connect_routed(
+        &self,
+        _qp: &Arc<dyn QpOps>,
+        _addr: SocketAddr,
+        route: &RouteOptions,
+        _param: &ConnParam,
+        _timeout: Duration,
+    ) -> Result<ConnInfo> {
+        Err(Error::NotSupported(format!(
+            "this connection manager cannot set the source address or type of service ({route:?})"
+        )))
+    }
     /// Graceful disconnect of a connected QP (`rdma_disconnect`).
     fn disconnect(&self, qp: &Arc<dyn QpOps>);
 }

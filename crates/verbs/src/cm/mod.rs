@@ -27,7 +27,7 @@ use crate::notify::EventQueue;
 use crate::qp::{QpInit, QueuePair};
 use crate::qp_attr::{QpAttr, QpType};
 use crate::types::{Access, ConnParam, QpInitAttr, QpState, RecvWr};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,6 +67,31 @@ impl Listener {
     }
 }
 
+/// How an active connection leaves this host: what rdma_cm sets with
+/// `rdma_resolve_addr`'s source address and `rdma_set_option(RDMA_OPTION_ID_TOS)`
+/// (rping's `-I` and `-t`). The default lets the system choose both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteOptions {
+    /// The local address to connect from (any port); `None`: the routing table's choice.
+    pub src_addr: Option<IpAddr>,
+    /// The IP type of service (IPv4 TOS, IPv6 traffic class) of the connection's
+    /// packets; `None`: the system default (0).
+    pub tos: Option<u8>,
+}
+
+impl RouteOptions {
+    /// Connect from `addr` (`rdma_resolve_addr`'s `src_addr`).
+    pub fn src_addr(mut self, addr: IpAddr) -> Self {
+        self.src_addr = Some(addr);
+        self
+    }
+    /// Mark the connection's packets with this type of service (`RDMA_OPTION_ID_TOS`).
+    pub fn tos(mut self, tos: u8) -> Self {
+        self.tos = Some(tos);
+        self
+    }
+}
+
 /// Options for the queue pair that [`ProtectionDomain::connect`] and
 /// [`ConnectRequest::accept`] create.
 #[derive(Clone)]
@@ -80,6 +105,9 @@ pub struct QpOptions {
     /// the peer may Send the moment it is connected, and iWARP has no
     /// receiver-not-ready retry (a Send without a receive is a Terminate).
     pub initial_recvs: Vec<RecvWr>,
+    /// Source address and type of service of an active connection
+    /// ([`ProtectionDomain::connect`]; a passive side answers on the listener's address).
+    pub route: RouteOptions,
 }
 
 impl QpOptions {
@@ -91,6 +119,7 @@ impl QpOptions {
             attr: QpInitAttr::default(),
             param: ConnParam::default(),
             initial_recvs: Vec::new(),
+            route: RouteOptions::default(),
         }
     }
     /// Receives to post before the connection is established (see
@@ -107,6 +136,11 @@ impl QpOptions {
     pub fn rd_atomic(mut self, responder_resources: u8, initiator_depth: u8) -> Self {
         self.param.responder_resources = responder_resources;
         self.param.initiator_depth = initiator_depth;
+        self
+    }
+    /// Source address and type of service of the connection (see [`RouteOptions`]).
+    pub fn route(mut self, route: RouteOptions) -> Self {
+        self.route = route;
         self
     }
     pub fn attr(mut self, attr: QpInitAttr) -> Self {
@@ -207,8 +241,27 @@ impl QueuePair {
     /// listener (`rdma_connect`): returns once the connection is
     /// established (QP in RTS), or `Error::Rejected` with the peer's private data.
     pub fn connect(&self, addr: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<()> {
+        self.connect_routed(addr, &RouteOptions::default(), param, timeout)
+    }
+
+    /// [`connect`](Self::connect) from a chosen source address and with a
+    /// type of service (`rdma_resolve_addr` with `src_addr`,
+    /// `rdma_set_option(RDMA_OPTION_ID_TOS)`, `rdma_connect`). A provider whose
+    /// transport cannot honour one refuses with `NotSupported`.
+    pub fn connect_routed(
+        &self,
+        addr: SocketAddr,
+        route: &RouteOptions,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<()> {
         prepare(self)?;
-        let info = backend(self.pd().device())?.connect(self.ops(), addr, param, timeout)?;
+        let cm = backend(self.pd().device())?;
+        let info = if *route == RouteOptions::default() {
+            cm.connect(self.ops(), addr, param, timeout)?
+        } else {
+            cm.connect_routed(self.ops(), addr, route, param, timeout)?
+        };
         self.set_connected(info);
         Ok(())
     }
@@ -222,7 +275,7 @@ impl ProtectionDomain {
         let qp = self.create_qp(opts.qp_init())?;
         prepare(&qp)?;
         qp.post_recv(&opts.initial_recvs)?;
-        qp.connect(addr, &opts.param, timeout)?;
+        qp.connect_routed(addr, &opts.route, &opts.param, timeout)?;
         Ok(qp)
     }
 
