@@ -72,6 +72,7 @@ impl CompletionQueue {
         }
     }
 
+    /// The CQ's number, unique in the process (what `IBV_EVENT_CQ_ERR` names).
     pub fn id(&self) -> u32 {
         self.inner.id
     }
@@ -81,6 +82,7 @@ impl CompletionQueue {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
+    /// How many completions it holds (`cqe` of `ibv_create_cq`).
     pub fn capacity(&self) -> usize {
         self.inner.capacity
     }
@@ -251,6 +253,7 @@ impl CompletionQueue {
         self.inner.state.lock().unwrap().entries.len()
     }
 
+    /// Whether no completion is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -47,6 +47,7 @@ impl Device {
         }
     }
 
+    /// The device's name (`ibv_get_device_name`), e.g. `siw_soft0`.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -75,6 +76,7 @@ impl Device {
         self.inner.mem.clone()
     }
 
+    /// The provider behind the device (for providers and diagnostics).
     pub fn provider(&self) -> &Arc<dyn Provider> {
         &self.inner.provider
     }
@@ -136,10 +138,12 @@ pub struct ProtectionDomain {
 }
 
 impl ProtectionDomain {
+    /// The protection domain's number (what a memory check compares).
     pub fn id(&self) -> u32 {
         self.inner.id
     }
 
+    /// The device it belongs to.
     pub fn device(&self) -> &Device {
         &self.inner.dev
     }
@@ -286,18 +290,23 @@ impl MemoryRegion {
     pub fn addr(&self) -> u64 {
         self.iova
     }
+    /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len as usize
     }
+    /// Whether the region has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// The rights it was registered with.
     pub fn access(&self) -> Access {
         self.access
     }
+    /// The protection domain it belongs to.
     pub fn pd(&self) -> &ProtectionDomain {
         &self.pd
     }
+    /// Whether it is a fast-register region (`alloc_mr`), bound by a `RegMr` work request.
     pub fn is_fast_reg(&self) -> bool {
         self.kind == MrKind::FastReg
     }

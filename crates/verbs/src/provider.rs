@@ -41,15 +41,19 @@ use std::sync::Arc;
 /// Everything a provider needs to create a QP (`ibv_qp_init_attr` plus the
 /// resources the verbs layer resolved).
 pub struct QpCreate {
+    /// The QP's transport service type.
     pub qp_type: QpType,
     /// The protection domain's number (memory checks compare it).
     pub pd_id: u32,
     /// The device's memory table, which every access is checked against.
     pub mem: Arc<MemTable>,
+    /// The CQ of send completions.
     pub send_cq: CompletionQueue,
+    /// The CQ of receive completions.
     pub recv_cq: CompletionQueue,
     /// Receives come from this shared receive queue instead of the QP's own.
     pub srq: Option<Arc<dyn SrqOps>>,
+    /// Queue capacities asked for.
     pub attr: QpInitAttr,
     /// The QP's connection events, for a provider whose data path sees them
     /// (an iWARP Terminate, a closed stream). Events pushed here also raise
@@ -60,7 +64,9 @@ pub struct QpCreate {
 /// A provider's queue pair. Created in RESET by [`Provider::create_qp`];
 /// destroyed when the last handle is dropped.
 pub trait QpOps: Send + Sync + 'static {
+    /// The QP number.
     fn qp_num(&self) -> u32;
+    /// The current state.
     fn state(&self) -> QpState;
     /// `ibv_post_send`; the verbs layer adds nothing on this path.
     fn post_send(&self, wrs: &[SendWr]) -> Result<()>;
@@ -79,7 +85,9 @@ pub trait QpOps: Send + Sync + 'static {
 /// Shared receive queue creation attributes (`ibv_srq_init_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SrqInitAttr {
+    /// Most receives outstanding.
     pub max_wr: u32,
+    /// Most scatter/gather elements per receive.
     pub max_sge: u32,
     /// Raise `SrqLimitReached` when fewer receives than this remain (0: never).
     pub srq_limit: u32,
@@ -101,6 +109,7 @@ pub trait SrqOps: Send + Sync + 'static {
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<()>;
     /// `ibv_query_srq`.
     fn query(&self) -> SrqInitAttr;
+    /// For the provider's own code: its concrete type.
     fn as_any(&self) -> &dyn Any;
 }
 

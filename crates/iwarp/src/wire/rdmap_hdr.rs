@@ -16,7 +16,7 @@ use core::fmt;
 use super::ddp::{BufferTooSmall, be, need};
 
 /// RDMAP opcodes as octets (RFC 5040 §4.2 Fig. 4, RFC 7306 §4.1 Fig. 2), for
-/// code that builds or matches the control octet directly (see [`Opcode`]).
+/// code that builds or matches the control octet directly (see [`Opcode`](super::rdmap::Opcode)).
 pub mod op {
     pub const WRITE: u8 = 0x0;
     pub const READ_REQUEST: u8 = 0x1;

@@ -21,7 +21,9 @@ use std::time::Duration;
 
 /// A provider's incoming connection, before accept or reject.
 pub trait ConnRequestOps: Send {
+    /// The initiator's address.
     fn peer_addr(&self) -> SocketAddr;
+    /// The local address the request arrived on.
     fn local_addr(&self) -> SocketAddr;
     /// The initiator's private data, without the provider's own bytes.
     fn private_data(&self) -> &[u8];
@@ -36,6 +38,7 @@ pub trait ConnRequestOps: Send {
 
 /// A provider's listener; dropping it stops listening.
 pub trait ListenerOps: Send + Sync {
+    /// The address it listens on (the port chosen when 0 was asked for).
     fn local_addr(&self) -> SocketAddr;
 }
 

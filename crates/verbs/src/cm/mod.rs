@@ -45,6 +45,7 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// The address it listens on (with the port the system chose for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.ops.local_addr()
     }
@@ -96,9 +97,13 @@ impl RouteOptions {
 /// [`ConnectRequest::accept`] create.
 #[derive(Clone)]
 pub struct QpOptions {
+    /// The CQ of the send queue's completions.
     pub send_cq: CompletionQueue,
+    /// The CQ of the receive queue's completions (may be `send_cq`).
     pub recv_cq: CompletionQueue,
+    /// Queue capacities (`ibv_qp_cap`).
     pub attr: QpInitAttr,
+    /// What the connection asks for: private data, IRD and ORD (`rdma_conn_param`).
     pub param: ConnParam,
     /// Receives posted before the connection goes live, as an rdma_cm user
     /// posts them between `rdma_create_qp` and `rdma_accept`/`rdma_connect`:
@@ -128,6 +133,7 @@ impl QpOptions {
         self.initial_recvs.extend(wrs);
         self
     }
+    /// Private data for the peer (`rdma_conn_param.private_data`).
     pub fn private_data(mut self, pd: &[u8]) -> Self {
         self.param.private_data = pd.to_vec();
         self
@@ -143,6 +149,7 @@ impl QpOptions {
         self.route = route;
         self
     }
+    /// Queue capacities of the QP.
     pub fn attr(mut self, attr: QpInitAttr) -> Self {
         self.attr = attr;
         self
@@ -161,9 +168,11 @@ pub struct ConnectRequest {
 }
 
 impl ConnectRequest {
+    /// The initiator's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.ops.peer_addr()
     }
+    /// The local address the request arrived on.
     pub fn local_addr(&self) -> SocketAddr {
         self.ops.local_addr()
     }
