@@ -149,10 +149,6 @@ impl SharedReceiveQueue {
     pub fn query(&self) -> SrqInitAttr {
         self.ops.query()
     }
-    /// For providers: their own SRQ.
-    pub fn ops(&self) -> &Arc<dyn SrqOps> {
-        &self.ops
-    }
 }
 
 impl std::fmt::Debug for SharedReceiveQueue {
@@ -205,7 +201,7 @@ impl QueuePair {
         self.srq.as_ref()
     }
     /// For providers and the connection manager: the provider's QP.
-    pub fn ops(&self) -> &Arc<dyn QpOps> {
+    pub(crate) fn ops(&self) -> &Arc<dyn QpOps> {
         &self.ops
     }
     /// Posts work requests to the send queue (`ibv_post_send`).

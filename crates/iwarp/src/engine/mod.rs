@@ -144,5 +144,9 @@ pub fn device_attr() -> DeviceAttr {
 /// Opens a software iWARP device with its progress thread.
 pub fn open_device(cfg: IwarpConfig) -> std::io::Result<Device> {
     let provider = Arc::new(cm::IwarpProvider::new(cfg.clone())?);
-    Ok(Device::new(cfg.name.clone(), provider.clone(), Some(provider)))
+    Ok(verbs::provider::new_device(
+        cfg.name.clone(),
+        provider.clone(),
+        Some(provider),
+    ))
 }

@@ -39,6 +39,7 @@ use verbs::cq::Progress;
 use verbs::mem::AccessError;
 use verbs::mem::MemTable;
 use verbs::notify::EventQueue;
+use verbs::provider::CqProviderExt;
 use verbs::{
     Access, CompletionQueue, Error, QpInitAttr, QpState, RecvWr, Result, SendFlags, SendWr, WcOpcode, WcStatus,
     WorkCompletion, WrOpcode,
