@@ -42,6 +42,7 @@ mod fdlimit;
 mod net;
 mod nfs;
 mod perftest;
+mod progress;
 mod providers;
 mod report;
 mod rpc;
