@@ -19,10 +19,23 @@ const T: Duration = Duration::from_secs(10);
 const MSG: u32 = 4096;
 const DEPTH: u64 = 16;
 
+/// The device's name, as `softrdma devices` (or `Registry::list`) shows it.
+const DEVICE: &str = "siw_soft0";
+
+/// Registers the providers this program links and opens a device by name
+/// (`ibv_get_device_list` + `ibv_open_device`); only here is a provider named.
 fn open_device() -> Result<Device> {
-    Registry::new()
-        .with(Arc::new(iwarp::IwarpFactory))
-        .open_default(None, &DeviceOptions::new())
+    let registry = Registry::new().with(Arc::new(iwarp::IwarpFactory));
+    registry.open(DEVICE, &DeviceOptions::new())
+}
+
+/// An RC queue pair moved from RESET to INIT, ready for receives
+/// (`ibv_create_qp` + the RESET -> INIT step `rdma_create_qp` does). Two-sided
+/// traffic needs only local rights.
+fn rc_qp(pd: &ProtectionDomain, cq: &CompletionQueue) -> Result<QueuePair> {
+    let qp = pd.create_qp(QpInit::new(QpType::Rc, cq))?;
+    qp.modify_qp(&QpAttr::init(1, 0, Access::LOCAL_WRITE))?;
+    Ok(qp)
 }
 
 /// Receive buffer `i` of `DEPTH`, each `MSG` bytes.
@@ -37,7 +50,10 @@ fn serve_one(pd: &ProtectionDomain, req: ConnectRequest) -> Result<u64, Box<dyn 
     let cq = pd.device().create_cq(2 * DEPTH as usize)?;
     let rx = pd.reg_mr((DEPTH * MSG as u64) as usize, Access::LOCAL_WRITE)?;
     let tx = pd.reg_mr(MSG as usize, Access::LOCAL_WRITE)?;
-    let qp = req.accept(pd, QpOptions::new(&cq).post_recv((0..DEPTH).map(|i| recv(&rx, i))))?;
+    let qp = rc_qp(pd, &cq)?;
+    // Every receive buffer is posted before accepting: the client may Send at once.
+    qp.post_recv(&(0..DEPTH).map(|i| recv(&rx, i)).collect::<Vec<_>>())?;
+    req.accept_qp(&qp, &ConnParam::default())?;
     let peer = qp.conn_info().peer_addr;
     let mut echoed = 0;
     loop {
@@ -88,7 +104,8 @@ fn client(addr: SocketAddr, words: &[String]) -> Result<(), Box<dyn std::error::
     let cq = dev.create_cq(16)?;
     let rx = pd.reg_mr(MSG as usize, Access::LOCAL_WRITE)?;
     let tx = pd.reg_mr(MSG as usize, Access::LOCAL_WRITE)?;
-    let qp = pd.connect(addr, QpOptions::new(&cq), T)?;
+    let qp = rc_qp(&pd, &cq)?;
+    qp.connect(addr, &ConnParam::default(), T)?;
     for w in words {
         qp.post_recv(&[RecvWr {
             wr_id: 1,

@@ -12,6 +12,10 @@
 //! checks the bytes, and tells the server with a Send that it is done; the
 //! server then prints what landed in its memory. No receive is consumed on the
 //! server by the Write or the Read: one-sided operations touch only memory.
+//!
+//! Both sides follow rdma_cm's order: create the QP (RESET), move it to INIT,
+//! post receives, then bind it to a connection with `QueuePair::connect`
+//! (`rdma_connect`) or `ConnectRequest::accept_qp` (`rdma_accept`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,11 +48,30 @@ impl RemoteRegion {
     }
 }
 
-/// Opens the first device the build offers, through the registry.
+/// The device's name, as `softrdma devices` (or `Registry::list`) shows it.
+const DEVICE: &str = "siw_soft0";
+
+/// How a program gets a device: it registers the providers it links in a
+/// [`Registry`] (here only iWARP; a build with RoCEv2 adds its factory) and
+/// opens one by name, as `ibv_get_device_list` + `ibv_open_device` do. Only
+/// this function names a provider crate; everything below is provider-neutral.
 fn open_device() -> Result<Device> {
-    Registry::new()
-        .with(Arc::new(iwarp::IwarpFactory))
-        .open_default(None, &DeviceOptions::new())
+    let registry = Registry::new().with(Arc::new(iwarp::IwarpFactory));
+    registry.open(DEVICE, &DeviceOptions::new())
+}
+
+/// The rights a QP grants once in INIT (`qp_access_flags`). Each remote access
+/// is still checked against the rights of the region it names.
+const QP_ACCESS: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ);
+
+/// Creates an RC queue pair (it starts in RESET, `ibv_create_qp`) and moves it
+/// to INIT, from where receives may be posted (`rdma_create_qp` does the same).
+fn rc_qp(pd: &ProtectionDomain, cq: &CompletionQueue) -> Result<QueuePair> {
+    let qp = pd.create_qp(QpInit::new(QpType::Rc, cq))?;
+    qp.modify_qp(&QpAttr::init(1, 0, QP_ACCESS))?;
+    Ok(qp)
 }
 
 fn completion(cq: &CompletionQueue, what: &str) -> Result<WorkCompletion, String> {
@@ -63,28 +86,35 @@ fn server(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     let dev = open_device()?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(16)?;
+    // The region the client may write and read: remote rights must be asked for
+    // when registering (and REMOTE_WRITE needs LOCAL_WRITE, as in ibv_reg_mr).
     let mr = pd.reg_mr(LEN, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ)?;
     let ctl = pd.reg_mr(64, Access::LOCAL_WRITE)?;
-    let listener = dev.listen(addr)?;
+    let listener = dev.listen(addr)?; // rdma_bind_addr + rdma_listen
     println!("listening on {}", listener.local_addr());
-    let req = listener.get_request(Some(T))?;
+    let req = listener.get_request(Some(T))?; // RDMA_CM_EVENT_CONNECT_REQUEST
+    // What the client needs to reach `mr`: its address (the tagged offset of
+    // its first byte, not a pointer) and its rkey. They travel in the private
+    // data of the accept; a ULP could as well Send them after connecting.
     let region = RemoteRegion {
         addr: mr.addr(),
         rkey: mr.rkey(),
         len: LEN as u32,
     };
-    // The receive for the client's "done" is posted before the connection goes live.
-    let done = RecvWr {
+    let qp = rc_qp(&pd, &cq)?;
+    // The receive for the client's "done" goes on before the connection is
+    // live: on iWARP a Send that finds no receive ends the connection.
+    qp.post_recv(&[RecvWr {
         wr_id: 1,
         sg_list: vec![ctl.sge(0, 64)],
+    }])?;
+    let param = ConnParam {
+        private_data: region.encode(),
+        // IRD: how many RDMA Reads the client may have outstanding against us.
+        responder_resources: 8,
+        initiator_depth: 8,
     };
-    let qp = req.accept(
-        &pd,
-        QpOptions::new(&cq)
-            .rd_atomic(8, 8)
-            .private_data(&region.encode())
-            .post_recv([done]),
-    )?;
+    req.accept_qp(&qp, &param)?; // rdma_accept: the QP is in RTS on return
     println!("accepted {}", qp.conn_info().peer_addr);
     let wc = completion(&cq, "the client's Send")?;
     println!(
@@ -99,7 +129,15 @@ fn client(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     let dev = open_device()?;
     let pd = dev.alloc_pd()?;
     let cq = dev.create_cq(16)?;
-    let qp = pd.connect(addr, QpOptions::new(&cq).rd_atomic(8, 8), T)?;
+    let qp = rc_qp(&pd, &cq)?;
+    let param = ConnParam {
+        private_data: Vec::new(),
+        responder_resources: 8,
+        // ORD: how many RDMA Reads we issue at once.
+        initiator_depth: 8,
+    };
+    qp.connect(addr, &param, T)?; // rdma_connect: established (RTS) or an error
+    // The server's accept carried the region's address and rkey.
     let remote = RemoteRegion::decode(&qp.conn_info().peer_private_data).ok_or("short private data")?;
     println!(
         "server region: addr {:#x} rkey {:#010x} {} bytes",
@@ -136,7 +174,7 @@ fn client(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     local.write(0, b"done")?;
     qp.post_send_one(SendWr::new(3, WrOpcode::Send, vec![local.sge(0, 4)]))?;
     completion(&cq, "Send")?;
-    qp.disconnect();
+    qp.disconnect(); // rdma_disconnect
     Ok(())
 }
 

@@ -9,8 +9,28 @@
 //! softrdma completions bash   # shell completions; `softrdma man DIR` writes man pages
 //! ```
 //!
+//! (and `rping`, `rpc`, `nfs`: librdmacm's rping, ONC RPC over RDMA and TCP, an NFSv3 client.)
+//!
+//! ## Where it sits
+//!
+//! ```text
+//!   softrdma (this binary)       <- the top: one subcommand per tool
+//!     rpc, nfs        -> rpcrdma (RPC-over-RDMA, ONC RPC, NFSv3 client)
+//!     everything      -> verbs   (Device, PD, MR, CQ, QP, the CM)
+//!   providers.rs      -> iwarp   (the only module that names a provider crate)
+//! ```
+//!
+//! A device is opened by name: [`providers::registry`] lists the providers this
+//! build links (`softrdma devices` prints them), and [`providers::open`] opens
+//! one by device or provider name (`--device siw_soft0`, or the first one),
+//! with its settings as text (`--crc on`) that the provider parses. A program
+//! of your own does the same with `verbs::Registry` (see `examples/`).
+//!
 //! Each subcommand lives in its own module with a `clap::Args` struct and a
-//! `run` function; this file only dispatches.
+//! `run` function; this file only dispatches. Diagnostics go to stderr through
+//! `tracing` (`RUST_LOG`, plain text when stderr is not a terminal); results
+//! go to stdout, as tables or, with `--json`, one JSON object per line
+//! (docs/json.md).
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -23,6 +43,7 @@ mod net;
 mod nfs;
 mod perftest;
 mod procstat;
+mod progress;
 mod providers;
 mod report;
 mod rpc;
@@ -35,7 +56,10 @@ mod units;
 #[command(
     name = "softrdma",
     version,
-    about = "Userspace RDMA (iWARP: RDMAP/DDP/MPA over TCP) without RDMA hardware"
+    about = "Userspace RDMA (iWARP: RDMAP/DDP/MPA over TCP) without RDMA hardware",
+    after_help = "Logging: diagnostics go to stderr. Without RUST_LOG they show warnings and the servers' \
+connection notes (peer closed, Terminates, idle closes, refusals); RUST_LOG=info, debug, or \
+per crate (RUST_LOG=softrdma=debug,iwarp=trace) turns them up. Colours only when stderr is a terminal."
 )]
 struct Cli {
     #[command(subcommand)]

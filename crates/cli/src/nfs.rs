@@ -16,7 +16,7 @@
 //! port rpcbind names, else 2049). READ data comes back through Write chunks,
 //! WRITE data goes out through Read chunks, READDIRPLUS through a Reply chunk.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -395,39 +395,27 @@ fn mode_string(a: &Fattr) -> String {
     s
 }
 
+/// Progress of a transfer (indicatif, see crate::progress): by default for files of
+/// 8 MiB or more when stderr is a terminal and the output is not JSON.
 struct Progress {
-    on: bool,
+    bar: Option<indicatif::ProgressBar>,
     total: u64,
-    start: Instant,
-    last: Instant,
 }
 
 impl Progress {
-    fn new(force: bool, total: u64) -> Progress {
-        let on = force || (total >= 8 << 20 && std::io::stderr().is_terminal());
-        let now = Instant::now();
+    fn new(force: bool, json: bool, total: u64) -> Progress {
+        let on = force || (total >= 8 << 20 && crate::progress::wanted(false, json));
         Progress {
-            on,
+            bar: crate::progress::bytes(on, force, total),
             total,
-            start: now,
-            last: now,
         }
     }
     fn update(&mut self, done: u64) {
-        if !self.on || (self.last.elapsed() < Duration::from_millis(500) && done < self.total) {
-            return;
-        }
-        self.last = Instant::now();
-        let secs = self.start.elapsed().as_secs_f64().max(1e-6);
-        eprint!(
-            "\r{:>6.1}% {:>10} / {} bytes  {:>8.1} MB/s ",
-            100.0 * done as f64 / self.total.max(1) as f64,
-            done,
-            self.total,
-            done as f64 / secs / 1e6
-        );
-        if done >= self.total {
-            eprintln!();
+        if let Some(bar) = &self.bar {
+            bar.set_position(done);
+            if done >= self.total {
+                bar.finish();
+            }
         }
     }
 }
@@ -630,7 +618,7 @@ fn summary(o: &Opts, op: &str, bytes: u64, d: Duration, via: &str, what: &str, c
 fn get(nfs: &Nfs3Client<Client>, fh: &Fh, size: u64, o: &Opts, out: &mut (dyn Write + Send)) -> Result<u64> {
     let rsize = o.rsize.clamp(512, 64 << 20);
     let par = o.parallel.clamp(1, 64) as u64;
-    let mut prog = Progress::new(o.progress, size);
+    let mut prog = Progress::new(o.progress, o.json, size);
     let mut read_all = |tx: std::sync::mpsc::SyncSender<Vec<Vec<u8>>>| -> Result<u64> {
         let mut off = 0u64;
         loop {
@@ -721,7 +709,7 @@ fn write_all(
     let mut verfs: Vec<[u8; nfs3::VERFSIZE]> = Vec::new();
     let wsize = o.wsize.clamp(512, 64 << 20) as usize;
     let par = o.parallel.clamp(1, 64) as usize;
-    let mut prog = Progress::new(o.progress, data.len() as u64);
+    let mut prog = Progress::new(o.progress, o.json, data.len() as u64);
     let pieces: Vec<(usize, &[u8])> = data.chunks(wsize).enumerate().map(|(i, c)| (i * wsize, c)).collect();
     let mut done = 0u64;
     for round in pieces.chunks(par) {

@@ -393,22 +393,28 @@ struct RpcRate {
 }
 
 /// Bytes per second of `calls` READs of `size` over `threads` clients.
-fn time_reads<C: RpcClient + Sync>(clients: &[C], size: usize, calls: u64) -> Result<f64> {
+/// With `progress` (a terminal, not `--json`) a bar counts the calls.
+fn time_reads<C: RpcClient + Sync>(clients: &[C], size: usize, calls: u64, progress: Option<&str>) -> Result<f64> {
     // warm up each connection
     for c in clients {
         demo::read(c, size, 0)?;
     }
     let per = calls.div_ceil(clients.len() as u64);
+    let bar = progress.and_then(|p| crate::progress::count(true, format!("rpc bench {p}"), per * clients.len() as u64));
     let t = Instant::now();
     std::thread::scope(|s| -> Result<()> {
         let hs: Vec<_> = clients
             .iter()
             .map(|c| {
+                let bar = bar.clone();
                 s.spawn(move || -> Result<()> {
                     for i in 0..per {
                         // checked in place, not copied out (the same for both transports)
                         if demo::read_checked(c, size, i as u32)? != size {
                             bail!("short READ");
+                        }
+                        if let Some(b) = &bar {
+                            b.inc(1);
                         }
                     }
                     Ok(())
@@ -420,7 +426,11 @@ fn time_reads<C: RpcClient + Sync>(clients: &[C], size: usize, calls: u64) -> Re
         }
         Ok(())
     })?;
-    Ok((per * clients.len() as u64 * size as u64) as f64 / t.elapsed().as_secs_f64())
+    let secs = t.elapsed().as_secs_f64();
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok((per * clients.len() as u64 * size as u64) as f64 / secs)
 }
 
 fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: bool) -> Result<()> {
@@ -439,6 +449,7 @@ fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: b
     }
     let reg = Arc::new(demo::registry());
     let dev = device()?;
+    let progress = crate::progress::wanted(false, json);
     let mut tcp_bps = None;
     let mut rdma_bps = None;
     if transport != "rdma" {
@@ -446,7 +457,7 @@ fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: b
         let cs: Vec<TcpClient> = (0..threads)
             .map(|_| TcpClient::connect(srv.local_addr()))
             .collect::<std::io::Result<_>>()?;
-        tcp_bps = Some(time_reads(&cs, size, calls)?);
+        tcp_bps = Some(time_reads(&cs, size, calls, progress.then_some("tcp"))?);
     }
     if transport != "tcp" {
         let srv = RdmaServer::spawn(&dev, "127.0.0.1:0".parse()?, reg.clone(), RdmaConfig::default())
@@ -457,7 +468,7 @@ fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: b
                 RdmaClient::connect(&pd, srv.local_addr(), RdmaConfig::default()).map_err(|e| anyhow!("{e}"))
             })
             .collect::<Result<_, _>>()?;
-        rdma_bps = Some(time_reads(&cs, size, calls)?);
+        rdma_bps = Some(time_reads(&cs, size, calls, progress.then_some("rdma"))?);
     }
     let ratio = match (rdma_bps, tcp_bps) {
         (Some(r), Some(t)) if t > 0.0 => Some(r / t),

@@ -44,13 +44,15 @@
 //! open and each client gets a thread, at most 16 at once (more are rejected); a failed
 //! session is reported and the server goes on until killed.
 //!
-//! Not implemented: rping's `-I` (source address) and `-t` (IP type of service), which need
-//! a source address and a TOS on the verbs connect call.
+//! The client's `-I ADDR` (source address, rping's `rdma_resolve_addr` source) and `-t TOS`
+//! (IP type of service, rping's `RDMA_OPTION_ID_TOS`; decimal or 0x hex) go to the verbs
+//! connect as [`RouteOptions`]; as in rping they apply to the connection the client makes.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
+use verbs::cm::RouteOptions;
 use verbs::*;
 
 /// `struct rping_rdma_info`: buf (be64), rkey (be32), size (be32).
@@ -80,11 +82,18 @@ pub struct RpingArgs {
     /// Server: persistent mode, as rping's -P: serve clients until killed, each on its own
     /// thread (at most 16 at once; more are rejected with the reason), a failed session
     /// reported and the next client served.
-    #[arg(short = 'P', requires = "server")]
+    #[arg(short = 'P', conflicts_with = "client")]
     pub persistent: bool,
     /// Address: the server's to connect to (client) or to bind to (server; default any).
     #[arg(short = 'a')]
     pub addr: Option<String>,
+    /// Client: the local address to connect from (rping's -I; default: the routing table's choice).
+    #[arg(short = 'I', value_name = "ADDR", conflicts_with = "server")]
+    pub source: Option<String>,
+    /// Client: IP type of service of the connection's packets (rping's -t), 0 to 255, decimal
+    /// or 0x hex (0x10: low delay).
+    #[arg(short = 't', value_name = "TOS", conflicts_with = "server", value_parser = parse_tos)]
+    pub tos: Option<u8>,
     /// Port.
     #[arg(short = 'p', default_value_t = 7174)]
     pub port: u16,
@@ -472,6 +481,31 @@ pub fn run(args: RpingArgs) -> Result<()> {
     }
 }
 
+/// `-t`: rping reads it with `strtol(optarg, NULL, 0)`: decimal, or hex with 0x.
+fn parse_tos(s: &str) -> Result<u8, String> {
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u8::from_str_radix(hex, 16),
+        None => s.parse::<u8>(),
+    };
+    v.map_err(|_| format!("{s:?} is not a type of service: 0 to 255 (or 0x00 to 0xff)"))
+}
+
+/// The client's source address and type of service (`-I`, `-t`).
+fn route(args: &RpingArgs, dst: SocketAddr) -> Result<RouteOptions> {
+    let mut r = RouteOptions::default();
+    if let Some(src) = &args.source {
+        let ip = resolve(src, 0)?.ip();
+        if ip.is_ipv4() != dst.is_ipv4() {
+            bail!("-I {src}: the source address must be of the server's IP version ({dst})");
+        }
+        r = r.src_addr(ip);
+    }
+    if let Some(tos) = args.tos {
+        r = r.tos(tos);
+    }
+    Ok(r)
+}
+
 fn resolve(addr: &str, port: u16) -> Result<SocketAddr> {
     if let Ok(ip) = addr.parse::<IpAddr>() {
         return Ok(SocketAddr::new(ip, port));
@@ -586,6 +620,7 @@ fn client(dev: &Device, args: &RpingArgs) -> Result<()> {
         opts = opts.private_data(&test_pattern(n));
     }
     let (recv_mr, opts) = recv_buf(&pd, opts)?;
+    let opts = opts.route(route(args, addr)?);
     let qp = match pd.connect(addr, opts, timeout) {
         Ok(qp) => qp,
         Err(Error::Rejected { private_data, detail }) => {

@@ -175,6 +175,22 @@ fn bench_duration_runs_for_about_that_long() {
     assert!(num(v, "msg_per_s") > 1000.0, "{v}");
 }
 
+/// Progress (indicatif) goes to stderr only when asked for or on a terminal: a piped
+/// run is silent there, `--progress` shows the spinner line with its rates, and the
+/// results on stdout are the same JSON either way.
+#[test]
+fn bench_progress_only_when_asked_or_on_a_terminal() {
+    let args = ["bench", "write", "--size", "64", "--duration", "1.2", "--json"];
+    let quiet = run(&args);
+    assert!(quiet.status.success());
+    assert!(quiet.stderr.is_empty(), "{}", String::from_utf8_lossy(&quiet.stderr));
+    let shown = run(&[&args[..], &["--progress"]].concat());
+    assert!(shown.status.success());
+    let err = String::from_utf8_lossy(&shown.stderr);
+    assert!(err.contains("bench write 64 B: ") && err.contains("Gbit/s"), "{err}");
+    assert_eq!(json_lines(&String::from_utf8_lossy(&shown.stdout)).len(), 1);
+}
+
 #[test]
 fn bench_latency_with_tcp_baseline() {
     for op in ["send", "write", "read", "atomic"] {
@@ -461,6 +477,14 @@ fn completions_and_man_pages() {
         let roff = std::fs::read_to_string(&p).unwrap();
         assert!(roff.starts_with(".ie") || roff.contains(".TH"), "{page} is not roff");
     }
+    // The logging switch is documented where users look: `--help` and the man page.
+    let help = ok(&["--help"]);
+    assert!(
+        help.contains("RUST_LOG=info") && help.contains("stderr is a terminal"),
+        "{help}"
+    );
+    let main_page = std::fs::read_to_string(dir.join("softrdma.1")).unwrap();
+    assert!(main_page.contains("RUST_LOG"), "softrdma.1 says nothing of RUST_LOG");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

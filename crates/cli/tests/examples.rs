@@ -1,6 +1,6 @@
 //! The examples in crates/cli/examples run as their docs say: the two-process
-//! ones as two processes over loopback, the async one alone. Their output is
-//! checked, so an example that stops working fails CI.
+//! ones (write_read, echo, rpc_rdma) as two processes over loopback, the async
+//! one alone. Their output is checked, so an example that stops working fails CI.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -124,5 +124,28 @@ fn async_under_tokio() {
     assert!(
         stdout.contains("server: received \"ping\"") && stdout.contains("client: received \"pong\""),
         "{stdout}"
+    );
+}
+
+#[test]
+fn rpc_over_rdma_client_and_server() {
+    // NULL and two UPPER calls: three replies, after which the server prints its counters.
+    let (server, addr, rx) = start_server("rpc_rdma", &["--replies", "3"]);
+    let out = run(Command::new(example("rpc_rdma")).args(["client", &addr]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "client: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("NULL answered"), "{stdout}");
+    assert!(stdout.contains("UPPER: HELLO, RPC OVER RDMA"), "{stdout}");
+    assert!(stdout.contains("UPPER of 262144 bytes: matches"), "{stdout}");
+    let s = finish(server, rx);
+    // The long text went by RDMA Read (a Read chunk) and came back by RDMA
+    // Write (a Write chunk); the transport chose, not the program.
+    assert!(
+        s.contains("3 replies; calls: 2 short, 1 with Read chunks, 0 long; replies through Write chunks: 1"),
+        "{s}"
     );
 }

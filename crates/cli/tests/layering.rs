@@ -137,3 +137,41 @@ fn verbs_code_names_no_iwarp_type() {
         bad.join("\n")
     );
 }
+
+/// Lines that reach the provider-implementor side of the verbs
+/// (`verbs::provider`: `new_device`, `new_cq`, `DeviceProviderExt`, `CqProviderExt`, the
+/// `Provider` trait), which an application never needs.
+fn provider_side_uses(src: &str) -> Vec<(usize, String)> {
+    src.lines()
+        .enumerate()
+        .filter(|(_, l)| l.split("//").next().unwrap_or("").contains("verbs::provider"))
+        .map(|(n, l)| (n + 1, l.trim().to_string()))
+        .collect()
+}
+
+/// Applications (the CLI, its examples, rpcrdma) use the application API only. The one
+/// exception is rpcrdma's Responder, which wakes its worker with a completion of its own
+/// (`CqProviderExt::push`), documented there.
+#[test]
+fn applications_use_no_provider_side_call() {
+    assert_eq!(provider_side_uses("use verbs::provider::CqProviderExt;").len(), 1);
+    assert!(provider_side_uses("// verbs::provider in a comment").is_empty());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut files = Vec::new();
+    for d in ["crates/cli/src", "crates/cli/examples", "crates/rpcrdma/src"] {
+        rust_files(&root.join(d), &mut files);
+    }
+    let mut bad = Vec::new();
+    for f in &files {
+        let hits = provider_side_uses(&std::fs::read_to_string(f).unwrap());
+        let allowed = f.ends_with("rpcrdma/src/transport/responder.rs");
+        if !allowed || hits.len() > 1 {
+            bad.extend(hits.into_iter().map(|(n, l)| format!("{}:{n}: {l}", f.display())));
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "provider-side calls in applications:\n{}",
+        bad.join("\n")
+    );
+}

@@ -173,6 +173,78 @@ fn rping_rejects_sizes_outside_rpings_range() {
     assert!(!out.status.success(), "neither -s nor -c");
 }
 
+/// rping's -I (source address) and -t (type of service): the server sees the connection
+/// come from the -I address, and the pings go through with the TOS set (the socket's TOS
+/// itself is checked in the iwarp crate's `dial` test).
+#[test]
+fn rping_client_source_address_and_tos() {
+    let port = free_port();
+    let (server, lines) = start_server(port, &[]);
+    let out = Command::new(BIN)
+        .args([
+            "rping",
+            "-c",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-V",
+            "-C",
+            "5",
+        ])
+        .args(["-I", "127.0.0.2", "-t", "0x10", "--timeout", "30"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let status = server.wait_with_output().expect("server exits after the disconnect");
+    assert!(status.status.success());
+    let server_lines: Vec<String> = std::iter::from_fn(|| lines.recv_timeout(Duration::from_secs(10)).ok()).collect();
+    assert!(
+        server_lines
+            .iter()
+            .any(|l| l.starts_with("child cma: connect request from 127.0.0.2:")),
+        "{server_lines:?}"
+    );
+}
+
+/// Bad -I and -t values: exit status 2 or 1, one clear line, no connection attempt hanging.
+#[test]
+fn rping_rejects_bad_source_and_tos() {
+    let port = free_port().to_string();
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["-c", "-a", "127.0.0.1", "-t", "256"],
+            "not a type of service: 0 to 255",
+        ),
+        (&["-c", "-a", "127.0.0.1", "-t", "0xfff"], "not a type of service"),
+        // rping's -I and -t belong to the connection the client makes.
+        (&["-s", "-t", "16"], "'-s' cannot be used with '-t <TOS>'"),
+        // -P (persistent) is the server's.
+        (&["-c", "-a", "127.0.0.1", "-P"], "'-c' cannot be used with '-P'"),
+        (
+            &["-c", "-a", "127.0.0.1", "-I", "::1"],
+            "must be of the server's IP version",
+        ),
+        // 192.0.2.1 (TEST-NET-1) is no address of this host.
+        (
+            &["-c", "-a", "127.0.0.1", "-I", "192.0.2.1"],
+            "cannot connect from 192.0.2.1",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(BIN)
+            .arg("rping")
+            .args(args)
+            .args(["-p", &port, "-C", "1", "--timeout", "10"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn rping_client_without_server_fails() {
     let port = free_port();

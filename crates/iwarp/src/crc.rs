@@ -106,6 +106,7 @@ enum Inner {
 
 impl Crc32c {
     #[inline]
+    /// A CRC32c (Castagnoli, as MPA uses it) over no bytes yet.
     pub fn new() -> Self {
         if wide() {
             Crc32c(Inner::Fast(Digest::new(CrcAlgorithm::Crc32Iscsi)))
@@ -114,6 +115,7 @@ impl Crc32c {
         }
     }
     #[inline]
+    /// Adds `data` to the CRC.
     pub fn update(&mut self, data: &[u8]) {
         match &mut self.0 {
             Inner::Fast(d) => d.update(data),
@@ -121,6 +123,7 @@ impl Crc32c {
         }
     }
     #[inline]
+    /// The CRC of everything added so far (the value MPA puts on the wire).
     pub fn finish(&self) -> u32 {
         match &self.0 {
             Inner::Fast(d) => d.finalize() as u32,

@@ -20,8 +20,11 @@ use std::fmt;
 pub struct TerminateInfo {
     /// 0 RDMAP, 1 DDP, 2 LLP (MPA).
     pub layer: u8,
+    /// Error Type (4 bits; RFC 5040 §4.8).
     pub etype: u8,
+    /// Error Code (8 bits).
     pub code: u8,
+    /// The RFC's name of the cause.
     pub description: String,
 }
 
@@ -54,6 +57,7 @@ impl fmt::Display for TerminateInfo {
 /// RFC 6581 §9.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MpaReject {
+    /// The responder's IRD and ORD, when its Reject carried them (MPA revision 2).
     pub ird_ord: Option<(u16, u16)>,
 }
 

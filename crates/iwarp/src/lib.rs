@@ -24,6 +24,8 @@
 //! * [`crc`]: CRC32c for MPA, hardware accelerated.
 //! * [`factory`]: the provider as the device registry ([`verbs::Registry`]) sees it.
 
+#![warn(missing_docs)]
+
 pub mod crc;
 pub mod detail;
 pub mod engine;

@@ -30,6 +30,7 @@
 
 use iwarp::TerminateInfo;
 use std::time::Duration;
+use verbs::provider::DeviceProviderExt;
 use verbs::*;
 
 const T: Duration = Duration::from_secs(10);
@@ -666,7 +667,7 @@ fn send_with_invalidate_of_regular_mr_rdmap_sec_07_row_20() {
     let p = &w.victim;
     assert!(
         w.dev
-            .mem()
+            .mem_table()
             .check(mr.rkey(), w.pd_b.id(), p.b.qp_num(), mr.addr(), 8, Access::REMOTE_READ)
             .is_ok()
     );

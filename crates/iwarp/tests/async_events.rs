@@ -6,6 +6,7 @@ mod pair;
 
 use pair::{T, pair};
 use std::collections::HashSet;
+use verbs::provider::DeviceProviderExt;
 use verbs::*;
 
 fn drain(dev: &Device, n: usize) -> HashSet<AsyncEvent> {

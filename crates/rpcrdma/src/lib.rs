@@ -23,6 +23,41 @@
 //!   providers: iwarp (RDMAP/DDP/MPA over TCP), later roce
 //! ```
 //!
+//! ## Getting started
+//!
+//! The crate takes any `verbs::Device`; the program opens one by name from the
+//! providers it links, through the verbs registry (`softrdma devices` lists the
+//! names). A server registers its procedures and listens; a client connects and
+//! calls. The transport negotiates inline thresholds (RFC 8797) and moves
+//! DDP-eligible items by RDMA Read and Write on its own:
+//!
+//! ```no_run
+//! use rpcrdma::client::Call;
+//! use rpcrdma::server::Registry as Programs;
+//! use rpcrdma::transport::{RdmaClient, RdmaConfig, RdmaServer};
+//! use rpcrdma::xdr::ReplySizing;
+//! use std::sync::Arc;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # fn registry() -> verbs::Registry { verbs::Registry::new() }
+//! // `registry()` registers the providers the program links, e.g.
+//! // `verbs::Registry::new().with(Arc::new(iwarp::IwarpFactory))`.
+//! let dev = registry().open("siw_soft0", &verbs::DeviceOptions::new())?;
+//!
+//! let mut programs = Programs::new();
+//! programs.register_null(0x2000_5a5a, 1);
+//! let server = RdmaServer::spawn(&dev, "127.0.0.1:0".parse()?, Arc::new(programs), RdmaConfig::default())?;
+//!
+//! let client = RdmaClient::connect(&dev.alloc_pd()?, server.local_addr(), RdmaConfig::default())?;
+//! let null = Call::new(0x2000_5a5a, 1, 0, &|_| Ok(()), ReplySizing::default());
+//! client.call(&null, |_| Ok(()))?;
+//! # Ok(()) }
+//! ```
+//!
+//! `crates/cli/examples/rpc_rdma.rs` is a whole program with a procedure whose
+//! argument and result go by Read and Write chunks; [`demo`] and [`nfs3`] are
+//! larger ones.
+//!
 //! ONC RPC over TCP with record marking is the baseline and the fallback: the
 //! same [`rpc`] and [`xdr`] code serves both transports; only the framing differs
 //! (RPC-over-RDMA framing replaces record marking, RFC 8166 §3.2).

@@ -63,11 +63,15 @@ pub struct AhAttr {
     pub dgid: Gid,
     /// Index of our source GID in the port's GID table.
     pub sgid_index: u8,
+    /// Flow label of the GRH (20 bits).
     pub flow_label: u32,
+    /// Hop limit of the GRH (IPv6 hop limit on RoCEv2).
     pub hop_limit: u8,
+    /// Traffic class of the GRH (IPv4 TOS / IPv6 traffic class on RoCEv2).
     pub traffic_class: u8,
     /// Service level.
     pub sl: u8,
+    /// The local port the packets leave from (counted from 1).
     pub port_num: u8,
 }
 
@@ -88,7 +92,9 @@ impl AhAttr {
 
 /// A provider's address handle.
 pub trait AhOps: Send + Sync + 'static {
+    /// The attributes the handle was created with (`ibv_query_ah`).
     fn attr(&self) -> AhAttr;
+    /// For the provider's own code: its concrete type.
     fn as_any(&self) -> &dyn Any;
 }
 

@@ -6,7 +6,7 @@
 //! its connection is established and [`AsyncEvent::QpFatal`] when it fails (a
 //! Terminate either way, a transport error), as the kernel's providers do
 //! (siw raises `IB_EVENT_QP_FATAL` when a Terminate moves a QP to ERROR). The
-//! CM events ([`CmEvent`]) carry the cause; this queue lets one thread watch
+//! CM events ([`CmEvent`](crate::cm::CmEvent)) carry the cause; this queue lets one thread watch
 //! every QP of a device. At most [`MAX_PENDING_ASYNC_EVENTS`] wait for a
 //! reader; beyond that the oldest are dropped.
 
@@ -16,23 +16,50 @@ use crate::notify::EventQueue;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AsyncEvent {
     /// `IBV_EVENT_COMM_EST`: the first packet arrived on a QP in RTR, or its connection was established.
-    CommEstablished { qp_num: u32 },
+    CommEstablished {
+        /// The QP it is about.
+        qp_num: u32,
+    },
     /// `IBV_EVENT_QP_FATAL`: the QP went to the error state on its own.
-    QpFatal { qp_num: u32 },
+    QpFatal {
+        /// The QP it is about.
+        qp_num: u32,
+    },
     /// `IBV_EVENT_QP_REQ_ERR`: the peer's request broke the transport's rules.
-    QpRequestError { qp_num: u32 },
+    QpRequestError {
+        /// The QP it is about.
+        qp_num: u32,
+    },
     /// `IBV_EVENT_QP_ACCESS_ERR`: a peer's access to our memory was refused.
-    QpAccessError { qp_num: u32 },
+    QpAccessError {
+        /// The QP it is about.
+        qp_num: u32,
+    },
     /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP on an SRQ in ERR consumed its last WQE.
-    QpLastWqeReached { qp_num: u32 },
+    QpLastWqeReached {
+        /// The QP it is about.
+        qp_num: u32,
+    },
     /// `IBV_EVENT_SQ_DRAINED`: the send queue of a QP in SQD is empty.
-    SqDrained { qp_num: u32 },
+    SqDrained {
+        /// The QP it is about.
+        qp_num: u32,
+    },
     /// `IBV_EVENT_CQ_ERR`: a CQ overflowed.
-    CqError { cq_id: u32 },
+    CqError {
+        /// The CQ (`CompletionQueue::id`).
+        cq_id: u32,
+    },
     /// `IBV_EVENT_PORT_ACTIVE`.
-    PortActive { port_num: u8 },
+    PortActive {
+        /// The port (from 1).
+        port_num: u8,
+    },
     /// `IBV_EVENT_PORT_ERR`.
-    PortError { port_num: u8 },
+    PortError {
+        /// The port (from 1).
+        port_num: u8,
+    },
     /// `IBV_EVENT_DEVICE_FATAL`.
     DeviceFatal,
 }

@@ -65,10 +65,12 @@ impl Buffer {
         Ok(Buffer { ptr, len, map_len })
     }
 
+    /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

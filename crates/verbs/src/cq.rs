@@ -59,8 +59,10 @@ pub struct CompletionQueue {
 static NEXT_CQ: AtomicU32 = AtomicU32::new(1);
 
 impl CompletionQueue {
-    /// Creates a CQ holding up to `cqe` completions (`ibv_create_cq`).
-    pub fn new(cqe: usize) -> Self {
+    /// Creates a CQ holding up to `cqe` completions. Applications call
+    /// [`Device::create_cq`](crate::Device::create_cq); providers
+    /// [`provider::new_cq`](crate::provider::new_cq).
+    pub(crate) fn create(cqe: usize) -> Self {
         CompletionQueue {
             inner: Arc::new(Inner {
                 id: NEXT_CQ.fetch_add(1, Ordering::Relaxed),
@@ -72,6 +74,7 @@ impl CompletionQueue {
         }
     }
 
+    /// The CQ's number, unique in the process (what `IBV_EVENT_CQ_ERR` names).
     pub fn id(&self) -> u32 {
         self.inner.id
     }
@@ -81,19 +84,22 @@ impl CompletionQueue {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
+    /// How many completions it holds (`cqe` of `ibv_create_cq`).
     pub fn capacity(&self) -> usize {
         self.inner.capacity
     }
 
-    /// For providers: attach a QP so that `poll` can drive its progress.
-    pub fn attach(&self, p: Weak<dyn Progress>) {
+    /// Attach a QP so that `poll` can drive its progress
+    /// ([`CqProviderExt::attach`](crate::provider::CqProviderExt::attach)).
+    pub(crate) fn attach_progress(&self, p: Weak<dyn Progress>) {
         let mut a = self.inner.attached.lock().unwrap();
         a.retain(|w| w.strong_count() > 0);
         a.push(p);
     }
 
-    /// For providers: deliver a completion. Wakes blocking and async waiters.
-    pub fn push(&self, wc: WorkCompletion) -> Result<(), CqOverflow> {
+    /// Deliver a completion; wakes blocking and async waiters
+    /// ([`CqProviderExt::push`](crate::provider::CqProviderExt::push)).
+    pub(crate) fn deliver(&self, wc: WorkCompletion) -> Result<(), CqOverflow> {
         let wakers;
         {
             let mut s = self.inner.state.lock().unwrap();
@@ -251,6 +257,7 @@ impl CompletionQueue {
         self.inner.state.lock().unwrap().entries.len()
     }
 
+    /// Whether no completion is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -303,10 +310,10 @@ mod tests {
     #[test]
     fn fifo_and_overflow() {
         // RDMAP-SEC-10: overflow is reported to the producer, the queue keeps what it had.
-        let cq = CompletionQueue::new(2);
-        cq.push(wc(1, false)).unwrap();
-        cq.push(wc(2, false)).unwrap();
-        assert_eq!(cq.push(wc(3, false)), Err(CqOverflow));
+        let cq = CompletionQueue::create(2);
+        cq.deliver(wc(1, false)).unwrap();
+        cq.deliver(wc(2, false)).unwrap();
+        assert_eq!(cq.deliver(wc(3, false)), Err(CqOverflow));
         assert!(cq.overflowed());
         assert_eq!(cq.poll_one().unwrap().wr_id, 1);
         assert_eq!(cq.poll_one().unwrap().wr_id, 2);
@@ -315,24 +322,24 @@ mod tests {
 
     #[test]
     fn solicited_events() {
-        let cq = CompletionQueue::new(8);
+        let cq = CompletionQueue::create(8);
         cq.req_notify(true);
-        cq.push(wc(1, false)).unwrap();
+        cq.deliver(wc(1, false)).unwrap();
         assert!(!cq.get_event(Some(Duration::from_millis(1))));
-        cq.push(wc(2, true)).unwrap();
+        cq.deliver(wc(2, true)).unwrap();
         assert!(cq.get_event(Some(Duration::from_millis(1))));
         // Disarmed after one event.
-        cq.push(wc(3, true)).unwrap();
+        cq.deliver(wc(3, true)).unwrap();
         assert!(!cq.get_event(Some(Duration::from_millis(1))));
     }
 
     #[test]
     fn blocking_wait_wakes() {
-        let cq = CompletionQueue::new(8);
+        let cq = CompletionQueue::create(8);
         let c2 = cq.clone();
         let t = std::thread::spawn(move || c2.wait(Some(Duration::from_secs(5))));
         std::thread::sleep(Duration::from_millis(20));
-        cq.push(wc(7, false)).unwrap();
+        cq.deliver(wc(7, false)).unwrap();
         assert_eq!(t.join().unwrap().unwrap().wr_id, 7);
         assert!(cq.wait_spin(Duration::ZERO, Some(Duration::from_millis(5))).is_none());
     }

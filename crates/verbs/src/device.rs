@@ -30,10 +30,15 @@ pub struct Device {
 }
 
 impl Device {
-    /// For providers: wraps a provider (and its connection manager backend,
-    /// if the transport has one) as a device. The device limits are read
-    /// once here ([`Provider::query_device`]).
-    pub fn new(name: impl Into<String>, provider: Arc<dyn Provider>, cm: Option<Arc<dyn CmBackend>>) -> Device {
+    /// Wraps a provider (and its connection manager backend, if the
+    /// transport has one) as a device; providers reach it as
+    /// [`provider::new_device`](crate::provider::new_device). The device
+    /// limits are read once here ([`Provider::query_device`]).
+    pub(crate) fn from_provider(
+        name: impl Into<String>,
+        provider: Arc<dyn Provider>,
+        cm: Option<Arc<dyn CmBackend>>,
+    ) -> Device {
         Device {
             inner: Arc::new(DeviceInner {
                 name: name.into(),
@@ -47,6 +52,7 @@ impl Device {
         }
     }
 
+    /// The device's name (`ibv_get_device_name`), e.g. `siw_soft0`.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -61,26 +67,17 @@ impl Device {
         self.inner.attr.clone()
     }
 
-    /// The memory table every access is checked against (for providers).
-    pub fn mem(&self) -> &MemTable {
-        &self.inner.mem
-    }
-
     pub(crate) fn mem_arc(&self) -> &Arc<MemTable> {
         &self.inner.mem
     }
 
-    /// For providers and their tests: a shared handle on the memory table.
-    pub fn mem_table(&self) -> Arc<MemTable> {
-        self.inner.mem.clone()
-    }
-
-    pub fn provider(&self) -> &Arc<dyn Provider> {
+    /// The provider behind the device (for providers and diagnostics).
+    pub(crate) fn provider(&self) -> &Arc<dyn Provider> {
         &self.inner.provider
     }
 
     /// The transport's connection manager backend, if it has one.
-    pub fn cm_backend(&self) -> Option<&Arc<dyn CmBackend>> {
+    pub(crate) fn cm_backend(&self) -> Option<&Arc<dyn CmBackend>> {
         self.inner.cm.as_ref()
     }
 
@@ -136,10 +133,12 @@ pub struct ProtectionDomain {
 }
 
 impl ProtectionDomain {
+    /// The protection domain's number (what a memory check compares).
     pub fn id(&self) -> u32 {
         self.inner.id
     }
 
+    /// The device it belongs to.
     pub fn device(&self) -> &Device {
         &self.inner.dev
     }
@@ -286,18 +285,23 @@ impl MemoryRegion {
     pub fn addr(&self) -> u64 {
         self.iova
     }
+    /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len as usize
     }
+    /// Whether the region has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// The rights it was registered with.
     pub fn access(&self) -> Access {
         self.access
     }
+    /// The protection domain it belongs to.
     pub fn pd(&self) -> &ProtectionDomain {
         &self.pd
     }
+    /// Whether it is a fast-register region (`alloc_mr`), bound by a `RegMr` work request.
     pub fn is_fast_reg(&self) -> bool {
         self.kind == MrKind::FastReg
     }
@@ -408,8 +412,9 @@ impl Device {
         self.inner.async_events.pop_async().await
     }
 
-    /// For providers: raise an event that is not a QP's CM event (CQ overflow, port change).
-    pub fn raise_async_event(&self, ev: crate::async_event::AsyncEvent) {
+    /// Raise an event that is not a QP's CM event (CQ overflow, port change);
+    /// providers reach it through [`DeviceProviderExt`](crate::provider::DeviceProviderExt).
+    pub(crate) fn push_async_event(&self, ev: crate::async_event::AsyncEvent) {
         crate::async_event::push_bounded(&self.inner.async_events, ev)
     }
 }

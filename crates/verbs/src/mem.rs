@@ -62,6 +62,7 @@ pub(crate) struct Entry {
 /// The result of a successful check: where the bytes are.
 #[derive(Debug, Clone)]
 pub struct Resolved {
+    /// The region's bytes.
     pub buffer: Arc<Buffer>,
     /// Offset inside `buffer` of the first byte addressed.
     pub offset: usize,
@@ -85,6 +86,7 @@ pub struct MemTable {
 }
 
 impl MemTable {
+    /// An empty table.
     pub fn new() -> Self {
         Self::default()
     }
@@ -226,6 +228,7 @@ impl MemTable {
         self.inner.read().unwrap().len()
     }
 
+    /// Whether no region is registered.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 /// Called with each item as it is pushed, before waiters see it.
 type Tap<T> = Box<dyn Fn(&T) + Send + Sync>;
 
+/// A queue of events with blocking and async waits: CM requests, CM events, async events.
 pub struct EventQueue<T> {
     state: Mutex<(VecDeque<T>, Vec<Waker>, bool)>,
     cond: Condvar,
@@ -29,6 +30,7 @@ impl<T> Default for EventQueue<T> {
 }
 
 impl<T> EventQueue<T> {
+    /// An empty, open queue.
     pub fn new() -> Self {
         Self::default()
     }
@@ -42,6 +44,7 @@ impl<T> EventQueue<T> {
         }
     }
 
+    /// Adds an event and wakes one waiter.
     pub fn push(&self, v: T) {
         if let Some(tap) = &self.tap {
             tap(&v);
@@ -66,6 +69,7 @@ impl<T> EventQueue<T> {
         wakers.into_iter().for_each(Waker::wake);
     }
 
+    /// The next event, if one is waiting.
     pub fn try_pop(&self) -> Option<T> {
         self.state.lock().unwrap().0.pop_front()
     }
@@ -99,15 +103,18 @@ impl<T> EventQueue<T> {
         PopFuture { q: self }
     }
 
+    /// Events waiting.
     pub fn len(&self) -> usize {
         self.state.lock().unwrap().0.len()
     }
 
+    /// Whether no event is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }
 
+/// The future of [`EventQueue::pop_async`].
 pub struct PopFuture<'a, T> {
     q: &'a EventQueue<T>,
 }

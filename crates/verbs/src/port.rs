@@ -16,9 +16,13 @@ pub const DEFAULT_PKEY: u16 = 0xffff;
 /// Port state (`ibv_port_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PortState {
+    /// `IBV_PORT_DOWN`: no link.
     Down = 1,
+    /// `IBV_PORT_INIT`: link up, not yet configured.
     Init = 2,
+    /// `IBV_PORT_ARMED`: configured, not yet active.
     Armed = 3,
+    /// `IBV_PORT_ACTIVE`: ready for traffic.
     Active = 4,
 }
 
@@ -37,23 +41,30 @@ impl PortState {
 /// What the port's link is (`IBV_LINK_LAYER_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LinkLayer {
+    /// An InfiniBand link.
     InfiniBand,
+    /// Ethernet (iWARP, RoCE).
     Ethernet,
 }
 
 /// Port attributes (`ibv_port_attr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortAttr {
+    /// The port's state.
     pub state: PortState,
+    /// The largest MTU the port supports.
     pub max_mtu: Mtu,
+    /// The MTU in use.
     pub active_mtu: Mtu,
     /// Entries in the GID table.
     pub gid_tbl_len: u32,
     /// Entries in the P_Key table.
     pub pkey_tbl_len: u16,
+    /// The link layer (`IBV_LINK_LAYER_*`).
     pub link_layer: LinkLayer,
     /// Local identifier (0 on Ethernet link layers).
     pub lid: u16,
+    /// The subnet manager's LID (0 on Ethernet).
     pub sm_lid: u16,
 }
 

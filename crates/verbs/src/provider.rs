@@ -21,35 +21,49 @@
 //! ([`crate::qp_attr::check_modify`]) before a call reaches the provider, so
 //! a provider sees only calls that are legal for its QP's type and state.
 //!
+//! What only a provider calls lives here too, not on the application's
+//! types: [`new_device`] (wraps a provider as a [`Device`]), [`new_cq`],
+//! and the extension traits [`DeviceProviderExt`] (the memory table, raising
+//! asynchronous events) and [`CqProviderExt`] (attaching a QP's progress,
+//! delivering completions). A provider crate imports them; an application
+//! never needs to.
+//!
 //! Connection management is not here: a provider that needs a connection
 //! manager (iWARP's MPA, the IB CM) offers a [`crate::cm::backend::CmBackend`]
 //! beside this trait, which binds a QP made here to a connection.
 
 use crate::ah::AhOps;
+use crate::async_event::AsyncEvent;
 use crate::buffer::Buffer;
+use crate::cm::backend::CmBackend;
 use crate::cm::event::CmEvent;
-use crate::cq::CompletionQueue;
+use crate::cq::{CompletionQueue, CqOverflow, Progress};
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::mem::MemTable;
 use crate::notify::EventQueue;
 use crate::port::{DEFAULT_PKEY, PortAttr};
 use crate::qp_attr::{AhAttr, Gid, QpAttr, QpType};
-use crate::types::{Access, DeviceAttr, QpInitAttr, QpState, RecvWr, SendWr};
+use crate::types::{Access, DeviceAttr, QpInitAttr, QpState, RecvWr, SendWr, WorkCompletion};
 use std::any::Any;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// Everything a provider needs to create a QP (`ibv_qp_init_attr` plus the
 /// resources the verbs layer resolved).
 pub struct QpCreate {
+    /// The QP's transport service type.
     pub qp_type: QpType,
     /// The protection domain's number (memory checks compare it).
     pub pd_id: u32,
     /// The device's memory table, which every access is checked against.
     pub mem: Arc<MemTable>,
+    /// The CQ of send completions.
     pub send_cq: CompletionQueue,
+    /// The CQ of receive completions.
     pub recv_cq: CompletionQueue,
     /// Receives come from this shared receive queue instead of the QP's own.
     pub srq: Option<Arc<dyn SrqOps>>,
+    /// Queue capacities asked for.
     pub attr: QpInitAttr,
     /// The QP's connection events, for a provider whose data path sees them
     /// (an iWARP Terminate, a closed stream). Events pushed here also raise
@@ -60,7 +74,9 @@ pub struct QpCreate {
 /// A provider's queue pair. Created in RESET by [`Provider::create_qp`];
 /// destroyed when the last handle is dropped.
 pub trait QpOps: Send + Sync + 'static {
+    /// The QP number.
     fn qp_num(&self) -> u32;
+    /// The current state.
     fn state(&self) -> QpState;
     /// `ibv_post_send`; the verbs layer adds nothing on this path.
     fn post_send(&self, wrs: &[SendWr]) -> Result<()>;
@@ -79,7 +95,9 @@ pub trait QpOps: Send + Sync + 'static {
 /// Shared receive queue creation attributes (`ibv_srq_init_attr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SrqInitAttr {
+    /// Most receives outstanding.
     pub max_wr: u32,
+    /// Most scatter/gather elements per receive.
     pub max_sge: u32,
     /// Raise `SrqLimitReached` when fewer receives than this remain (0: never).
     pub srq_limit: u32,
@@ -101,6 +119,7 @@ pub trait SrqOps: Send + Sync + 'static {
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<()>;
     /// `ibv_query_srq`.
     fn query(&self) -> SrqInitAttr;
+    /// For the provider's own code: its concrete type.
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -155,7 +174,7 @@ pub trait Provider: Send + Sync {
     /// A completion queue of `cqe` entries (`ibv_create_cq`; the verbs layer
     /// checked `cqe` against `max_cqe`).
     fn create_cq(&self, cqe: usize) -> Result<CompletionQueue> {
-        Ok(CompletionQueue::new(cqe))
+        Ok(CompletionQueue::create(cqe))
     }
 
     /// A queue pair in RESET (`ibv_create_qp`).
@@ -184,5 +203,61 @@ pub trait Provider: Send + Sync {
         Err(Error::NotSupported(
             "multicast (this transport has no UD service)".into(),
         ))
+    }
+}
+
+// ---- the provider-implementor side of the verbs objects ----
+
+/// Wraps `provider` (and its connection manager backend, if the transport
+/// has one) as the device `name`: what a provider's
+/// [`DeviceFactory::open`](crate::DeviceFactory::open) returns. The device
+/// limits are read once here ([`Provider::query_device`]).
+pub fn new_device(name: impl Into<String>, provider: Arc<dyn Provider>, cm: Option<Arc<dyn CmBackend>>) -> Device {
+    Device::from_provider(name, provider, cm)
+}
+
+/// A completion queue of `cqe` entries, for a provider's
+/// [`Provider::create_cq`] (applications use [`Device::create_cq`], which
+/// checks `cqe` against the device's limit first).
+pub fn new_cq(cqe: usize) -> CompletionQueue {
+    CompletionQueue::create(cqe)
+}
+
+/// What a provider does with a [`Device`] beyond the application API.
+pub trait DeviceProviderExt {
+    /// A shared handle on the memory table every access is checked against.
+    fn mem_table(&self) -> Arc<MemTable>;
+    /// Raises an asynchronous event that is not a QP's CM event (CQ
+    /// overflow, port change); applications read it with
+    /// [`Device::get_async_event`].
+    fn raise_async_event(&self, ev: AsyncEvent);
+}
+
+impl DeviceProviderExt for Device {
+    fn mem_table(&self) -> Arc<MemTable> {
+        self.mem_arc().clone()
+    }
+    fn raise_async_event(&self, ev: AsyncEvent) {
+        self.push_async_event(ev)
+    }
+}
+
+/// What a provider does with a [`CompletionQueue`] beyond the application API.
+pub trait CqProviderExt {
+    /// Attaches a QP so that `poll` on this CQ can drive its progress
+    /// (run-to-completion).
+    fn attach(&self, p: Weak<dyn Progress>);
+    /// Delivers a completion and wakes blocking and async waiters; on
+    /// [`CqOverflow`] the provider moves the QP that produced it to the error
+    /// state.
+    fn push(&self, wc: WorkCompletion) -> std::result::Result<(), CqOverflow>;
+}
+
+impl CqProviderExt for CompletionQueue {
+    fn attach(&self, p: Weak<dyn Progress>) {
+        self.attach_progress(p)
+    }
+    fn push(&self, wc: WorkCompletion) -> std::result::Result<(), CqOverflow> {
+        self.deliver(wc)
     }
 }

@@ -21,11 +21,15 @@ use std::time::Duration;
 /// What `create_qp` takes (`ibv_qp_init_attr`).
 #[derive(Clone)]
 pub struct QpInit {
+    /// The transport service type (RC, UD, ...).
     pub qp_type: QpType,
+    /// The CQ of send completions.
     pub send_cq: CompletionQueue,
+    /// The CQ of receive completions.
     pub recv_cq: CompletionQueue,
     /// Receives come from this shared receive queue.
     pub srq: Option<SharedReceiveQueue>,
+    /// Queue capacities (`ibv_qp_cap`).
     pub cap: QpInitAttr,
 }
 
@@ -40,14 +44,17 @@ impl QpInit {
             cap: QpInitAttr::default(),
         }
     }
+    /// A separate CQ for receive completions.
     pub fn recv_cq(mut self, cq: &CompletionQueue) -> Self {
         self.recv_cq = cq.clone();
         self
     }
+    /// Take receives from a shared receive queue.
     pub fn srq(mut self, srq: &SharedReceiveQueue) -> Self {
         self.srq = Some(srq.clone());
         self
     }
+    /// Queue capacities.
     pub fn cap(mut self, cap: QpInitAttr) -> Self {
         self.cap = cap;
         self
@@ -142,10 +149,6 @@ impl SharedReceiveQueue {
     pub fn query(&self) -> SrqInitAttr {
         self.ops.query()
     }
-    /// For providers: their own SRQ.
-    pub fn ops(&self) -> &Arc<dyn SrqOps> {
-        &self.ops
-    }
 }
 
 impl std::fmt::Debug for SharedReceiveQueue {
@@ -169,9 +172,11 @@ pub struct QueuePair {
 }
 
 impl QueuePair {
+    /// The QP number (`qp_num`).
     pub fn qp_num(&self) -> u32 {
         self.ops.qp_num()
     }
+    /// The current state (`ibv_query_qp`'s `qp_state`).
     pub fn state(&self) -> QpState {
         self.ops.state()
     }
@@ -179,20 +184,24 @@ impl QueuePair {
     pub fn qp_type(&self) -> QpType {
         self.qp_type
     }
+    /// The protection domain it belongs to.
     pub fn pd(&self) -> &ProtectionDomain {
         &self.pd
     }
+    /// The CQ of send completions.
     pub fn send_cq(&self) -> &CompletionQueue {
         &self.send_cq
     }
+    /// The CQ of receive completions.
     pub fn recv_cq(&self) -> &CompletionQueue {
         &self.recv_cq
     }
+    /// The shared receive queue, if it takes receives from one.
     pub fn srq(&self) -> Option<&SharedReceiveQueue> {
         self.srq.as_ref()
     }
     /// For providers and the connection manager: the provider's QP.
-    pub fn ops(&self) -> &Arc<dyn QpOps> {
+    pub(crate) fn ops(&self) -> &Arc<dyn QpOps> {
         &self.ops
     }
     /// Posts work requests to the send queue (`ibv_post_send`).

@@ -65,26 +65,47 @@ bitflags! {
     /// Which attributes a `modify_qp` call sets (`ibv_qp_attr_mask`, same bit values).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct QpAttrMask: u32 {
+        /// `IBV_QP_STATE`: `qp_state`.
         const STATE = 1;
+        /// `IBV_QP_CUR_STATE`: `cur_qp_state`.
         const CUR_STATE = 1 << 1;
+        /// `IBV_QP_EN_SQD_ASYNC_NOTIFY`: `en_sqd_async_notify`.
         const EN_SQD_ASYNC_NOTIFY = 1 << 2;
+        /// `IBV_QP_ACCESS_FLAGS`: `qp_access_flags`.
         const ACCESS_FLAGS = 1 << 3;
+        /// `IBV_QP_PKEY_INDEX`: `pkey_index`.
         const PKEY_INDEX = 1 << 4;
+        /// `IBV_QP_PORT`: `port_num`.
         const PORT = 1 << 5;
+        /// `IBV_QP_QKEY`: `qkey`.
         const QKEY = 1 << 6;
+        /// `IBV_QP_AV`: `ah_attr` (the primary path).
         const AV = 1 << 7;
+        /// `IBV_QP_PATH_MTU`: `path_mtu`.
         const PATH_MTU = 1 << 8;
+        /// `IBV_QP_TIMEOUT`: `timeout`.
         const TIMEOUT = 1 << 9;
+        /// `IBV_QP_RETRY_CNT`: `retry_cnt`.
         const RETRY_CNT = 1 << 10;
+        /// `IBV_QP_RNR_RETRY`: `rnr_retry`.
         const RNR_RETRY = 1 << 11;
+        /// `IBV_QP_RQ_PSN`: `rq_psn`.
         const RQ_PSN = 1 << 12;
+        /// `IBV_QP_MAX_QP_RD_ATOMIC`: `max_rd_atomic`.
         const MAX_QP_RD_ATOMIC = 1 << 13;
+        /// `IBV_QP_ALT_PATH`: the alternate path.
         const ALT_PATH = 1 << 14;
+        /// `IBV_QP_MIN_RNR_TIMER`: `min_rnr_timer`.
         const MIN_RNR_TIMER = 1 << 15;
+        /// `IBV_QP_SQ_PSN`: `sq_psn`.
         const SQ_PSN = 1 << 16;
+        /// `IBV_QP_MAX_DEST_RD_ATOMIC`: `max_dest_rd_atomic`.
         const MAX_DEST_RD_ATOMIC = 1 << 17;
+        /// `IBV_QP_PATH_MIG_STATE`: the path migration state.
         const PATH_MIG_STATE = 1 << 18;
+        /// `IBV_QP_CAP`: queue capacities.
         const CAP = 1 << 19;
+        /// `IBV_QP_DEST_QPN`: `dest_qp_num`.
         const DEST_QPN = 1 << 20;
     }
 }
@@ -92,10 +113,15 @@ bitflags! {
 /// Path MTU (`ibv_mtu`): the largest payload of one packet on the path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Mtu {
+    /// 256 octets.
     Mtu256 = 1,
+    /// 512 octets.
     Mtu512 = 2,
+    /// 1024 octets.
     Mtu1024 = 3,
+    /// 2048 octets.
     Mtu2048 = 4,
+    /// 4096 octets.
     Mtu4096 = 5,
 }
 
@@ -116,16 +142,23 @@ impl Mtu {
 /// which fields are set. `qp_state` is the state to move to.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct QpAttr {
+    /// The state to move to.
     pub qp_state: Option<QpState>,
     /// The state the caller believes the QP is in (checked).
     pub cur_qp_state: Option<QpState>,
+    /// Raise `IBV_EVENT_SQ_DRAINED` when a move to SQD completes.
     pub en_sqd_async_notify: Option<bool>,
+    /// Remote rights the QP grants (`IBV_ACCESS_REMOTE_*`).
     pub qp_access_flags: Option<Access>,
+    /// Index into the port's P_Key table.
     pub pkey_index: Option<u16>,
+    /// The port (from 1).
     pub port_num: Option<u8>,
+    /// Q_Key of a UD QP.
     pub qkey: Option<u32>,
     /// Primary path (address vector).
     pub ah_attr: Option<AhAttr>,
+    /// Path MTU.
     pub path_mtu: Option<Mtu>,
     /// Local ACK timeout: 4.096 µs × 2^timeout (0: infinite).
     pub timeout: Option<u8>,
@@ -150,21 +183,32 @@ pub struct QpAttr {
 /// The attributes of an RC/UC move to RTR: where the peer is and how to receive from it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RtrAttr {
+    /// Where the peer is (its address vector).
     pub ah_attr: AhAttr,
+    /// Path MTU.
     pub path_mtu: Mtu,
+    /// The remote QP number.
     pub dest_qp_num: u32,
+    /// First PSN expected from the peer.
     pub rq_psn: u32,
+    /// Inbound RDMA Reads/atomics accepted at once (IRD).
     pub max_dest_rd_atomic: u8,
+    /// Minimum RNR NAK timer code.
     pub min_rnr_timer: u8,
 }
 
 /// The attributes of an RC move to RTS: how to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RtsAttr {
+    /// First PSN we send.
     pub sq_psn: u32,
+    /// Local ACK timeout: 4.096 µs × 2^timeout (0: infinite).
     pub timeout: u8,
+    /// Transport retries (0..=7).
     pub retry_cnt: u8,
+    /// Receiver-not-ready retries (7: infinite).
     pub rnr_retry: u8,
+    /// Outstanding RDMA Reads/atomics we may issue (ORD).
     pub max_rd_atomic: u8,
 }
 
@@ -312,7 +356,9 @@ pub enum ModifyQpError {
 /// Required and optional attributes of one legal transition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TransitionRule {
+    /// Attributes the transition must have.
     pub required: QpAttrMask,
+    /// Attributes it may have.
     pub optional: QpAttrMask,
 }
 

@@ -37,9 +37,11 @@ impl Transport {
 /// One setting a provider takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParamInfo {
+    /// The key (`crc`, `mpa_rev`, ...).
     pub name: &'static str,
     /// The value used when the setting is not given.
     pub default: String,
+    /// What it does, for `softrdma info` and `--help`.
     pub help: &'static str,
 }
 
@@ -50,9 +52,11 @@ pub struct ProviderInfo {
     pub provider: &'static str,
     /// The device name it opens by default (`siw_soft0`).
     pub device: String,
+    /// The transport (iWARP, RoCEv2).
     pub transport: Transport,
     /// One line on the protocols it runs.
     pub description: &'static str,
+    /// The settings it takes.
     pub params: Vec<ParamInfo>,
 }
 
@@ -63,6 +67,7 @@ pub struct DeviceOptions {
 }
 
 impl DeviceOptions {
+    /// No settings: the provider's defaults.
     pub fn new() -> Self {
         Self::default()
     }
@@ -71,6 +76,7 @@ impl DeviceOptions {
         self.set(key, value);
         self
     }
+    /// Sets `key` to `value`.
     pub fn set(&mut self, key: &str, value: impl ToString) {
         self.params.insert(key.to_string(), value.to_string());
     }
@@ -82,9 +88,11 @@ impl DeviceOptions {
         self.set(k.trim(), v.trim());
         Ok(())
     }
+    /// The value of `key`, if set.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.params.get(key).map(String::as_str)
     }
+    /// Every setting, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
         self.params.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
@@ -125,8 +133,11 @@ impl DeviceOptions {
 /// A configuration value, for machines (`--json`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ConfigValue {
+    /// On or off.
     Bool(bool),
+    /// A number.
     Num(u64),
+    /// Anything else.
     Text(String),
     /// Unset / off.
     Null,
@@ -141,6 +152,7 @@ pub struct ConfigItem {
     pub key: &'static str,
     /// Human label (`MPA CRC32c`).
     pub label: &'static str,
+    /// Its value.
     pub value: ConfigValue,
     /// The value explained for people.
     pub text: String,
@@ -148,6 +160,7 @@ pub struct ConfigItem {
 
 /// A provider as the registry knows it: it describes itself and opens devices.
 pub trait DeviceFactory: Send + Sync {
+    /// What the provider is and what it takes.
     fn info(&self) -> ProviderInfo;
     /// Opens a device with these settings (unknown keys are refused).
     fn open(&self, opts: &DeviceOptions) -> Result<Device>;
@@ -163,6 +176,7 @@ pub struct Registry {
 }
 
 impl Registry {
+    /// An empty registry.
     pub fn new() -> Self {
         Self::default()
     }
@@ -171,6 +185,7 @@ impl Registry {
         self.register(f);
         self
     }
+    /// Adds a provider.
     pub fn register(&mut self, f: Arc<dyn DeviceFactory>) {
         self.factories.push(f);
     }

@@ -8,9 +8,13 @@ bitflags! {
     /// Memory access rights (`IBV_ACCESS_*`).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     pub struct Access: u32 {
+        /// `IBV_ACCESS_LOCAL_WRITE`: the device may write the memory (receives, Read responses).
         const LOCAL_WRITE = 1;
+        /// `IBV_ACCESS_REMOTE_WRITE`: peers may RDMA Write it (needs LOCAL_WRITE).
         const REMOTE_WRITE = 1 << 1;
+        /// `IBV_ACCESS_REMOTE_READ`: peers may RDMA Read it.
         const REMOTE_READ = 1 << 2;
+        /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may run atomics on it.
         const REMOTE_ATOMIC = 1 << 3;
         /// Not an rdma-core flag: a local read is always allowed. Used
         /// internally as the right a local gather needs.
@@ -44,15 +48,20 @@ bitflags! {
 /// One scatter/gather element: `length` bytes at `addr` in the region named by `lkey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sge {
+    /// Address (tagged offset) of the first byte.
     pub addr: u64,
+    /// Length in bytes.
     pub length: u32,
+    /// Local key of the region.
     pub lkey: u32,
 }
 
 /// A remote buffer: its address (tagged offset) and rkey.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteAddr {
+    /// Address (tagged offset) in the peer's region.
     pub addr: u64,
+    /// The peer's key for the region.
     pub rkey: u32,
 }
 
@@ -62,40 +71,75 @@ pub enum WrOpcode {
     /// Send.
     Send,
     /// Send with Invalidate of the peer's key `invalidate_rkey`.
-    SendWithInv { invalidate_rkey: u32 },
+    SendWithInv {
+        /// The peer's key to invalidate.
+        invalidate_rkey: u32,
+    },
     /// Send with immediate data (`IBV_WR_SEND_WITH_IMM`): the peer consumes
     /// a receive and sees `imm_data`. Whether a payload may come with it is
     /// the transport's rule (InfiniBand carries one; a provider refuses what
     /// its transport cannot send).
-    SendWithImm { imm_data: u32 },
+    SendWithImm {
+        /// The immediate data the peer's completion carries.
+        imm_data: u32,
+    },
     /// RDMA Write.
-    RdmaWrite { remote: RemoteAddr },
+    RdmaWrite {
+        /// The peer's buffer.
+        remote: RemoteAddr,
+    },
     /// RDMA Write with immediate data: the peer consumes a receive and sees
     /// `RecvRdmaWithImm`.
-    RdmaWriteWithImm { remote: RemoteAddr, imm_data: u32 },
+    RdmaWriteWithImm {
+        /// The peer's buffer.
+        remote: RemoteAddr,
+        /// The immediate data the peer's completion carries.
+        imm_data: u32,
+    },
     /// RDMA Read into the local sg list.
-    RdmaRead { remote: RemoteAddr },
+    RdmaRead {
+        /// The peer's buffer.
+        remote: RemoteAddr,
+    },
     /// Fetch and add on the 8 aligned bytes at `remote`; the original
     /// value lands in the (8-byte) local sg list.
-    AtomicFetchAdd { remote: RemoteAddr, add: u64 },
+    AtomicFetchAdd {
+        /// The peer's buffer.
+        remote: RemoteAddr,
+        /// The value to add.
+        add: u64,
+    },
     /// Compare and swap on the 8 aligned bytes at `remote`.
     AtomicCmpSwap {
+        /// Where.
         remote: RemoteAddr,
+        /// The value expected there.
         compare: u64,
+        /// The value stored if it matched.
         swap: u64,
     },
     /// Invalidate a local fast-registered key.
-    LocalInv { rkey: u32 },
+    LocalInv {
+        /// The key to invalidate.
+        rkey: u32,
+    },
     /// Fast-register: bind the allocated MR `mr_stag` (from `alloc_mr`) with a
     /// new `key` to `length` bytes of the region `source_lkey` starting at
     /// `source_addr`, reachable at tagged offset `iova` with `access`.
     RegMr {
+        /// The STag of the region from `alloc_mr`.
         mr_stag: u32,
+        /// The new 8-bit key.
         key: u8,
+        /// Local key of the region whose memory is mapped.
         source_lkey: u32,
+        /// Address in that region of the first byte.
         source_addr: u64,
+        /// Length in bytes.
         length: u64,
+        /// Tagged offset of the first byte in the new mapping.
         iova: u64,
+        /// Rights of the new mapping.
         access: Access,
     },
 }
@@ -114,15 +158,20 @@ pub struct UdDest {
 /// A send-queue work request (`ibv_send_wr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
+    /// The caller's identifier, returned in the completion.
     pub wr_id: u64,
+    /// What to do.
     pub opcode: WrOpcode,
+    /// The local buffers.
     pub sg_list: Vec<Sge>,
+    /// `IBV_SEND_*` flags.
     pub flags: SendFlags,
     /// UD QPs: the destination (`wr.ud`); ignored by connected QPs, as in rdma-core.
     pub ud: Option<UdDest>,
 }
 
 impl SendWr {
+    /// A signaled work request (`SendFlags::SIGNALED`) without UD destination.
     pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: Vec<Sge>) -> Self {
         SendWr {
             wr_id,
@@ -137,6 +186,7 @@ impl SendWr {
         self.ud = Some(dest);
         self
     }
+    /// Replaces the flags.
     pub fn flags(mut self, flags: SendFlags) -> Self {
         self.flags = flags;
         self
@@ -145,6 +195,7 @@ impl SendWr {
     pub fn len(&self) -> u64 {
         self.sg_list.iter().map(|s| s.length as u64).sum()
     }
+    /// Whether the sg list carries no payload.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -153,13 +204,16 @@ impl SendWr {
 /// A receive-queue work request (`ibv_recv_wr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
+    /// The caller's identifier, returned in the completion.
     pub wr_id: u64,
+    /// Where the message may land, in order.
     pub sg_list: Vec<Sge>,
 }
 
 /// Work completion status (`ibv_wc_status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WcStatus {
+    /// `IBV_WC_SUCCESS`.
     Success,
     /// Local length error: a received message did not fit, or an sg list is too long.
     LocLenErr,
@@ -226,14 +280,23 @@ impl std::fmt::Display for WcStatus {
 /// What completed (`ibv_wc_opcode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WcOpcode {
+    /// `IBV_WC_SEND`.
     Send,
+    /// `IBV_WC_RDMA_WRITE`.
     RdmaWrite,
+    /// `IBV_WC_RDMA_READ`.
     RdmaRead,
+    /// `IBV_WC_COMP_SWAP`.
     CompSwap,
+    /// `IBV_WC_FETCH_ADD`.
     FetchAdd,
+    /// `IBV_WC_LOCAL_INV`.
     LocalInv,
+    /// `IBV_WC_REG_MR`.
     RegMr,
+    /// `IBV_WC_RECV`: a Send arrived.
     Recv,
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`: an RDMA Write with immediate data arrived.
     RecvRdmaWithImm,
 }
 
@@ -257,11 +320,15 @@ bitflags! {
 /// are 0 on connected QPs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkCompletion {
+    /// The work request's `wr_id`.
     pub wr_id: u64,
+    /// How it ended.
     pub status: WcStatus,
+    /// What completed.
     pub opcode: WcOpcode,
     /// Bytes received (receive completions) or transferred (Read).
     pub byte_len: u32,
+    /// The local QP.
     pub qp_num: u32,
     /// Immediate data, for `Recv`/`RecvRdmaWithImm` of an Immediate Data message.
     pub imm_data: Option<u32>,
@@ -307,6 +374,7 @@ impl WorkCompletion {
             dlid_path_bits: 0,
         }
     }
+    /// Whether the status is `Success`.
     pub fn is_ok(&self) -> bool {
         self.status == WcStatus::Success
     }
@@ -316,47 +384,73 @@ impl WorkCompletion {
 /// Init -> Rtr -> Rts on establishment and to Err on a fatal error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
+    /// Just created, or reset: no work.
     Reset,
+    /// Initialised: receives may be posted.
     Init,
+    /// Ready to receive.
     Rtr,
+    /// Ready to send.
     Rts,
     /// Send queue drained (graceful disconnect in progress).
     Sqd,
+    /// Send queue error (UC/UD): the send queue stopped, receives go on.
     Sqe,
+    /// Error: outstanding work completes with `WrFlushErr`.
     Err,
 }
 
 /// Device limits (`ibv_device_attr`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceAttr {
+    /// Firmware version text.
     pub fw_ver: String,
+    /// IEEE OUI of the vendor.
     pub vendor_id: u32,
+    /// Most QPs.
     pub max_qp: u32,
+    /// Most work requests per queue.
     pub max_qp_wr: u32,
+    /// Most scatter/gather elements per work request.
     pub max_sge: u32,
+    /// Most scatter/gather elements per RDMA Read.
     pub max_sge_rd: u32,
+    /// Most CQs.
     pub max_cq: u32,
+    /// Most entries per CQ.
     pub max_cqe: u32,
+    /// Most memory regions.
     pub max_mr: u32,
+    /// Largest memory region in bytes.
     pub max_mr_size: u64,
+    /// Most protection domains.
     pub max_pd: u32,
     /// Max inbound outstanding Reads/atomics per QP (IRD).
     pub max_qp_rd_atom: u32,
     /// Max outbound outstanding Reads/atomics per QP (ORD).
     pub max_qp_init_rd_atom: u32,
+    /// Largest message in bytes.
     pub max_msg_sz: u64,
+    /// Most inline bytes per send.
     pub max_inline_data: u32,
+    /// Most pages of a fast-register work request.
     pub max_fast_reg_page_list_len: u32,
+    /// Whether atomics are supported.
     pub atomic_cap: bool,
 }
 
 /// Queue pair creation attributes (`ibv_qp_init_attr` for RC).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QpInitAttr {
+    /// Most send work requests outstanding.
     pub max_send_wr: u32,
+    /// Most receive work requests outstanding.
     pub max_recv_wr: u32,
+    /// Most scatter/gather elements per send.
     pub max_send_sge: u32,
+    /// Most scatter/gather elements per receive.
     pub max_recv_sge: u32,
+    /// Most inline bytes per send.
     pub max_inline_data: u32,
     /// Every send WR generates a completion, as if SIGNALED were set.
     pub sq_sig_all: bool,

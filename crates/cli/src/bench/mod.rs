@@ -42,7 +42,7 @@
 use crate::report::{Bandwidth, Latency};
 use anyhow::{Context, Result, anyhow, bail};
 use hdrhistogram::Histogram;
-use std::io::{IsTerminal, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex};
@@ -529,7 +529,7 @@ pub fn run(args: Args) -> Result<()> {
             (addr, Some(h))
         }
     };
-    let progress = args.progress || std::io::stderr().is_terminal();
+    let progress = crate::progress::wanted(args.progress, args.json);
     let session = new_session_id();
     let mut printed_header = false;
     let mut res = Ok(());
@@ -976,7 +976,7 @@ fn run_test(
         tcp_port,
         cpu_s: None,
     };
-    let prog = Progress::new(progress, op, size);
+    let prog = Progress::new(progress, args.progress, op, size);
     let cpu0 = cpu_secs();
     if lat {
         let c = &mut conns[0];
@@ -1042,44 +1042,38 @@ enum Stop {
     Time(Duration),
 }
 
-/// The stderr progress line.
+/// The stderr progress line (an indicatif spinner, see crate::progress).
 struct Progress {
-    on: bool,
-    what: String,
+    bar: Option<indicatif::ProgressBar>,
     last: std::cell::Cell<Instant>,
 }
 
 impl Progress {
-    fn new(on: bool, op: Op, size: u64) -> Progress {
+    fn new(on: bool, forced: bool, op: Op, size: u64) -> Progress {
         Progress {
-            on,
-            what: format!("bench {} {} B", op.name(), size),
+            bar: crate::progress::spinner(on, forced, format!("bench {} {} B", op.name(), size)),
             last: std::cell::Cell::new(Instant::now()),
         }
     }
-    /// Call often; prints at most twice a second.
+    /// Call often; formats the message at most twice a second.
     fn tick(&self, start: Instant, messages: u64, size: u64) {
-        if !self.on {
-            return;
-        }
+        let Some(bar) = &self.bar else { return };
         let now = Instant::now();
         if now.duration_since(self.last.get()) < Duration::from_millis(500) {
             return;
         }
         self.last.set(now);
         let s = now.duration_since(start).as_secs_f64();
-        eprint!(
-            "\r{}: {:.1} s, {} messages, {:.2} Gbit/s, {:.3} M msg/s   ",
-            self.what,
-            s,
-            messages,
+        bar.set_message(format!(
+            "{s:.1} s, {messages} messages, {:.2} Gbit/s, {:.3} M msg/s",
             messages as f64 * size as f64 * 8.0 / s / 1e9,
             messages as f64 / s / 1e6
-        );
+        ));
+        bar.tick();
     }
     fn clear(&self) {
-        if self.on {
-            eprint!("\r{}\r", " ".repeat(100));
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
         }
     }
 }

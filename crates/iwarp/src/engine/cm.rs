@@ -46,6 +46,7 @@ use std::os::fd::{FromRawFd, IntoRawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use verbs::cm::RouteOptions;
 use verbs::cm::backend::{CmBackend, ConnRequestOps, ListenerOps};
 use verbs::notify::EventQueue;
 use verbs::provider::{Provider, QpCreate, QpOps};
@@ -59,6 +60,7 @@ pub struct IwarpProvider {
 }
 
 impl IwarpProvider {
+    /// A provider with `cfg`, and its progress thread (the device's epoll loop).
     pub fn new(cfg: IwarpConfig) -> std::io::Result<Self> {
         let driver = Driver::start(&cfg.name)?;
         Ok(IwarpProvider {
@@ -312,6 +314,17 @@ impl CmBackend for IwarpProvider {
     }
 
     fn connect(&self, qp: &Arc<dyn QpOps>, addr: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<ConnInfo> {
+        self.connect_routed(qp, addr, &RouteOptions::default(), param, timeout)
+    }
+
+    fn connect_routed(
+        &self,
+        qp: &Arc<dyn QpOps>,
+        addr: SocketAddr,
+        route: &RouteOptions,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<ConnInfo> {
         let handle = QpHandle::of(qp)?;
         handle.check_bindable()?;
         let local = ird_ord(param);
@@ -319,12 +332,7 @@ impl CmBackend for IwarpProvider {
         // TCP connect: a connection closed right after it opens is what breaks a Linux 6.1
         // siw listener (lab hazard 1).
         Mpa::initiator(Instant::now(), self.mpa_config(), local, &param.private_data).map_err(mpa_err)?;
-        let mut sock = TcpStream::connect_timeout(&addr, timeout).map_err(|e| match e.kind() {
-            std::io::ErrorKind::ConnectionRefused => Error::ConnectionRefused,
-            std::io::ErrorKind::TimedOut => Error::Timeout,
-            _ => Error::Io(e),
-        })?;
-        sock.set_nodelay(true)?;
+        let mut sock = dial(addr, route, timeout)?;
         let mut mpa = Mpa::initiator(Instant::now(), self.mpa_config(), local, &param.private_data).map_err(mpa_err)?;
         let mut pending = Vec::new();
         match drive(&mut mpa, &mut sock, &mut pending)? {
@@ -374,6 +382,35 @@ impl Default for ListenerLimits {
             max_handshakes: 1024,
         }
     }
+}
+
+/// The TCP connection of an active open: from `route.src_addr` if given (any
+/// port), with `route.tos` as IPv4 TOS / IPv6 traffic class, Nagle off.
+fn dial(addr: SocketAddr, route: &RouteOptions, timeout: Duration) -> Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+    if let Some(src) = route.src_addr {
+        if src.is_ipv4() != addr.is_ipv4() {
+            return Err(Error::InvalidArgument(format!(
+                "source address {src} and destination {addr} are of different IP versions"
+            )));
+        }
+        s.bind(&SocketAddr::new(src, 0).into())
+            .map_err(|e| Error::InvalidArgument(format!("cannot connect from {src}: {e}")))?;
+    }
+    if let Some(tos) = route.tos {
+        match addr {
+            SocketAddr::V4(_) => s.set_tos_v4(tos.into())?,
+            SocketAddr::V6(_) => s.set_tclass_v6(tos.into())?,
+        }
+    }
+    s.connect_timeout(&addr.into(), timeout).map_err(|e| match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => Error::ConnectionRefused,
+        std::io::ErrorKind::TimedOut => Error::Timeout,
+        _ => Error::Io(e),
+    })?;
+    s.set_tcp_nodelay(true)?;
+    Ok(s.into())
 }
 
 fn bind_listener(addr: SocketAddr, backlog: i32) -> std::io::Result<mio::net::TcpListener> {
@@ -864,5 +901,47 @@ impl Drop for IwarpListener {
         {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr, TcpListener};
+
+    const T: Duration = Duration::from_secs(10);
+
+    /// rping's -I and -t reach the socket: the connection leaves from the
+    /// source address given, and its packets carry the TOS.
+    #[test]
+    fn dial_binds_the_source_address_and_sets_the_tos() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let src = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2));
+        let route = RouteOptions::default().src_addr(src).tos(0x28);
+        let s = dial(l.local_addr().unwrap(), &route, T).unwrap();
+        let (_, peer) = l.accept().unwrap();
+        assert_eq!(peer.ip(), src);
+        assert_eq!(s.local_addr().unwrap().ip(), src);
+        assert_eq!(socket2::SockRef::from(&s).tos_v4().unwrap(), 0x28);
+        assert!(s.nodelay().unwrap());
+
+        // Without options: the system's choice, TOS 0.
+        let s = dial(l.local_addr().unwrap(), &RouteOptions::default(), T).unwrap();
+        assert_eq!(socket2::SockRef::from(&s).tos_v4().unwrap(), 0);
+    }
+
+    #[test]
+    fn dial_refuses_a_source_it_cannot_use() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let v6 = RouteOptions::default().src_addr("::1".parse().unwrap());
+        let e = dial(l.local_addr().unwrap(), &v6, T).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("IP versions"),
+            "{e}"
+        );
+        // 192.0.2.1 (TEST-NET-1) is no address of this host: bind fails with EADDRNOTAVAIL.
+        let foreign = RouteOptions::default().src_addr("192.0.2.1".parse().unwrap());
+        let e = dial(l.local_addr().unwrap(), &foreign, T).unwrap_err();
+        assert!(e.to_string().contains("cannot connect from 192.0.2.1"), "{e}");
     }
 }

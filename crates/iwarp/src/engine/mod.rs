@@ -16,7 +16,7 @@
 //!   a 2-vCPU machine where a cross-thread wake-up costs 2-40 µs);
 //! * the application thread in `poll_cq`: when the CQ is empty it asks its QPs
 //!   to read what the socket has (run-to-completion, like a busy-polling RNIC);
-//! * the device's progress thread ([`driver`]), which sleeps in `epoll_wait` on
+//! * the device's progress thread (`driver.rs`), which sleeps in `epoll_wait` on
 //!   every socket and wakes only when one becomes readable or writable. An idle
 //!   device therefore uses no CPU, and hundreds of QPs share one thread.
 //!
@@ -144,5 +144,9 @@ pub fn device_attr() -> DeviceAttr {
 /// Opens a software iWARP device with its progress thread.
 pub fn open_device(cfg: IwarpConfig) -> std::io::Result<Device> {
     let provider = Arc::new(cm::IwarpProvider::new(cfg.clone())?);
-    Ok(Device::new(cfg.name.clone(), provider.clone(), Some(provider)))
+    Ok(verbs::provider::new_device(
+        cfg.name.clone(),
+        provider.clone(),
+        Some(provider),
+    ))
 }

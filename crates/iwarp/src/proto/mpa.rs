@@ -358,7 +358,12 @@ pub enum MpaError {
     /// A Request where a Reply was expected or vice versa: RFC 5044 §7.1.2
     /// rule 8, Initiator/Initiator or Responder/Responder startup.
     #[error("expected an MPA {expected}, got an MPA {got}")]
-    UnexpectedFrame { expected: FrameKind, got: FrameKind },
+    UnexpectedFrame {
+        /// The frame the state expected.
+        expected: FrameKind,
+        /// The frame that came.
+        got: FrameKind,
+    },
     /// RFC 5044 §7.1.1 "Rev": a revision we cannot interoperate with.
     #[error("unsupported MPA revision {}", u8::from(*.0))]
     BadRevision(Revision),
@@ -375,14 +380,23 @@ pub enum MpaError {
     /// `required_ord`, a Reply with R=1 is queued).
     #[error("insufficient IRD: peer ird {peer_ird} ord {peer_ord}, local ird {ird} ord {ord}")]
     InsufficientIrd {
+        /// The peer's IRD.
         peer_ird: u16,
+        /// The peer's ORD.
         peer_ord: u16,
+        /// Our IRD.
         ird: u16,
+        /// Our ORD.
         ord: u16,
     },
     /// RFC 6581 §9.2: no RTR type both ends support.
     #[error("no matching RTR type (offered {offered}, peer supports {peer})")]
-    NoMatchingRtr { offered: RtrSet, peer: RtrSet },
+    NoMatchingRtr {
+        /// The RTR types we offered.
+        offered: RtrSet,
+        /// The RTR types the peer supports.
+        peer: RtrSet,
+    },
     /// RFC 5044 §7.1.2 rule 10 timeout.
     #[error("MPA negotiation timed out waiting for the {0:?}")]
     TimedOut(Waiting),
@@ -394,7 +408,12 @@ pub enum MpaError {
     InvalidParam(&'static str),
     /// Local misuse: our private data exceeds the send limit.
     #[error("private data too long: {len} octets (IRD/ORD included), limit {max}")]
-    PrivateDataTooLong { len: usize, max: usize },
+    PrivateDataTooLong {
+        /// Its length, IRD/ORD octets included.
+        len: usize,
+        /// The send limit.
+        max: usize,
+    },
 }
 
 impl MpaError {

@@ -106,9 +106,19 @@ pub enum Error {
     /// The ULPDU is empty: not even a DDP Control octet.
     Empty,
     /// The ULPDU is shorter than the header its T flag announces.
-    Truncated { tagged: bool, len: usize },
+    Truncated {
+        /// The T flag.
+        tagged: bool,
+        /// Octets there were.
+        len: usize,
+    },
     /// DV is not 01b (RFC 5041 §4.1; matrix A.4.6 rows 6 and 7).
-    Version { tagged: bool, dv: u8 },
+    Version {
+        /// The T flag.
+        tagged: bool,
+        /// The DV found.
+        dv: u8,
+    },
 }
 
 impl Error {
@@ -155,7 +165,9 @@ impl fmt::Display for Error {
 /// An emit buffer was too small (a local bug, never peer input).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufferTooSmall {
+    /// Octets needed.
     pub need: usize,
+    /// Octets there were.
     pub have: usize,
 }
 
@@ -198,9 +210,11 @@ macro_rules! control_accessors {
                     Ok(())
                 }
             }
+            /// The buffer, given back.
             pub fn into_inner(self) -> T {
                 self.buffer
             }
+            /// The header length: 14 (tagged) or 18 (untagged) octets.
             pub const fn header_len(&self) -> usize {
                 $hlen
             }
@@ -238,23 +252,29 @@ macro_rules! control_accessors {
                 let b = &mut self.buffer.as_mut()[field::DDP_CTRL];
                 *b = if on { *b | mask } else { *b & !mask };
             }
+            /// Sets the T flag.
             pub fn set_tagged_flag(&mut self, on: bool) {
                 self.set_ctrl_bit(field::FLG_T, on)
             }
+            /// Sets the L flag.
             pub fn set_last_flag(&mut self, on: bool) {
                 self.set_ctrl_bit(field::FLG_L, on)
             }
+            /// Sets the 4 reserved bits.
             pub fn set_reserved(&mut self, v: u8) {
                 let b = &mut self.buffer.as_mut()[field::DDP_CTRL];
                 *b = (*b & !field::RSVD_MASK) | ((v << field::RSVD_SHIFT) & field::RSVD_MASK);
             }
+            /// Sets DV.
             pub fn set_version(&mut self, dv: u8) {
                 let b = &mut self.buffer.as_mut()[field::DDP_CTRL];
                 *b = (*b & !field::DV_MASK) | (dv & field::DV_MASK);
             }
+            /// Sets RsvdULP\[0:7\], the RDMAP control octet.
             pub fn set_rdmap_ctrl(&mut self, v: u8) {
                 self.buffer.as_mut()[field::RDMAP_CTRL] = v;
             }
+            /// The ULP payload after the header, to fill.
             pub fn payload_mut(&mut self) -> &mut [u8] {
                 &mut self.buffer.as_mut()[$hlen..]
             }
@@ -282,9 +302,11 @@ impl<T: AsRef<[u8]>> TaggedPacket<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> TaggedPacket<T> {
+    /// Sets the STag.
     pub fn set_stag(&mut self, v: u32) {
         be::put_u32(self.buffer.as_mut(), field::STAG.start, v)
     }
+    /// Sets the Tagged Offset.
     pub fn set_to(&mut self, v: u64) {
         be::put_u64(self.buffer.as_mut(), field::TO.start, v)
     }
@@ -303,27 +325,34 @@ impl<T: AsRef<[u8]>> UntaggedPacket<T> {
     pub fn inv_stag(&self) -> u32 {
         be::u32_at(self.buffer.as_ref(), field::RSVDULP.start)
     }
+    /// Queue Number.
     pub fn qn(&self) -> u32 {
         be::u32_at(self.buffer.as_ref(), field::QN.start)
     }
+    /// Message Sequence Number.
     pub fn msn(&self) -> u32 {
         be::u32_at(self.buffer.as_ref(), field::MSN.start)
     }
+    /// Message Offset.
     pub fn mo(&self) -> u32 {
         be::u32_at(self.buffer.as_ref(), field::MO.start)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> UntaggedPacket<T> {
+    /// Sets RsvdULP\[8:39\] (the Invalidate STag).
     pub fn set_inv_stag(&mut self, v: u32) {
         be::put_u32(self.buffer.as_mut(), field::RSVDULP.start, v)
     }
+    /// Sets the Queue Number.
     pub fn set_qn(&mut self, v: u32) {
         be::put_u32(self.buffer.as_mut(), field::QN.start, v)
     }
+    /// Sets the Message Sequence Number.
     pub fn set_msn(&mut self, v: u32) {
         be::put_u32(self.buffer.as_mut(), field::MSN.start, v)
     }
+    /// Sets the Message Offset.
     pub fn set_mo(&mut self, v: u32) {
         be::put_u32(self.buffer.as_mut(), field::MO.start, v)
     }
@@ -333,9 +362,23 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> UntaggedPacket<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Addr {
     /// Tagged Buffer Model (RFC 5041 §4.2).
-    Tagged { stag: u32, to: u64 },
+    Tagged {
+        /// Steering Tag of the sink buffer.
+        stag: u32,
+        /// Tagged Offset of this segment's first octet.
+        to: u64,
+    },
     /// Untagged Buffer Model (RFC 5041 §4.3). `inv_stag` is RsvdULP\[8:39\].
-    Untagged { qn: u32, msn: u32, mo: u32, inv_stag: u32 },
+    Untagged {
+        /// Queue Number.
+        qn: u32,
+        /// Message Sequence Number.
+        msn: u32,
+        /// Message Offset of this segment's first octet.
+        mo: u32,
+        /// RsvdULP\[8:39\] (RDMAP's Invalidate STag).
+        inv_stag: u32,
+    },
 }
 
 /// The meaning of a DDP header.
@@ -345,6 +388,7 @@ pub struct Header {
     pub last: bool,
     /// RsvdULP\[0:7\], the RDMAP control octet, carried unchanged (RDMAP-LLP-03).
     pub rdmap_ctrl: u8,
+    /// Tagged or untagged addressing.
     pub addr: Addr,
 }
 
@@ -396,6 +440,7 @@ impl Header {
         }
     }
 
+    /// Whether it is a tagged segment.
     pub const fn is_tagged(&self) -> bool {
         matches!(self.addr, Addr::Tagged { .. })
     }
@@ -470,7 +515,9 @@ impl fmt::Display for Header {
 /// the opcode has one, is part of the payload at this layer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Segment<'a> {
+    /// The DDP header.
     pub header: Header,
+    /// The ULP payload (RDMAP header included).
     pub payload: &'a [u8],
 }
 

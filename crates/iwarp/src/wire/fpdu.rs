@@ -207,14 +207,24 @@ pub enum EmitError {
     MarkerPointerOverflow,
     /// The output buffer is smaller than [`Framer::wire_len`].
     #[error("buffer too small for the FPDU: need {need}, have {have}")]
-    BufferTooSmall { need: usize, have: usize },
+    BufferTooSmall {
+        /// Octets needed.
+        need: usize,
+        /// Octets there were.
+        have: usize,
+    },
     /// [`Framer::begin`] is only for streams without markers.
     #[error("streaming FPDU emission is not available with markers")]
     MarkersActive,
     /// [`TxFpdu::trailer`] was called after a different number of ULPDU
     /// octets than announced.
     #[error("FPDU announced {announced} ULPDU octets, {written} were given")]
-    LengthMismatch { announced: usize, written: usize },
+    LengthMismatch {
+        /// ULPDU octets announced.
+        announced: usize,
+        /// ULPDU octets given.
+        written: usize,
+    },
 }
 
 /// Where the markers of one FPDU go (RFC 5044 §4.3).

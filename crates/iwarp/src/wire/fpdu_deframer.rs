@@ -26,16 +26,33 @@ use super::{CRC_LEN, HEADER_LEN, MARKER_INTERVAL, MARKER_LEN, MAX_ULPDU_LEN, Mar
 pub enum FpduError {
     /// RFC 5044 §8 code 2: the CRC field does not match.
     #[error("MPA CRC mismatch: computed {computed:#010x}, received {received:#010x}")]
-    Crc { computed: u32, received: u32 },
+    Crc {
+        /// The CRC of the FPDU as received.
+        computed: u32,
+        /// The CRC field.
+        received: u32,
+    },
     /// RFC 5044 §8 code 3: a marker disagrees with the FPDU start found
     /// from ULPDU_Length fields.
     #[error("MPA marker at stream offset {offset} points back {found}, FPDU starts {expected} octets back")]
-    Marker { offset: u64, expected: u16, found: u16 },
+    Marker {
+        /// Stream offset of the marker.
+        offset: u64,
+        /// Octets back to the FPDU start, from the length fields.
+        expected: u16,
+        /// Octets back the marker points.
+        found: u16,
+    },
     /// ULPDU_Length above the receiver's configured limit. RFC 5044 has no
     /// code for this; it is a local resource limit, so it maps to RFC 6581
     /// §8 "local catastrophic".
     #[error("ULPDU_Length {len} exceeds the receive limit {max}")]
-    UlpduTooLong { len: u16, max: u16 },
+    UlpduTooLong {
+        /// The ULPDU_Length.
+        len: u16,
+        /// The receive limit.
+        max: u16,
+    },
 }
 
 impl FpduError {

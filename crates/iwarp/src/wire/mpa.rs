@@ -96,23 +96,44 @@ pub const MAX_FRAME_LEN: usize = HEADER_LEN + MAX_PRIVATE_DATA;
 pub enum Error {
     /// Fewer octets than the header, or than `HEADER_LEN + PD_Length`.
     #[error("MPA frame truncated: need {need} octets, have {have}")]
-    Truncated { need: usize, have: usize },
+    Truncated {
+        /// Octets needed.
+        need: usize,
+        /// Octets there were.
+        have: usize,
+    },
     /// The 16 octets are neither "MPA ID Req Frame" nor "MPA ID Rep Frame".
     #[error("MPA frame has an unknown key")]
     BadKey,
     /// PD_Length above RFC 5044's 512 or the configured receive limit.
     #[error("MPA private data too long: {len} octets, limit {max}")]
-    PrivateDataTooLong { len: usize, max: usize },
+    PrivateDataTooLong {
+        /// PD_Length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// S set with Rev >= 2 but fewer than 4 octets of private data.
     #[error("MPA frame has S set but only {pd_len} octets of private data")]
-    EnhancedDataTruncated { pd_len: usize },
+    EnhancedDataTruncated {
+        /// PD_Length.
+        pd_len: usize,
+    },
     /// More octets than the frame occupies (where the caller says the
     /// buffer must hold exactly one frame).
     #[error("{extra} octets after the MPA frame")]
-    ExtraBytes { extra: usize },
+    ExtraBytes {
+        /// Octets after the frame.
+        extra: usize,
+    },
     /// The emit buffer is smaller than [`Repr::buffer_len`].
     #[error("buffer too small for the MPA frame: need {need}, have {have}")]
-    BufferTooSmall { need: usize, have: usize },
+    BufferTooSmall {
+        /// Octets needed.
+        need: usize,
+        /// Octets there were.
+        have: usize,
+    },
 }
 
 impl Error {

@@ -53,13 +53,21 @@ pub const fn split_control(ctrl: u8) -> (u8, u8, u8) {
 /// RDMA Message OpCode (RFC 5040 Fig. 4, RFC 7306 Fig. 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Opcode {
+    /// RDMA Write (0x0).
     Write,
+    /// RDMA Read Request (0x1).
     ReadRequest,
+    /// RDMA Read Response (0x2).
     ReadResponse,
+    /// Send (0x3).
     Send,
+    /// Send with Invalidate (0x4).
     SendInvalidate,
+    /// Send with Solicited Event (0x5).
     SendSe,
+    /// Send with Solicited Event and Invalidate (0x6).
     SendSeInvalidate,
+    /// Terminate (0x7).
     Terminate,
     /// RFC 7306 §6.
     ImmediateData,
@@ -127,11 +135,14 @@ pub enum Queue {
 }
 
 impl Queue {
+    /// Every queue, in QN order.
     pub const ALL: [Queue; 4] = [Queue::Send, Queue::ReadRequest, Queue::Terminate, Queue::AtomicResponse];
 
+    /// Its Queue Number.
     pub const fn qn(self) -> u32 {
         self as u32
     }
+    /// Its index in per-queue tables.
     pub const fn index(self) -> usize {
         self as usize
     }
@@ -165,6 +176,7 @@ pub struct OpInfo {
     pub tagged: bool,
     /// Untagged queue (`None` for tagged messages).
     pub queue: Option<Queue>,
+    /// The RDMAP header after the DDP header.
     pub header: RdmapHeader,
     /// Whether ULP payload may follow the RDMAP header.
     pub payload: bool,
@@ -175,6 +187,7 @@ pub struct OpInfo {
 }
 
 impl Opcode {
+    /// Its row of the opcode tables; `None` for a reserved opcode.
     pub const fn info(self) -> Option<OpInfo> {
         const fn row(tagged: bool, queue: Option<Queue>, header: RdmapHeader, payload: bool) -> OpInfo {
             OpInfo {
@@ -291,31 +304,48 @@ impl Config {
 /// [`Segment`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Message<'a> {
+    /// RDMA Write segment.
     Write {
+        /// Data Sink STag.
         stag: u32,
+        /// Data Sink Tagged Offset of this segment.
         to: u64,
+        /// The data.
         payload: &'a [u8],
     },
+    /// RDMA Read Request.
     ReadRequest(ReadRequest),
+    /// RDMA Read Response segment.
     ReadResponse {
+        /// Data Sink STag (of the Read Request).
         stag: u32,
+        /// Data Sink Tagged Offset of this segment.
         to: u64,
+        /// The data.
         payload: &'a [u8],
     },
     /// Send (se: false, invalidate: None), Send with SE, and the two
     /// Invalidate variants carrying the STag to invalidate.
     Send {
+        /// Solicited Event.
         se: bool,
+        /// The STag to invalidate.
         invalidate: Option<u32>,
+        /// The data.
         payload: &'a [u8],
     },
+    /// Terminate.
     Terminate(terminate::Repr),
     /// RFC 7306 §6: 8 octets of Immediate Data.
     ImmediateData {
+        /// Solicited Event.
         se: bool,
+        /// The Immediate Data.
         data: u64,
     },
+    /// Atomic Request (RFC 7306 §5.2.1).
     AtomicRequest(AtomicRequest),
+    /// Atomic Response (RFC 7306 §5.2.2).
     AtomicResponse(AtomicResponse),
 }
 
@@ -337,21 +367,43 @@ pub enum Error {
     /// DDP header: empty, truncated or DV != 01b.
     Ddp(ddp::Error),
     /// RV != 01b (matrix row 21).
-    Version { rv: u8 },
+    Version {
+        /// The RV found.
+        rv: u8,
+    },
     /// Opcode 0xC-0xF, or an RFC 7306 opcode not enabled (row 22).
-    UnknownOpcode { raw: u8 },
+    UnknownOpcode {
+        /// The opcode nibble.
+        raw: u8,
+    },
     /// T flag does not match the opcode (row 24, RDMAP-HDR-03).
-    TaggedMismatch { opcode: Opcode, tagged: bool },
+    TaggedMismatch {
+        /// The opcode.
+        opcode: Opcode,
+        /// The T flag it came with.
+        tagged: bool,
+    },
     /// QN does not match the opcode, e.g. a Send on QN 1 (row 5).
-    QueueMismatch { opcode: Opcode, qn: u32 },
+    QueueMismatch {
+        /// The opcode.
+        opcode: Opcode,
+        /// The QN it came on.
+        qn: u32,
+    },
     /// A header-only message split over several segments.
-    NotLast { opcode: Opcode },
+    NotLast {
+        /// The opcode.
+        opcode: Opcode,
+    },
     /// RDMAP header truncated, or payload after a header-only message
     /// (RDMAP-HDR-07), or Immediate Data not exactly 8 octets (RFC 7306 §6.3).
     /// `rreq` is the Read Request header when it was complete.
     HeaderLength {
+        /// The opcode.
         opcode: Opcode,
+        /// Octets after the DDP header.
         len: usize,
+        /// The Read Request header, when it was complete.
         rreq: Option<ReadRequest>,
     },
     /// A Terminate whose length does not match its bits (RDMAP-TRM-04).
@@ -546,6 +598,7 @@ impl<'a> Message<'a> {
         })
     }
 
+    /// The message's opcode.
     pub const fn opcode(&self) -> Opcode {
         match self {
             Message::Write { .. } => Opcode::Write,
@@ -719,7 +772,9 @@ pub fn parse_ulpdu<'a>(ulpdu: &'a [u8], cfg: &Config) -> Result<(Segment<'a>, Me
 /// decode`: the DDP header, then the RDMAP message or the Terminate the
 /// receiver would send.
 pub struct Pretty<'a> {
+    /// The ULPDU (DDP header first).
     pub ulpdu: &'a [u8],
+    /// The RDMAP features in force (RFC 7306).
     pub cfg: Config,
 }
 

@@ -16,27 +16,43 @@ use core::fmt;
 use super::ddp::{BufferTooSmall, be, need};
 
 /// RDMAP opcodes as octets (RFC 5040 §4.2 Fig. 4, RFC 7306 §4.1 Fig. 2), for
-/// code that builds or matches the control octet directly (see [`Opcode`]).
+/// code that builds or matches the control octet directly (see [`Opcode`](super::rdmap::Opcode)).
 pub mod op {
+    /// RDMA Write.
     pub const WRITE: u8 = 0x0;
+    /// RDMA Read Request.
     pub const READ_REQUEST: u8 = 0x1;
+    /// RDMA Read Response.
     pub const READ_RESPONSE: u8 = 0x2;
+    /// Send.
     pub const SEND: u8 = 0x3;
+    /// Send with Invalidate.
     pub const SEND_INV: u8 = 0x4;
+    /// Send with Solicited Event.
     pub const SEND_SE: u8 = 0x5;
+    /// Send with Solicited Event and Invalidate.
     pub const SEND_SE_INV: u8 = 0x6;
+    /// Terminate.
     pub const TERMINATE: u8 = 0x7;
+    /// Immediate Data (RFC 7306).
     pub const IMM: u8 = 0x8;
+    /// Immediate Data with Solicited Event (RFC 7306).
     pub const IMM_SE: u8 = 0x9;
+    /// Atomic Request (RFC 7306).
     pub const ATOMIC_REQUEST: u8 = 0xA;
+    /// Atomic Response (RFC 7306).
     pub const ATOMIC_RESPONSE: u8 = 0xB;
 }
 
 /// Untagged queue numbers (RFC 5040 §5, RFC 7306 §5.2).
 pub mod qn {
+    /// QN 0: Send, Send with Invalidate/SE, Immediate Data, Atomic Request.
     pub const SEND: u32 = 0;
+    /// QN 1: RDMA Read Request.
     pub const READ_REQUEST: u32 = 1;
+    /// QN 2: Terminate.
     pub const TERMINATE: u32 = 2;
+    /// QN 3: Atomic Response (RFC 7306).
     pub const ATOMIC_RESPONSE: u32 = 3;
 }
 
@@ -51,7 +67,9 @@ pub const fn control(opcode: u8) -> u8 {
 /// The header is shorter than its fixed length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Truncated {
+    /// Octets needed.
     pub need: usize,
+    /// Octets there were.
     pub have: usize,
 }
 
@@ -109,9 +127,11 @@ macro_rules! fixed_view {
         }
 
         impl<T: AsRef<[u8]>> $view<T> {
+            /// A view of `buffer`, not checked: accessors may panic before [`Self::check_len`].
             pub const fn new_unchecked(buffer: T) -> Self {
                 $view { buffer }
             }
+            /// A view of `buffer` once it is long enough for the header.
             pub fn new_checked(buffer: T) -> Result<Self, Truncated> {
                 let p = Self::new_unchecked(buffer);
                 p.check_len()?;
@@ -122,10 +142,12 @@ macro_rules! fixed_view {
                 let have = self.buffer.as_ref().len();
                 if have < $len { Err(Truncated { need: $len, have }) } else { Ok(()) }
             }
+            /// The buffer, given back.
             pub fn into_inner(self) -> T {
                 self.buffer
             }
             $(
+                #[doc = concat!("The `", stringify!($f), "` field.")]
                 pub fn $get(&self) -> $ty {
                     fixed_view!(@get $ty, self.buffer.as_ref(), field::$f.start)
                 }
@@ -134,6 +156,7 @@ macro_rules! fixed_view {
 
         impl<T: AsRef<[u8]> + AsMut<[u8]>> $view<T> {
             $(
+                #[doc = concat!("Sets the `", stringify!($f), "` field.")]
                 pub fn $set(&mut self, v: $ty) {
                     fixed_view!(@put $ty, self.buffer.as_mut(), field::$f.start, v)
                 }
@@ -207,6 +230,7 @@ pub struct ReadRequest {
 }
 
 impl ReadRequest {
+    /// Parses the header at the start of `bytes`.
     pub fn parse(bytes: &[u8]) -> Result<Self, Truncated> {
         let p = ReadRequestPacket::new_checked(bytes)?;
         Ok(ReadRequest {
@@ -217,9 +241,11 @@ impl ReadRequest {
             src_to: p.src_to(),
         })
     }
+    /// Its length on the wire.
     pub const fn buffer_len(&self) -> usize {
         READ_REQUEST_LEN
     }
+    /// Writes it at the start of `buf`; returns its length.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, BufferTooSmall> {
         need(buf.len(), READ_REQUEST_LEN)?;
         let mut p = ReadRequestPacket::new_unchecked(buf);
@@ -257,7 +283,9 @@ impl fmt::Display for ReadRequest {
 /// Atomic Operation Code (RFC 7306 §5.2.1 Fig. 5, IANA §10.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AtomicOp {
+    /// Fetch and Add (0x0).
     FetchAdd,
+    /// Compare and Swap (0x2).
     CmpSwap,
     /// Reserved (0x1) or unassigned; kept for the Terminate / error report.
     Unknown(u8),
@@ -286,19 +314,26 @@ impl From<AtomicOp> for u8 {
 /// Atomic Request header (RFC 7306 §5.2.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AtomicRequest {
+    /// The Atomic Operation Code.
     pub op: AtomicOp,
+    /// Request Identifier, echoed in the response.
     pub request_id: u32,
+    /// Remote STag.
     pub remote_stag: u32,
+    /// Remote Tagged Offset (8-octet aligned).
     pub remote_to: u64,
     /// Add Data (FetchAdd) or Swap Data (CmpSwap).
     pub add_swap_data: u64,
     /// Add Mask or Swap Mask.
     pub add_swap_mask: u64,
+    /// Compare Data (CmpSwap).
     pub compare_data: u64,
+    /// Compare Mask (CmpSwap).
     pub compare_mask: u64,
 }
 
 impl AtomicRequest {
+    /// Parses the header at the start of `bytes`.
     pub fn parse(bytes: &[u8]) -> Result<Self, Truncated> {
         let p = AtomicRequestPacket::new_checked(bytes)?;
         Ok(AtomicRequest {
@@ -312,6 +347,7 @@ impl AtomicRequest {
             compare_mask: p.compare_mask(),
         })
     }
+    /// Its length on the wire.
     pub const fn buffer_len(&self) -> usize {
         ATOMIC_REQUEST_LEN
     }
@@ -334,11 +370,14 @@ impl AtomicRequest {
 /// Atomic Response header (RFC 7306 §5.2.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AtomicResponse {
+    /// The Request Identifier of the request answered.
     pub orig_request_id: u32,
+    /// The value before the operation.
     pub orig_value: u64,
 }
 
 impl AtomicResponse {
+    /// Parses the header at the start of `bytes`.
     pub fn parse(bytes: &[u8]) -> Result<Self, Truncated> {
         let p = AtomicResponsePacket::new_checked(bytes)?;
         Ok(AtomicResponse {
@@ -346,9 +385,11 @@ impl AtomicResponse {
             orig_value: p.orig_value(),
         })
     }
+    /// Its length on the wire.
     pub const fn buffer_len(&self) -> usize {
         ATOMIC_RESPONSE_LEN
     }
+    /// Writes it at the start of `buf`; returns its length.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, BufferTooSmall> {
         need(buf.len(), ATOMIC_RESPONSE_LEN)?;
         let mut p = AtomicResponsePacket::new_unchecked(buf);

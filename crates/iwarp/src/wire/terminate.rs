@@ -96,8 +96,11 @@ pub const MIN_LEN: usize = field::MIN_LEN;
 pub const MAX_LEN: usize = field::DDP_HDR + ddp::UNTAGGED_HEADER_LEN + READ_REQUEST_LEN;
 /// Terminate ULPDU size classes (catalogue A.1.4, RDMAP-HDR-10).
 pub const ULPDU_LEN_PLAIN: usize = ddp::UNTAGGED_HEADER_LEN + MIN_LEN;
+/// Terminate ULPDU with a tagged DDP header echoed.
 pub const ULPDU_LEN_TAGGED: usize = ULPDU_LEN_PLAIN + 2 + ddp::TAGGED_HEADER_LEN;
+/// Terminate ULPDU with an untagged DDP header echoed.
 pub const ULPDU_LEN_UNTAGGED: usize = ULPDU_LEN_PLAIN + 2 + ddp::UNTAGGED_HEADER_LEN;
+/// Terminate ULPDU with an untagged DDP header and a Read Request echoed.
 pub const ULPDU_LEN_READ_REQUEST: usize = ULPDU_LEN_UNTAGGED + READ_REQUEST_LEN;
 
 /// The bit layout of the Terminate control word.
@@ -116,7 +119,9 @@ pub enum TermWireForm {
 pub struct Control {
     /// Layer nibble (0 RDMAP, 1 DDP, 2 LLP).
     pub layer: u8,
+    /// Error Type (4 bits).
     pub etype: u8,
+    /// Error Code (8 bits).
     pub code: u8,
     /// M: DDP Segment Length valid.
     pub m: bool,
@@ -129,6 +134,7 @@ pub struct Control {
 }
 
 impl Control {
+    /// Decodes the control word as `form` lays it out.
     pub const fn decode(w: [u8; 4], form: TermWireForm) -> Control {
         match form {
             TermWireForm::Rfc => Control {
@@ -152,6 +158,7 @@ impl Control {
         }
     }
 
+    /// Encodes the control word in `form`'s layout.
     pub const fn encode(&self, form: TermWireForm) -> [u8; 4] {
         let (layer, etype, rsv) = (self.layer & 0xf, self.etype & 0xf, self.reserved & 0x1fff);
         match form {
@@ -184,6 +191,7 @@ impl Control {
         }
     }
 
+    /// The cause it names.
     pub const fn cause(&self) -> TermCause {
         TermCause::new(Layer::from_nibble(self.layer), self.etype, self.code)
     }
@@ -214,12 +222,20 @@ pub const fn is_defined(c: &TermCause) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Error {
     /// Shorter than the control word or than the parts D/R announce.
-    Truncated { need: usize, have: usize },
+    Truncated {
+        /// Octets needed.
+        need: usize,
+        /// Octets there were.
+        have: usize,
+    },
     /// M ("DDP Segment Length valid") without D: the length field is only
     /// present with D (RFC 5040 §4.8), so there is nothing M could refer to.
     MWithoutD,
     /// Non-zero octets after the parts the bits announce.
-    TrailingBytes { extra: usize },
+    TrailingBytes {
+        /// Octets after the announced parts.
+        extra: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -247,6 +263,7 @@ struct Layout {
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {
+    /// A view of `buffer`, not checked: accessors may panic before [`Packet::check_len`].
     pub const fn new_unchecked(buffer: T) -> Self {
         Packet { buffer }
     }
@@ -256,6 +273,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         p.check_len()?;
         Ok(p)
     }
+    /// Checks the control word is there.
     pub fn check_len(&self) -> Result<(), Error> {
         let have = self.buffer.as_ref().len();
         if have < field::MIN_LEN {
@@ -267,13 +285,16 @@ impl<T: AsRef<[u8]>> Packet<T> {
             Ok(())
         }
     }
+    /// The buffer, given back.
     pub fn into_inner(self) -> T {
         self.buffer
     }
+    /// The 4 octets of the control word, undecoded.
     pub fn control_octets(&self) -> [u8; 4] {
         let b = self.buffer.as_ref();
         [b[0], b[1], b[2], b[3]]
     }
+    /// The control word, decoded in `form`'s layout.
     pub fn control(&self, form: TermWireForm) -> Control {
         Control::decode(self.control_octets(), form)
     }
@@ -335,9 +356,11 @@ impl<T: AsRef<[u8]>> Packet<T> {
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
+    /// Writes the control word in `form`'s layout.
     pub fn set_control(&mut self, c: &Control, form: TermWireForm) {
         self.buffer.as_mut()[field::CTRL].copy_from_slice(&c.encode(form));
     }
+    /// Sets the DDP Segment Length.
     pub fn set_seg_len(&mut self, v: u16) {
         be::put_u16(self.buffer.as_mut(), field::SEG_LEN.start, v)
     }
@@ -359,6 +382,7 @@ impl EchoedDdpHeader {
         raw[..hlen].copy_from_slice(src);
         Some(EchoedDdpHeader { raw })
     }
+    /// Whether the echoed header is tagged.
     pub const fn is_tagged(&self) -> bool {
         ddp::header_len_for(self.raw[0]) == ddp::TAGGED_HEADER_LEN
     }
@@ -367,6 +391,7 @@ impl EchoedDdpHeader {
     pub const fn len(&self) -> usize {
         ddp::header_len_for(self.raw[0])
     }
+    /// Its octets.
     pub fn as_bytes(&self) -> &[u8] {
         &self.raw[..self.len()]
     }
@@ -382,6 +407,7 @@ pub struct TermDdp {
     /// DDP Segment Length: we send the offending ULPDU length (A.5 #1);
     /// siw sends the payload length. Informational only.
     pub seg_len: u16,
+    /// The offending segment's DDP header.
     pub header: EchoedDdpHeader,
 }
 
@@ -399,7 +425,9 @@ pub enum FormCertainty {
 /// A parsed Terminate and how its form was determined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Detected {
+    /// The Terminate.
     pub repr: Repr,
+    /// How its wire form was told.
     pub certainty: FormCertainty,
 }
 
@@ -436,6 +464,7 @@ impl<'a> Offending<'a> {
 /// The meaning of a Terminate header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Repr {
+    /// The cause it reports.
     pub cause: TermCause,
     /// M: the DDP Segment Length is valid (emitted only together with D).
     pub seg_len_valid: bool,

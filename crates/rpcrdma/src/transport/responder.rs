@@ -107,8 +107,11 @@ struct WorkerHandle {
 }
 
 impl WorkerHandle {
-    /// Wake the worker out of its completion wait (new connection, or stop).
+    /// Wake the worker out of its completion wait (new connection, or stop). The
+    /// wake-up is a completion of our own making (`wrid::WAKE`), delivered with the
+    /// provider-side [`CqProviderExt::push`](verbs::provider::CqProviderExt::push): the one provider call this crate makes.
     fn wake(&self) {
+        use verbs::provider::CqProviderExt;
         let _ = self.cq.push(WorkCompletion::new(
             wrid::WAKE,
             WcStatus::Success,

@@ -9,8 +9,9 @@
 //! `rdma_resolve_addr` takes them); nothing here assumes TCP: an IB CM
 //! backend maps the port to a service ID.
 
+use crate::cm::RouteOptions;
 use crate::cm::event::ConnInfo;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::notify::EventQueue;
 use crate::provider::QpOps;
 use crate::types::ConnParam;
@@ -20,7 +21,9 @@ use std::time::Duration;
 
 /// A provider's incoming connection, before accept or reject.
 pub trait ConnRequestOps: Send {
+    /// The initiator's address.
     fn peer_addr(&self) -> SocketAddr;
+    /// The local address the request arrived on.
     fn local_addr(&self) -> SocketAddr;
     /// The initiator's private data, without the provider's own bytes.
     fn private_data(&self) -> &[u8];
@@ -35,6 +38,7 @@ pub trait ConnRequestOps: Send {
 
 /// A provider's listener; dropping it stops listening.
 pub trait ListenerOps: Send + Sync {
+    /// The address it listens on (the port chosen when 0 was asked for).
     fn local_addr(&self) -> SocketAddr;
 }
 
@@ -50,6 +54,21 @@ pub trait CmBackend: Send + Sync {
     /// Connects `qp` (in INIT, made by this provider) to a listener
     /// (`rdma_connect`); returns once established (QP in RTS), rejected or failed.
     fn connect(&self, qp: &Arc<dyn QpOps>, addr: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<ConnInfo>;
+    /// [`connect`](Self::connect) with a source address and type of service
+    /// (not both `None`). The default refuses: a backend that can place a
+    /// connection implements it.
+    fn connect_routed(
+        &self,
+        _qp: &Arc<dyn QpOps>,
+        _addr: SocketAddr,
+        route: &RouteOptions,
+        _param: &ConnParam,
+        _timeout: Duration,
+    ) -> Result<ConnInfo> {
+        Err(Error::NotSupported(format!(
+            "this connection manager cannot set the source address or type of service ({route:?})"
+        )))
+    }
     /// Graceful disconnect of a connected QP (`rdma_disconnect`).
     fn disconnect(&self, qp: &Arc<dyn QpOps>);
 }

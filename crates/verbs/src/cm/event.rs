@@ -19,6 +19,7 @@ impl<T: Any + fmt::Display + fmt::Debug + Send + Sync> ProviderDetail for T {}
 pub struct ErrorDetail(Arc<dyn ProviderDetail>);
 
 impl ErrorDetail {
+    /// Wraps a provider's detail value.
     pub fn new(detail: impl ProviderDetail) -> Self {
         ErrorDetail(Arc::new(detail))
     }
@@ -81,7 +82,9 @@ impl CmEvent {
 /// What a connection negotiated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnInfo {
+    /// Our end of the connection.
     pub local_addr: SocketAddr,
+    /// The peer's end of the connection.
     pub peer_addr: SocketAddr,
     /// Inbound Reads/atomics we accept at once.
     pub responder_resources: u32,

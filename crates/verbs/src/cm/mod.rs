@@ -27,7 +27,7 @@ use crate::notify::EventQueue;
 use crate::qp::{QpInit, QueuePair};
 use crate::qp_attr::{QpAttr, QpType};
 use crate::types::{Access, ConnParam, QpInitAttr, QpState, RecvWr};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +45,7 @@ pub struct Listener {
 }
 
 impl Listener {
+    /// The address it listens on (with the port the system chose for port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.ops.local_addr()
     }
@@ -67,19 +68,51 @@ impl Listener {
     }
 }
 
+/// How an active connection leaves this host: what rdma_cm sets with
+/// `rdma_resolve_addr`'s source address and `rdma_set_option(RDMA_OPTION_ID_TOS)`
+/// (rping's `-I` and `-t`). The default lets the system choose both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RouteOptions {
+    /// The local address to connect from (any port); `None`: the routing table's choice.
+    pub src_addr: Option<IpAddr>,
+    /// The IP type of service (IPv4 TOS, IPv6 traffic class) of the connection's
+    /// packets; `None`: the system default (0).
+    pub tos: Option<u8>,
+}
+
+impl RouteOptions {
+    /// Connect from `addr` (`rdma_resolve_addr`'s `src_addr`).
+    pub fn src_addr(mut self, addr: IpAddr) -> Self {
+        self.src_addr = Some(addr);
+        self
+    }
+    /// Mark the connection's packets with this type of service (`RDMA_OPTION_ID_TOS`).
+    pub fn tos(mut self, tos: u8) -> Self {
+        self.tos = Some(tos);
+        self
+    }
+}
+
 /// Options for the queue pair that [`ProtectionDomain::connect`] and
 /// [`ConnectRequest::accept`] create.
 #[derive(Clone)]
 pub struct QpOptions {
+    /// The CQ of the send queue's completions.
     pub send_cq: CompletionQueue,
+    /// The CQ of the receive queue's completions (may be `send_cq`).
     pub recv_cq: CompletionQueue,
+    /// Queue capacities (`ibv_qp_cap`).
     pub attr: QpInitAttr,
+    /// What the connection asks for: private data, IRD and ORD (`rdma_conn_param`).
     pub param: ConnParam,
     /// Receives posted before the connection goes live, as an rdma_cm user
     /// posts them between `rdma_create_qp` and `rdma_accept`/`rdma_connect`:
     /// the peer may Send the moment it is connected, and iWARP has no
     /// receiver-not-ready retry (a Send without a receive is a Terminate).
     pub initial_recvs: Vec<RecvWr>,
+    /// Source address and type of service of an active connection
+    /// ([`ProtectionDomain::connect`]; a passive side answers on the listener's address).
+    pub route: RouteOptions,
 }
 
 impl QpOptions {
@@ -91,6 +124,7 @@ impl QpOptions {
             attr: QpInitAttr::default(),
             param: ConnParam::default(),
             initial_recvs: Vec::new(),
+            route: RouteOptions::default(),
         }
     }
     /// Receives to post before the connection is established (see
@@ -99,6 +133,7 @@ impl QpOptions {
         self.initial_recvs.extend(wrs);
         self
     }
+    /// Private data for the peer (`rdma_conn_param.private_data`).
     pub fn private_data(mut self, pd: &[u8]) -> Self {
         self.param.private_data = pd.to_vec();
         self
@@ -109,6 +144,12 @@ impl QpOptions {
         self.param.initiator_depth = initiator_depth;
         self
     }
+    /// Source address and type of service of the connection (see [`RouteOptions`]).
+    pub fn route(mut self, route: RouteOptions) -> Self {
+        self.route = route;
+        self
+    }
+    /// Queue capacities of the QP.
     pub fn attr(mut self, attr: QpInitAttr) -> Self {
         self.attr = attr;
         self
@@ -127,9 +168,11 @@ pub struct ConnectRequest {
 }
 
 impl ConnectRequest {
+    /// The initiator's address.
     pub fn peer_addr(&self) -> SocketAddr {
         self.ops.peer_addr()
     }
+    /// The local address the request arrived on.
     pub fn local_addr(&self) -> SocketAddr {
         self.ops.local_addr()
     }
@@ -207,8 +250,27 @@ impl QueuePair {
     /// listener (`rdma_connect`): returns once the connection is
     /// established (QP in RTS), or `Error::Rejected` with the peer's private data.
     pub fn connect(&self, addr: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<()> {
+        self.connect_routed(addr, &RouteOptions::default(), param, timeout)
+    }
+
+    /// [`connect`](Self::connect) from a chosen source address and with a
+    /// type of service (`rdma_resolve_addr` with `src_addr`,
+    /// `rdma_set_option(RDMA_OPTION_ID_TOS)`, `rdma_connect`). A provider whose
+    /// transport cannot honour one refuses with `NotSupported`.
+    pub fn connect_routed(
+        &self,
+        addr: SocketAddr,
+        route: &RouteOptions,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<()> {
         prepare(self)?;
-        let info = backend(self.pd().device())?.connect(self.ops(), addr, param, timeout)?;
+        let cm = backend(self.pd().device())?;
+        let info = if *route == RouteOptions::default() {
+            cm.connect(self.ops(), addr, param, timeout)?
+        } else {
+            cm.connect_routed(self.ops(), addr, route, param, timeout)?
+        };
         self.set_connected(info);
         Ok(())
     }
@@ -222,7 +284,7 @@ impl ProtectionDomain {
         let qp = self.create_qp(opts.qp_init())?;
         prepare(&qp)?;
         qp.post_recv(&opts.initial_recvs)?;
-        qp.connect(addr, &opts.param, timeout)?;
+        qp.connect_routed(addr, &opts.route, &opts.param, timeout)?;
         Ok(qp)
     }
 

@@ -17,7 +17,7 @@ use std::any::Any;
 use std::sync::{Arc, Mutex, OnceLock};
 use verbs::mem::MemTable;
 use verbs::notify::EventQueue;
-use verbs::provider::{QpCreate, QpOps};
+use verbs::provider::{CqProviderExt, QpCreate, QpOps};
 use verbs::{
     Access, CmEvent, CompletionQueue, Error, QpAttr, QpInitAttr, QpState, RecvWr, Result, SendWr, WcOpcode, WcStatus,
 };

@@ -14,7 +14,7 @@
 use super::rx_buf::RxIo;
 use super::*;
 use std::net::SocketAddr;
-use verbs::provider::{Provider, QpCreate, QpOps};
+use verbs::provider::{DeviceProviderExt, Provider, QpCreate, QpOps};
 use verbs::{Device, DeviceAttr, MemoryRegion, ProtectionDomain};
 
 /// A provider with no transport and no connection manager: the cores are
@@ -32,18 +32,21 @@ impl Provider for NoTransport {
 
 /// A device whose memory table the cores share, with no transport.
 pub fn device() -> Device {
-    Device::new("mem0", Arc::new(NoTransport) as Arc<dyn Provider>, None)
+    verbs::provider::new_device("mem0", Arc::new(NoTransport) as Arc<dyn Provider>, None)
 }
 
 /// How a [`Side`] is set up: what MPA would have negotiated.
 #[derive(Debug, Clone, Copy)]
 pub struct SideConfig {
+    /// The QP number.
     pub qpn: u32,
     /// MPA CRC on both directions.
     pub crc: bool,
     /// Markers on the octets this side receives (RFC 5044 §5).
     pub markers_rx: bool,
+    /// Inbound RDMA Reads/atomics accepted at once (IRD).
     pub ird: u32,
+    /// Outbound RDMA Reads/atomics issued at once (ORD).
     pub ord: u32,
     /// Largest ULPDU this side sends.
     pub max_ulpdu: usize,
@@ -140,30 +143,37 @@ impl Side {
         self.chunk = n.max(1);
     }
 
+    /// The side's protection domain.
     pub fn pd(&self) -> &ProtectionDomain {
         &self.pd
     }
 
+    /// Registers `len` bytes in the side's protection domain.
     pub fn reg_mr(&self, len: usize, access: Access) -> MemoryRegion {
         self.pd.reg_mr(len, access).expect("a region on the in-memory device")
     }
 
+    /// `post_send` on the core.
     pub fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
         self.p.post_send(wrs)
     }
 
+    /// `post_recv` on the core.
     pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()> {
         self.p.post_recv(wrs)
     }
 
+    /// The core's QP state.
     pub fn state(&self) -> QpState {
         self.p.state
     }
 
+    /// The next completion, if any.
     pub fn poll_cq(&self) -> Option<WorkCompletion> {
         self.cq.poll_one()
     }
 
+    /// The next connection event, if any.
     pub fn next_event(&self) -> Option<CmEvent> {
         self.events.try_pop()
     }
@@ -227,6 +237,7 @@ pub fn settle(a: &mut Side, b: &mut Side) -> bool {
 /// of each kind a tagged segment or Read Request can name, and an RDMA Read
 /// and an atomic outstanding (so Read and Atomic Responses have a target).
 pub struct Scripted {
+    /// The core under test.
     pub side: Side,
     /// STags a peer may name, by index: remote-accessible region, region
     /// without remote rights, region of another PD, the outstanding Read's
@@ -238,6 +249,7 @@ pub struct Scripted {
 }
 
 impl Scripted {
+    /// A core with `cfg` and `recvs` receives posted, set up as above.
     pub fn new(cfg: SideConfig, recvs: usize) -> Scripted {
         let dev = device();
         let pd = dev.alloc_pd().expect("a PD on the in-memory device");

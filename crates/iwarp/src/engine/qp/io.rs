@@ -8,6 +8,7 @@
 
 use super::rx_buf::{RxIo, TAGGED_FPDU_HEAD};
 use super::*;
+use verbs::provider::CqProviderExt;
 
 struct Core {
     p: Proto,

@@ -3,14 +3,14 @@
 //! the outbound and inbound Read/atomic queues (ORD/IRD), completions in
 //! posting order, and Terminate handling (RFC 5040 §5-§7, RFC 5041, RFC 7306).
 //!
-//! The protocol state lives in [`Proto`]; it does no I/O. [`IwarpQp`] owns the
+//! The protocol state lives in `Proto`; it does no I/O. [`IwarpQp`] owns the
 //! socket and moves bytes between it and `Proto` in `pump_tx` / `pump_rx`.
 //!
 //! Split by role, like Linux siw (`siw_qp.c`, `siw_qp_tx.c`, `siw_qp_rx.c`):
 //!
 //! | file | role |
 //! | --- | --- |
-//! | `mod.rs` | the state ([`Proto`] and its queues), posting work requests, completions in order, the error state and sending the one Terminate |
+//! | `mod.rs` | the state (`Proto` and its queues), posting work requests, completions in order, the error state and sending the one Terminate |
 //! | `tx.rs` | work requests and responses to RDMAP messages, DDP segmentation (`wire::ddp::segment_len`), MPA framing onto the gather list |
 //! | `rx.rs` | ULPDUs through `wire::ddp` / `wire::rdmap` parsing, then DDP sequencing and buffer checks, Read/atomic and memory checks, placement, receive completions, the peer's Terminate |
 //! | `rx_buf.rs` | the receive buffer, no I/O: the deframer, ULPDUs to `rx.rs`, direct placement of large tagged segments |
@@ -39,6 +39,7 @@ use verbs::cq::Progress;
 use verbs::mem::AccessError;
 use verbs::mem::MemTable;
 use verbs::notify::EventQueue;
+use verbs::provider::CqProviderExt;
 use verbs::{
     Access, CompletionQueue, Error, QpInitAttr, QpState, RecvWr, Result, SendFlags, SendWr, WcOpcode, WcStatus,
     WorkCompletion, WrOpcode,
