@@ -208,3 +208,417 @@ fn read_64mib_drop_10pct_c3() {
     let sim = bulk_read(c, (f, f), 6);
     assert!(sim.a.qp.stats().retransmitted_packets > 100);
 }
+
+/// A receiver posts `n` receives of `len` octets each at `mr`.
+fn post_recvs(s: &mut Side, mr: &MemoryRegion, n: usize, len: u32, first_id: u64) {
+    for i in 0..n {
+        s.qp.post_recv(&recv_wr(first_id + i as u64, mr, i * len as usize, len))
+            .unwrap();
+    }
+}
+
+/// Many Sends (sizes 0..3 PMTU, some with immediate and SE) arrive intact and in order.
+fn many_sends(faults: Faults, seed: u64) -> Sim {
+    const N: usize = 1500;
+    const MAX: u32 = 3000;
+    let mut sim = Sim::new(PairConfig::default(), seed);
+    sim.set_faults(faults, faults);
+    let src = sim.a.reg_mr(N * MAX as usize, rw());
+    let dst = sim.b.reg_mr(N * MAX as usize, rw());
+    fill(&src, seed);
+    post_recvs(&mut sim.b, &dst, N, MAX, 1000);
+    let mut lens = Vec::new();
+    for i in 0..N {
+        let len = ((i as u64 * 2_654_435_761 + seed) % u64::from(MAX + 1)) as u32;
+        lens.push(len);
+        let mut wr = send_wr(i as u64, &src, i * MAX as usize, len);
+        if i % 3 == 0 {
+            wr.opcode = WrOpcode::SendWithImm { imm_data: i as u32 };
+        }
+        if i % 5 == 0 {
+            wr.flags |= SendFlags::SOLICITED;
+        }
+        sim.a.qp.post_send(&wr).unwrap();
+    }
+    assert!(
+        sim.run_until(STEPS, |s| s.a.wcs.len() == N && s.b.wcs.len() == N),
+        "stalled: {:?} {:?}",
+        sim.a.qp.stats(),
+        sim.b.qp.stats()
+    );
+    for (i, wc) in sim.b.wcs.iter().enumerate() {
+        assert!(wc.is_ok(), "{wc:?}");
+        assert_eq!(wc.wr_id, 1000 + i as u64);
+        assert_eq!(wc.opcode, WcOpcode::Recv);
+        assert_eq!(wc.byte_len, lens[i]);
+        assert_eq!(wc.imm_data, (i % 3 == 0).then_some(i as u32));
+        assert_eq!(wc.wc_flags.contains(WcFlags::WITH_IMM), i % 3 == 0);
+        assert_eq!(wc.solicited, i % 5 == 0);
+        let off = i * MAX as usize;
+        assert_eq!(
+            hash(&src, off, lens[i] as usize),
+            hash(&dst, off, lens[i] as usize),
+            "send {i}"
+        );
+    }
+    assert!(sim.a.wcs.iter().enumerate().all(|(i, w)| w.is_ok() && w.wr_id == i as u64));
+    sim
+}
+
+#[test]
+fn many_sends_lossless_c3_consume_receives() {
+    // C3 "an incoming SEND consumes a posted receive WQE"; IBTA vol. 1 §9.7.5 (MSN), §9.3.7
+    // ImmDt, §9.2 SE.
+    let sim = many_sends(Faults::default(), 7);
+    assert_eq!(sim.a.qp.stats().retransmitted_packets, 0);
+}
+
+#[test]
+fn many_sends_drop_1pct_c3() {
+    let sim = many_sends(Faults::lossy(0.01), 8);
+    assert!(sim.a.qp.stats().retransmitted_packets > 0);
+}
+
+#[test]
+fn many_sends_drop_10pct_c3() {
+    let sim = many_sends(Faults::lossy(0.10), 9);
+    assert!(sim.a.qp.stats().retransmitted_packets > 0);
+    // Duplicated Sends were re-ACKed, not delivered twice (checked above: N receives).
+    assert!(sim.b.qp.stats().duplicate_requests > 0);
+}
+
+#[test]
+fn silent_peer_ends_in_retry_exc_err_c3() {
+    // C3 "transport retry count and local ACK timeout", "errors move the QP to ERROR and
+    // flush WRs"; IBTA vol. 1 §9.7.6.1.3 (4.096 µs × 2^timeout, retry_cnt), §10.3.1.
+    let c = PairConfig {
+        timeout: 14,
+        retry_cnt: 3,
+        ..PairConfig::default()
+    };
+    let mut sim = Sim::new(c, 10);
+    sim.set_faults(
+        Faults {
+            cut: true,
+            ..Faults::default()
+        },
+        Faults::default(),
+    );
+    let src = sim.a.reg_mr(8192, rw());
+    let dst = sim.b.reg_mr(8192, rw());
+    let t0 = sim.now;
+    sim.a.qp.post_send(&write_wr(1, &src, 0, 4000, &dst, 0)).unwrap();
+    sim.a.qp.post_send(&send_wr(2, &src, 0, 10)).unwrap();
+    assert!(sim.run_until(STEPS, |s| s.a.wcs.len() == 2));
+    assert_eq!(sim.a.wcs[0].status, WcStatus::RetryExcErr);
+    assert_eq!(sim.a.wcs[1].status, WcStatus::WrFlushErr);
+    assert_eq!(sim.a.qp.state(), QpState::Err);
+    let t = c_timeout(14);
+    let took = sim.now - t0;
+    // The first try and retry_cnt retries each wait one timeout.
+    assert!(took >= t * 4 && took < t * 4 + Duration::from_millis(1), "{took:?}");
+    let st = sim.a.qp.stats();
+    assert_eq!(st.ack_timeouts, 4);
+    // 4 packets of the Write and 1 of the Send, sent again on each of the 3 retries.
+    assert_eq!(st.retransmitted_packets, 3 * 5);
+    assert_eq!(sim.a.qp.poll_timeout(), None);
+}
+
+fn c_timeout(t: u8) -> Duration {
+    Duration::from_nanos(4096 << t)
+}
+
+#[test]
+fn ack_timeout_is_4096ns_times_2_pow_timeout_ibta_9_7_6_1_3() {
+    let a = RcAttr {
+        timeout: 14,
+        ..RcAttr::default()
+    };
+    assert_eq!(a.ack_timeout(), Some(Duration::from_nanos(67_108_864)));
+    let a = RcAttr { timeout: 0, ..a };
+    assert_eq!(a.ack_timeout(), None, "0 = infinite");
+}
+
+#[test]
+fn rnr_nak_then_retry_succeeds_c3() {
+    // C3 "RNR NAK if none [receive posted]", "RNR retry counts"; IBTA vol. 1 §9.7.5.2.8,
+    // table 45 (timer 1 = 10 µs), §9.7.6.1.4.
+    let mut sim = Sim::new(PairConfig::default(), 11);
+    let src = sim.a.reg_mr(4096, rw());
+    let dst = sim.b.reg_mr(4096, rw());
+    fill(&src, 11);
+    sim.a.qp.post_send(&send_wr(1, &src, 0, 3000)).unwrap();
+    assert!(sim.run_until(STEPS, |s| s.a.qp.stats().rnr_naks_received >= 5));
+    assert!(sim.a.wcs.is_empty());
+    assert_eq!(sim.b.qp.stats().rnr_naks_sent, 5);
+    post_recvs(&mut sim.b, &dst, 1, 4096, 0);
+    assert!(sim.run_until(STEPS, |s| s.a.wcs.len() == 1 && s.b.wcs.len() == 1));
+    assert!(sim.a.wcs[0].is_ok() && sim.b.wcs[0].is_ok());
+    assert_eq!(sim.b.wcs[0].byte_len, 3000);
+    assert_eq!(hash(&src, 0, 3000), hash(&dst, 0, 3000));
+}
+
+#[test]
+fn rnr_retry_7_is_forever_c3() {
+    // IBTA vol. 1 §9.7.6.1.4: rnr_retry 7 means retry without limit.
+    let mut sim = Sim::new(PairConfig::default(), 12);
+    let src = sim.a.reg_mr(4096, rw());
+    sim.a.qp.post_send(&send_wr(1, &src, 0, 100)).unwrap();
+    assert!(sim.run_until(STEPS, |s| s.a.qp.stats().rnr_naks_received >= 200));
+    assert_eq!(sim.a.qp.state(), QpState::Rts);
+    assert!(sim.a.wcs.is_empty());
+}
+
+#[test]
+fn rnr_retry_exhausted_is_rnr_retry_exc_err_c3() {
+    // IBTA vol. 1 §9.7.6.1.4; C3 "RNR retry counts".
+    let c = PairConfig {
+        rnr_retry: 2,
+        min_rnr_timer: 14, // 1.28 ms
+        ..PairConfig::default()
+    };
+    let mut sim = Sim::new(c, 13);
+    let src = sim.a.reg_mr(4096, rw());
+    let t0 = sim.now;
+    sim.a.qp.post_send(&send_wr(1, &src, 0, 100)).unwrap();
+    sim.a.qp.post_send(&send_wr(2, &src, 0, 100)).unwrap();
+    assert!(sim.run_until(STEPS, |s| s.a.wcs.len() == 2));
+    assert_eq!(sim.a.wcs[0].status, WcStatus::RnrRetryExcErr);
+    assert_eq!(sim.a.wcs[1].status, WcStatus::WrFlushErr);
+    assert_eq!(sim.a.qp.stats().rnr_naks_received, 3);
+    // Two waits of the peer's RNR timer (1.28 ms) between the three tries.
+    assert!(sim.now - t0 >= Duration::from_micros(2 * 1280));
+}
+
+/// Posts `wr` on a, runs to its completion, returns a's WC status and the state of both.
+fn one_wr(sim: &mut Sim, wr: SendWr) -> WcStatus {
+    sim.a.qp.post_send(&wr).unwrap();
+    let n = sim.a.wcs.len() + 1;
+    assert!(sim.run_until(STEPS, |s| s.a.wcs.len() >= n));
+    sim.a.wcs[n - 1].status
+}
+
+#[test]
+fn nak_rows_remote_access_c3() {
+    // IBTA vol. 1 §9.7.5.2.4 (remote access error: R_Key, bounds, rights), §9.9.3.1.2
+    // (REM_ACCESS_ERR, QP to error), §10.3.1 (flush). roce-sim "rkey violation".
+    type Case = fn(&MemoryRegion, &MemoryRegion, &MemoryRegion) -> SendWr;
+    let cases: [(&str, Case); 6] = [
+        ("write, invalid R_Key", |l, r, _| {
+            let mut w = write_wr(1, l, 0, 64, r, 0);
+            if let WrOpcode::RdmaWrite { remote } = &mut w.opcode {
+                remote.rkey ^= 0x5a00;
+            }
+            w
+        }),
+        ("write, past the end", |l, r, _| write_wr(1, l, 0, 64, r, 4096 - 32)),
+        ("write, before the start", |l, r, _| {
+            let mut w = write_wr(1, l, 0, 64, r, 0);
+            if let WrOpcode::RdmaWrite { remote } = &mut w.opcode {
+                remote.addr -= 1;
+            }
+            w
+        }),
+        ("read, past the end", |l, r, _| read_wr(1, l, 0, 128, r, 4000)),
+        ("read, no REMOTE_READ right", |l, _, ro| read_wr(1, l, 0, 16, ro, 0)),
+        ("atomic, no REMOTE_ATOMIC right", |l, _, ro| {
+            SendWr::new(
+                1,
+                WrOpcode::AtomicFetchAdd {
+                    remote: RemoteAddr {
+                        addr: ro.addr(),
+                        rkey: ro.rkey(),
+                    },
+                    add: 1,
+                },
+                vec![l.sge(0, 8)],
+            )
+        }),
+    ];
+    for (name, make) in cases {
+        let mut sim = Sim::new(PairConfig::default(), 14);
+        let local = sim.a.reg_mr(4096, rw());
+        let remote = sim.b.reg_mr(4096, rw());
+        let write_only = sim.b.reg_mr(4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE);
+        let wr = make(&local, &remote, &write_only);
+        sim.a.qp.post_send(&wr).unwrap();
+        sim.a.qp.post_send(&send_wr(2, &local, 0, 8)).unwrap();
+        assert!(sim.run_until(STEPS, |s| s.a.wcs.len() == 2), "{name}");
+        assert_eq!(sim.a.wcs[0].status, WcStatus::RemAccessErr, "{name}");
+        assert_eq!(sim.a.wcs[1].status, WcStatus::WrFlushErr, "{name}");
+        assert_eq!(sim.a.qp.state(), QpState::Err, "{name}");
+        assert_eq!(sim.b.qp.state(), QpState::Err, "{name}: the responder's class C error");
+    }
+}
+
+#[test]
+fn nak_row_misaligned_atomic_is_rem_inv_req_c3() {
+    // IBTA vol. 1 §9.4.5 (atomics on 8-octet aligned addresses), §9.7.5.2.2 invalid request.
+    let mut sim = Sim::new(PairConfig::default(), 15);
+    let local = sim.a.reg_mr(4096, rw());
+    let remote = sim.b.reg_mr(4096, rw());
+    let wr = SendWr::new(
+        1,
+        WrOpcode::AtomicCmpSwap {
+            remote: RemoteAddr {
+                addr: remote.addr() + 4,
+                rkey: remote.rkey(),
+            },
+            compare: 0,
+            swap: 1,
+        },
+        vec![local.sge(0, 8)],
+    );
+    assert_eq!(one_wr(&mut sim, wr), WcStatus::RemInvReqErr);
+    assert_eq!(sim.b.qp.state(), QpState::Err);
+}
+
+#[test]
+fn nak_row_send_longer_than_receive_c3() {
+    // IBTA vol. 1 §9.7.5.2.2 (invalid request: length), §10.8.3 (LOC_LEN_ERR on the receive).
+    let mut sim = Sim::new(PairConfig::default(), 16);
+    let local = sim.a.reg_mr(4096, rw());
+    let remote = sim.b.reg_mr(4096, rw());
+    post_recvs(&mut sim.b, &remote, 2, 1000, 50);
+    assert_eq!(one_wr(&mut sim, send_wr(1, &local, 0, 2500)), WcStatus::RemInvReqErr);
+    sim.settle(STEPS);
+    assert_eq!(sim.b.wcs[0].status, WcStatus::LocLenErr);
+    assert_eq!(sim.b.wcs[0].wr_id, 50);
+    assert_eq!(sim.b.wcs[1].status, WcStatus::WrFlushErr);
+}
+
+#[test]
+fn nak_row_receive_buffer_unusable_is_rem_op_err_c3() {
+    // IBTA vol. 1 §9.7.5.2.5 remote operational error; LOC_PROT_ERR on the receive.
+    let mut sim = Sim::new(PairConfig::default(), 17);
+    let local = sim.a.reg_mr(4096, rw());
+    let remote = sim.b.reg_mr(4096, Access::REMOTE_READ);
+    post_recvs(&mut sim.b, &remote, 1, 1000, 60);
+    assert_eq!(one_wr(&mut sim, send_wr(1, &local, 0, 100)), WcStatus::RemOpErr);
+    sim.settle(STEPS);
+    assert_eq!(sim.b.wcs[0].status, WcStatus::LocProtErr);
+}
+
+#[test]
+fn local_protection_error_at_post_c3() {
+    // IBTA vol. 1 §10.8.3: a bad lkey completes with LOC_PROT_ERR and the QP goes to error.
+    let mut sim = Sim::new(PairConfig::default(), 18);
+    let local = sim.a.reg_mr(4096, rw());
+    let remote = sim.b.reg_mr(4096, rw());
+    let mut wr = write_wr(1, &local, 0, 64, &remote, 0);
+    wr.sg_list[0].lkey ^= 0x100;
+    sim.a.qp.post_send(&wr).unwrap();
+    sim.a.qp.post_send(&write_wr(2, &local, 0, 64, &remote, 0)).unwrap();
+    sim.a.poll();
+    assert_eq!(sim.a.wcs[0].status, WcStatus::LocProtErr);
+    assert_eq!(sim.a.wcs[1].status, WcStatus::WrFlushErr);
+}
+
+#[test]
+fn atomics_cmp_swap_fetch_add_c3() {
+    // IBTA vol. 1 §9.4.5 (CmpSwap, FetchAdd), §9.3.6 AtomicAckETH.
+    let mut sim = Sim::new(PairConfig::default(), 19);
+    let local = sim.a.reg_mr(4096, rw());
+    let remote = sim.b.reg_mr(4096, rw());
+    remote.write(8, &40u64.to_ne_bytes()).unwrap();
+    let at = RemoteAddr {
+        addr: remote.addr() + 8,
+        rkey: remote.rkey(),
+    };
+    let wrs = [
+        WrOpcode::AtomicFetchAdd { remote: at, add: 2 },
+        WrOpcode::AtomicCmpSwap {
+            remote: at,
+            compare: 42,
+            swap: 7,
+        },
+        WrOpcode::AtomicCmpSwap {
+            remote: at,
+            compare: 42,
+            swap: 9,
+        },
+    ];
+    for (i, op) in wrs.into_iter().enumerate() {
+        sim.a
+            .qp
+            .post_send(&SendWr::new(i as u64, op, vec![local.sge(8 * i, 8)]))
+            .unwrap();
+    }
+    assert!(sim.run_until(STEPS, |s| s.a.wcs.len() == 3));
+    assert!(sim.a.wcs.iter().all(|w| w.is_ok() && w.byte_len == 8));
+    let got = |i: usize| u64::from_ne_bytes(local.to_vec(8 * i, 8).unwrap().try_into().unwrap());
+    assert_eq!([got(0), got(1), got(2)], [40, 42, 7]);
+    assert_eq!(
+        u64::from_ne_bytes(remote.to_vec(8, 8).unwrap().try_into().unwrap()),
+        7
+    );
+}
+
+#[test]
+fn write_with_imm_and_send_with_invalidate_c3() {
+    // IBTA vol. 1 §9.3.7 ImmDt (RDMA WRITE with immediate consumes a receive), §9.3.8 IETH
+    // (Send with Invalidate), §10.6 fast registration (RegMr, LocalInv work requests).
+    let mut sim = Sim::new(PairConfig::default(), 20);
+    let local = sim.a.reg_mr(8192, rw());
+    let backing = sim.b.reg_mr(8192, rw());
+    let recv = sim.b.reg_mr(4096, rw());
+    fill(&local, 20);
+    // b fast-registers 4 KiB of `backing` under a new key.
+    let fr = sim.b.pd.alloc_mr(4096).unwrap();
+    let rkey = fr.stag_with_key(0x33);
+    sim.b
+        .qp
+        .post_send(&SendWr::new(
+            500,
+            WrOpcode::RegMr {
+                mr_stag: fr.rkey(),
+                key: 0x33,
+                source_lkey: backing.lkey(),
+                source_addr: backing.addr(),
+                length: 4096,
+                iova: 0x7000_0000,
+                access: Access::REMOTE_WRITE | Access::LOCAL_WRITE,
+            },
+            vec![],
+        ))
+        .unwrap();
+    assert!(sim.run_until(STEPS, |s| s.b.wcs.len() == 1));
+    assert_eq!((sim.b.wcs[0].status, sim.b.wcs[0].opcode), (WcStatus::Success, WcOpcode::RegMr));
+    post_recvs(&mut sim.b, &recv, 2, 2048, 0);
+    let remote = RemoteAddr {
+        addr: 0x7000_0000,
+        rkey,
+    };
+    let w = SendWr::new(
+        1,
+        WrOpcode::RdmaWriteWithImm {
+            remote,
+            imm_data: 0xfeed,
+        },
+        vec![local.sge(0, 3000)],
+    )
+    .flags(SendFlags::SIGNALED | SendFlags::SOLICITED);
+    sim.a.qp.post_send(&w).unwrap();
+    let s = SendWr::new(
+        2,
+        WrOpcode::SendWithInv {
+            invalidate_rkey: rkey,
+        },
+        vec![local.sge(4096, 100)],
+    );
+    sim.a.qp.post_send(&s).unwrap();
+    assert!(sim.run_until(STEPS, |s| s.a.wcs.len() == 2 && s.b.wcs.len() == 3));
+    assert!(sim.a.wcs.iter().all(|w| w.is_ok()));
+    let (wimm, inv) = (&sim.b.wcs[1], &sim.b.wcs[2]);
+    assert_eq!(wimm.opcode, WcOpcode::RecvRdmaWithImm);
+    assert_eq!((wimm.byte_len, wimm.imm_data, wimm.solicited), (3000, Some(0xfeed), true));
+    assert_eq!(backing.to_vec(0, 3000).unwrap(), local.to_vec(0, 3000).unwrap());
+    assert_eq!(inv.opcode, WcOpcode::Recv);
+    assert_eq!(inv.invalidated_rkey, Some(rkey));
+    assert!(inv.wc_flags.contains(WcFlags::WITH_INV));
+    // The key is dead now: a Write through it is a remote access error.
+    assert_eq!(
+        one_wr(&mut sim, write_wr(3, &local, 0, 8, &fr, 0)),
+        WcStatus::RemAccessErr
+    );
+}
