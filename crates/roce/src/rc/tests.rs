@@ -261,7 +261,13 @@ fn many_sends(faults: Faults, seed: u64) -> Sim {
             "send {i}"
         );
     }
-    assert!(sim.a.wcs.iter().enumerate().all(|(i, w)| w.is_ok() && w.wr_id == i as u64));
+    assert!(
+        sim.a
+            .wcs
+            .iter()
+            .enumerate()
+            .all(|(i, w)| w.is_ok() && w.wr_id == i as u64)
+    );
     sim
 }
 
@@ -548,10 +554,7 @@ fn atomics_cmp_swap_fetch_add_c3() {
     assert!(sim.a.wcs.iter().all(|w| w.is_ok() && w.byte_len == 8));
     let got = |i: usize| u64::from_ne_bytes(local.to_vec(8 * i, 8).unwrap().try_into().unwrap());
     assert_eq!([got(0), got(1), got(2)], [40, 42, 7]);
-    assert_eq!(
-        u64::from_ne_bytes(remote.to_vec(8, 8).unwrap().try_into().unwrap()),
-        7
-    );
+    assert_eq!(u64::from_ne_bytes(remote.to_vec(8, 8).unwrap().try_into().unwrap()), 7);
 }
 
 #[test]
@@ -583,7 +586,10 @@ fn write_with_imm_and_send_with_invalidate_c3() {
         ))
         .unwrap();
     assert!(sim.run_until(STEPS, |s| s.b.wcs.len() == 1));
-    assert_eq!((sim.b.wcs[0].status, sim.b.wcs[0].opcode), (WcStatus::Success, WcOpcode::RegMr));
+    assert_eq!(
+        (sim.b.wcs[0].status, sim.b.wcs[0].opcode),
+        (WcStatus::Success, WcOpcode::RegMr)
+    );
     post_recvs(&mut sim.b, &recv, 2, 2048, 0);
     let remote = RemoteAddr {
         addr: 0x7000_0000,
@@ -601,9 +607,7 @@ fn write_with_imm_and_send_with_invalidate_c3() {
     sim.a.qp.post_send(&w).unwrap();
     let s = SendWr::new(
         2,
-        WrOpcode::SendWithInv {
-            invalidate_rkey: rkey,
-        },
+        WrOpcode::SendWithInv { invalidate_rkey: rkey },
         vec![local.sge(4096, 100)],
     );
     sim.a.qp.post_send(&s).unwrap();
@@ -611,7 +615,10 @@ fn write_with_imm_and_send_with_invalidate_c3() {
     assert!(sim.a.wcs.iter().all(|w| w.is_ok()));
     let (wimm, inv) = (&sim.b.wcs[1], &sim.b.wcs[2]);
     assert_eq!(wimm.opcode, WcOpcode::RecvRdmaWithImm);
-    assert_eq!((wimm.byte_len, wimm.imm_data, wimm.solicited), (3000, Some(0xfeed), true));
+    assert_eq!(
+        (wimm.byte_len, wimm.imm_data, wimm.solicited),
+        (3000, Some(0xfeed), true)
+    );
     assert_eq!(backing.to_vec(0, 3000).unwrap(), local.to_vec(0, 3000).unwrap());
     assert_eq!(inv.opcode, WcOpcode::Recv);
     assert_eq!(inv.invalidated_rkey, Some(rkey));
@@ -621,4 +628,493 @@ fn write_with_imm_and_send_with_invalidate_c3() {
         one_wr(&mut sim, write_wr(3, &local, 0, 8, &fr, 0)),
         WcStatus::RemAccessErr
     );
+}
+
+// ---- a scripted peer: packets built by hand into one core ----------------------------------
+
+/// One core (QP_A, peer QP_B) with regions for the scripted tests.
+struct Scripted {
+    s: Side,
+    now: std::time::Instant,
+    /// Remote-accessible region of the core.
+    mr: std::sync::Arc<MemoryRegion>,
+    /// Where its receives land.
+    recv: std::sync::Arc<MemoryRegion>,
+    c: PairConfig,
+}
+
+impl Scripted {
+    fn new(c: PairConfig) -> Scripted {
+        let dev = super::harness::device();
+        let pd = dev.alloc_pd().unwrap();
+        let s = single(&pd, &c);
+        let mr = std::sync::Arc::new(s.reg_mr(16 * 1024, rw()));
+        let recv = std::sync::Arc::new(s.reg_mr(16 * 1024, rw()));
+        fill(&mr, 99);
+        Scripted {
+            s,
+            now: std::time::Instant::now(),
+            mr,
+            recv,
+            c,
+        }
+    }
+    /// The PSN the core's responder expects first.
+    fn epsn(&self) -> Psn {
+        Psn::new(self.c.psn_ba)
+    }
+    fn feed(&mut self, bth: Bth, ext: ExtHeaders, payload: &[u8]) {
+        let p = Packet::new(bth, ext, payload).expect("a valid packet");
+        // Through the wire and back, as the engine would hand it over.
+        let mut b = vec![0; p.buffer_len()];
+        p.emit(&mut b).unwrap();
+        let q = Packet::parse(&b).unwrap();
+        self.s.qp.handle_packet(self.now, &q);
+    }
+    fn req(&mut self, op: Opcode, psn: Psn, ext: ExtHeaders, payload: &[u8]) {
+        let mut bth = Bth::new(op, QPN_A, psn);
+        bth.ack_req = true;
+        self.feed(bth, ext, payload);
+    }
+    /// Everything the core sends now, parsed (owned copies).
+    fn out(&mut self) -> Vec<(Bth, ExtHeaders, Vec<u8>)> {
+        let mut v = Vec::new();
+        let mut buf = vec![0; 8192];
+        while let Some(n) = self.s.qp.poll_transmit(self.now, &mut buf) {
+            let p = Packet::parse(&buf[..n]).unwrap();
+            assert_eq!(p.bth.dest_qp, QPN_B);
+            v.push((p.bth, p.ext, p.payload.to_vec()));
+        }
+        v
+    }
+    fn reth(&self, off: u64, len: u32) -> ExtHeaders {
+        ExtHeaders {
+            reth: Some(Reth {
+                va: self.mr.addr() + off,
+                r_key: self.mr.rkey(),
+                dma_len: len,
+            }),
+            ..ExtHeaders::default()
+        }
+    }
+}
+
+fn aeth_of(p: &(Bth, ExtHeaders, Vec<u8>)) -> (Opcode, Psn, Syndrome) {
+    (p.0.opcode, p.0.psn, p.1.aeth.expect("an AETH").syndrome)
+}
+
+fn nak(code: NakCode) -> Syndrome {
+    Syndrome::Nak(code)
+}
+
+#[test]
+fn out_of_sequence_one_nak_then_silence_c3() {
+    // IBTA vol. 1 §9.7.5.1 (PSN ahead of ePSN), §9.7.5.2.1 (one NAK per sequence error,
+    // C9-...); "PSN far out of window" of issue 13.
+    let mut t = Scripted::new(PairConfig::default());
+    let e = t.epsn();
+    post_recvs(&mut t.s, &t.recv.clone(), 4, 1024, 0);
+    t.req(Opcode::RC_SEND_ONLY, e.add(2), ExtHeaders::default(), b"late");
+    t.req(Opcode::RC_SEND_ONLY, e.add(3), ExtHeaders::default(), b"later");
+    t.req(Opcode::RC_SEND_ONLY, e.add(1 << 22), ExtHeaders::default(), b"far");
+    let out = t.out();
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        aeth_of(&out[0]),
+        (Opcode::RC_ACKNOWLEDGE, e, nak(NakCode::PsnSequenceError))
+    );
+    t.req(Opcode::RC_SEND_ONLY, e, ExtHeaders::default(), b"now");
+    let out = t.out();
+    assert_eq!(out.len(), 1);
+    assert!(matches!(aeth_of(&out[0]), (Opcode::RC_ACKNOWLEDGE, p, Syndrome::Ack { .. }) if p == e));
+    // A new sequence error after ePSN arrived gets its NAK again.
+    t.req(Opcode::RC_SEND_ONLY, e.add(5), ExtHeaders::default(), b"x");
+    assert_eq!(aeth_of(&t.out()[0]).2, nak(NakCode::PsnSequenceError));
+    assert_eq!(t.s.qp.stats().seq_naks_sent, 2);
+    assert_eq!(t.s.qp.state(), QpState::Rts);
+}
+
+#[test]
+fn opcode_sequence_errors_are_invalid_request_c3() {
+    // IBTA vol. 1 §9.7.5.1.? opcode sequence check, §9.7.5.2.2 NAK invalid request (class C:
+    // the responder's QP goes to error); roce-sim "opcode sequence".
+    let mtu = 1024;
+    // A MIDDLE with no FIRST.
+    let mut t = Scripted::new(PairConfig::default());
+    let e = t.epsn();
+    t.req(Opcode::RC_RDMA_WRITE_MIDDLE, e, ExtHeaders::default(), &vec![0; mtu]);
+    let out = t.out();
+    assert_eq!(
+        aeth_of(&out[0]),
+        (Opcode::RC_ACKNOWLEDGE, e, nak(NakCode::InvalidRequest))
+    );
+    assert_eq!(t.s.qp.state(), QpState::Err);
+    // A new FIRST inside a Write.
+    let mut t = Scripted::new(PairConfig::default());
+    let e = t.epsn();
+    let reth = t.reth(0, 3 * mtu as u32);
+    t.req(Opcode::RC_RDMA_WRITE_FIRST, e, reth, &vec![1; mtu]);
+    t.req(Opcode::RC_RDMA_WRITE_FIRST, e.add(1), reth, &vec![2; mtu]);
+    let out = t.out();
+    assert_eq!(
+        aeth_of(out.last().unwrap()),
+        (Opcode::RC_ACKNOWLEDGE, e.add(1), nak(NakCode::InvalidRequest))
+    );
+    // A Send LAST inside a Write.
+    let mut t = Scripted::new(PairConfig::default());
+    let e = t.epsn();
+    let reth = t.reth(0, 3 * mtu as u32);
+    t.req(Opcode::RC_RDMA_WRITE_FIRST, e, reth, &vec![1; mtu]);
+    t.req(Opcode::RC_SEND_LAST, e.add(1), ExtHeaders::default(), b"abcd");
+    assert_eq!(aeth_of(t.out().last().unwrap()).2, nak(NakCode::InvalidRequest));
+    // A FIRST shorter than the path MTU (length check).
+    let mut t = Scripted::new(PairConfig::default());
+    let e = t.epsn();
+    let reth = t.reth(0, 3 * mtu as u32);
+    t.req(Opcode::RC_RDMA_WRITE_FIRST, e, reth, &vec![1; 100]);
+    assert_eq!(aeth_of(&t.out()[0]).2, nak(NakCode::InvalidRequest));
+}
+
+#[test]
+fn remote_access_nak_from_a_scripted_peer_c3() {
+    // IBTA vol. 1 §9.7.5.2.4; issue 13 "invalid R_Key, out-of-bounds Write/Read".
+    for (op, off, len, bad_key) in [
+        (Opcode::RC_RDMA_WRITE_ONLY, 0u64, 16u32, true),
+        (Opcode::RC_RDMA_WRITE_ONLY, 16 * 1024 - 8, 16, false),
+        (Opcode::RC_RDMA_READ_REQUEST, 0, 16, true),
+        (Opcode::RC_RDMA_READ_REQUEST, 16 * 1024 - 8, 16, false),
+    ] {
+        let mut t = Scripted::new(PairConfig::default());
+        let e = t.epsn();
+        let mut ext = t.reth(off, len);
+        if bad_key {
+            ext.reth.as_mut().unwrap().r_key ^= 0xff;
+        }
+        let payload = if op == Opcode::RC_RDMA_WRITE_ONLY {
+            vec![7; 16]
+        } else {
+            vec![]
+        };
+        t.req(op, e, ext, &payload);
+        let out = t.out();
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            aeth_of(&out[0]),
+            (Opcode::RC_ACKNOWLEDGE, e, nak(NakCode::RemoteAccessError))
+        );
+        assert_eq!(t.s.qp.state(), QpState::Err);
+    }
+}
+
+#[test]
+fn duplicate_write_is_acked_not_executed_again_c3() {
+    // IBTA vol. 1 §9.7.5.1.1 (duplicate Send/Write: ACK, do not execute, C9-105).
+    let mut t = Scripted::new(PairConfig::default());
+    let e = t.epsn();
+    let ext = t.reth(0, 8);
+    t.req(Opcode::RC_RDMA_WRITE_ONLY, e, ext, b"firstwr!");
+    assert!(matches!(aeth_of(&t.out()[0]), (_, p, Syndrome::Ack { .. }) if p == e));
+    assert_eq!(t.mr.to_vec(0, 8).unwrap(), b"firstwr!");
+    t.mr.write(0, b"changed!").unwrap();
+    let ext2 = t.reth(0, 8);
+    t.req(Opcode::RC_RDMA_WRITE_ONLY, e, ext2, b"firstwr!");
+    let out = t.out();
+    assert!(matches!(aeth_of(&out[0]), (_, p, Syndrome::Ack { .. }) if p == e));
+    assert_eq!(t.mr.to_vec(0, 8).unwrap(), b"changed!");
+    assert_eq!(t.s.qp.stats().duplicate_requests, 1);
+}
+
+#[test]
+fn duplicate_read_is_executed_again_from_the_requested_psn_c3() {
+    // IBTA vol. 1 §9.7.5.1.1 (duplicate Read: respond again from the PSN asked for).
+    let mut t = Scripted::new(PairConfig::default());
+    let e = t.epsn();
+    let ext = t.reth(100, 2500);
+    t.req(Opcode::RC_RDMA_READ_REQUEST, e, ext, &[]);
+    let out = t.out();
+    let ops: Vec<_> = out.iter().map(|p| (p.0.opcode, p.0.psn)).collect();
+    assert_eq!(
+        ops,
+        [
+            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, e),
+            (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, e.add(1)),
+            (Opcode::RC_RDMA_READ_RESPONSE_LAST, e.add(2)),
+        ]
+    );
+    assert_eq!(out[2].2, t.mr.to_vec(100 + 2048, 452).unwrap());
+    assert_eq!(out[0].1.aeth.unwrap().msn, 1);
+    // Re-requested from the second packet: the rest of the Read.
+    let ext = t.reth(100 + 1024, 2500 - 1024);
+    t.req(Opcode::RC_RDMA_READ_REQUEST, e.add(1), ext, &[]);
+    let out = t.out();
+    let ops: Vec<_> = out.iter().map(|p| (p.0.opcode, p.0.psn)).collect();
+    assert_eq!(
+        ops,
+        [
+            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, e.add(1)),
+            (Opcode::RC_RDMA_READ_RESPONSE_LAST, e.add(2)),
+        ]
+    );
+    assert_eq!(out[0].2, t.mr.to_vec(100 + 1024, 1024).unwrap());
+    // A re-request that does not name the rest of the original Read is dropped.
+    let ext = t.reth(0, 100);
+    t.req(Opcode::RC_RDMA_READ_REQUEST, e.add(1), ext, &[]);
+    assert!(t.out().is_empty());
+}
+
+#[test]
+fn duplicate_atomic_is_replayed_from_responder_resources_c3() {
+    // IBTA vol. 1 §9.7.5.1.1 (duplicate atomic: the saved result, not executed again),
+    // max_dest_rd_atomic resources.
+    let c = PairConfig {
+        max_rd_atomic: 1,
+        ..PairConfig::default()
+    };
+    let mut t = Scripted::new(c);
+    let e = t.epsn();
+    t.mr.write(64, &10u64.to_ne_bytes()).unwrap();
+    let aeth = |t: &Scripted, add: u64| ExtHeaders {
+        atomic_eth: Some(AtomicEth {
+            va: t.mr.addr() + 64,
+            r_key: t.mr.rkey(),
+            swap_add_data: add,
+            compare_data: 0,
+        }),
+        ..ExtHeaders::default()
+    };
+    let a = aeth(&t, 5);
+    t.req(Opcode::RC_FETCH_ADD, e, a, &[]);
+    let out = t.out();
+    assert_eq!(out[0].0.opcode, Opcode::RC_ATOMIC_ACKNOWLEDGE);
+    assert_eq!(out[0].1.atomic_ack_eth.unwrap().orig_rem_dt, 10);
+    t.req(Opcode::RC_FETCH_ADD, e, a, &[]);
+    let out = t.out();
+    assert_eq!(out[0].1.atomic_ack_eth.unwrap().orig_rem_dt, 10, "replayed");
+    let value = |t: &Scripted| u64::from_ne_bytes(t.mr.to_vec(64, 8).unwrap().try_into().unwrap());
+    assert_eq!(value(&t), 15, "executed once");
+    // A second atomic takes the only resource: the first one's duplicate is dropped.
+    let a2 = aeth(&t, 1);
+    t.req(Opcode::RC_FETCH_ADD, e.add(1), a2, &[]);
+    assert_eq!(t.out()[0].1.atomic_ack_eth.unwrap().orig_rem_dt, 15);
+    t.req(Opcode::RC_FETCH_ADD, e, a, &[]);
+    assert!(t.out().is_empty());
+    assert_eq!(value(&t), 16);
+}
+
+#[test]
+fn ack_carries_msn_and_credits_ibta_9_7_7() {
+    // IBTA vol. 1 §9.7.7 (MSN counts messages; the credit count of posted receives).
+    let mut t = Scripted::new(PairConfig::default());
+    let e = t.epsn();
+    post_recvs(&mut t.s, &t.recv.clone(), 5, 1024, 0);
+    t.req(Opcode::RC_SEND_ONLY, e, ExtHeaders::default(), b"one");
+    t.req(Opcode::RC_SEND_ONLY, e.add(1), ExtHeaders::default(), b"two");
+    let out = t.out();
+    assert_eq!(out.len(), 1, "back-to-back ACKs are coalesced");
+    let a = out[0].1.aeth.unwrap();
+    assert_eq!(out[0].0.psn, e.add(1));
+    assert_eq!(a.msn, 2);
+    assert_eq!(
+        a.syndrome,
+        Syndrome::Ack {
+            credits: CreditCode::for_credits(3)
+        }
+    );
+    // No receive left: RNR NAK with the QP's min_rnr_timer, ePSN unchanged.
+    let mut t = Scripted::new(PairConfig::default());
+    let e = t.epsn();
+    t.req(Opcode::RC_SEND_ONLY, e, ExtHeaders::default(), b"one");
+    assert_eq!(
+        aeth_of(&t.out()[0]),
+        (
+            Opcode::RC_ACKNOWLEDGE,
+            e,
+            Syndrome::RnrNak {
+                timer: crate::wire::RnrTimer(1)
+            }
+        )
+    );
+    assert_eq!(t.s.qp.resp.epsn, e);
+}
+
+#[test]
+fn misdirected_packets_are_dropped_and_counted_ibta_9_6() {
+    // IBTA vol. 1 §9.6.1 (destination QP), §9.6.1.1 (P_Key); issue 13 "wrong P_Key".
+    let mut t = Scripted::new(PairConfig::default());
+    let e = t.epsn();
+    post_recvs(&mut t.s, &t.recv.clone(), 1, 1024, 0);
+    let mut bth = Bth::new(Opcode::RC_SEND_ONLY, QPN_A, e);
+    bth.p_key = 0x7fff;
+    t.feed(bth, ExtHeaders::default(), b"x");
+    let bth = Bth::new(Opcode::RC_SEND_ONLY, QPN_A + 1, e);
+    t.feed(bth, ExtHeaders::default(), b"x");
+    let bth = Bth::new(Opcode::UD_SEND_ONLY, QPN_A, e);
+    t.feed(
+        bth,
+        ExtHeaders {
+            deth: Some(Default::default()),
+            ..ExtHeaders::default()
+        },
+        b"x",
+    );
+    assert!(t.out().is_empty());
+    assert_eq!(t.s.qp.stats().misdirected_dropped, 3);
+}
+
+// ---- the completer against a scripted responder ---------------------------------------------
+
+/// The scripted core's requester sends `wrs`; returns the PSNs of the packets it sent.
+fn sent_psns(t: &mut Scripted, wrs: &[SendWr]) -> Vec<(Opcode, Psn)> {
+    for w in wrs {
+        t.s.qp.post_send(w).unwrap();
+    }
+    t.out().iter().map(|p| (p.0.opcode, p.0.psn)).collect()
+}
+
+fn ack(t: &mut Scripted, psn: Psn, syndrome: Syndrome) {
+    let bth = Bth::new(Opcode::RC_ACKNOWLEDGE, QPN_A, psn);
+    t.feed(
+        bth,
+        ExtHeaders {
+            aeth: Some(Aeth { syndrome, msn: 0 }),
+            ..ExtHeaders::default()
+        },
+        &[],
+    );
+    t.s.poll();
+}
+
+#[test]
+fn coalesced_and_ghost_acks_c3() {
+    // IBTA vol. 1 §9.7.5.1.2 (one ACK acknowledges every earlier PSN), §9.7.5.1.5 (an ACK
+    // for a PSN not sent, "ghost ACK", is ignored); C3 "a successful send-queue completion
+    // means the responder ACKed".
+    let mut t = Scripted::new(PairConfig::default());
+    let mr = t.mr.clone();
+    let wrs: Vec<_> = (0..3).map(|i| send_wr(i, &mr, 0, 100)).collect();
+    let sent = sent_psns(&mut t, &wrs);
+    assert_eq!(sent.len(), 3);
+    let first = sent[0].1;
+    ack(&mut t, first.add(3), Syndrome::ACK);
+    ack(&mut t, first.add(1000), Syndrome::ACK);
+    assert!(t.s.wcs.is_empty());
+    assert_eq!(t.s.qp.stats().ghost_responses, 2);
+    ack(&mut t, first.add(1), Syndrome::ACK);
+    assert_eq!(t.s.wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0, 1]);
+    ack(&mut t, first, Syndrome::ACK);
+    assert_eq!(t.s.qp.stats().duplicate_responses, 1);
+    ack(&mut t, first.add(2), Syndrome::ACK);
+    assert_eq!(t.s.wcs.len(), 3);
+    assert!(t.s.wcs.iter().all(|w| w.is_ok()));
+    assert_eq!(t.s.qp.poll_timeout(), None, "nothing outstanding, no timer");
+}
+
+#[test]
+fn implied_nak_resends_the_read_c3() {
+    // IBTA vol. 1 §9.7.5.1.3 implied NAK: an ACK for a later PSN while a Read is unanswered
+    // means its responses were lost.
+    let mut t = Scripted::new(PairConfig::default());
+    let mr = t.mr.clone();
+    let wrs = [read_wr(1, &mr, 0, 2048, &mr, 8192), send_wr(2, &mr, 0, 10)];
+    let sent = sent_psns(&mut t, &wrs);
+    assert_eq!(
+        sent.iter().map(|s| s.0).collect::<Vec<_>>(),
+        [Opcode::RC_RDMA_READ_REQUEST, Opcode::RC_SEND_ONLY]
+    );
+    let r = sent[0].1;
+    assert_eq!(sent[1].1, r.add(2), "a Read takes a PSN per response packet");
+    ack(&mut t, r.add(2), Syndrome::ACK);
+    let again = t.out();
+    assert_eq!(again[0].0.opcode, Opcode::RC_RDMA_READ_REQUEST);
+    assert_eq!(again[0].0.psn, r);
+    assert_eq!(t.s.qp.stats().implied_naks, 1);
+    // The first response arrives; then a later ACK implies the second was lost: the Read is
+    // re-requested from its second packet, RETH moved on by one PMTU.
+    let bth = Bth::new(Opcode::RC_RDMA_READ_RESPONSE_FIRST, QPN_A, r);
+    let data = mr.to_vec(8192, 1024).unwrap();
+    t.feed(
+        bth,
+        ExtHeaders {
+            aeth: Some(Aeth {
+                syndrome: Syndrome::ACK,
+                msn: 1,
+            }),
+            ..ExtHeaders::default()
+        },
+        &data,
+    );
+    ack(&mut t, r.add(2), Syndrome::ACK);
+    let again = t.out();
+    assert_eq!(again[0].0.psn, r.add(1));
+    let reth = again[0].1.reth.unwrap();
+    assert_eq!((reth.va, reth.dma_len), (mr.addr() + 8192 + 1024, 1024));
+    assert!(t.s.wcs.is_empty(), "nothing completes before the Read");
+}
+
+#[test]
+fn nak_sequence_error_goes_back_to_its_psn_c3() {
+    // IBTA vol. 1 §9.7.5.2.1: a PSN sequence NAK acknowledges the PSNs before it; the
+    // requester resends from its PSN.
+    let mut t = Scripted::new(PairConfig::default());
+    let mr = t.mr.clone();
+    let wrs: Vec<_> = (0..3).map(|i| send_wr(i, &mr, 0, 100)).collect();
+    let sent = sent_psns(&mut t, &wrs);
+    let first = sent[0].1;
+    ack(&mut t, first.add(1), nak(NakCode::PsnSequenceError));
+    assert_eq!(t.s.wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0]);
+    let again: Vec<_> = t.out().iter().map(|p| p.0.psn).collect();
+    assert_eq!(again, [first.add(1), first.add(2)]);
+    assert_eq!(t.s.qp.stats().retransmitted_packets, 2);
+}
+
+#[test]
+fn fatal_naks_complete_with_their_status_and_flush_c3() {
+    // IBTA vol. 1 §9.7.5.2.2..5, §9.9.3.1.2; C3 "errors move the QP to ERROR and flush WRs".
+    for (code, status) in [
+        (NakCode::InvalidRequest, WcStatus::RemInvReqErr),
+        (NakCode::RemoteAccessError, WcStatus::RemAccessErr),
+        (NakCode::RemoteOperationalError, WcStatus::RemOpErr),
+    ] {
+        let mut t = Scripted::new(PairConfig::default());
+        let mr = t.mr.clone();
+        let wrs: Vec<_> = (0..3).map(|i| send_wr(i, &mr, 0, 100)).collect();
+        let sent = sent_psns(&mut t, &wrs);
+        ack(&mut t, sent[1].1, nak(code));
+        let got: Vec<_> = t.s.wcs.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(got, [(0, WcStatus::Success), (1, status), (2, WcStatus::WrFlushErr)]);
+        assert_eq!(t.s.qp.state(), QpState::Err);
+        t.s.qp.post_send(&send_wr(9, &mr, 0, 1)).unwrap();
+        t.s.poll();
+        assert_eq!(t.s.wcs.last().unwrap().status, WcStatus::WrFlushErr);
+        assert!(t.out().is_empty());
+    }
+}
+
+#[test]
+fn ack_request_on_last_packet_and_periodically_ibta_9_7_5_1_1() {
+    let mut t = Scripted::new(PairConfig {
+        window: 1024,
+        ..PairConfig::default()
+    });
+    let mr = t.mr.clone();
+    t.s.qp.post_send(&send_wr(1, &mr, 0, 16 * 1024)).unwrap();
+    t.s.qp.post_send(&send_wr(2, &mr, 0, 1)).unwrap();
+    let out = t.out();
+    assert_eq!(out.len(), 17);
+    let acked: Vec<_> = out.iter().map(|p| p.0.ack_req).collect();
+    assert!(acked[15] && acked[16]);
+    assert_eq!(acked.iter().filter(|a| **a).count(), 2);
+    let ops: Vec<_> = out.iter().map(|p| p.0.opcode).collect();
+    assert_eq!(ops[0], Opcode::RC_SEND_FIRST);
+    assert!(ops[1..15].iter().all(|o| *o == Opcode::RC_SEND_MIDDLE));
+    assert_eq!(ops[15], Opcode::RC_SEND_LAST);
+    assert_eq!(ops[16], Opcode::RC_SEND_ONLY);
+    // Window: at most `window` PSNs unacknowledged.
+    let mut t = Scripted::new(PairConfig {
+        window: 4,
+        ..PairConfig::default()
+    });
+    let mr = t.mr.clone();
+    t.s.qp.post_send(&send_wr(1, &mr, 0, 16 * 1024)).unwrap();
+    assert_eq!(t.out().len(), 4);
 }
