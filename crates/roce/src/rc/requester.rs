@@ -1,12 +1,12 @@
 //! The requester: send WQEs into request packets (IBTA vol. 1 §9.7.1 PSNs, §9.7.2
-//! segmentation, §9.7.5.1.1 AckReq, §9.7.5.1.4 retransmission; rxe's `rxe_req.c`).
+//! segmentation, §9.7.5 AckReq, §9.7.5 retransmission; rxe's `rxe_req.c`).
 //!
 //! The send queue holds every WQE from `post_send` until it completes. A WQE gets its PSN
 //! range when it first goes out: one PSN per packet of a Send/Write, one per *response*
 //! packet of a Read (§9.7.1: a Read request consumes as many PSNs as its responses), one for
 //! an atomic. The transmit cursor (WQE index, packet index) walks the queue; go-back-N moves
 //! it back to the oldest unacknowledged PSN (a Read is then re-requested from the first
-//! response packet missing, with its RETH moved on by the octets already placed, C9-... as
+//! response packet missing, with its RETH moved on by the octets already placed as
 //! rxe's `req_retry` does).
 
 use std::collections::VecDeque;
@@ -183,7 +183,7 @@ impl Requester {
         self.rnr_until = None;
     }
 
-    /// Moves the transmit cursor back to `psn` (go-back-N, IBTA vol. 1 §9.7.5.1.4).
+    /// Moves the transmit cursor back to `psn` (go-back-N, IBTA vol. 1 §9.7.5).
     pub(crate) fn go_back(&mut self, psn: Psn) {
         self.ack_deadline = None;
         for (i, w) in self.sq.iter().enumerate() {
@@ -275,13 +275,10 @@ impl RcQp {
             return Ok(());
         }
         let total = wr.len();
-        let local_err = if total > u64::from(u32::MAX >> 1) {
-            Some(WcStatus::LocLenErr)
-        } else if kind.is_atomic() && (total != 8 || wr.sg_list.len() != 1) {
-            Some(WcStatus::LocLenErr)
-        } else {
-            None
-        };
+        // Messages up to 2^31 octets (rxe's max_msg_sz); an atomic's result is one 8-octet SGE.
+        let too_long = total > u64::from(u32::MAX >> 1);
+        let bad_atomic = kind.is_atomic() && (total != 8 || wr.sg_list.len() != 1);
+        let local_err = (too_long || bad_atomic).then_some(WcStatus::LocLenErr);
         w.len = total as u32;
         let mut status = local_err;
         match kind {

@@ -152,8 +152,8 @@ fn write_64mib_lossless_c3_in_order() {
 
 #[test]
 fn write_64mib_drop_1pct_c3_retry() {
-    // C3 "transport retry ... local ACK timeout"; IBTA vol. 1 §9.7.5.1.4 (go-back-N),
-    // §9.7.5.2.1 (PSN sequence NAK), §9.7.6.1.3 (ACK timeout).
+    // C3 "transport retry ... local ACK timeout"; IBTA vol. 1 §9.7.5 (go-back-N),
+    // §9.7.5 (PSN sequence NAK), §9.7.6 (ACK timeout).
     let f = Faults::lossy(0.01);
     let back = Faults {
         delay: Duration::from_micros(20),
@@ -188,7 +188,7 @@ fn read_64mib_lossless_c3() {
 
 #[test]
 fn read_64mib_drop_1pct_c3_implied_nak() {
-    // IBTA vol. 1 §9.7.5.1.3 implied NAK, §9.7.5.1.1 duplicate Read re-executed from the PSN.
+    // IBTA vol. 1 §9.7.5 implied NAK, §9.7.5 duplicate Read re-executed from the PSN.
     let f = Faults::lossy(0.01);
     let sim = bulk_read(PairConfig::default(), (f, f), 5);
     let st = sim.a.qp.stats();
@@ -296,7 +296,7 @@ fn many_sends_drop_10pct_c3() {
 #[test]
 fn silent_peer_ends_in_retry_exc_err_c3() {
     // C3 "transport retry count and local ACK timeout", "errors move the QP to ERROR and
-    // flush WRs"; IBTA vol. 1 §9.7.6.1.3 (4.096 µs × 2^timeout, retry_cnt), §10.3.1.
+    // flush WRs"; IBTA vol. 1 §9.7.6 (4.096 µs × 2^timeout, retry_cnt), §10.3.1.
     let c = PairConfig {
         timeout: 14,
         retry_cnt: 3,
@@ -335,7 +335,7 @@ fn c_timeout(t: u8) -> Duration {
 }
 
 #[test]
-fn ack_timeout_is_4096ns_times_2_pow_timeout_ibta_9_7_6_1_3() {
+fn ack_timeout_is_4096ns_times_2_pow_timeout_ibta_9_7_6() {
     let a = RcAttr {
         timeout: 14,
         ..RcAttr::default()
@@ -347,8 +347,8 @@ fn ack_timeout_is_4096ns_times_2_pow_timeout_ibta_9_7_6_1_3() {
 
 #[test]
 fn rnr_nak_then_retry_succeeds_c3() {
-    // C3 "RNR NAK if none [receive posted]", "RNR retry counts"; IBTA vol. 1 §9.7.5.2.8,
-    // table 45 (timer 1 = 10 µs), §9.7.6.1.4.
+    // C3 "RNR NAK if none [receive posted]", "RNR retry counts"; IBTA vol. 1 §9.7.5,
+    // table 45 (timer 1 = 10 µs), §9.7.6.
     let mut sim = Sim::new(PairConfig::default(), 11);
     let src = sim.a.reg_mr(4096, rw());
     let dst = sim.b.reg_mr(4096, rw());
@@ -366,7 +366,7 @@ fn rnr_nak_then_retry_succeeds_c3() {
 
 #[test]
 fn rnr_retry_7_is_forever_c3() {
-    // IBTA vol. 1 §9.7.6.1.4: rnr_retry 7 means retry without limit.
+    // IBTA vol. 1 §9.7.6: rnr_retry 7 means retry without limit.
     let mut sim = Sim::new(PairConfig::default(), 12);
     let src = sim.a.reg_mr(4096, rw());
     sim.a.qp.post_send(&send_wr(1, &src, 0, 100)).unwrap();
@@ -377,7 +377,7 @@ fn rnr_retry_7_is_forever_c3() {
 
 #[test]
 fn rnr_retry_exhausted_is_rnr_retry_exc_err_c3() {
-    // IBTA vol. 1 §9.7.6.1.4; C3 "RNR retry counts".
+    // IBTA vol. 1 §9.7.6; C3 "RNR retry counts".
     let c = PairConfig {
         rnr_retry: 2,
         min_rnr_timer: 14, // 1.28 ms
@@ -406,7 +406,7 @@ fn one_wr(sim: &mut Sim, wr: SendWr) -> WcStatus {
 
 #[test]
 fn nak_rows_remote_access_c3() {
-    // IBTA vol. 1 §9.7.5.2.4 (remote access error: R_Key, bounds, rights), §9.9.3.1.2
+    // IBTA vol. 1 §9.7.5 (remote access error: R_Key, bounds, rights), §9.9.3
     // (REM_ACCESS_ERR, QP to error), §10.3.1 (flush). roce-sim "rkey violation".
     type Case = fn(&MemoryRegion, &MemoryRegion, &MemoryRegion) -> SendWr;
     let cases: [(&str, Case); 6] = [
@@ -459,7 +459,7 @@ fn nak_rows_remote_access_c3() {
 
 #[test]
 fn nak_row_misaligned_atomic_is_rem_inv_req_c3() {
-    // IBTA vol. 1 §9.4.5 (atomics on 8-octet aligned addresses), §9.7.5.2.2 invalid request.
+    // IBTA vol. 1 §9.4.5 (atomics on 8-octet aligned addresses), §9.7.5 invalid request.
     let mut sim = Sim::new(PairConfig::default(), 15);
     let local = sim.a.reg_mr(4096, rw());
     let remote = sim.b.reg_mr(4096, rw());
@@ -481,7 +481,7 @@ fn nak_row_misaligned_atomic_is_rem_inv_req_c3() {
 
 #[test]
 fn nak_row_send_longer_than_receive_c3() {
-    // IBTA vol. 1 §9.7.5.2.2 (invalid request: length), §10.8.3 (LOC_LEN_ERR on the receive).
+    // IBTA vol. 1 §9.7.5 (invalid request: length), §10.8.3 (LOC_LEN_ERR on the receive).
     let mut sim = Sim::new(PairConfig::default(), 16);
     let local = sim.a.reg_mr(4096, rw());
     let remote = sim.b.reg_mr(4096, rw());
@@ -495,7 +495,7 @@ fn nak_row_send_longer_than_receive_c3() {
 
 #[test]
 fn nak_row_receive_buffer_unusable_is_rem_op_err_c3() {
-    // IBTA vol. 1 §9.7.5.2.5 remote operational error; LOC_PROT_ERR on the receive.
+    // IBTA vol. 1 §9.7.5 remote operational error; LOC_PROT_ERR on the receive.
     let mut sim = Sim::new(PairConfig::default(), 17);
     let local = sim.a.reg_mr(4096, rw());
     let remote = sim.b.reg_mr(4096, Access::REMOTE_READ);
@@ -709,8 +709,8 @@ fn nak(code: NakCode) -> Syndrome {
 
 #[test]
 fn out_of_sequence_one_nak_then_silence_c3() {
-    // IBTA vol. 1 §9.7.5.1 (PSN ahead of ePSN), §9.7.5.2.1 (one NAK per sequence error,
-    // C9-...); "PSN far out of window" of issue 13.
+    // IBTA vol. 1 §9.7.5 (PSN ahead of ePSN: one NAK per sequence error); "PSN far out of
+    // window" of issue 13.
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
     post_recvs(&mut t.s, &t.recv.clone(), 4, 1024, 0);
@@ -736,7 +736,7 @@ fn out_of_sequence_one_nak_then_silence_c3() {
 
 #[test]
 fn opcode_sequence_errors_are_invalid_request_c3() {
-    // IBTA vol. 1 §9.7.5.1.? opcode sequence check, §9.7.5.2.2 NAK invalid request (class C:
+    // IBTA vol. 1 §9.7.5 opcode sequence check, §9.7.5 NAK invalid request (class C:
     // the responder's QP goes to error); roce-sim "opcode sequence".
     let mtu = 1024;
     // A MIDDLE with no FIRST.
@@ -771,13 +771,13 @@ fn opcode_sequence_errors_are_invalid_request_c3() {
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
     let reth = t.reth(0, 3 * mtu as u32);
-    t.req(Opcode::RC_RDMA_WRITE_FIRST, e, reth, &vec![1; 100]);
+    t.req(Opcode::RC_RDMA_WRITE_FIRST, e, reth, &[1; 100]);
     assert_eq!(aeth_of(&t.out()[0]).2, nak(NakCode::InvalidRequest));
 }
 
 #[test]
 fn remote_access_nak_from_a_scripted_peer_c3() {
-    // IBTA vol. 1 §9.7.5.2.4; issue 13 "invalid R_Key, out-of-bounds Write/Read".
+    // IBTA vol. 1 §9.7.5; issue 13 "invalid R_Key, out-of-bounds Write/Read".
     for (op, off, len, bad_key) in [
         (Opcode::RC_RDMA_WRITE_ONLY, 0u64, 16u32, true),
         (Opcode::RC_RDMA_WRITE_ONLY, 16 * 1024 - 8, 16, false),
@@ -808,7 +808,7 @@ fn remote_access_nak_from_a_scripted_peer_c3() {
 
 #[test]
 fn duplicate_write_is_acked_not_executed_again_c3() {
-    // IBTA vol. 1 §9.7.5.1.1 (duplicate Send/Write: ACK, do not execute, C9-105).
+    // IBTA vol. 1 §9.7.5 (duplicate Send/Write: ACK, do not execute, C9-105).
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
     let ext = t.reth(0, 8);
@@ -826,7 +826,7 @@ fn duplicate_write_is_acked_not_executed_again_c3() {
 
 #[test]
 fn duplicate_read_is_executed_again_from_the_requested_psn_c3() {
-    // IBTA vol. 1 §9.7.5.1.1 (duplicate Read: respond again from the PSN asked for).
+    // IBTA vol. 1 §9.7.5 (duplicate Read: respond again from the PSN asked for).
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
     let ext = t.reth(100, 2500);
@@ -864,7 +864,7 @@ fn duplicate_read_is_executed_again_from_the_requested_psn_c3() {
 
 #[test]
 fn duplicate_atomic_is_replayed_from_responder_resources_c3() {
-    // IBTA vol. 1 §9.7.5.1.1 (duplicate atomic: the saved result, not executed again),
+    // IBTA vol. 1 §9.7.5 (duplicate atomic: the saved result, not executed again),
     // max_dest_rd_atomic resources.
     let c = PairConfig {
         max_rd_atomic: 1,
@@ -939,7 +939,7 @@ fn ack_carries_msn_and_credits_ibta_9_7_7() {
 
 #[test]
 fn misdirected_packets_are_dropped_and_counted_ibta_9_6() {
-    // IBTA vol. 1 §9.6.1 (destination QP), §9.6.1.1 (P_Key); issue 13 "wrong P_Key".
+    // IBTA vol. 1 §9.6.1 (destination QP), §9.6.1 (P_Key); issue 13 "wrong P_Key".
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
     post_recvs(&mut t.s, &t.recv.clone(), 1, 1024, 0);
@@ -986,7 +986,7 @@ fn ack(t: &mut Scripted, psn: Psn, syndrome: Syndrome) {
 
 #[test]
 fn coalesced_and_ghost_acks_c3() {
-    // IBTA vol. 1 §9.7.5.1.2 (one ACK acknowledges every earlier PSN), §9.7.5.1.5 (an ACK
+    // IBTA vol. 1 §9.7.5 (one ACK acknowledges every earlier PSN), §9.7.5 (an ACK
     // for a PSN not sent, "ghost ACK", is ignored); C3 "a successful send-queue completion
     // means the responder ACKed".
     let mut t = Scripted::new(PairConfig::default());
@@ -1011,7 +1011,7 @@ fn coalesced_and_ghost_acks_c3() {
 
 #[test]
 fn implied_nak_resends_the_read_c3() {
-    // IBTA vol. 1 §9.7.5.1.3 implied NAK: an ACK for a later PSN while a Read is unanswered
+    // IBTA vol. 1 §9.7.5 implied NAK: an ACK for a later PSN while a Read is unanswered
     // means its responses were lost.
     let mut t = Scripted::new(PairConfig::default());
     let mr = t.mr.clone();
@@ -1053,7 +1053,7 @@ fn implied_nak_resends_the_read_c3() {
 
 #[test]
 fn nak_sequence_error_goes_back_to_its_psn_c3() {
-    // IBTA vol. 1 §9.7.5.2.1: a PSN sequence NAK acknowledges the PSNs before it; the
+    // IBTA vol. 1 §9.7.5: a PSN sequence NAK acknowledges the PSNs before it; the
     // requester resends from its PSN.
     let mut t = Scripted::new(PairConfig::default());
     let mr = t.mr.clone();
@@ -1069,7 +1069,7 @@ fn nak_sequence_error_goes_back_to_its_psn_c3() {
 
 #[test]
 fn fatal_naks_complete_with_their_status_and_flush_c3() {
-    // IBTA vol. 1 §9.7.5.2.2..5, §9.9.3.1.2; C3 "errors move the QP to ERROR and flush WRs".
+    // IBTA vol. 1 §9.7.5 (NAK codes), §9.9.3; C3 "errors move the QP to ERROR and flush WRs".
     for (code, status) in [
         (NakCode::InvalidRequest, WcStatus::RemInvReqErr),
         (NakCode::RemoteAccessError, WcStatus::RemAccessErr),
@@ -1091,7 +1091,7 @@ fn fatal_naks_complete_with_their_status_and_flush_c3() {
 }
 
 #[test]
-fn ack_request_on_last_packet_and_periodically_ibta_9_7_5_1_1() {
+fn ack_request_on_last_packet_and_periodically_ibta_9_7_5() {
     let mut t = Scripted::new(PairConfig {
         window: 1024,
         ..PairConfig::default()
