@@ -360,7 +360,13 @@ impl RcQp {
         while let Some(w) = self.req.sq.front() {
             let Some(status) = w.status else { break };
             let w = self.req.sq.pop_front().expect("front exists");
-            self.req.cur = self.req.cur.saturating_sub(1);
+            if self.req.cur == 0 {
+                // The cursor was on the WQE that left: it continues with the next one's first
+                // packet, where it would have gone anyway.
+                self.req.cur_pkt = 0;
+            } else {
+                self.req.cur -= 1;
+            }
             if w.signaled || status != WcStatus::Success {
                 let mut wc = WorkCompletion::new(w.wr_id, status, w.wc_opcode(), self.cfg.qpn);
                 if status == WcStatus::Success {

@@ -427,10 +427,10 @@ impl RcQp {
                         psn: p,
                         npkts,
                         reth: orig,
-                    } if psn.in_window(p, npkts) => Some((p, orig)),
+                    } if psn.in_window(p, npkts) => Some((p, npkts, orig)),
                     _ => None,
                 });
-                let Some((first, orig)) = found else { return };
+                let Some((first, npkts, orig)) = found else { return };
                 let skip = u64::from(psn.distance(first) as u32) * mtu;
                 // The re-request must name the rest of the original Read.
                 if reth.r_key != orig.r_key
@@ -444,7 +444,7 @@ impl RcQp {
                         job.msn = self.resp.msn;
                         // A newer request for the same Read replaces responses still queued.
                         self.resp.out.retain(|o| match o {
-                            RespOut::Read(j) => !j.psn.in_window(first, orig.dma_len.max(1)),
+                            RespOut::Read(j) => !j.psn.in_window(first, npkts),
                             _ => true,
                         });
                         self.resp.out.push_back(RespOut::Read(job));
