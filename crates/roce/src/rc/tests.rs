@@ -1236,3 +1236,50 @@ proptest! {
         prop_assert_eq!(sim.b.qp.state(), QpState::Rts);
     }
 }
+
+#[test]
+fn reads_and_atomics_limited_by_max_rd_atomic_and_fences_c3() {
+    // IBTA vol. 1 §9.7.6 (the requester keeps at most max_rd_atomic Reads/atomics
+    // outstanding, the ORD the responder's resources were sized for); IBV_SEND_FENCE.
+    let mut t = Scripted::new(PairConfig {
+        max_rd_atomic: 2,
+        ..PairConfig::default()
+    });
+    let mr = t.mr.clone();
+    let mut wrs: Vec<_> = (0..3).map(|i| read_wr(i, &mr, 0, 100, &mr, 4096)).collect();
+    wrs.push(send_wr(3, &mr, 0, 10).flags(SendFlags::SIGNALED | SendFlags::FENCE));
+    let sent = sent_psns(&mut t, &wrs);
+    assert_eq!(sent.len(), 2, "two Reads outstanding, the third waits");
+    let r0 = sent[0].1;
+    let resp = |t: &mut Scripted, psn: Psn| {
+        let data = t.mr.to_vec(4096, 100).unwrap();
+        t.feed(
+            Bth::new(Opcode::RC_RDMA_READ_RESPONSE_ONLY, QPN_A, psn),
+            ExtHeaders {
+                aeth: Some(Aeth {
+                    syndrome: Syndrome::ACK,
+                    msn: 1,
+                }),
+                ..ExtHeaders::default()
+            },
+            &data,
+        );
+        t.s.poll();
+    };
+    resp(&mut t, r0);
+    assert_eq!(t.s.wcs.len(), 1);
+    let next: Vec<_> = t.out().iter().map(|p| (p.0.opcode, p.0.psn)).collect();
+    assert_eq!(
+        next,
+        [(Opcode::RC_RDMA_READ_REQUEST, r0.add(2))],
+        "the fenced Send waits"
+    );
+    resp(&mut t, r0.add(1));
+    assert!(t.out().is_empty(), "one Read still outstanding");
+    resp(&mut t, r0.add(2));
+    let next: Vec<_> = t.out().iter().map(|p| (p.0.opcode, p.0.psn)).collect();
+    assert_eq!(next, [(Opcode::RC_SEND_ONLY, r0.add(3))]);
+    assert_eq!(t.s.wcs.len(), 3);
+    assert!(t.s.wcs.iter().all(|w| w.is_ok() && w.byte_len == 100));
+    assert_eq!(t.mr.to_vec(0, 100).unwrap(), t.mr.to_vec(4096, 100).unwrap());
+}
