@@ -82,6 +82,9 @@ impl RcQp {
                         }
                         self.req.rnr_until = Some(now + Duration::from_micros(u64::from(timer.micros())));
                         let at = self.req.una;
+                        // The rest of the message, already on its way, meets a responder still
+                        // expecting this PSN: its one sequence NAK is no new error.
+                        self.req.retrying_from = Some(at);
                         self.req.go_back(at);
                     }
                     Syndrome::Nak(NakCode::PsnSequenceError) => {

@@ -376,6 +376,28 @@ fn rnr_retry_7_is_forever_c3() {
 }
 
 #[test]
+fn rnr_naks_of_long_sends_do_not_use_up_retry_cnt_c3() {
+    // IBTA vol. 1 §9.7.6: each RNR NAK of a multi-packet Send is followed by one PSN sequence
+    // NAK for the packets behind it; that is no transport error (retry_cnt stays).
+    let c = PairConfig {
+        retry_cnt: 1,
+        ..PairConfig::default()
+    };
+    let mut sim = Sim::new(c, 21);
+    let src = sim.a.reg_mr(8192, rw());
+    let dst = sim.b.reg_mr(8192, rw());
+    fill(&src, 21);
+    sim.a.qp.post_send(&send_wr(1, &src, 0, 5000)).unwrap();
+    assert!(sim.run_until(STEPS, |s| s.a.qp.stats().rnr_naks_received >= 20));
+    assert_eq!(sim.a.qp.state(), QpState::Rts);
+    assert!(sim.a.qp.stats().seq_naks_received >= 19);
+    post_recvs(&mut sim.b, &dst, 1, 8192, 0);
+    assert!(sim.run_until(STEPS, |s| s.a.wcs.len() == 1 && s.b.wcs.len() == 1));
+    assert!(sim.a.wcs[0].is_ok() && sim.b.wcs[0].byte_len == 5000);
+    assert_eq!(hash(&src, 0, 5000), hash(&dst, 0, 5000));
+}
+
+#[test]
 fn rnr_retry_exhausted_is_rnr_retry_exc_err_c3() {
     // IBTA vol. 1 §9.7.6; C3 "RNR retry counts".
     let c = PairConfig {
