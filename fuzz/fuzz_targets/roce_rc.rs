@@ -15,7 +15,7 @@
 //!   step budget runs out (no panic, no error status without an injected fault).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use roce::rc::harness::{self, Faults, PairConfig, Sim, QPN_A};
+use roce::rc::harness::{self, Faults, PairConfig, QPN_A, Sim};
 use roce::wire::{HeaderSet, Opcode, Packet};
 use std::time::Duration;
 use verbs::{Access, Mtu, QpState, RecvWr, RemoteAddr, SendWr, WcStatus, WrOpcode};
@@ -39,13 +39,26 @@ fn packets(sel: u8, mut input: &[u8]) {
     };
     let mut s = harness::single(&pd, &c);
     let mr = s.reg_mr(8192, Access::all_remote() | Access::LOCAL_WRITE);
-    s.qp.post_recv(&RecvWr { wr_id: 1, sg_list: vec![mr.sge(0, 2048)] }).unwrap();
-    let remote = RemoteAddr { addr: mr.addr() + 4096, rkey: mr.rkey() };
+    s.qp.post_recv(&RecvWr {
+        wr_id: 1,
+        sg_list: vec![mr.sge(0, 2048)],
+    })
+    .unwrap();
+    let remote = RemoteAddr {
+        addr: mr.addr() + 4096,
+        rkey: mr.rkey(),
+    };
     if sel & 4 != 0 {
-        s.qp.post_send(&SendWr::new(10, WrOpcode::RdmaRead { remote }, vec![mr.sge(2048, 700)])).unwrap();
-        s.qp.post_send(&SendWr::new(11, WrOpcode::Send, vec![mr.sge(0, 300)])).unwrap();
-        s.qp.post_send(&SendWr::new(12, WrOpcode::AtomicFetchAdd { remote, add: 3 }, vec![mr.sge(4000, 8)]))
+        s.qp.post_send(&SendWr::new(10, WrOpcode::RdmaRead { remote }, vec![mr.sge(2048, 700)]))
             .unwrap();
+        s.qp.post_send(&SendWr::new(11, WrOpcode::Send, vec![mr.sge(0, 300)]))
+            .unwrap();
+        s.qp.post_send(&SendWr::new(
+            12,
+            WrOpcode::AtomicFetchAdd { remote, add: 3 },
+            vec![mr.sge(4000, 8)],
+        ))
+        .unwrap();
     }
     let mut now = std::time::Instant::now();
     let mut buf = vec![0u8; s.qp.max_packet_len()];
@@ -79,7 +92,11 @@ fn patch(p: &mut [u8], qp: &roce::rc::RcQp, mr: &verbs::MemoryRegion) {
     p[3] = 0xff;
     p[5..8].copy_from_slice(&QPN_A.to_be_bytes()[1..]);
     let Some(info) = Opcode(p[0]).info() else { return };
-    let base = if info.request { qp.expected_psn() } else { qp.oldest_unacked_psn() };
+    let base = if info.request {
+        qp.expected_psn()
+    } else {
+        qp.oldest_unacked_psn()
+    };
     let psn = base.add(u32::from(p[11] & 0x3f)).sub(16);
     p[9..12].copy_from_slice(&psn.value().to_be_bytes()[1..]);
     if (info.headers.contains(HeaderSet::RETH) || info.headers.contains(HeaderSet::ATOMIC_ETH)) && p.len() >= 24 {
@@ -124,17 +141,33 @@ fn back_to_back(sel: u8, input: &[u8]) {
     let mut n = 0;
     for (i, ch) in ops.chunks_exact(3).take(32).enumerate() {
         let len = u32::from(u16::from_be_bytes([ch[1], ch[2]])) % 16384;
-        let remote = RemoteAddr { addr: lb.addr() + 32768, rkey: lb.rkey() };
+        let remote = RemoteAddr {
+            addr: lb.addr() + 32768,
+            rkey: lb.rkey(),
+        };
         let op = match ch[0] % 4 {
             0 => {
-                sim.b.qp.post_recv(&RecvWr { wr_id: i as u64, sg_list: vec![lb.sge(0, 16384)] }).unwrap();
+                sim.b
+                    .qp
+                    .post_recv(&RecvWr {
+                        wr_id: i as u64,
+                        sg_list: vec![lb.sge(0, 16384)],
+                    })
+                    .unwrap();
                 WrOpcode::Send
             }
             1 => WrOpcode::RdmaWrite { remote },
             2 => WrOpcode::RdmaRead { remote },
-            _ => WrOpcode::AtomicFetchAdd { remote, add: u64::from(len) },
+            _ => WrOpcode::AtomicFetchAdd {
+                remote,
+                add: u64::from(len),
+            },
         };
-        let sge = if matches!(op, WrOpcode::AtomicFetchAdd { .. }) { la.sge(40000, 8) } else { la.sge(0, len) };
+        let sge = if matches!(op, WrOpcode::AtomicFetchAdd { .. }) {
+            la.sge(40000, 8)
+        } else {
+            la.sge(0, len)
+        };
         sim.a.qp.post_send(&SendWr::new(i as u64, op, vec![sge])).unwrap();
         n += 1;
     }
