@@ -14,4 +14,5 @@
 #![forbid(unsafe_code)]
 
 pub mod cm;
+pub mod rc;
 pub mod wire;

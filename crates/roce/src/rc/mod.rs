@@ -1,0 +1,499 @@
+//! The RC transport of one queue pair as a sans-I/O core (IBTA vol. 1 ch. 9: §9.7 reliable
+//! service, §9.9 error handling; ch. 10 for QP states and completions), driven the way
+//! quinn-proto drives a connection: no sockets, no threads, no clock.
+//!
+//! Section numbers below the third level are left out on purpose: they were not checked
+//! against the specification text, only against Linux rxe's behaviour.
+//!
+//! ```text
+//!  post_send(wr) / post_recv(wr) / modify(attr)
+//!  handle_packet(now, &Packet)      -- a parsed, ICRC-checked packet from the peer
+//!  handle_timeout(now)              -- when poll_timeout() has passed
+//!  poll_transmit(now, &mut buf)     -- the next packet to send (ICRC field left 0: the engine seals it)
+//!  poll_completion()                -- work completions, send and receive, in order per queue
+//!  poll_timeout()                   -- when to call handle_timeout next
+//! ```
+//!
+//! Time only comes in as `now`. `poll_transmit` takes `now` too (unlike the plain
+//! `poll_transmit(&mut buf)` of the task text): sending a request arms the local ACK timer,
+//! which needs the send time (quinn-proto's `poll_transmit` takes `now` for the same reason).
+//!
+//! ## Roles (split as Linux rxe splits them: `rxe_req.c`, `rxe_comp.c`, `rxe_resp.c`)
+//!
+//! | file | role | state it keeps |
+//! | --- | --- | --- |
+//! | [`requester`] | send WQEs to packets: path-MTU segmentation (FIRST/MIDDLE/LAST/ONLY, §9.7.2), PSNs (§9.7.1), the AckReq bit on the last packet of a message and every [`ACK_REQ_EVERY`] packets (§9.7.5), the window of unacknowledged packets, Read/atomic limit `max_rd_atomic` (§9.5 ORD), fences, local operations (LocalInv, RegMr), go-back-N retransmission (§9.7.5) | the send queue, the transmit cursor (WQE, packet), `una` (oldest unacknowledged PSN), `sent_hi` (next never-sent PSN), the ACK timer and retry counter, the RNR wait |
+//! | [`completer`] | responses: coalesced ACKs (§9.7.5: an ACK acknowledges every earlier PSN), NAKs (§9.7.5: PSN sequence error, RNR, invalid request, remote access, remote operational), implied NAK (§9.7.5: a response for a later PSN while a Read/atomic is unanswered), ghost and duplicate ACKs dropped (§9.7.5), Read response placement with lkey checks and Atomic ACKs (§9.7.6), the local ACK timeout (§9.7.6, 4.096 µs × 2^timeout, retry_cnt) and RNR retries (§9.7.6, rnr_retry, 7 = forever), completions in order | (shares the requester's send queue) |
+//! | [`responder`] | requests: the expected PSN and its three classes (§9.7.5: expected, duplicate, out of sequence with one NAK per sequence error), opcode sequence and length checks (§9.7.5; invalid request), R_Key/bounds/rights/PD checks through [`verbs::mem::MemTable::check`] (§9.7.5 remote access), RNR NAK without a posted receive (§9.7.5, `min_rnr_timer`), Send (+ Immediate, + Invalidate with IETH, + SE), RDMA Write (+ Immediate), RDMA Read, CmpSwap/FetchAdd on 8-aligned addresses, duplicate handling (re-ACK Sends/Writes, re-execute a Read from the requested PSN, replay an atomic from the responder resources, §9.7.5, C9-105 for Sends/Writes), ACKs with MSN and credit count (§9.7.7) | the expected PSN, MSN, the message in progress (opcode, receive WQE and offset, Write target), the receive queue, the responder resources (`max_dest_rd_atomic` entries of Reads/atomics for duplicates) and the queue of responses to send |
+//!
+//! ## Work completion statuses (what they mean to an application)
+//!
+//! | status | produced when |
+//! | --- | --- |
+//! | `Success` | the peer acknowledged the request (Send/Write: ACK; Read: all response data placed; atomic: the ATOMIC ACK's original value written) |
+//! | `RetryExcErr` | `retry_cnt` local ACK timeouts or PSN sequence NAKs in a row without progress: the peer or the path is gone |
+//! | `RnrRetryExcErr` | the peer had no receive posted `rnr_retry` times in a row (never with `rnr_retry = 7`) |
+//! | `RemAccessErr` | the peer NAKed with remote access error: bad R_Key, out of bounds, missing right, other PD |
+//! | `RemOpErr` | the peer NAKed with remote operational error: it could not complete the request (e.g. its receive buffer's lkey was bad) |
+//! | `RemInvReqErr` | the peer NAKed with invalid request: opcode sequence, length, misaligned atomic, unsupported |
+//! | `BadRespErr` | a response at the expected PSN with the wrong opcode or length |
+//! | `LocProtErr` | an SGE of ours names memory the lkey does not cover or allow (posting, or placing a Read response) |
+//! | `LocLenErr` | (receive) the Send was longer than the posted receive buffer |
+//! | `LocAccessErr` | (receive) a Send with Invalidate named a key that could not be invalidated |
+//! | `WrFlushErr` | the QP went to the error state before this WR ran: every outstanding and later WR |
+//!
+//! Any error status moves the QP to ERR; later WRs complete with `WrFlushErr`.
+//!
+//! Requirements: `../shared/requirements/smcr-ipoibcm.md` C3 ("in-order execution of WRITE and
+//! SEND", "an incoming SEND consumes a posted receive WQE (RNR NAK if none)", "a successful
+//! send-queue completion means the responder ACKed", "PSN is 24-bit and wraps", "transport
+//! retry / RNR retry counts and local ACK timeout", "errors move the QP to ERROR and flush
+//! WRs").
+
+pub mod completer;
+pub mod harness;
+pub mod requester;
+pub mod responder;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use verbs::buffer::Buffer;
+use verbs::mem::MemTable;
+use verbs::{Access, Mtu, QpAttr, QpState, Sge, WcOpcode, WcStatus, WorkCompletion};
+
+use crate::wire::headers::RnrTimer;
+use crate::wire::{Packet, Psn};
+
+pub use requester::ACK_REQ_EVERY;
+
+/// What the core is created with (what `create_qp` knows).
+#[derive(Clone)]
+pub struct RcConfig {
+    /// Our QP number (24 bits).
+    pub qpn: u32,
+    /// The protection domain every memory access is checked against.
+    pub pd: u32,
+    /// The device's memory table.
+    pub mem: Arc<MemTable>,
+    /// Every send WR completes, as if SIGNALED were set (`sq_sig_all`).
+    pub sq_sig_all: bool,
+    /// Packets sent and not yet acknowledged at most (the requester's window).
+    pub window: u32,
+    /// Send WRs queued at most (`max_send_wr`).
+    pub max_send_wr: usize,
+    /// Receive WRs queued at most (`max_recv_wr`).
+    pub max_recv_wr: usize,
+    /// The P_Key this QP's packets carry and accept (0xffff).
+    pub p_key: u16,
+}
+
+impl RcConfig {
+    pub fn new(qpn: u32, pd: u32, mem: Arc<MemTable>) -> RcConfig {
+        RcConfig {
+            qpn,
+            pd,
+            mem,
+            sq_sig_all: false,
+            window: 256,
+            max_send_wr: 4096,
+            max_recv_wr: 4096,
+            p_key: crate::wire::DEFAULT_PKEY,
+        }
+    }
+}
+
+/// The `modify_qp` attributes the transport uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RcAttr {
+    pub dest_qpn: u32,
+    /// First PSN expected from the peer (RTR).
+    pub rq_psn: Psn,
+    /// First PSN we send (RTS).
+    pub sq_psn: Psn,
+    pub path_mtu: Mtu,
+    /// Local ACK timeout exponent: 4.096 µs × 2^timeout, 0 = infinite.
+    pub timeout: u8,
+    /// Transport retries, 0..=7.
+    pub retry_cnt: u8,
+    /// RNR retries, 0..=7, 7 = infinite.
+    pub rnr_retry: u8,
+    /// The RNR NAK timer code we send (IBTA table 45).
+    pub min_rnr_timer: RnrTimer,
+    /// Reads/atomics we have outstanding at most (ORD).
+    pub max_rd_atomic: u8,
+    /// Reads/atomics we keep responder resources for (IRD).
+    pub max_dest_rd_atomic: u8,
+}
+
+impl Default for RcAttr {
+    fn default() -> Self {
+        RcAttr {
+            dest_qpn: 0,
+            rq_psn: Psn::new(0),
+            sq_psn: Psn::new(0),
+            path_mtu: Mtu::Mtu1024,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: RnrTimer(12),
+            max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
+        }
+    }
+}
+
+impl RcAttr {
+    /// The local ACK timeout (IBTA vol. 1 §9.7.6: 4.096 µs × 2^timeout), `None` for 0.
+    pub fn ack_timeout(&self) -> Option<Duration> {
+        (self.timeout != 0).then(|| Duration::from_nanos(4096u64 << self.timeout.min(31)))
+    }
+}
+
+/// Errors of the local API (never peer input).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RcError {
+    #[error("the QP is in {0:?}: {1}")]
+    State(QpState, &'static str),
+    #[error("the {0} queue is full")]
+    QueueFull(&'static str),
+    #[error("invalid attribute: {0}")]
+    InvalidAttr(&'static str),
+}
+
+/// Counters, for tests and `softrdma` statistics (names after rxe's `hw_counters`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RcStats {
+    pub packets_sent: u64,
+    /// Request packets sent again (go-back after a NAK, timeout or implied NAK).
+    pub retransmitted_packets: u64,
+    /// Local ACK timeouts that fired.
+    pub ack_timeouts: u64,
+    pub seq_naks_received: u64,
+    pub rnr_naks_received: u64,
+    pub implied_naks: u64,
+    /// ACKs/responses for PSNs never sent (ignored).
+    pub ghost_responses: u64,
+    /// Responses for PSNs already acknowledged (ignored).
+    pub duplicate_responses: u64,
+    pub seq_naks_sent: u64,
+    pub rnr_naks_sent: u64,
+    /// Requests with a PSN in the past window.
+    pub duplicate_requests: u64,
+    /// Requests ahead of the expected PSN dropped.
+    pub out_of_sequence_dropped: u64,
+    /// Packets for another QP or P_Key, or not RC, dropped.
+    pub misdirected_dropped: u64,
+}
+
+/// Local memory resolved at post time (or owned inline data).
+#[derive(Clone)]
+pub(crate) struct Piece {
+    pub buf: Arc<Buffer>,
+    pub off: usize,
+    pub len: usize,
+}
+
+#[derive(Clone)]
+pub(crate) enum Source {
+    Owned(Vec<u8>),
+    Pieces(Vec<Piece>),
+}
+
+impl Source {
+    /// Copies `out.len()` octets from message offset `at`.
+    pub(crate) fn copy_out(&self, mut at: usize, out: &mut [u8]) {
+        match self {
+            Source::Owned(v) => out.copy_from_slice(&v[at..at + out.len()]),
+            Source::Pieces(ps) => {
+                let mut done = 0;
+                for p in ps {
+                    if done == out.len() {
+                        break;
+                    }
+                    if at >= p.len {
+                        at -= p.len;
+                        continue;
+                    }
+                    let n = (p.len - at).min(out.len() - done);
+                    // In bounds: each piece was checked against its region at post time.
+                    let _ = p.buf.read(p.off + at, &mut out[done..done + n]);
+                    done += n;
+                    at = 0;
+                }
+            }
+        }
+    }
+}
+
+/// Why scattering into SGEs failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScatterError {
+    /// The data does not fit the SGEs.
+    Length,
+    /// An SGE's lkey does not allow the write.
+    Protection,
+}
+
+/// Writes `data` at message offset `at` of the scatter list `sges`, each piece checked with
+/// `MemTable::check(lkey, pd, qpn, addr, len, LOCAL_WRITE)`.
+pub(crate) fn scatter(
+    mem: &MemTable,
+    pd: u32,
+    qpn: u32,
+    sges: &[Sge],
+    mut at: u64,
+    mut data: &[u8],
+) -> Result<(), ScatterError> {
+    for s in sges {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let len = u64::from(s.length);
+        if at >= len {
+            at -= len;
+            continue;
+        }
+        let n = ((len - at) as usize).min(data.len());
+        let r = mem
+            .check(s.lkey, pd, qpn, s.addr.wrapping_add(at), n as u64, Access::LOCAL_WRITE)
+            .map_err(|_| ScatterError::Protection)?;
+        r.buffer
+            .write(r.offset, &data[..n])
+            .map_err(|_| ScatterError::Protection)?;
+        data = &data[n..];
+        at = 0;
+    }
+    if data.is_empty() {
+        Ok(())
+    } else {
+        Err(ScatterError::Length)
+    }
+}
+
+/// The RC transport of one QP. See the module documentation.
+pub struct RcQp {
+    pub(crate) cfg: RcConfig,
+    pub(crate) attr: RcAttr,
+    pub(crate) state: QpState,
+    pub(crate) req: requester::Requester,
+    pub(crate) resp: responder::Responder,
+    pub(crate) completions: VecDeque<WorkCompletion>,
+    pub(crate) stats: RcStats,
+    /// Scratch for payload octets of the packet being built.
+    pub(crate) scratch: Vec<u8>,
+}
+
+impl RcQp {
+    /// A QP in RESET.
+    pub fn new(cfg: RcConfig) -> RcQp {
+        let attr = RcAttr::default();
+        RcQp {
+            req: requester::Requester::new(&attr),
+            resp: responder::Responder::new(&attr),
+            cfg,
+            attr,
+            state: QpState::Reset,
+            completions: VecDeque::new(),
+            stats: RcStats::default(),
+            scratch: Vec::new(),
+        }
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.cfg.qpn
+    }
+
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    pub fn attr(&self) -> &RcAttr {
+        &self.attr
+    }
+
+    pub fn stats(&self) -> &RcStats {
+        &self.stats
+    }
+
+    /// The PSN the responder expects next (ePSN).
+    pub fn expected_psn(&self) -> Psn {
+        self.resp.epsn
+    }
+
+    /// The oldest PSN the requester has sent and not seen acknowledged (equal to the next PSN
+    /// to send when nothing is outstanding).
+    pub fn oldest_unacked_psn(&self) -> Psn {
+        self.req.una
+    }
+
+    /// Octets `poll_transmit` may need: the largest headers, a path-MTU payload, pad and ICRC.
+    pub fn max_packet_len(&self) -> usize {
+        12 + 28 + 4 + self.attr.path_mtu.bytes() as usize + 3 + crate::wire::ICRC_LEN
+    }
+
+    /// `ibv_modify_qp` as far as the transport is concerned: the attributes given are taken
+    /// (RTR: dest QPN, rq_psn, path MTU, max_dest_rd_atomic, min_rnr_timer; RTS: sq_psn,
+    /// timeout, retry_cnt, rnr_retry, max_rd_atomic), then the state. The legality of the
+    /// transition is checked by the verbs layer (`verbs::qp_attr`); here ERR flushes and
+    /// RESET clears.
+    pub fn modify(&mut self, a: &QpAttr) -> Result<(), RcError> {
+        let mut n = self.attr;
+        if let Some(v) = a.dest_qp_num {
+            n.dest_qpn = v & Psn::MASK;
+        }
+        if let Some(v) = a.rq_psn {
+            n.rq_psn = Psn::new(v);
+        }
+        if let Some(v) = a.sq_psn {
+            n.sq_psn = Psn::new(v);
+        }
+        if let Some(v) = a.path_mtu {
+            n.path_mtu = v;
+        }
+        if let Some(v) = a.timeout {
+            if v > 31 {
+                return Err(RcError::InvalidAttr("timeout is 0..=31"));
+            }
+            n.timeout = v;
+        }
+        if let Some(v) = a.retry_cnt {
+            if v > 7 {
+                return Err(RcError::InvalidAttr("retry_cnt is 0..=7"));
+            }
+            n.retry_cnt = v;
+        }
+        if let Some(v) = a.rnr_retry {
+            if v > 7 {
+                return Err(RcError::InvalidAttr("rnr_retry is 0..=7"));
+            }
+            n.rnr_retry = v;
+        }
+        if let Some(v) = a.min_rnr_timer {
+            if v > 31 {
+                return Err(RcError::InvalidAttr("min_rnr_timer is 0..=31"));
+            }
+            n.min_rnr_timer = RnrTimer(v);
+        }
+        if let Some(v) = a.max_rd_atomic {
+            n.max_rd_atomic = v;
+        }
+        if let Some(v) = a.max_dest_rd_atomic {
+            n.max_dest_rd_atomic = v;
+        }
+        self.attr = n;
+        if a.rq_psn.is_some() {
+            self.resp.reset_psn(n.rq_psn);
+        }
+        if a.sq_psn.is_some() {
+            self.req.reset_psn(n.sq_psn);
+        }
+        self.req.retries_left = n.retry_cnt;
+        self.req.rnr_retries_left = n.rnr_retry;
+        match a.qp_state {
+            Some(QpState::Err) => self.enter_error(),
+            Some(QpState::Reset) => {
+                let cfg = self.cfg.clone();
+                *self = RcQp::new(cfg);
+            }
+            Some(s) => self.state = s,
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// A packet from the peer, parsed by [`crate::wire::Packet::parse`] and with its ICRC
+    /// checked by the engine. Packets for another QP, with another P_Key or not of the RC
+    /// transport are dropped and counted (IBTA vol. 1 §9.6.1); requests go to the responder,
+    /// responses to the completer.
+    pub fn handle_packet(&mut self, now: Instant, pkt: &Packet<'_>) {
+        let Some(info) = pkt.info() else {
+            self.stats.misdirected_dropped += 1;
+            return;
+        };
+        if pkt.bth.dest_qp != self.cfg.qpn
+            || pkt.bth.p_key != self.cfg.p_key
+            || info.transport != crate::wire::Transport::Rc
+        {
+            self.stats.misdirected_dropped += 1;
+            return;
+        }
+        if info.request {
+            self.on_request(pkt, info);
+        } else {
+            self.on_response(now, pkt);
+        }
+    }
+
+    /// The next packet to send into `buf` (at least [`RcQp::max_packet_len`] octets): its
+    /// length, ICRC field included and left 0 for the engine to seal
+    /// ([`crate::wire::icrc::seal`]). Responses (ACK, NAK, Read responses, ATOMIC ACK) go
+    /// before new requests.
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if buf.len() < self.max_packet_len() || matches!(self.state, QpState::Reset | QpState::Init) {
+            return None;
+        }
+        if let Some(n) = self.next_response(buf) {
+            self.stats.packets_sent += 1;
+            return Some(n);
+        }
+        self.next_request(now, buf)
+    }
+
+    /// Move to ERR from outside (`ibv_modify_qp(ERR)`, a CM disconnect): flushes.
+    pub fn set_error(&mut self) {
+        self.enter_error();
+    }
+
+    /// The next completion: send completions in posting order, receive completions in the
+    /// order of the messages, interleaved as they happened.
+    pub fn poll_completion(&mut self) -> Option<WorkCompletion> {
+        self.completions.pop_front()
+    }
+
+    /// When [`RcQp::handle_timeout`] must be called next (the local ACK timer or the end of
+    /// an RNR wait).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.state == QpState::Err {
+            return None;
+        }
+        match (self.req.ack_deadline, self.req.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The QP enters ERR: every queued WR and posted receive completes with `WrFlushErr`
+    /// (IBTA vol. 1 §10.3.1 "Error state"; C3 "errors move the QP to ERROR and flush WRs").
+    /// Responses already queued (the NAK that ended the connection) still go out.
+    pub(crate) fn enter_error(&mut self) {
+        if self.state == QpState::Err {
+            return;
+        }
+        self.state = QpState::Err;
+        let qpn = self.cfg.qpn;
+        for w in self.req.sq.drain(..) {
+            let status = w.status.unwrap_or(WcStatus::WrFlushErr);
+            if w.status.is_none() || w.signaled || status != WcStatus::Success {
+                let mut wc = WorkCompletion::new(w.wr_id, status, w.wc_opcode(), qpn);
+                if status == WcStatus::Success {
+                    wc.byte_len = w.byte_len();
+                }
+                self.completions.push_back(wc);
+            }
+        }
+        self.req.on_error();
+        if let Some(r) = self.resp.cur_recv.take() {
+            self.completions
+                .push_back(WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn));
+        }
+        for r in self.resp.recvs.drain(..) {
+            self.completions
+                .push_back(WorkCompletion::new(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn));
+        }
+        self.resp.out.retain(|o| matches!(o, responder::RespOut::Ack { .. }));
+    }
+}
