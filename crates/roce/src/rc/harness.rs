@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use verbs::provider::{Provider, QpCreate, QpOps};
+use verbs::provider::{DeviceProviderExt, Provider, QpCreate, QpOps};
 use verbs::{
     Access, Device, DeviceAttr, Error, MemoryRegion, Mtu, ProtectionDomain, QpAttr, QpState, Result, WorkCompletion,
 };
@@ -52,7 +52,7 @@ impl Provider for NoTransport {
 
 /// A device whose memory table the cores share, with no transport.
 pub fn device() -> Device {
-    Device::new("rxe-mem0", Arc::new(NoTransport) as Arc<dyn Provider>, None)
+    verbs::provider::new_device("rxe-mem0", Arc::new(NoTransport) as Arc<dyn Provider>, None)
 }
 
 /// What `modify_qp` gives both cores.
