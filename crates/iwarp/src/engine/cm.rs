@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 use verbs::cm::backend::{CmBackend, ConnRequestOps, ListenerOps};
 use verbs::notify::EventQueue;
 use verbs::provider::{Provider, QpCreate, QpOps};
-use verbs::{ConnInfo, ConnParam, DeviceAttr, Error, ErrorDetail, QpType, Result};
+use verbs::{ConnInfo, ConnParam, DeviceAttr, Error, ErrorDetail, InvalidArg, QpType, Result};
 
 /// The iWARP provider behind a `verbs::Device`.
 pub struct IwarpProvider {
@@ -104,7 +104,8 @@ fn mpa_err(e: MpaError) -> Error {
     match e {
         MpaError::TimedOut(_) => Error::Timeout,
         // Our own parameters (e.g. private data over max_private_data_tx): nothing was sent.
-        MpaError::InvalidParam(_) | MpaError::PrivateDataTooLong { .. } => Error::InvalidArgument(e.to_string()),
+        MpaError::InvalidParam(rule) => InvalidArg::ConnParam(rule).into(),
+        MpaError::PrivateDataTooLong { len, max } => InvalidArg::PrivateDataTooLong { len, max }.into(),
         other => Error::Protocol(format!("MPA: {other} ({})", other.cause())),
     }
 }
