@@ -488,6 +488,18 @@ impl Proto {
         Ok((pieces, total))
     }
 
+    /// The post-time check of an SGE list (`bad_wr` when an lkey does not allow
+    /// `need` over its range), without resolving it: that happens when the
+    /// work request is sent, so a post costs no allocation.
+    fn verify_sges(&self, sges: &[verbs::Sge], need: Access) -> std::result::Result<(), WrError> {
+        for s in sges.iter().filter(|s| s.length != 0) {
+            self.mem
+                .verify(s.lkey, self.pd, self.qpn, s.addr, s.length as u64, need)
+                .map_err(|error| WrError::LocalProtection { lkey: s.lkey, error })?;
+        }
+        Ok(())
+    }
+
     fn outstanding_send_wrs(&self) -> usize {
         self.slots.len()
     }
@@ -595,7 +607,7 @@ impl Proto {
                 Some(v)
             } else {
                 if !need.is_empty() {
-                    self.resolve(&wr.sg_list, need).map_err(bad)?;
+                    self.verify_sges(&wr.sg_list, need).map_err(bad)?;
                 }
                 None
             };
