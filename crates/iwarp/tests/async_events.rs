@@ -11,7 +11,6 @@
 //! IP stack, always ACTIVE; no link events are watched).
 
 mod pair;
-#[allow(dead_code)]
 mod rawpeer;
 
 use pair::{T, pair};
