@@ -807,7 +807,7 @@ fn our_server_refuses_253_bytes(lab: &Lab, server_args: &[&str], client_args: &s
     assert!(!ours.ok);
     assert!(
         ours.stderr
-            .contains("private data too long: 257 octets (IRD/ORD included), limit 256"),
+            .contains("private data too long: 257 octets with the provider's header, limit 256"),
         "{}",
         ours.stderr
     );
@@ -943,7 +943,9 @@ fn our_client_private_data_limits_with_kernel_server() {
             assert!(stderr.contains("Connection reset by peer"), "{stderr}");
         } else {
             assert!(
-                stderr.contains("invalid argument: private data too long: 257 octets (IRD/ORD included), limit 256"),
+                stderr.contains(
+                    "invalid argument: private data too long: 257 octets with the provider's header, limit 256"
+                ),
                 "{stderr}"
             );
         }

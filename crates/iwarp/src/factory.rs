@@ -3,7 +3,9 @@
 //! chooses a device needs no iWARP types.
 
 use crate::engine::{IwarpConfig, Rtr, open_device};
-use verbs::{ConfigItem, ConfigValue, DeviceFactory, DeviceOptions, Error, ParamInfo, ProviderInfo, Result, Transport};
+use verbs::{
+    ConfigItem, ConfigValue, DeviceFactory, DeviceOptions, InvalidArg, ParamInfo, ProviderInfo, Result, Transport,
+};
 
 /// Registers as `iwarp`, opening `siw_soft0` devices.
 #[derive(Debug, Clone, Default)]
@@ -51,7 +53,12 @@ impl IwarpFactory {
         }
         if let Some(r) = opts.get_num::<u8>("mpa_rev")? {
             if !(1..=2).contains(&r) {
-                return Err(Error::InvalidArgument(format!("mpa_rev={r}: 1 or 2")));
+                return Err(InvalidArg::OptionValue {
+                    key: "mpa_rev".into(),
+                    value: r.to_string(),
+                    expected: "1 or 2",
+                }
+                .into());
             }
             c.mpa_revision = r;
         }
@@ -62,7 +69,12 @@ impl IwarpFactory {
             None | Some("rfc") => {}
             Some("siw") => c.terminate_siw_form = true,
             Some(other) => {
-                return Err(Error::InvalidArgument(format!("terminate_form={other}: rfc or siw")));
+                return Err(InvalidArg::OptionValue {
+                    key: "terminate_form".into(),
+                    value: other.to_string(),
+                    expected: "rfc or siw",
+                }
+                .into());
             }
         }
         if let Some(n) = opts.get_num::<usize>("max_private_data_tx")? {
@@ -83,9 +95,12 @@ fn parse_p2p(s: &str) -> Result<Option<Vec<Rtr>>> {
             "read" => Rtr::Read,
             "send" => Rtr::Send,
             other => {
-                return Err(Error::InvalidArgument(format!(
-                    "unknown RTR type {other:?} (none, or a list of write, read, send)"
-                )));
+                return Err(InvalidArg::OptionValue {
+                    key: "p2p".into(),
+                    value: other.to_string(),
+                    expected: "none, or a list of write, read, send",
+                }
+                .into());
             }
         });
     }
@@ -211,6 +226,7 @@ impl DeviceFactory for IwarpFactory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use verbs::Error;
 
     #[test]
     fn settings_reach_the_config() {
@@ -238,7 +254,12 @@ mod tests {
             ("markers", "on"),
         ] {
             let e = IwarpFactory::config(&DeviceOptions::new().with(k, v));
-            assert!(matches!(e, Err(Error::InvalidArgument(_))), "{k}={v}: {e:?}");
+            let named = match &e {
+                Err(Error::InvalidArgument(InvalidArg::OptionValue { key, value, .. })) => key == k && value == v,
+                Err(Error::InvalidArgument(InvalidArg::UnknownOption { key, .. })) => key == k && k == "markers",
+                _ => false,
+            };
+            assert!(named, "{k}={v}: {e:?}");
         }
     }
 }

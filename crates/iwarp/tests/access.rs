@@ -742,7 +742,8 @@ fn local_keys_checked_at_post_time() {
     let mb = w.pd_b.reg_mr(4096, RW).unwrap();
     let foreign = w.dev.alloc_pd().unwrap().reg_mr(64, Access::LOCAL_WRITE).unwrap();
     let read_only = w.victim.a.pd().reg_mr(64, Access::REMOTE_READ).unwrap();
-    let bad: [(&str, SendWr); 3] = [
+    use verbs::mem::AccessError;
+    let bad: [(&str, SendWr, AccessError); 3] = [
         (
             "lkey of another PD",
             SendWr::new(
@@ -750,10 +751,12 @@ fn local_keys_checked_at_post_time() {
                 WrOpcode::RdmaWrite { remote: remote(&mb, 0) },
                 vec![foreign.sge(0, 8)],
             ),
+            AccessError::NotAssociated,
         ),
         (
             "SGE past the end of its region",
             SendWr::new(2, WrOpcode::Send, vec![w.local.sge(8190, 8)]),
+            AccessError::BaseBounds,
         ),
         (
             "Read sink without LOCAL_WRITE",
@@ -762,18 +765,34 @@ fn local_keys_checked_at_post_time() {
                 WrOpcode::RdmaRead { remote: remote(&mb, 0) },
                 vec![read_only.sge(0, 8)],
             ),
+            AccessError::AccessRights,
         ),
     ];
-    for (what, wr) in bad {
+    for (what, wr, why) in bad {
+        let lkey = wr.sg_list[0].lkey;
         let r = p.a.post_send_one(wr);
-        assert!(matches!(r, Err(Error::BadWr { index: 0, .. })), "{what}: {r:?}");
+        assert!(
+            matches!(r, Err(Error::BadWr { index: 0, error: WrError::LocalProtection { lkey: l, error } })
+                if l == lkey && error == why),
+            "{what}: {r:?}"
+        );
+        assert_eq!(r.unwrap_err().errno(), libc::EACCES, "{what}");
     }
     let r = p.b.post_recv(&[RecvWr {
         wr_id: 4,
         sg_list: vec![foreign.sge(0, 8)],
     }]);
     assert!(
-        matches!(r, Err(Error::BadWr { index: 0, .. })),
+        matches!(
+            r,
+            Err(Error::BadWr {
+                index: 0,
+                error: WrError::LocalProtection {
+                    error: AccessError::NotAssociated,
+                    ..
+                }
+            })
+        ),
         "receive with a foreign lkey: {r:?}"
     );
     assert!(p.cq_a.poll_one().is_none() && p.cq_b.poll_one().is_none());

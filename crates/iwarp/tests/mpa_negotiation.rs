@@ -404,7 +404,9 @@ fn initiator_refuses_to_send_private_data_too_long() {
         (quick_cfg(), 600),
     ] {
         match client(cfg, l.addr(), &vec![1u8; n]).join().unwrap() {
-            Err(Error::InvalidArgument(m)) => assert!(m.contains("private data too long"), "{n}: {m}"),
+            Err(Error::InvalidArgument(InvalidArg::PrivateDataTooLong { len, max })) => {
+                assert!(len > max, "{n}: {len} <= {max}")
+            }
             other => panic!("{n} octets: expected InvalidArgument, got {:?}", other.map(|_| ())),
         }
         assert!(l.l.accept().is_err(), "{n} octets: no TCP connection may be opened");

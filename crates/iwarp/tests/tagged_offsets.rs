@@ -47,7 +47,7 @@ fn reg_mr_iova_rejects_wrap() {
     let pd = dev.alloc_pd().unwrap();
     assert!(matches!(
         pd.reg_mr_iova(4096, Access::LOCAL_WRITE, u64::MAX - 4095),
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument(InvalidArg::IovaWrap { .. }))
     ));
     let top = pd.reg_mr_iova(4096, Access::LOCAL_WRITE, u64::MAX - 4096).unwrap();
     assert_eq!(top.addr(), u64::MAX - 4096);

@@ -131,13 +131,165 @@ pub enum RpcError {
     Decode(XdrError),
     /// The call could not be encoded or sent (RPCR-MEM-04).
     #[error("cannot send the call: {0}")]
-    Local(String),
+    Local(LocalError),
     /// No reply in time, after the retries.
     #[error("no reply within the timeout")]
     Timeout,
     /// The connection was lost and could not be re-established.
     #[error("connection lost: {0}")]
-    Disconnected(String),
+    Disconnected(Disconnect),
+}
+
+/// Why a call could not be encoded or sent ([`RpcError::Local`]): nothing
+/// reached the server.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LocalError {
+    /// The call's arguments did not encode.
+    #[error("encoding the call: {0}")]
+    Encode(XdrError),
+    /// RPC record marking (TCP) refused the message.
+    #[error("record marking: {0}")]
+    Record(crate::record::RecordError),
+    /// The RPC-over-RDMA header did not encode.
+    #[error("RPC-over-RDMA header: {0}")]
+    Header(crate::wire::HeaderError),
+    /// No form (Short, chunked, Long) fits the call in the negotiated limits.
+    #[error("choosing the call's form: {0}")]
+    Inline(crate::inline::InlineError),
+    /// Our RFC 8166 private data could not be built.
+    #[error("private data: {0}")]
+    PrivateData(crate::private_data::PrivateDataError),
+    /// RFC 8167: a reverse-direction Call has no chunks, so it must fit inline.
+    #[error(
+        "reverse-direction call of {len} bytes exceeds the inline threshold {threshold} (no chunks in the reverse direction)"
+    )]
+    ReverseCallTooLarge {
+        /// The Call's length, RPC-over-RDMA header included.
+        len: usize,
+        /// The inline threshold it must fit (the peer's receive size).
+        threshold: u32,
+    },
+    /// A verbs call for the call's memory failed (registration, pool).
+    #[error(transparent)]
+    Verbs(Shared<verbs::Error>),
+    /// The operating system refused a resource (the connection's thread).
+    #[error(transparent)]
+    Io(Shared<std::io::Error>),
+}
+
+/// Why a connection ended ([`RpcError::Disconnected`]); every call waiting
+/// on it gets the same value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Disconnect {
+    /// No connection could be made (the first attempt's error comes instead when there was one).
+    #[error("not connected")]
+    NotConnected,
+    /// The client closed the connection (drop or shutdown).
+    #[error("connection closed")]
+    Closed,
+    /// The server closed the connection.
+    #[error("closed by the server")]
+    ClosedByPeer,
+    /// A work request completed in error; any failed operation ends the
+    /// connection (RPCR-MEM-02, RPCR-MEM-05).
+    #[error("{opcode:?} completed with {status} (wr {wr_id:#x})")]
+    WorkRequest {
+        /// What the work request was.
+        opcode: verbs::WcOpcode,
+        /// How it ended.
+        status: verbs::WcStatus,
+        /// Its id (the transport's bookkeeping: kind and slot).
+        wr_id: u64,
+    },
+    /// The connection manager reported the end of the connection.
+    #[error("connection manager event {0:?}")]
+    Event(verbs::CmEvent),
+    /// A receive completion named a receive buffer we never posted.
+    #[error("receive completion for slot {0}, outside the receive buffers")]
+    ReceiveSlot(usize),
+    /// The TCP record stream broke the record-marking rules.
+    #[error("record marking: {0}")]
+    Record(crate::record::RecordError),
+    /// A verbs call on the connection failed (post_send, post_recv, connect).
+    #[error(transparent)]
+    Verbs(Shared<verbs::Error>),
+    /// The socket failed (TCP).
+    #[error(transparent)]
+    Io(Shared<std::io::Error>),
+}
+
+/// An error that is not `Clone` (verbs', the socket's), shared by every call
+/// it fails. Equal when it is the same error or reads the same.
+#[derive(Debug)]
+pub struct Shared<E>(pub std::sync::Arc<E>);
+
+impl<E> Clone for Shared<E> {
+    fn clone(&self) -> Self {
+        Shared(self.0.clone())
+    }
+}
+
+impl<E: std::fmt::Display> std::fmt::Display for Shared<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for Shared<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl<E: std::fmt::Display> PartialEq for Shared<E> {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0.to_string() == other.0.to_string()
+    }
+}
+
+impl<E: std::fmt::Display> Eq for Shared<E> {}
+
+impl<E> Shared<E> {
+    /// The shared error.
+    pub fn get(&self) -> &E {
+        &self.0
+    }
+}
+
+impl From<verbs::Error> for LocalError {
+    fn from(e: verbs::Error) -> Self {
+        LocalError::Verbs(Shared(std::sync::Arc::new(e)))
+    }
+}
+
+impl From<std::io::Error> for LocalError {
+    fn from(e: std::io::Error) -> Self {
+        LocalError::Io(Shared(std::sync::Arc::new(e)))
+    }
+}
+
+impl From<verbs::Error> for Disconnect {
+    fn from(e: verbs::Error) -> Self {
+        Disconnect::Verbs(Shared(std::sync::Arc::new(e)))
+    }
+}
+
+impl From<std::io::Error> for Disconnect {
+    fn from(e: std::io::Error) -> Self {
+        Disconnect::Io(Shared(std::sync::Arc::new(e)))
+    }
+}
+
+impl From<LocalError> for RpcError {
+    fn from(e: LocalError) -> Self {
+        RpcError::Local(e)
+    }
+}
+
+impl From<Disconnect> for RpcError {
+    fn from(e: Disconnect) -> Self {
+        RpcError::Disconnected(e)
+    }
 }
 
 impl From<XdrError> for RpcError {

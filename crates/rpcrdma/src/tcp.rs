@@ -70,7 +70,7 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::client::{Call, RpcError, XidSource, decode_reply};
+use crate::client::{Call, Disconnect, LocalError, RpcError, XidSource, decode_reply};
 use crate::record::{DEFAULT_MAX_FRAGMENTS, RecordReader, encode_record};
 use crate::server::{Dispatch, Registry, dispatch};
 use crate::xdr::{Decoder, XdrError};
@@ -920,23 +920,23 @@ impl TcpClient {
         decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
     ) -> Result<T, RpcError> {
         let xid = self.xids.next();
-        let (msg, _) = call.encode(xid).map_err(|e| RpcError::Local(e.to_string()))?;
+        let (msg, _) = call.encode(xid).map_err(LocalError::Encode)?;
         let mut rec = Vec::with_capacity(msg.len() + 8);
-        encode_record(&msg, MAX_FRAGMENT, &mut rec).map_err(|e| RpcError::Local(e.to_string()))?;
+        encode_record(&msg, MAX_FRAGMENT, &mut rec).map_err(LocalError::Record)?;
         let (tx, rx) = sync_channel(1);
         if self.shared.dead.load(Ordering::Acquire) {
-            return Err(RpcError::Disconnected("connection closed".into()));
+            return Err(Disconnect::Closed.into());
         }
         self.shared.pending.lock().unwrap().insert(xid, tx);
         // the reader may have failed everything just before the insert
         if self.shared.dead.load(Ordering::Acquire) {
             self.shared.pending.lock().unwrap().remove(&xid);
-            return Err(RpcError::Disconnected("connection closed".into()));
+            return Err(Disconnect::Closed.into());
         }
         let sent = self.writer.lock().unwrap().write_all(&rec);
         if let Err(e) = sent {
             self.shared.pending.lock().unwrap().remove(&xid);
-            return Err(RpcError::Disconnected(e.to_string()));
+            return Err(Disconnect::from(e).into());
         }
         let reply = match rx.recv_timeout(self.timeout) {
             Ok(r) => r?,
@@ -963,15 +963,15 @@ fn client_reader(mut s: TcpStream, sh: &Shared) {
     let mut buf = vec![0u8; 256 << 10];
     let why = 'outer: loop {
         let n = match s.read(&mut buf) {
-            Ok(0) => break "closed by the server".to_string(),
-            Err(e) => break e.to_string(),
+            Ok(0) => break Disconnect::ClosedByPeer,
+            Err(e) => break Disconnect::from(e),
             Ok(n) => n,
         };
         let mut input = &buf[..n];
         while !input.is_empty() {
             let (used, rec) = match reader.decode(input) {
                 Ok(r) => r,
-                Err(e) => break 'outer e.to_string(),
+                Err(e) => break 'outer Disconnect::Record(e),
             };
             input = &input[used..];
             let Some(rec) = rec else { continue };

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rpcrdma::client::{Call, RpcError};
+use rpcrdma::client::{Call, LocalError, RpcError};
 use rpcrdma::demo;
 use rpcrdma::rpc::AcceptStat;
 use rpcrdma::server::{ProcError, Registry};
@@ -113,7 +113,7 @@ fn reverse_calls_alongside_forward_calls() {
     let huge = Call::new(CB_PROG, 1, 1, &huge_args, ReplySizing::default());
     assert!(matches!(
         bc.call(&huge, Duration::from_secs(5), |_| Ok(())),
-        Err(RpcError::Local(_))
+        Err(RpcError::Local(LocalError::ReverseCallTooLarge { .. }))
     ));
     let st = srv.snapshot();
     assert_eq!((st.fatal, st.rdma_errors, st.dropped), (0, 0, 0), "{st:?}");

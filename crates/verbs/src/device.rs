@@ -5,7 +5,7 @@
 use crate::buffer::{Buffer, OutOfBounds};
 use crate::cm::backend::CmBackend;
 use crate::cq::CompletionQueue;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArg, Result};
 use crate::mem::{Entry, MemTable, MrKind};
 use crate::provider::Provider;
 use crate::types::{Access, DeviceAttr, Sge};
@@ -93,10 +93,11 @@ impl Device {
     /// Creates a completion queue with room for `cqe` completions (`ibv_create_cq`).
     pub fn create_cq(&self, cqe: usize) -> Result<CompletionQueue> {
         if cqe == 0 || cqe > self.inner.attr.max_cqe as usize {
-            return Err(Error::InvalidArgument(format!(
-                "cqe {cqe} not in 1..={}",
-                self.inner.attr.max_cqe
-            )));
+            return Err(InvalidArg::CqSize {
+                cqe,
+                max: self.inner.attr.max_cqe,
+            }
+            .into());
         }
         self.inner.provider.create_cq(cqe)
     }
@@ -164,9 +165,7 @@ impl ProtectionDomain {
     /// `iova` 0 gives a zero-based region). Refused if the range wraps 2^64.
     pub fn reg_mr_iova(&self, len: usize, access: Access, iova: u64) -> Result<MemoryRegion> {
         if iova.checked_add(len as u64).is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "iova {iova:#x} + length {len} wraps 2^64"
-            )));
+            return Err(InvalidArg::IovaWrap { iova, len }.into());
         }
         self.register(len, access, iova)
     }
@@ -174,11 +173,15 @@ impl ProtectionDomain {
     fn register(&self, len: usize, access: Access, iova: u64) -> Result<MemoryRegion> {
         let dev = self.device();
         if len as u64 > dev.inner.attr.max_mr_size {
-            return Err(Error::InvalidArgument(format!("length {len} exceeds max_mr_size")));
+            return Err(InvalidArg::MrSize {
+                len,
+                max: dev.inner.attr.max_mr_size,
+            }
+            .into());
         }
         if access.contains(Access::REMOTE_WRITE) && !access.contains(Access::LOCAL_WRITE) {
             // Same rule as ibv_reg_mr: remote write needs local write.
-            return Err(Error::InvalidArgument("REMOTE_WRITE requires LOCAL_WRITE".into()));
+            return Err(InvalidArg::RemoteWriteNeedsLocalWrite.into());
         }
         let buffer = dev.inner.provider.reg_mr(self.id(), len, access)?;
         if buffer.len() < len {
@@ -372,10 +375,11 @@ impl Device {
 
     fn check_port(&self, port_num: u8) -> Result<()> {
         if port_num == 0 || port_num > self.phys_port_cnt() {
-            return Err(Error::InvalidArgument(format!(
-                "port {port_num}: the device has ports 1..={}",
-                self.phys_port_cnt()
-            )));
+            return Err(InvalidArg::Port {
+                port: port_num,
+                max: self.phys_port_cnt(),
+            }
+            .into());
         }
         Ok(())
     }

@@ -31,6 +31,15 @@
 //! [`ProtectionDomain::connect`] / [`ConnectRequest::accept`] do
 //! create + post receives + connect in one call.
 //!
+//! Errors are typed ([`Error`]): a bad argument names what was invalid
+//! ([`InvalidArg`], with the values), a refused work request says which one
+//! and why ([`Error::BadWr`] with a [`WrError`]), and [`Error::errno`] gives
+//! the Linux errno an rdma-core or librdmacm user would see (`EINVAL`,
+//! `ENOMEM`, `EOPNOTSUPP`, `ETIMEDOUT`, ...). Failures after a post arrive as
+//! [`WcStatus`] in completions; failures of a QP outside any work request as
+//! [`AsyncEvent`]s ([`Device::get_async_event`]: communication established,
+//! QP fatal on a Terminate or an LLP error), apart from the [`CmEvent`]s.
+//!
 //! Names follow rdma-core: [`ProtectionDomain::reg_mr`], [`QueuePair::post_send`],
 //! [`QueuePair::post_recv`], [`CompletionQueue::poll`], [`WcStatus`] values,
 //! `responder_resources` / `initiator_depth` in [`ConnParam`], `wr.ud` as
@@ -82,7 +91,7 @@ pub use async_event::AsyncEvent;
 pub use cm::{CmEvent, ConnInfo, ConnectRequest, ErrorDetail, Listener, ProviderDetail, QpOptions};
 pub use cq::CompletionQueue;
 pub use device::{Device, MemoryRegion, ProtectionDomain};
-pub use error::{Error, Result};
+pub use error::{Error, InvalidArg, Result, WrError};
 pub use port::{DEFAULT_PKEY, LinkLayer, PortAttr, PortState};
 pub use provider::{Provider, SrqInitAttr};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};

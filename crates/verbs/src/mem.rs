@@ -11,7 +11,7 @@
 use crate::buffer::Buffer;
 use crate::types::Access;
 use rand::Rng;
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, RwLock};
 
 /// Why an access was refused. Providers map this to their wire error
@@ -82,7 +82,10 @@ pub enum InvalidateError {
 /// The per-device table of registrations.
 #[derive(Default)]
 pub struct MemTable {
-    inner: RwLock<HashMap<u32, Entry>>,
+    /// By STag index. FxHash, not SipHash: every work request and every tagged
+    /// segment looks an STag up here, and the indices are ours (random, chosen
+    /// by [`insert`](Self::insert)), so a peer cannot choose colliding keys.
+    inner: RwLock<FxHashMap<u32, Entry>>,
 }
 
 impl MemTable {
@@ -91,7 +94,7 @@ impl MemTable {
         Self::default()
     }
 
-    fn fresh_index(map: &HashMap<u32, Entry>) -> u32 {
+    fn fresh_index(map: &FxHashMap<u32, Entry>) -> u32 {
         let mut rng = rand::rng();
         loop {
             // Index 0 is never used: STag 0 is special to some hardware, and
@@ -132,6 +135,30 @@ impl MemTable {
     /// Checks an access of `len` bytes at tagged offset `to` through `stag`,
     /// by a stream in protection domain `pd` with QP number `qp`.
     pub fn check(&self, stag: u32, pd: u32, qp: u32, to: u64, len: u64, need: Access) -> Result<Resolved, AccessError> {
+        self.check_with(stag, pd, qp, to, len, need, |buffer, offset| Resolved {
+            buffer: buffer.clone(),
+            offset,
+        })
+    }
+
+    /// [`check`](Self::check) without taking a reference to the memory: for a
+    /// check at post time, when the bytes are resolved again at execution.
+    pub fn verify(&self, stag: u32, pd: u32, qp: u32, to: u64, len: u64, need: Access) -> Result<(), AccessError> {
+        self.check_with(stag, pd, qp, to, len, need, |_, _| ())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn check_with<R>(
+        &self,
+        stag: u32,
+        pd: u32,
+        qp: u32,
+        to: u64,
+        len: u64,
+        need: Access,
+        found: impl FnOnce(&Arc<Buffer>, usize) -> R,
+    ) -> Result<R, AccessError> {
         let map = self.inner.read().unwrap();
         let e = map.get(&(stag >> 8)).ok_or(AccessError::InvalidStag)?;
         if e.key != (stag & 0xFF) as u8 || !e.valid {
@@ -149,11 +176,7 @@ impl MemTable {
             return Err(AccessError::BaseBounds);
         }
         let (buffer, base) = e.buffer.as_ref().ok_or(AccessError::InvalidStag)?;
-        let offset = base + (to - e.iova) as usize;
-        Ok(Resolved {
-            buffer: buffer.clone(),
-            offset,
-        })
+        Ok(found(buffer, base + (to - e.iova) as usize))
     }
 
     /// Invalidates a fast-registered STag on behalf of a remote Send with

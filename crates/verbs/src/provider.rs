@@ -39,7 +39,7 @@ use crate::cm::backend::CmBackend;
 use crate::cm::event::CmEvent;
 use crate::cq::{CompletionQueue, CqOverflow, Progress};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArg, Result};
 use crate::mem::MemTable;
 use crate::notify::EventQueue;
 use crate::port::{DEFAULT_PKEY, PortAttr};
@@ -141,7 +141,7 @@ pub trait Provider: Send + Sync {
     fn query_gid(&self, _port_num: u8, index: u32) -> Result<Gid> {
         match index {
             0 => Ok(Gid::default()),
-            _ => Err(Error::InvalidArgument(format!("GID index {index} beyond the table"))),
+            _ => Err(InvalidArg::GidIndex(index).into()),
         }
     }
     /// Entry `index` of the port's P_Key table; the default is the default
@@ -149,7 +149,7 @@ pub trait Provider: Send + Sync {
     fn query_pkey(&self, _port_num: u8, index: u16) -> Result<u16> {
         match index {
             0 => Ok(DEFAULT_PKEY),
-            _ => Err(Error::InvalidArgument(format!("P_Key index {index} beyond the table"))),
+            _ => Err(InvalidArg::PkeyIndex(index).into()),
         }
     }
 

@@ -10,7 +10,7 @@ use crate::async_event::{AsyncEvent, push_bounded};
 use crate::cm::event::{CmEvent, ConnInfo};
 use crate::cq::CompletionQueue;
 use crate::device::{Device, ProtectionDomain};
-use crate::error::{Error, Result};
+use crate::error::{InvalidArg, Result};
 use crate::notify::EventQueue;
 use crate::provider::{QpCreate, QpOps, SrqInitAttr, SrqOps};
 use crate::qp_attr::{AhAttr, Gid, QpAttr, QpType, check_modify};
@@ -69,23 +69,25 @@ impl ProtectionDomain {
         let a = dev.attr();
         let cap = &init.cap;
         if cap.max_send_wr > a.max_qp_wr || cap.max_recv_wr > a.max_qp_wr {
-            return Err(Error::InvalidArgument(format!(
-                "max_send_wr {} / max_recv_wr {} above max_qp_wr {}",
-                cap.max_send_wr, cap.max_recv_wr, a.max_qp_wr
-            )));
+            return Err(InvalidArg::QpWr {
+                send: cap.max_send_wr,
+                recv: cap.max_recv_wr,
+                max: a.max_qp_wr,
+            }
+            .into());
         }
         if cap.max_send_sge > a.max_sge || cap.max_recv_sge > a.max_sge {
-            return Err(Error::InvalidArgument(format!(
-                "max_send_sge {} / max_recv_sge {} above max_sge {}",
-                cap.max_send_sge, cap.max_recv_sge, a.max_sge
-            )));
+            return Err(InvalidArg::QpSge {
+                send: cap.max_send_sge,
+                recv: cap.max_recv_sge,
+                max: a.max_sge,
+            }
+            .into());
         }
         if let Some(srq) = &init.srq
             && srq.pd_id != self.id()
         {
-            return Err(Error::InvalidArgument(
-                "the SRQ belongs to another protection domain".into(),
-            ));
+            return Err(InvalidArg::OtherPd("SRQ").into());
         }
         let route = QpEventRoute::new(dev);
         let events = route.cm_queue();
@@ -122,10 +124,13 @@ impl ProtectionDomain {
     pub fn create_srq(&self, attr: &SrqInitAttr) -> Result<SharedReceiveQueue> {
         let a = self.device().attr();
         if attr.max_wr == 0 || attr.max_wr > a.max_qp_wr || attr.max_sge > a.max_sge {
-            return Err(Error::InvalidArgument(format!(
-                "SRQ max_wr {} / max_sge {} not within 1..={} / {}",
-                attr.max_wr, attr.max_sge, a.max_qp_wr, a.max_sge
-            )));
+            return Err(InvalidArg::SrqCap {
+                max_wr: attr.max_wr,
+                max_sge: attr.max_sge,
+                dev_max_wr: a.max_qp_wr,
+                dev_max_sge: a.max_sge,
+            }
+            .into());
         }
         let ops = self.device().provider().create_srq(self.id(), attr)?;
         Ok(SharedReceiveQueue { ops, pd_id: self.id() })
@@ -250,13 +255,10 @@ impl QueuePair {
     }
     fn check_mcast(&self, gid: &Gid) -> Result<()> {
         if self.qp_type != QpType::Ud {
-            return Err(Error::InvalidArgument(format!(
-                "multicast needs a UD QP, not {:?}",
-                self.qp_type
-            )));
+            return Err(InvalidArg::McastQpType(self.qp_type).into());
         }
         if !gid.is_multicast() {
-            return Err(Error::InvalidArgument(format!("{gid} is not a multicast GID")));
+            return Err(InvalidArg::NotMulticast(*gid).into());
         }
         Ok(())
     }

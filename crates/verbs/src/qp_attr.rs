@@ -582,6 +582,125 @@ mod tests {
         assert_eq!(legal_pairs, 4 * (7 + 6 + 8) + 3);
     }
 
+    /// Sets the field of `bit` to a valid value (ALT_PATH, PATH_MIG_STATE and
+    /// CAP have no field: alternate paths and resizing are not offered).
+    fn set(a: &mut QpAttr, bit: QpAttrMask, from: QpState) {
+        let ah = AhAttr::to_gid(Gid::from_ipv4(Ipv4Addr::new(192, 0, 2, 2)));
+        match bit {
+            QpAttrMask::CUR_STATE => a.cur_qp_state = Some(from),
+            QpAttrMask::EN_SQD_ASYNC_NOTIFY => a.en_sqd_async_notify = Some(true),
+            QpAttrMask::ACCESS_FLAGS => a.qp_access_flags = Some(Access::REMOTE_READ),
+            QpAttrMask::PKEY_INDEX => a.pkey_index = Some(0),
+            QpAttrMask::PORT => a.port_num = Some(1),
+            QpAttrMask::QKEY => a.qkey = Some(0x1111_1111),
+            QpAttrMask::AV => a.ah_attr = Some(ah),
+            QpAttrMask::PATH_MTU => a.path_mtu = Some(Mtu::Mtu4096),
+            QpAttrMask::TIMEOUT => a.timeout = Some(14),
+            QpAttrMask::RETRY_CNT => a.retry_cnt = Some(7),
+            QpAttrMask::RNR_RETRY => a.rnr_retry = Some(7),
+            QpAttrMask::RQ_PSN => a.rq_psn = Some(1),
+            QpAttrMask::MAX_QP_RD_ATOMIC => a.max_rd_atomic = Some(4),
+            QpAttrMask::MIN_RNR_TIMER => a.min_rnr_timer = Some(12),
+            QpAttrMask::SQ_PSN => a.sq_psn = Some(1),
+            QpAttrMask::MAX_DEST_RD_ATOMIC => a.max_dest_rd_atomic = Some(4),
+            QpAttrMask::DEST_QPN => a.dest_qp_num = Some(0x12),
+            other => panic!("no field for {other:?}"),
+        }
+    }
+
+    /// The attributes a caller can set (every `ibv_qp_attr_mask` bit with a field).
+    const SETTABLE: QpAttrMask = QpAttrMask::all()
+        .difference(QpAttrMask::STATE)
+        .difference(QpAttrMask::ALT_PATH)
+        .difference(QpAttrMask::PATH_MIG_STATE)
+        .difference(QpAttrMask::CAP);
+
+    /// The masks, attribute by attribute: for every legal pair of every type,
+    /// each settable attribute added to the required ones is taken when the
+    /// table lists it as required or optional (rdma-core's / the kernel's
+    /// `ib_modify_qp_is_ok`) and refused, named, otherwise. CUR_STATE outside
+    /// RTR/RTS/SQD/SQE is refused as the kernel does, before the mask.
+    #[test]
+    fn every_attribute_of_every_legal_pair_is_taken_or_named() {
+        let mut checked = 0;
+        for t in QpType::ALL {
+            for from in QpState::ALL {
+                for to in QpState::ALL {
+                    let Some(rule) = transition_rule(t, from, to) else {
+                        continue;
+                    };
+                    let base = minimal(t, from, to);
+                    for bit in SETTABLE.iter() {
+                        if rule.required.contains(bit) {
+                            continue;
+                        }
+                        let mut a = base.clone();
+                        set(&mut a, bit, from);
+                        let got = check_modify(t, from, &a);
+                        checked += 1;
+                        let cur_refused = bit == QpAttrMask::CUR_STATE && !matches!(from, Rtr | Rts | Sqd | Sqe);
+                        if cur_refused {
+                            assert_eq!(
+                                got,
+                                Err(ModifyQpError::CurStateMismatch {
+                                    claimed: from,
+                                    actual: from
+                                }),
+                                "{t:?} {from:?}->{to:?} + CUR_STATE"
+                            );
+                        } else if rule.optional.contains(bit) {
+                            assert_eq!(got, Ok(()), "{t:?} {from:?}->{to:?} + {bit:?}");
+                        } else {
+                            assert_eq!(
+                                got,
+                                Err(ModifyQpError::UnexpectedAttributes {
+                                    qp_type: t,
+                                    from,
+                                    to,
+                                    unexpected: bit
+                                }),
+                                "{t:?} {from:?}->{to:?} + {bit:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 1000, "{checked}");
+    }
+
+    /// Spot checks of the table against rdma-core's documentation of
+    /// `ibv_modify_qp` (the man page's table of required and optional
+    /// attributes), written out independently of `transition_rule`.
+    #[test]
+    fn rc_and_ud_rules_match_ibv_modify_qp() {
+        use QpAttrMask as M;
+        let rc = |from, to| transition_rule(QpType::Rc, from, to).unwrap();
+        let ud = |from, to| transition_rule(QpType::Ud, from, to).unwrap();
+        assert_eq!(rc(Reset, Init).required, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS);
+        assert_eq!(
+            rc(Init, Rtr).required,
+            M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER
+        );
+        assert_eq!(
+            rc(Rtr, Rts).required,
+            M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC
+        );
+        assert_eq!(ud(Reset, Init).required, M::PKEY_INDEX | M::PORT | M::QKEY);
+        assert_eq!(ud(Init, Rtr).required, M::empty());
+        assert_eq!(ud(Rtr, Rts).required, M::SQ_PSN);
+        assert_eq!(rc(Rts, Sqd).optional, M::EN_SQD_ASYNC_NOTIFY);
+        assert_eq!(
+            rc(Rts, ERR),
+            TransitionRule {
+                required: M::empty(),
+                optional: M::empty()
+            }
+        );
+        assert!(transition_rule(QpType::Rc, Sqe, Rts).is_none());
+        assert!(transition_rule(QpType::Ud, Reset, ERR).is_none());
+    }
+
     fn clear(a: &mut QpAttr, bit: QpAttrMask) {
         match bit {
             QpAttrMask::ACCESS_FLAGS => a.qp_access_flags = None,

@@ -11,7 +11,7 @@
 //! code that chooses a device needs no provider types.
 
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArg, Result};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -84,7 +84,7 @@ impl DeviceOptions {
     pub fn set_pair(&mut self, pair: &str) -> Result<()> {
         let (k, v) = pair
             .split_once('=')
-            .ok_or_else(|| Error::InvalidArgument(format!("device option {pair:?} is not key=value")))?;
+            .ok_or_else(|| InvalidArg::OptionSyntax(pair.to_string()))?;
         self.set(k.trim(), v.trim());
         Ok(())
     }
@@ -101,10 +101,12 @@ impl DeviceOptions {
         for k in self.params.keys() {
             if !known.iter().any(|p| p.name == k) {
                 let names: Vec<_> = known.iter().map(|p| p.name).collect();
-                return Err(Error::InvalidArgument(format!(
-                    "{provider} has no option {k:?} (it takes: {})",
-                    names.join(", ")
-                )));
+                return Err(InvalidArg::UnknownOption {
+                    provider: provider.to_string(),
+                    key: k.clone(),
+                    known: names,
+                }
+                .into());
             }
         }
         Ok(())
@@ -115,7 +117,12 @@ impl DeviceOptions {
             .map(|v| match v.to_ascii_lowercase().as_str() {
                 "on" | "true" | "1" | "yes" => Ok(true),
                 "off" | "false" | "0" | "no" => Ok(false),
-                _ => Err(Error::InvalidArgument(format!("{key}={v}: expected on or off"))),
+                _ => Err(InvalidArg::OptionValue {
+                    key: key.to_string(),
+                    value: v.to_string(),
+                    expected: "on or off",
+                }
+                .into()),
             })
             .transpose()
     }
@@ -123,8 +130,14 @@ impl DeviceOptions {
     pub fn get_num<T: std::str::FromStr>(&self, key: &str) -> Result<Option<T>> {
         self.get(key)
             .map(|v| {
-                v.parse::<T>()
-                    .map_err(|_| Error::InvalidArgument(format!("{key}={v}: expected a number")))
+                v.parse::<T>().map_err(|_| {
+                    InvalidArg::OptionValue {
+                        key: key.to_string(),
+                        value: v.to_string(),
+                        expected: "a number",
+                    }
+                    .into()
+                })
             })
             .transpose()
     }

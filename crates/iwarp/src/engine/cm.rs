@@ -50,7 +50,7 @@ use verbs::cm::RouteOptions;
 use verbs::cm::backend::{CmBackend, ConnRequestOps, ListenerOps};
 use verbs::notify::EventQueue;
 use verbs::provider::{Provider, QpCreate, QpOps};
-use verbs::{ConnInfo, ConnParam, DeviceAttr, Error, ErrorDetail, QpType, Result};
+use verbs::{ConnInfo, ConnParam, DeviceAttr, Error, ErrorDetail, InvalidArg, QpType, Result};
 
 /// The iWARP provider behind a `verbs::Device`.
 pub struct IwarpProvider {
@@ -106,7 +106,8 @@ fn mpa_err(e: MpaError) -> Error {
     match e {
         MpaError::TimedOut(_) => Error::Timeout,
         // Our own parameters (e.g. private data over max_private_data_tx): nothing was sent.
-        MpaError::InvalidParam(_) | MpaError::PrivateDataTooLong { .. } => Error::InvalidArgument(e.to_string()),
+        MpaError::InvalidParam(rule) => InvalidArg::ConnParam(rule).into(),
+        MpaError::PrivateDataTooLong { len, max } => InvalidArg::PrivateDataTooLong { len, max }.into(),
         other => Error::Protocol(format!("MPA: {other} ({})", other.cause())),
     }
 }
@@ -391,12 +392,14 @@ fn dial(addr: SocketAddr, route: &RouteOptions, timeout: Duration) -> Result<Tcp
     let s = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
     if let Some(src) = route.src_addr {
         if src.is_ipv4() != addr.is_ipv4() {
-            return Err(Error::InvalidArgument(format!(
-                "source address {src} and destination {addr} are of different IP versions"
-            )));
+            return Err(Error::InvalidArgument(InvalidArg::SourceFamily { src, dst: addr }));
         }
-        s.bind(&SocketAddr::new(src, 0).into())
-            .map_err(|e| Error::InvalidArgument(format!("cannot connect from {src}: {e}")))?;
+        s.bind(&SocketAddr::new(src, 0).into()).map_err(|e| {
+            Error::InvalidArgument(InvalidArg::SourceAddress {
+                src,
+                reason: e.to_string(),
+            })
+        })?;
     }
     if let Some(tos) = route.tos {
         match addr {

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use verbs::{Access, ProtectionDomain, QueuePair, SendFlags, SendWr, WrOpcode};
 
-use crate::client::{Call, RpcError, XidSource, decode_reply};
+use crate::client::{Call, Disconnect, LocalError, RpcError, XidSource, decode_reply};
 use crate::inline::Thresholds;
 use crate::rpc::{AcceptStat, MSG_CALL, MSG_REPLY, ReplyHeader, peek_xid_and_type};
 use crate::server::{Dispatch, Registry, dispatch};
@@ -186,19 +186,19 @@ impl Backchannel {
         let s = &self.0;
         let deadline = Instant::now() + timeout;
         let xid = s.xids.next();
-        let (stream, items) = call.encode(xid).map_err(|e| RpcError::Local(e.to_string()))?;
+        let (stream, items) = call.encode(xid).map_err(LocalError::Encode)?;
         // no reverse-direction chunks: DDP-eligible items stay inline
         let _ = items;
         let mut msg = Header::new(xid, BC_CREDITS, Body::Msg(ChunkLists::default()))
             .to_vec()
-            .map_err(|e| RpcError::Local(e.to_string()))?;
+            .map_err(LocalError::Header)?;
         msg.extend_from_slice(&stream);
         if msg.len() > s.th.reply as usize {
-            return Err(RpcError::Local(format!(
-                "reverse-direction call of {} bytes exceeds the inline threshold {} (no chunks in the reverse direction)",
-                msg.len(),
-                s.th.reply
-            )));
+            return Err(LocalError::ReverseCallTooLarge {
+                len: msg.len(),
+                threshold: s.th.reply,
+            }
+            .into());
         }
         // RFC 8167 §4.1: at most BC_CREDITS reverse calls outstanding
         {
@@ -218,11 +218,9 @@ impl Backchannel {
         };
         let r = (|| {
             if s.closed.load(Ordering::Acquire) {
-                return Err(RpcError::Disconnected("connection closed".into()));
+                return Err(Disconnect::Closed.into());
             }
-            let mr =
-                s.pd.reg_mr(msg.len(), Access::LOCAL_WRITE)
-                    .map_err(|e| RpcError::Local(e.to_string()))?;
+            let mr = s.pd.reg_mr(msg.len(), Access::LOCAL_WRITE).map_err(LocalError::from)?;
             let _ = mr.write(0, &msg);
             let (tx, rx) = sync_channel(1);
             s.pending.lock().unwrap().insert(xid, tx);
@@ -231,7 +229,7 @@ impl Backchannel {
                 .flags(SendFlags::empty());
             if let Err(e) = s.qp.post_send(&[wr]) {
                 s.pending.lock().unwrap().remove(&xid);
-                return Err(RpcError::Disconnected(e.to_string()));
+                return Err(Disconnect::from(e).into());
             }
             s.calls.fetch_add(1, Ordering::Relaxed);
             let reply = rx
@@ -239,7 +237,7 @@ impl Backchannel {
                 .map_err(|_| {
                     s.pending.lock().unwrap().remove(&xid);
                     if s.closed.load(Ordering::Acquire) {
-                        RpcError::Disconnected("connection closed".into())
+                        RpcError::Disconnected(Disconnect::Closed)
                     } else {
                         RpcError::Timeout
                     }

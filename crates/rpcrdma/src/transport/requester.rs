@@ -14,7 +14,7 @@ use verbs::{
 };
 
 use super::{RdmaConfig, wrid};
-use crate::client::{Call, RpcError, XidSource, decode_reply};
+use crate::client::{Call, Disconnect, LocalError, RpcError, XidSource, decode_reply};
 use crate::credits::RequesterCredits;
 use crate::inline::{CallForm, max_rpc_reply_header, plan_call, plan_reply_resources};
 use crate::private_data::{Negotiated, PrivateData, Side, negotiate};
@@ -188,7 +188,7 @@ impl RdmaClient {
         mut fault: Option<ChunkFault>,
     ) -> Result<T, RpcError> {
         let xid = self.xids.next();
-        let mut last = RpcError::Disconnected("not connected".into());
+        let mut last = RpcError::Disconnected(Disconnect::NotConnected);
         for _attempt in 0..=self.cfg.max_retries {
             let conn = match self.connection() {
                 Ok(c) => c,
@@ -319,9 +319,7 @@ impl Region {
     ) -> Result<Region, verbs::Error> {
         let (local, fr) = pool.take(pd, len)?;
         if let Some(d) = init {
-            local
-                .write(0, d)
-                .map_err(|_| verbs::Error::InvalidArgument("region too small".into()))?;
+            local.write(0, d).map_err(verbs::Error::from)?;
         }
         let stag = fr.stag_with_key(key);
         wrs.push(
@@ -466,7 +464,7 @@ struct Pending {
 struct State {
     credits: RequesterCredits,
     pending: HashMap<u32, Pending>,
-    dead: Option<String>,
+    dead: Option<Disconnect>,
 }
 
 struct Conn {
@@ -496,11 +494,11 @@ impl Conn {
         pool: Arc<Pool>,
         backchannel: Option<Arc<crate::server::Registry>>,
     ) -> Result<Arc<Conn>, RpcError> {
-        let err = |e: verbs::Error| RpcError::Disconnected(e.to_string());
+        let err = |e: verbs::Error| RpcError::Disconnected(e.into());
         let credits = cfg.credits.max(1);
         let cq = pd.device().create_cq(8 * credits as usize + 64).map_err(err)?;
         let local = PrivateData::new(cfg.inline_send, cfg.inline_recv, cfg.remote_invalidation)
-            .map_err(|e| RpcError::Local(e.to_string()))?;
+            .map_err(LocalError::PrivateData)?;
         let mine = if cfg.private_data {
             local
         } else {
@@ -557,7 +555,7 @@ impl Conn {
         let t = std::thread::Builder::new()
             .name("rpcrdma-client".into())
             .spawn(move || c2.progress_loop(cq))
-            .map_err(|e| RpcError::Local(e.to_string()))?;
+            .map_err(LocalError::from)?;
         *conn.progress.lock().unwrap() = Some(t);
         Ok(conn)
     }
@@ -575,16 +573,16 @@ impl Conn {
         {
             let _ = t.join();
         }
-        self.fail_all("connection closed");
+        self.fail_all(Disconnect::Closed);
     }
 
-    fn fail_all(&self, why: &str) {
+    fn fail_all(&self, why: Disconnect) {
         let mut st = self.state.lock().unwrap();
         if st.dead.is_none() {
-            st.dead = Some(why.to_string());
+            st.dead = Some(why.clone());
         }
         for (_, p) in st.pending.drain() {
-            let _ = p.tx.send(Err(RpcError::Disconnected(why.to_string())));
+            let _ = p.tx.send(Err(RpcError::Disconnected(why.clone())));
         }
         self.cv.notify_all();
     }
@@ -595,9 +593,9 @@ impl Conn {
 
     fn call_once(&self, xid: u32, call: &Call<'_>, cfg: &RdmaConfig, fault: Option<ChunkFault>) -> Result<Done, Fail> {
         let deadline = Instant::now() + cfg.timeout;
-        let local = |e: String| Fail::Fatal(RpcError::Local(e));
+        let local = |e: LocalError| Fail::Fatal(RpcError::Local(e));
         let th = self.neg.thresholds;
-        let (stream, items) = call.encode(xid).map_err(|e| local(e.to_string()))?;
+        let (stream, items) = call.encode(xid).map_err(|e| local(LocalError::Encode(e)))?;
         // Reply resources from the binding's largest reply (RPCR-ULB-02, RPCR-LNG-04, RPCR-WRC-01)
         let res = plan_reply_resources(
             &th,
@@ -621,7 +619,7 @@ impl Conn {
                 self.next_key(),
                 &mut wrs,
             )
-            .map_err(|e| local(e.to_string()))?;
+            .map_err(|e| local(e.into()))?;
             let bad = fault == Some(ChunkFault::StaleWriteHandles);
             let seg = |off: usize, cap: u32| {
                 let mut s = r.segment(off, cap);
@@ -644,8 +642,8 @@ impl Conn {
             }
             write_region = Some(r);
         }
-        let plan =
-            plan_call(&th, &stream, &items, &lists, |_| 1, cfg.call_options).map_err(|e| local(e.to_string()))?;
+        let plan = plan_call(&th, &stream, &items, &lists, |_| 1, cfg.call_options)
+            .map_err(|e| local(LocalError::Inline(e)))?;
         let mut read_region = None;
         let (body, payload): (Body, &[u8]) = match &plan.form {
             CallForm::Short => (Body::Msg(lists.clone()), &stream),
@@ -665,7 +663,7 @@ impl Conn {
                     self.next_key(),
                     &mut wrs,
                 )
-                .map_err(|e| local(e.to_string()))?;
+                .map_err(|e| local(e.into()))?;
                 let mut l = lists.clone();
                 let mut off = 0;
                 for it in &red.items {
@@ -693,7 +691,7 @@ impl Conn {
                     self.next_key(),
                     &mut wrs,
                 )
-                .map_err(|e| local(e.to_string()))?;
+                .map_err(|e| local(e.into()))?;
                 let mut l = lists.clone();
                 let mut target = r.segment(0, stream.len() as u32);
                 if fault == Some(ChunkFault::StaleReadHandles) {
@@ -726,12 +724,9 @@ impl Conn {
                 st = self.cv.wait_timeout(st, deadline - now).unwrap().0;
             }
             let header = Header::new(xid, st.credits.requested(), body);
-            let mut msg = header.to_vec().map_err(|e| local(e.to_string()))?;
+            let mut msg = header.to_vec().map_err(|e| local(LocalError::Header(e)))?;
             msg.extend_from_slice(payload);
-            let send_pair = self
-                .pool
-                .take_send(&self.pd, msg.len())
-                .map_err(|e| local(e.to_string()))?;
+            let send_pair = self.pool.take_send(&self.pd, msg.len()).map_err(|e| local(e.into()))?;
             let send_mr = &send_pair.0;
             let _ = send_mr.write(0, &msg);
             wrs.push(SendWr::new(
@@ -753,7 +748,7 @@ impl Conn {
                 let g = st.credits.granted();
                 let _ = st.credits.on_reply(g);
                 // RPCR-MEM-04: the RPC fails at once
-                return Err(Fail::Retry(RpcError::Disconnected(e.to_string())));
+                return Err(Fail::Retry(RpcError::Disconnected(e.into())));
             }
             drop(st);
             // keep the send buffer until the RPC ends
@@ -763,7 +758,7 @@ impl Conn {
                     self.state.lock().unwrap().pending.remove(&xid);
                     return Err(Fail::Retry(RpcError::Timeout));
                 }
-                Err(RecvTimeoutError::Disconnected) => Err(RpcError::Disconnected("client closed".into())),
+                Err(RecvTimeoutError::Disconnected) => Err(RpcError::Disconnected(Disconnect::Closed)),
             };
             // a Reply or RDMA_ERROR arrived: the Send was delivered and every
             // STag of this RPC is invalid again, so the memory can be reused
@@ -786,7 +781,7 @@ impl Conn {
     fn progress_loop(self: Arc<Self>, cq: CompletionQueue) {
         let why = loop {
             if self.stop.load(Ordering::Acquire) {
-                break "connection closed".to_string();
+                break Disconnect::Closed;
             }
             match cq.wait(Some(Duration::from_millis(20))) {
                 Some(wc) => {
@@ -798,7 +793,7 @@ impl Conn {
                     if let Some(ev) = self.qp.get_event(Some(Duration::ZERO)) {
                         match ev {
                             CmEvent::Established => {}
-                            other => break format!("{other:?}"),
+                            other => break Disconnect::Event(other),
                         }
                     }
                 }
@@ -806,13 +801,17 @@ impl Conn {
         };
         tracing::debug!("rpcrdma client connection ends: {why}");
         self.qp.disconnect();
-        self.fail_all(&why);
+        self.fail_all(why);
     }
 
-    fn on_completion(&self, wc: WorkCompletion) -> Result<(), String> {
+    fn on_completion(&self, wc: WorkCompletion) -> Result<(), Disconnect> {
         if wc.status != WcStatus::Success {
             // any failed operation ends the connection (RPCR-MEM-02, RPCR-MEM-05)
-            return Err(format!("{:?} {} (wr {:#x})", wc.opcode, wc.status, wc.wr_id));
+            return Err(Disconnect::WorkRequest {
+                opcode: wc.opcode,
+                status: wc.status,
+                wr_id: wc.wr_id,
+            });
         }
         match wc.wr_id & wrid::KIND {
             wrid::RECV => {
@@ -821,13 +820,13 @@ impl Conn {
                 let msg = self
                     .recv_mr
                     .to_vec(off, (wc.byte_len as usize).min(self.recv_size))
-                    .map_err(|_| "receive slot out of range".to_string())?;
+                    .map_err(|_| Disconnect::ReceiveSlot(slot))?;
                 self.qp
                     .post_recv(&[RecvWr {
                         wr_id: wc.wr_id,
                         sg_list: vec![self.recv_mr.sge(off, self.recv_size as u32)],
                     }])
-                    .map_err(|e| e.to_string())?;
+                    .map_err(Disconnect::from)?;
                 if let Some(reg) = &self.backchannel
                     && let kind @ super::backchannel::Kind::Call { .. } = super::backchannel::classify(&msg)
                 {
@@ -857,19 +856,19 @@ impl Conn {
         &self,
         reg: &crate::server::Registry,
         kind: super::backchannel::Kind<'_>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Disconnect> {
         let Some(m) = super::backchannel::answer(reg, kind, self.neg.thresholds.call as usize) else {
             return Ok(());
         };
-        let pair = self.pool.take_send(&self.pd, m.len()).map_err(|e| e.to_string())?;
-        pair.0.write(0, &m).map_err(|_| "send buffer".to_string())?;
+        let pair = self.pool.take_send(&self.pd, m.len())?;
+        pair.0.write(0, &m).map_err(verbs::Error::from)?;
         let id = wrid::BC_SEND | (self.bc_next.fetch_add(1, Ordering::Relaxed) & 0xffff_ffff);
         let wr = SendWr::new(id, WrOpcode::Send, vec![pair.0.sge(0, m.len() as u32)]);
         self.bc_sends.lock().unwrap().insert(id, pair);
-        self.qp.post_send(&[wr]).map_err(|e| e.to_string())
+        Ok(self.qp.post_send(&[wr])?)
     }
 
-    fn on_reply(&self, msg: &[u8], invalidated: Option<u32>) -> Result<(), String> {
+    fn on_reply(&self, msg: &[u8], invalidated: Option<u32>) -> Result<(), Disconnect> {
         let mut st = self.state.lock().unwrap();
         let decision = validate_reply(msg, &Limits::default(), |x| st.pending.get(&x).map(|p| &p.lists));
         let (xid, credit, outcome) = match decision {
@@ -905,7 +904,7 @@ impl Conn {
             })
             .collect();
         p.result = Some(outcome);
-        self.qp.post_send(&wrs).map_err(|e| e.to_string())
+        Ok(self.qp.post_send(&wrs)?)
     }
 }
 

@@ -223,7 +223,7 @@ impl RdmaServer {
                         .expect("at least one worker");
                     let accepted = dev
                         .alloc_pd()
-                        .map_err(|e| e.to_string())
+                        .map_err(Fatal::from)
                         .and_then(|pd| accept_conn(req, &pd, &w.cq, &ctx));
                     match accepted {
                         Ok(c) => {
@@ -305,8 +305,60 @@ impl Drop for RdmaServer {
     }
 }
 
-/// Why a connection ends.
-type Fatal = String;
+/// Why a server connection ends (logged, and counted in `fatal`).
+#[derive(Debug, thiserror::Error)]
+enum Fatal {
+    /// A work request of ours failed (RPCR-MEM-03: a reply we cannot transmit ends the connection).
+    #[error("{opcode:?} failed: {status} (vendor {vendor_err:#x})")]
+    WorkRequest {
+        opcode: verbs::WcOpcode,
+        status: WcStatus,
+        vendor_err: u32,
+    },
+    /// The peer reported a fatal error (iWARP: its Terminate).
+    #[error("peer reported a fatal error: {0}")]
+    ErrorReceived(verbs::ErrorDetail),
+    /// We ended the connection because the peer broke the protocol.
+    #[error("we ended the connection (peer violated the protocol): {0}")]
+    ErrorSent(verbs::ErrorDetail),
+    /// The transport failed (a TCP reset).
+    #[error("transport error (peer reset?): {0}")]
+    Transport(String),
+    /// Another connection event ended it.
+    #[error("connection event {0:?}")]
+    Event(CmEvent),
+    /// A receive completion named a buffer we never posted.
+    #[error("receive completion for slot {0}, outside the receive buffers")]
+    ReceiveSlot(usize),
+    /// More Calls than granted (RPCR-CRD-01 violated by the peer).
+    #[error("credit overrun by the requester")]
+    CreditOverrun,
+    /// An RDMA Read or Write of ours did not complete in time.
+    #[error("RDMA operation timed out")]
+    Timeout,
+    /// A reply (or error reply) larger than the inline threshold and the send buffer.
+    #[error("reply of {0} bytes exceeds the inline threshold")]
+    ReplyTooLarge(usize),
+    /// The staging budget had no room for a reply's chunk data.
+    #[error("staging budget exhausted for a reply")]
+    StagingExhausted,
+    /// A validated Call whose fixed header does not parse (an internal error).
+    #[error("validated message shorter than its fixed header")]
+    ShortHeader,
+    /// The stage holds less than the pulled chunks (an internal accounting error).
+    #[error("staging buffer shorter than the data pulled")]
+    Stage,
+    #[error(transparent)]
+    Verbs(#[from] verbs::Error),
+    #[error(transparent)]
+    Credits(#[from] crate::credits::CreditError),
+    #[error(transparent)]
+    Xdr(#[from] crate::xdr::XdrError),
+    #[error(transparent)]
+    Header(#[from] crate::wire::HeaderError),
+    #[error(transparent)]
+    PrivateData(#[from] crate::private_data::PrivateDataError),
+}
 
 struct Conn {
     qp: Arc<QueuePair>,
@@ -403,7 +455,7 @@ fn system_err(xid: u32) -> Result<Vec<u8>, Fatal> {
         xid,
         crate::rpc::AcceptStat::SystemErr,
     ))
-    .map_err(|e| e.to_string())
+    .map_err(Fatal::from)
 }
 
 /// How many XIDs with RDMA Reads or Writes a connection remembers for RPCR-MEM-05.
@@ -477,12 +529,11 @@ fn accept_conn(
     ctx: &AcceptCtx,
 ) -> Result<Conn, Fatal> {
     let cfg = &ctx.cfg;
-    let e = |e: verbs::Error| e.to_string();
+    let e = Fatal::from;
     let credits = cfg.credits.max(1);
     let peer_addr = req.peer_addr();
     let peer = PrivateData::find(req.private_data());
-    let local =
-        PrivateData::new(cfg.inline_send, cfg.inline_recv, cfg.remote_invalidation).map_err(|e| e.to_string())?;
+    let local = PrivateData::new(cfg.inline_send, cfg.inline_recv, cfg.remote_invalidation)?;
     let mine = if cfg.private_data {
         local
     } else {
@@ -730,7 +781,11 @@ impl Conn {
             if wc.wr_id & wrid::KIND != wrid::RECV {
                 // a completion of an operation we no longer wait for (a reverse Call's Send)
                 if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
-                    return Err(format!("{:?} failed: {}", wc.opcode, wc.status));
+                    return Err(Fatal::WorkRequest {
+                        opcode: wc.opcode,
+                        status: wc.status,
+                        vendor_err: wc.vendor_err,
+                    });
                 }
                 continue;
             }
@@ -744,7 +799,11 @@ impl Conn {
                     }
                     return Ok(false);
                 }
-                return Err(format!("receive failed: {}", wc.status));
+                return Err(Fatal::WorkRequest {
+                    opcode: wc.opcode,
+                    status: wc.status,
+                    vendor_err: wc.vendor_err,
+                });
             }
             self.last_active = Instant::now();
             let slot = (wc.wr_id & !wrid::KIND) as usize;
@@ -752,13 +811,11 @@ impl Conn {
             let msg = self
                 .recv_mr
                 .to_vec(off, (wc.byte_len as usize).min(self.recv_size))
-                .map_err(|_| "receive slot".to_string())?;
-            self.qp
-                .post_recv(&[RecvWr {
-                    wr_id: wc.wr_id,
-                    sg_list: vec![self.recv_mr.sge(off, self.recv_size as u32)],
-                }])
-                .map_err(|e| e.to_string())?;
+                .map_err(|_| Fatal::ReceiveSlot(slot))?;
+            self.qp.post_recv(&[RecvWr {
+                wr_id: wc.wr_id,
+                sg_list: vec![self.recv_mr.sge(off, self.recv_size as u32)],
+            }])?;
             if let backchannel::Kind::Reply { xid, payload } = backchannel::classify(&msg) {
                 // RFC 8167: a reverse-direction Reply, not a forward Call
                 if !self.bc.deliver(xid, payload) {
@@ -768,7 +825,7 @@ impl Conn {
             }
             if self.overrun {
                 // more Calls than granted (RPCR-CRD-01 violated by the peer)
-                return Err("credit overrun by the requester".into());
+                return Err(Fatal::CreditOverrun);
             }
             let r = self.on_message(&msg);
             if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
@@ -813,10 +870,10 @@ impl Conn {
             tracing::debug!(xids = ?self.recent_rdma, "rpcrdma server: peer's fatal error after RDMA on chunks");
         }
         match ev {
-            CmEvent::ErrorReceived(d) => format!("peer reported a fatal error: {d}"),
-            CmEvent::ErrorSent(d) => format!("we ended the connection (peer violated the protocol): {d}"),
-            CmEvent::ConnectionError(e) => format!("transport error (peer reset?): {e}"),
-            other => format!("{other:?}"),
+            CmEvent::ErrorReceived(d) => Fatal::ErrorReceived(d),
+            CmEvent::ErrorSent(d) => Fatal::ErrorSent(d),
+            CmEvent::ConnectionError(e) => Fatal::Transport(e),
+            other => Fatal::Event(other),
         }
     }
 
@@ -843,23 +900,28 @@ impl Conn {
         loop {
             let Some(wc) = self.poll(Duration::from_millis(20))? else {
                 if Instant::now() > deadline {
-                    return Err("RDMA operation timed out".into());
+                    return Err(Fatal::Timeout);
                 }
                 continue;
             };
             if wc.wr_id & wrid::KIND == wrid::RECV {
                 if wc.status != WcStatus::Success {
-                    return Err(format!("receive failed: {}", wc.status));
+                    return Err(Fatal::WorkRequest {
+                        opcode: wc.opcode,
+                        status: wc.status,
+                        vendor_err: wc.vendor_err,
+                    });
                 }
                 self.backlog.push_back(wc);
                 continue;
             }
             if wc.status != WcStatus::Success {
                 self.failed_status = Some(wc.status);
-                return Err(format!(
-                    "{:?} failed: {} (vendor {:#x})",
-                    wc.opcode, wc.status, wc.vendor_err
-                ));
+                return Err(Fatal::WorkRequest {
+                    opcode: wc.opcode,
+                    status: wc.status,
+                    vendor_err: wc.vendor_err,
+                });
             }
             if wc.wr_id == id {
                 return Ok(wc);
@@ -909,7 +971,7 @@ impl Conn {
                 Ok(m) => self.stage = Some(m),
                 Err(e) => {
                     self.budget.give(size as u64);
-                    return Err(e.to_string());
+                    return Err(e.into());
                 }
             }
         }
@@ -938,7 +1000,7 @@ impl Conn {
                 self.send_error(&failed, err)
             }
             ResponderDecision::Process(vc) => {
-                let fixed = FixedHeader::parse(msg).ok_or("short")?;
+                let fixed = FixedHeader::parse(msg).ok_or(Fatal::ShortHeader)?;
                 let xid = fixed.xid;
                 let form = match (&vc.payload, vc.read_chunks.is_empty()) {
                     (CallPayload::PositionZero(_), _) => &self.stats.calls_long,
@@ -1039,14 +1101,14 @@ impl Conn {
 
     fn grant(&mut self) -> Result<u32, Fatal> {
         // RPCR-CRD-02/04: never 0, never more than the receives posted
-        self.credits.on_reply(self.posted).map_err(|e| e.to_string())
+        Ok(self.credits.on_reply(self.posted)?)
     }
 
     fn send_error(&mut self, failed: &FixedHeader, err: ErrorBody) -> Result<(), Fatal> {
         let grant = self.grant()?;
         let h = Header::error_reply(failed, grant, err);
         let mut e = crate::xdr::Encoder::new(Vec::new());
-        h.encode(&mut e).map_err(|e| e.to_string())?;
+        h.encode(&mut e)?;
         self.stats.rdma_errors.fetch_add(1, Ordering::Relaxed);
         self.send(&e.finish().0, &[], None, &[], failed.xid)
     }
@@ -1099,7 +1161,7 @@ impl Conn {
             ));
         }
         let posts: Vec<SendWr> = wrs.iter().map(|(_, _, w)| w.clone()).collect();
-        self.qp.post_send(&posts).map_err(|e| e.to_string())?;
+        self.qp.post_send(&posts)?;
         let mut short = false;
         for (id, want, _) in &wrs {
             let wc = self.wait_for(*id)?;
@@ -1110,11 +1172,8 @@ impl Conn {
         if short {
             return Ok(Pulled::Short);
         }
-        let stage = self.stage.as_ref().ok_or("stage")?;
-        stage
-            .to_vec(0, total)
-            .map(Pulled::Data)
-            .map_err(|_| "stage".to_string())
+        let stage = self.stage.as_ref().ok_or(Fatal::Stage)?;
+        stage.to_vec(0, total).map(Pulled::Data).map_err(|_| Fatal::Stage)
     }
 
     /// An RPC reply of SYSTEM_ERR (the server lacks the resources for this Call now).
@@ -1159,10 +1218,10 @@ impl Conn {
                 tracing::debug!(xid = fixed.xid, "rpcrdma server: cannot reply: {e}");
                 let h = Header::error_reply(fixed, grant, ErrorBody::Chunk);
                 self.stats.rdma_errors.fetch_add(1, Ordering::Relaxed);
-                return self.send(&h.to_vec().map_err(|e| e.to_string())?, &[], None, &[], fixed.xid);
+                return self.send(&h.to_vec()?, &[], None, &[], fixed.xid);
             }
         };
-        let mut msg = pr.header.to_vec().map_err(|e| e.to_string())?;
+        let mut msg = pr.header.to_vec()?;
         let writes: Vec<(u32, u64, std::ops::Range<usize>)> = pr
             .item_writes
             .iter()
@@ -1228,7 +1287,7 @@ impl Conn {
         xid: u32,
     ) -> Result<(), Fatal> {
         if msg.len() > self.send_mr.len() || msg.len() > self.th.reply as usize {
-            return Err(format!("reply of {} bytes exceeds the inline threshold", msg.len()));
+            return Err(Fatal::ReplyTooLarge(msg.len()));
         }
         if !writes.is_empty() {
             self.note_rdma(xid);
@@ -1237,11 +1296,11 @@ impl Conn {
         if !writes.is_empty() {
             let total: usize = staged.iter().map(|s| s.len()).sum();
             let Some(stage) = self.stage(total)? else {
-                return Err("staging budget exhausted for a reply".into());
+                return Err(Fatal::StagingExhausted);
             };
             let mut at = 0;
             for s in staged {
-                stage.write(at, s).map_err(|_| "stage".to_string())?;
+                stage.write(at, s).map_err(|_| Fatal::Stage)?;
                 at += s.len();
             }
             let stage = self.stage.as_ref().expect("staged");
@@ -1261,7 +1320,7 @@ impl Conn {
                 );
             }
         }
-        self.send_mr.write(0, msg).map_err(|_| "send buffer".to_string())?;
+        self.send_mr.write(0, msg).map_err(verbs::Error::from)?;
         let id = self.wr(wrid::SEND);
         let opcode = match inv {
             Some(rkey) => {
@@ -1272,7 +1331,7 @@ impl Conn {
         };
         wrs.push(SendWr::new(id, opcode, vec![self.send_mr.sge(0, msg.len() as u32)]));
         // RPCR-MEM-03: a reply we cannot transmit ends the connection
-        self.qp.post_send(&wrs).map_err(|e| e.to_string())?;
+        self.qp.post_send(&wrs)?;
         if let Err(e) = self.wait_for(id) {
             if !writes.is_empty() {
                 self.record_if_refused(xid);

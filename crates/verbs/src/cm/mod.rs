@@ -22,7 +22,7 @@ pub mod event;
 use crate::cm::backend::{CmBackend, ConnRequestOps, ListenerOps};
 use crate::cq::CompletionQueue;
 use crate::device::{Device, ProtectionDomain};
-use crate::error::{Error, Result};
+use crate::error::{Error, InvalidArg, Result};
 use crate::notify::EventQueue;
 use crate::qp::{QpInit, QueuePair};
 use crate::qp_attr::{QpAttr, QpType};
@@ -227,16 +227,10 @@ const CM_QP_ACCESS: Access = Access::LOCAL_WRITE
 /// INIT as `rdma_create_qp` does.
 fn prepare(qp: &QueuePair) -> Result<()> {
     if qp.qp_type() != QpType::Rc {
-        return Err(Error::InvalidArgument(format!(
-            "the connection manager connects RC QPs, not {:?}",
-            qp.qp_type()
-        )));
+        return Err(InvalidArg::CmQpType(qp.qp_type()).into());
     }
     if qp.is_connected() {
-        return Err(Error::InvalidArgument(format!(
-            "QP {} is already connected",
-            qp.qp_num()
-        )));
+        return Err(InvalidArg::AlreadyConnected(qp.qp_num()).into());
     }
     match qp.state() {
         QpState::Reset => qp.modify_qp(&QpAttr::init(1, 0, CM_QP_ACCESS)),

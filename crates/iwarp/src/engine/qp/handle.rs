@@ -19,7 +19,8 @@ use verbs::mem::MemTable;
 use verbs::notify::EventQueue;
 use verbs::provider::{CqProviderExt, QpCreate, QpOps};
 use verbs::{
-    Access, CmEvent, CompletionQueue, Error, QpAttr, QpInitAttr, QpState, RecvWr, Result, SendWr, WcOpcode, WcStatus,
+    Access, CmEvent, CompletionQueue, Error, InvalidArg, QpAttr, QpInitAttr, QpState, RecvWr, Result, SendWr, WcOpcode,
+    WcStatus, WrError,
 };
 
 /// What the data path needs from `create_qp`.
@@ -82,7 +83,7 @@ impl QpHandle {
     pub(crate) fn of(qp: &Arc<dyn QpOps>) -> Result<&QpHandle> {
         qp.as_any()
             .downcast_ref::<QpHandle>()
-            .ok_or_else(|| Error::InvalidArgument("the QP belongs to another provider's device".into()))
+            .ok_or_else(|| InvalidArg::OtherDevice.into())
     }
 
     pub(crate) fn connected(&self) -> Option<&Arc<IwarpQp>> {
@@ -92,7 +93,7 @@ impl QpHandle {
     /// Whether a connection may be bound now: in INIT and not connected.
     pub(crate) fn check_bindable(&self) -> Result<()> {
         if self.conn.get().is_some() {
-            return Err(Error::InvalidArgument(format!("QP {} is already connected", self.qpn)));
+            return Err(InvalidArg::AlreadyConnected(self.qpn).into());
         }
         match self.unbound.lock().unwrap().state {
             QpState::Init => Ok(()),
@@ -165,12 +166,16 @@ impl QpOps for QpHandle {
         match u.state {
             QpState::Init => {
                 for (index, wr) in wrs.iter().enumerate() {
-                    let bad = |reason: String| Error::BadWr { index, reason };
-                    if u.recvs.len() >= self.setup.attr.max_recv_wr as usize {
-                        return Err(bad("receive queue full".into()));
+                    let bad = |error: WrError| Error::BadWr { index, error };
+                    let attr = &self.setup.attr;
+                    if u.recvs.len() >= attr.max_recv_wr as usize {
+                        return Err(bad(WrError::RecvQueueFull { max: attr.max_recv_wr }));
                     }
-                    if wr.sg_list.len() > self.setup.attr.max_recv_sge.max(1) as usize {
-                        return Err(bad(format!("{} SGEs exceed max_recv_sge", wr.sg_list.len())));
+                    if wr.sg_list.len() > attr.max_recv_sge.max(1) as usize {
+                        return Err(bad(WrError::TooManySges {
+                            sges: wr.sg_list.len(),
+                            max: attr.max_recv_sge.max(1),
+                        }));
                     }
                     u.recvs.push(wr.clone());
                 }

@@ -205,7 +205,7 @@ impl IwarpQp {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     rx.eof = true;
-                    p.on_stream_error(None, &e.to_string());
+                    p.on_llp_error(&e.to_string());
                     any = true;
                     break;
                 }
@@ -231,7 +231,7 @@ impl IwarpQp {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     p.discard_out();
-                    p.on_stream_error(None, &e.to_string());
+                    p.on_llp_error(&e.to_string());
                     break;
                 }
             }

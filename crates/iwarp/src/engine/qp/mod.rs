@@ -42,7 +42,7 @@ use verbs::notify::EventQueue;
 use verbs::provider::CqProviderExt;
 use verbs::{
     Access, CompletionQueue, Error, QpInitAttr, QpState, RecvWr, Result, SendFlags, SendWr, WcOpcode, WcStatus,
-    WorkCompletion, WrOpcode,
+    WorkCompletion, WrError, WrOpcode,
 };
 use verbs::{CmEvent, ConnInfo, ErrorDetail};
 
@@ -465,7 +465,7 @@ impl Proto {
         }
     }
 
-    fn resolve(&self, sges: &[verbs::Sge], need: Access) -> std::result::Result<(Vec<Piece>, usize), String> {
+    fn resolve(&self, sges: &[verbs::Sge], need: Access) -> std::result::Result<(Vec<Piece>, usize), WrError> {
         let mut pieces = Vec::with_capacity(sges.len());
         let mut total = 0usize;
         for s in sges {
@@ -475,8 +475,11 @@ impl Proto {
             let r = self
                 .mem
                 .check(s.lkey, self.pd, self.qpn, s.addr, s.length as u64, need)
-                .map_err(|e| format!("local protection error on lkey {:#010x}: {e:?}", s.lkey))?;
-            total = total.checked_add(s.length as usize).ok_or("sg list too long")?;
+                .map_err(|error| WrError::LocalProtection { lkey: s.lkey, error })?;
+            total = total.checked_add(s.length as usize).ok_or(WrError::TooLong {
+                len: u64::MAX,
+                max: usize::MAX as u64,
+            })?;
             pieces.push(Piece {
                 buf: r.buffer,
                 off: r.offset,
@@ -484,6 +487,18 @@ impl Proto {
             });
         }
         Ok((pieces, total))
+    }
+
+    /// The post-time check of an SGE list (`bad_wr` when an lkey does not allow
+    /// `need` over its range), without resolving it: that happens when the
+    /// work request is sent, so a post costs no allocation.
+    fn verify_sges(&self, sges: &[verbs::Sge], need: Access) -> std::result::Result<(), WrError> {
+        for s in sges.iter().filter(|s| s.length != 0) {
+            self.mem
+                .verify(s.lkey, self.pd, self.qpn, s.addr, s.length as u64, need)
+                .map_err(|error| WrError::LocalProtection { lkey: s.lkey, error })?;
+        }
+        Ok(())
     }
 
     fn outstanding_send_wrs(&self) -> usize {
@@ -522,28 +537,29 @@ impl Proto {
             return Ok(());
         }
         for (index, wr) in wrs.iter().enumerate() {
-            let bad = |reason: String| Error::BadWr { index, reason };
+            let bad = |error: WrError| Error::BadWr { index, error };
             if self.state != QpState::Rts {
-                return Err(bad(format!("QP is in state {:?}", self.state)));
+                return Err(bad(WrError::QpState(self.state)));
             }
             if self.outstanding_send_wrs() >= self.attr.max_send_wr as usize {
-                return Err(bad("send queue full".into()));
+                return Err(bad(WrError::SendQueueFull {
+                    max: self.attr.max_send_wr,
+                }));
             }
             if wr.sg_list.len() > self.attr.max_send_sge.max(1) as usize {
-                return Err(bad(format!(
-                    "{} SGEs exceed max_send_sge {}",
-                    wr.sg_list.len(),
-                    self.attr.max_send_sge
-                )));
+                return Err(bad(WrError::TooManySges {
+                    sges: wr.sg_list.len(),
+                    max: self.attr.max_send_sge.max(1),
+                }));
             }
             let total = wr.len();
             let (need, opcode) = match &wr.opcode {
                 WrOpcode::Send | WrOpcode::SendWithInv { .. } => (Access::LOCAL_READ, WcOpcode::Send),
                 WrOpcode::SendWithImm { .. } => {
                     if total != 0 {
-                        return Err(bad(
-                            "RFC 7306 Immediate Data carries no payload: use an empty sg list".into()
-                        ));
+                        return Err(bad(WrError::Opcode(
+                            "RFC 7306 Immediate Data carries no payload: use an empty sg list",
+                        )));
                     }
                     (Access::LOCAL_READ, WcOpcode::Send)
                 }
@@ -552,13 +568,16 @@ impl Proto {
                 }
                 WrOpcode::RdmaRead { .. } => {
                     if wr.sg_list.len() > 1 {
-                        return Err(bad("RDMA Read takes one sink SGE (max_sge_rd = 1)".into()));
+                        return Err(bad(WrError::TooManyReadSges {
+                            sges: wr.sg_list.len(),
+                            max: 1,
+                        }));
                     }
                     (Access::LOCAL_WRITE, WcOpcode::RdmaRead)
                 }
                 WrOpcode::AtomicFetchAdd { .. } | WrOpcode::AtomicCmpSwap { .. } => {
                     if wr.sg_list.len() != 1 || wr.sg_list[0].length != 8 {
-                        return Err(bad("atomics need exactly one 8-byte sink SGE".into()));
+                        return Err(bad(WrError::AtomicSge));
                     }
                     let op = if matches!(wr.opcode, WrOpcode::AtomicFetchAdd { .. }) {
                         WcOpcode::FetchAdd
@@ -571,14 +590,17 @@ impl Proto {
                 WrOpcode::RegMr { .. } => (Access::empty(), WcOpcode::RegMr),
             };
             if total > u32::MAX as u64 {
-                return Err(bad("message longer than 2^32-1".into()));
+                return Err(bad(WrError::TooLong {
+                    len: total,
+                    max: u32::MAX as u64,
+                }));
             }
             let inline = if wr.flags.contains(SendFlags::INLINE) && need == Access::LOCAL_READ {
                 if total > self.attr.max_inline_data as u64 {
-                    return Err(bad(format!(
-                        "{total} bytes exceed max_inline_data {}",
-                        self.attr.max_inline_data
-                    )));
+                    return Err(bad(WrError::InlineTooLarge {
+                        len: total,
+                        max: self.attr.max_inline_data,
+                    }));
                 }
                 let (pieces, len) = self.resolve(&wr.sg_list, need).map_err(bad)?;
                 let mut v = vec![0u8; len];
@@ -586,7 +608,7 @@ impl Proto {
                 Some(v)
             } else {
                 if !need.is_empty() {
-                    self.resolve(&wr.sg_list, need).map_err(bad)?;
+                    self.verify_sges(&wr.sg_list, need).map_err(bad)?;
                 }
                 None
             };
@@ -617,15 +639,20 @@ impl Proto {
             return Ok(());
         }
         for (index, wr) in wrs.iter().enumerate() {
-            let bad = |reason: String| Error::BadWr { index, reason };
+            let bad = |error: WrError| Error::BadWr { index, error };
             if self.state == QpState::Reset {
-                return Err(bad(format!("QP is in state {:?}", self.state)));
+                return Err(bad(WrError::QpState(self.state)));
             }
             if self.rq.len() >= self.attr.max_recv_wr as usize {
-                return Err(bad("receive queue full".into()));
+                return Err(bad(WrError::RecvQueueFull {
+                    max: self.attr.max_recv_wr,
+                }));
             }
             if wr.sg_list.len() > self.attr.max_recv_sge.max(1) as usize {
-                return Err(bad(format!("{} SGEs exceed max_recv_sge", wr.sg_list.len())));
+                return Err(bad(WrError::TooManySges {
+                    sges: wr.sg_list.len(),
+                    max: self.attr.max_recv_sge.max(1),
+                }));
             }
             let (pieces, cap) = self.resolve(&wr.sg_list, Access::LOCAL_WRITE).map_err(bad)?;
             self.rq.push_back(RecvWqe {

@@ -606,6 +606,25 @@ impl Proto {
         self.shutdown_when_drained = true;
     }
 
+    /// The LLP failed under a live connection (a TCP reset, a socket error):
+    /// an affiliated asynchronous error (RDMAC verbs' "LLP connection
+    /// reset/lost"), reported as [`CmEvent::ConnectionError`], which the
+    /// device turns into `QpFatal`. After a close we started or the QP
+    /// failed already, it is only the end of the stream.
+    pub(crate) fn on_llp_error(&mut self, reason: &str) {
+        if self.disconnected_event || self.state == QpState::Err || self.term_sent || self.term_received {
+            self.on_stream_error(None, reason);
+            return;
+        }
+        self.disconnected_event = true;
+        tracing::info!(qp = self.qpn, "connection lost: {reason}");
+        // the state, then the event (as for a Terminate), then the flushes
+        self.publish_error_state();
+        self.events.push(CmEvent::ConnectionError(reason.to_string()));
+        self.enter_error();
+        self.shutdown_when_drained = true;
+    }
+
     /// The byte stream broke (RFC 5044 framing error, peer FIN or reset).
     pub(crate) fn on_stream_error(&mut self, fatal_cause: Option<TermCause>, reason: &str) {
         if let Some(c) = fatal_cause {
