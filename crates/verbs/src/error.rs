@@ -20,12 +20,20 @@ pub enum Error {
     /// `post_send`/`post_recv`: work request number `index` of the list was refused
     /// (rdma-core's `bad_wr`); the ones before it were posted.
     #[error("work request {index} refused: {error}")]
-    BadWr { index: usize, error: WrError },
+    BadWr {
+        /// Position of the refused work request in the posted list (0-based).
+        index: usize,
+        /// Why it was refused.
+        error: WrError,
+    },
     #[error("queue full")]
+    /// A queue has no room (`ENOMEM`).
     QueueFull,
     #[error("operation not allowed in QP state {0:?}")]
+    /// The QP's state does not allow the call (`EINVAL`).
     InvalidState(QpState),
     #[error("out of resources: {0}")]
+    /// A device or process resource is exhausted (`ENOMEM`); the text names it.
     OutOfResources(String),
     /// The transport or device cannot do this (`EOPNOTSUPP`); the text names what.
     #[error("not supported: {0}")]
@@ -37,7 +45,9 @@ pub enum Error {
     #[error("connection rejected by peer ({} bytes of private data{})", private_data.len(),
         detail.as_ref().map(|d| format!(", {d}")).unwrap_or_default())]
     Rejected {
+        /// The responder's private data, byte for byte, without provider bytes.
         private_data: Vec<u8>,
+        /// What the provider adds (iWARP: the IRD/ORD block of RFC 6581).
         detail: Option<crate::cm::event::ErrorDetail>,
     },
     /// `modify_qp` broke the IBTA transition rules (see [`crate::qp_attr`]).
@@ -45,17 +55,26 @@ pub enum Error {
     ModifyQp(#[from] crate::qp_attr::ModifyQpError),
     /// No registered device has this name ([`crate::Registry`]).
     #[error("no RDMA device {name:?} (this build offers: {})", available.join(", "))]
-    NoDevice { name: String, available: Vec<String> },
+    NoDevice {
+        /// The device name asked for.
+        name: String,
+        /// The devices this build offers.
+        available: Vec<String>,
+    },
     #[error("timed out")]
+    /// A wait ran out of time (`ETIMEDOUT`).
     Timeout,
     #[error("connection refused")]
+    /// The peer refused the connection (`ECONNREFUSED`).
     ConnectionRefused,
     /// The peer violated the protocol during connection setup (e.g. a bad MPA frame).
     #[error("protocol error: {0}")]
     Protocol(String),
     #[error("closed")]
+    /// The connection or object is closed (`ENOTCONN`).
     Closed,
     #[error(transparent)]
+    /// An operating-system error (its errno).
     Io(#[from] std::io::Error),
 }
 
@@ -90,7 +109,12 @@ impl Error {
 pub enum InvalidArg {
     /// A port number outside the device's `1..=phys_port_cnt`.
     #[error("port {port}: the device has ports 1..={max}")]
-    Port { port: u8, max: u8 },
+    Port {
+        /// The port number given.
+        port: u8,
+        /// The limit.
+        max: u8,
+    },
     /// A GID table index beyond the port's table.
     #[error("GID index {0} beyond the table")]
     GidIndex(u32),
@@ -99,19 +123,42 @@ pub enum InvalidArg {
     PkeyIndex(u16),
     /// `create_cq` with `cqe` of 0 or above `max_cqe`.
     #[error("cqe {cqe} not in 1..={max}")]
-    CqSize { cqe: usize, max: u32 },
+    CqSize {
+        /// The number of entries asked for.
+        cqe: usize,
+        /// The limit.
+        max: u32,
+    },
     /// `create_qp` capabilities above the device's `max_qp_wr`.
     #[error("max_send_wr {send} / max_recv_wr {recv} above max_qp_wr {max}")]
-    QpWr { send: u32, recv: u32, max: u32 },
+    QpWr {
+        /// The send queue value asked for.
+        send: u32,
+        /// The receive queue value asked for.
+        recv: u32,
+        /// The limit.
+        max: u32,
+    },
     /// `create_qp` capabilities above the device's `max_sge`.
     #[error("max_send_sge {send} / max_recv_sge {recv} above max_sge {max}")]
-    QpSge { send: u32, recv: u32, max: u32 },
+    QpSge {
+        /// The send queue value asked for.
+        send: u32,
+        /// The receive queue value asked for.
+        recv: u32,
+        /// The limit.
+        max: u32,
+    },
     /// `create_srq` with `max_wr` of 0 or limits above the device's.
     #[error("SRQ max_wr {max_wr} / max_sge {max_sge} not within 1..={dev_max_wr} / {dev_max_sge}")]
     SrqCap {
+        /// The work requests asked for.
         max_wr: u32,
+        /// The scatter/gather entries asked for.
         max_sge: u32,
+        /// The device's limit of work requests.
         dev_max_wr: u32,
+        /// The device's limit of scatter/gather entries.
         dev_max_sge: u32,
     },
     /// An object of another protection domain (an SRQ given to `create_qp`).
@@ -134,10 +181,20 @@ pub enum InvalidArg {
     AlreadyConnected(u32),
     /// `reg_mr` with an I/O virtual address range that wraps 2^64.
     #[error("iova {iova:#x} + length {len} wraps 2^64")]
-    IovaWrap { iova: u64, len: usize },
+    IovaWrap {
+        /// The I/O virtual address asked for.
+        iova: u64,
+        /// The length given.
+        len: usize,
+    },
     /// `reg_mr` longer than the device's `max_mr_size`.
     #[error("length {len} exceeds max_mr_size {max}")]
-    MrSize { len: usize, max: u64 },
+    MrSize {
+        /// The length given.
+        len: usize,
+        /// The limit.
+        max: u64,
+    },
     /// `reg_mr` with REMOTE_WRITE (or atomics) but without LOCAL_WRITE, as `ibv_reg_mr` refuses.
     #[error("REMOTE_WRITE requires LOCAL_WRITE")]
     RemoteWriteNeedsLocalWrite,
@@ -147,7 +204,12 @@ pub enum InvalidArg {
     /// Private data longer than the connection manager can carry, counted as
     /// the provider counts it (iWARP: with its 4-byte IRD/ORD block).
     #[error("private data too long: {len} octets with the provider's header, limit {max}")]
-    PrivateDataTooLong { len: usize, max: usize },
+    PrivateDataTooLong {
+        /// The length given.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// Connection parameters the connection manager cannot use; the text names the rule.
     #[error("connection parameters: {0}")]
     ConnParam(&'static str),
@@ -155,28 +217,41 @@ pub enum InvalidArg {
     /// version than the destination.
     #[error("source address {src} and destination {dst} are of different IP versions")]
     SourceFamily {
+        /// The source address given.
         src: std::net::IpAddr,
+        /// The destination.
         dst: std::net::SocketAddr,
     },
     /// A source address this host cannot bind (not one of its addresses); `reason` is the
     /// operating system's answer.
     #[error("cannot connect from {src}: {reason}")]
-    SourceAddress { src: std::net::IpAddr, reason: String },
+    SourceAddress {
+        /// The source address given.
+        src: std::net::IpAddr,
+        /// The operating system's answer.
+        reason: String,
+    },
     /// A device option (`provider:key=value,...`) that is not `key=value`.
     #[error("device option {0:?} is not key=value")]
     OptionSyntax(String),
     /// A device option the provider does not take.
     #[error("{provider} has no option {key:?} (it takes: {})", known.join(", "))]
     UnknownOption {
+        /// The provider the option was given to.
         provider: String,
+        /// The option name.
         key: String,
+        /// The options the provider takes.
         known: Vec<&'static str>,
     },
     /// A device option whose value is not one the provider accepts.
     #[error("{key}={value}: expected {expected}")]
     OptionValue {
+        /// The option name.
         key: String,
+        /// The value given.
         value: String,
+        /// What the provider accepts.
         expected: &'static str,
     },
 }
@@ -190,25 +265,51 @@ pub enum WrError {
     QpState(QpState),
     /// The send queue holds `max_send_wr` work requests already.
     #[error("send queue full ({max} work requests)")]
-    SendQueueFull { max: u32 },
+    SendQueueFull {
+        /// The limit.
+        max: u32,
+    },
     /// The receive queue holds `max_recv_wr` work requests already.
     #[error("receive queue full ({max} work requests)")]
-    RecvQueueFull { max: u32 },
+    RecvQueueFull {
+        /// The limit.
+        max: u32,
+    },
     /// More scatter/gather entries than the QP's `max_send_sge` / `max_recv_sge`.
     #[error("{sges} SGEs exceed the QP's limit of {max}")]
-    TooManySges { sges: usize, max: u32 },
+    TooManySges {
+        /// The scatter/gather entries given.
+        sges: usize,
+        /// The limit.
+        max: u32,
+    },
     /// An RDMA Read takes at most `max` sink SGEs (`max_sge_rd`).
     #[error("RDMA Read takes at most {max} sink SGE(s), not {sges}")]
-    TooManyReadSges { sges: usize, max: u32 },
+    TooManyReadSges {
+        /// The scatter/gather entries given.
+        sges: usize,
+        /// The limit.
+        max: u32,
+    },
     /// Atomics need exactly one 8-byte sink SGE.
     #[error("atomics need exactly one 8-byte sink SGE")]
     AtomicSge,
     /// The message is longer than the transport carries (2^31 on IB, 2^32-1 on iWARP).
     #[error("message of {len} bytes longer than {max}")]
-    TooLong { len: u64, max: u64 },
+    TooLong {
+        /// The length given.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
     /// An inline send longer than the QP's `max_inline_data`.
     #[error("{len} bytes exceed max_inline_data {max}")]
-    InlineTooLarge { len: u64, max: u32 },
+    InlineTooLarge {
+        /// The length given.
+        len: u64,
+        /// The limit.
+        max: u32,
+    },
     /// The transport cannot carry this opcode's form on this QP: the text says
     /// why (iWARP, RFC 7306: Immediate Data carries no payload).
     #[error("opcode not supported here: {0}")]
@@ -216,7 +317,12 @@ pub enum WrError {
     /// An SGE's lkey does not allow the access (wrong PD, out of the region,
     /// missing LOCAL_WRITE for a sink, invalid key).
     #[error("local protection error on lkey {lkey:#010x}: {error:?}")]
-    LocalProtection { lkey: u32, error: AccessError },
+    LocalProtection {
+        /// The local key of the refused SGE.
+        lkey: u32,
+        /// What the memory table found.
+        error: AccessError,
+    },
 }
 
 impl WrError {
@@ -231,6 +337,7 @@ impl WrError {
     }
 }
 
+/// The result of a verbs call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<crate::buffer::OutOfBounds> for Error {

@@ -70,6 +70,7 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
 pub mod ah;
 pub mod async_event;
 pub mod buffer;

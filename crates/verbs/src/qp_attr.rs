@@ -325,32 +325,53 @@ pub enum ModifyQpError {
     /// The IBTA allows no such transition for this QP type.
     #[error("{qp_type:?} QP cannot move from {from:?} to {to:?}")]
     IllegalTransition {
+        /// The QP type.
         qp_type: QpType,
+        /// The state the QP is in.
         from: QpState,
+        /// The state asked for.
         to: QpState,
     },
     /// Required attributes are missing.
     #[error("{qp_type:?} QP {from:?} -> {to:?} needs {missing:?}")]
     MissingAttributes {
+        /// The QP type.
         qp_type: QpType,
+        /// The state the QP is in.
         from: QpState,
+        /// The state asked for.
         to: QpState,
+        /// The required attributes that were not given.
         missing: QpAttrMask,
     },
     /// Attributes that this transition does not take.
     #[error("{qp_type:?} QP {from:?} -> {to:?} does not take {unexpected:?}")]
     UnexpectedAttributes {
+        /// The QP type.
         qp_type: QpType,
+        /// The state the QP is in.
         from: QpState,
+        /// The state asked for.
         to: QpState,
+        /// The attributes given that this transition does not take.
         unexpected: QpAttrMask,
     },
     /// `cur_qp_state` disagrees with the QP's state, or was given where it may not be.
     #[error("cur_qp_state {claimed:?} but the QP is in {actual:?}")]
-    CurStateMismatch { claimed: QpState, actual: QpState },
+    CurStateMismatch {
+        /// The `cur_qp_state` given.
+        claimed: QpState,
+        /// The QP's real state.
+        actual: QpState,
+    },
     /// A value does not fit its field.
     #[error("{attribute} out of range (max {max})")]
-    ValueOutOfRange { attribute: &'static str, max: u32 },
+    ValueOutOfRange {
+        /// The attribute whose value is too large.
+        attribute: &'static str,
+        /// The limit.
+        max: u32,
+    },
 }
 
 /// Required and optional attributes of one legal transition.
