@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # The whole softrdma test suite (README's second command; .ci/run calls exactly this).
 #   1. installs tshark and cargo-fuzz if missing (scripts/setup.sh)
-#   2. cargo test over the workspace (unit, property, golden-vector, tshark and end-to-end tests)
+#   2. cargo test over the workspace (unit, property, golden-vector, tshark and end-to-end tests),
+#      then the crate docs' examples (--all-targets leaves doc tests out)
 #   3. a short fuzz run of every decoder (FUZZ_SECONDS per target, default 6)
 #   4. interop with the Linux kernel's siw and NFS server in the QEMU lab (../shared/lab): see below
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 SOFTRDMA_INTEROP=0 cargo test --workspace --release --all-targets --no-fail-fast
+cargo test --workspace --release --doc
 bash scripts/fuzz-smoke.sh
 
 # --- 4. interop with Linux siw, perftest and NFS/RDMA (crates/cli/tests/{interop_siw,
