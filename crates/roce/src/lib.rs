@@ -12,6 +12,7 @@
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts C1 (IB CM) and C3 (RoCE and
 //! the RC transport).
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod cm;
 pub mod rc;

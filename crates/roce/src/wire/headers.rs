@@ -72,6 +72,7 @@ pub struct Bth {
 }
 
 impl Bth {
+    /// Octets of a BTH on the wire.
     pub const LEN: usize = 12;
 
     /// A BTH with the given opcode, destination QP and PSN, P_Key 0xffff and every flag 0.
@@ -93,6 +94,7 @@ impl Bth {
         }
     }
 
+    /// Parses the 12 BTH octets at the front of `b`, returning the header and the octets after it.
     pub fn parse(b: &[u8]) -> Result<(Bth, &[u8]), Truncated> {
         let (h, rest) = take("BTH", b, Self::LEN)?;
         let bth = Bth {
@@ -140,8 +142,10 @@ pub struct Deth {
 }
 
 impl Deth {
+    /// Octets of a DETH on the wire.
     pub const LEN: usize = 8;
 
+    /// Parses the 8 DETH octets at the front of `b`, returning the header and the octets after it.
     pub fn parse(b: &[u8]) -> Result<(Deth, &[u8]), Truncated> {
         let (h, rest) = take("DETH", b, Self::LEN)?;
         Ok((
@@ -154,6 +158,7 @@ impl Deth {
         ))
     }
 
+    /// Writes the 8 DETH octets at the front of `buf` (SrcQP masked to 24 bits), returning the octets written.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, BufferTooSmall> {
         need(buf.len(), Self::LEN)?;
         be::put_u32(buf, 0, self.q_key);
@@ -176,8 +181,10 @@ pub struct Reth {
 }
 
 impl Reth {
+    /// Octets of a RETH on the wire.
     pub const LEN: usize = 16;
 
+    /// Parses the 16 RETH octets at the front of `b`, returning the header and the octets after it.
     pub fn parse(b: &[u8]) -> Result<(Reth, &[u8]), Truncated> {
         let (h, rest) = take("RETH", b, Self::LEN)?;
         Ok((
@@ -190,6 +197,7 @@ impl Reth {
         ))
     }
 
+    /// Writes the 16 RETH octets at the front of `buf`, returning the octets written.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, BufferTooSmall> {
         need(buf.len(), Self::LEN)?;
         be::put_u64(buf, 0, self.va);
@@ -214,8 +222,10 @@ pub struct AtomicEth {
 }
 
 impl AtomicEth {
+    /// Octets of an AtomicETH on the wire.
     pub const LEN: usize = 28;
 
+    /// Parses the 28 AtomicETH octets at the front of `b`, returning the header and the octets after it.
     pub fn parse(b: &[u8]) -> Result<(AtomicEth, &[u8]), Truncated> {
         let (h, rest) = take("AtomicETH", b, Self::LEN)?;
         Ok((
@@ -229,6 +239,7 @@ impl AtomicEth {
         ))
     }
 
+    /// Writes the 28 AtomicETH octets at the front of `buf`, returning the octets written.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, BufferTooSmall> {
         need(buf.len(), Self::LEN)?;
         be::put_u64(buf, 0, self.va);
@@ -248,8 +259,10 @@ pub struct AtomicAckEth {
 }
 
 impl AtomicAckEth {
+    /// Octets of an AtomicAckETH on the wire.
     pub const LEN: usize = 8;
 
+    /// Parses the 8 AtomicAckETH octets at the front of `b`, returning the header and the octets after it.
     pub fn parse(b: &[u8]) -> Result<(AtomicAckEth, &[u8]), Truncated> {
         let (h, rest) = take("AtomicAckETH", b, Self::LEN)?;
         Ok((
@@ -260,6 +273,7 @@ impl AtomicAckEth {
         ))
     }
 
+    /// Writes the 8 AtomicAckETH octets at the front of `buf`, returning the octets written.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, BufferTooSmall> {
         need(buf.len(), Self::LEN)?;
         be::put_u64(buf, 0, self.orig_rem_dt);
@@ -272,17 +286,21 @@ impl AtomicAckEth {
 /// read big-endian (rdma-core's `imm_data` is the same four octets, `__be32`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ImmDt {
+    /// Immediate Data: the four octets read big-endian.
     pub imm: u32,
 }
 
 impl ImmDt {
+    /// Octets of an ImmDt on the wire.
     pub const LEN: usize = 4;
 
+    /// Parses the 4 ImmDt octets at the front of `b`, returning the header and the octets after it.
     pub fn parse(b: &[u8]) -> Result<(ImmDt, &[u8]), Truncated> {
         let (h, rest) = take("ImmDt", b, Self::LEN)?;
         Ok((ImmDt { imm: be::u32_at(h, 0) }, rest))
     }
 
+    /// Writes the 4 ImmDt octets at the front of `buf` (big-endian), returning the octets written.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, BufferTooSmall> {
         need(buf.len(), Self::LEN)?;
         be::put_u32(buf, 0, self.imm);
@@ -294,12 +312,15 @@ impl ImmDt {
 /// with invalidate, the R_Key the responder invalidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Ieth {
+    /// R_Key: the remote key the responder invalidates.
     pub r_key: u32,
 }
 
 impl Ieth {
+    /// Octets of an IETH on the wire.
     pub const LEN: usize = 4;
 
+    /// Parses the 4 IETH octets at the front of `b`, returning the header and the octets after it.
     pub fn parse(b: &[u8]) -> Result<(Ieth, &[u8]), Truncated> {
         let (h, rest) = take("IETH", b, Self::LEN)?;
         Ok((
@@ -310,6 +331,7 @@ impl Ieth {
         ))
     }
 
+    /// Writes the 4 IETH octets at the front of `buf`, returning the octets written.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, BufferTooSmall> {
         need(buf.len(), Self::LEN)?;
         be::put_u32(buf, 0, self.r_key);
@@ -321,14 +343,17 @@ impl Ieth {
 /// ACKNOWLEDGE and RDMA READ RESPONSE FIRST/LAST/ONLY.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Aeth {
+    /// Syndrome: ACK, RNR NAK or NAK with its credit count, timer or code.
     pub syndrome: Syndrome,
     /// MSN: message sequence number, the count of completed requests (24 bits, §9.7.5).
     pub msn: u32,
 }
 
 impl Aeth {
+    /// Octets of an AETH on the wire.
     pub const LEN: usize = 4;
 
+    /// Parses the 4 AETH octets at the front of `b`, returning the header and the octets after it.
     pub fn parse(b: &[u8]) -> Result<(Aeth, &[u8]), Truncated> {
         let (h, rest) = take("AETH", b, Self::LEN)?;
         Ok((
@@ -340,6 +365,7 @@ impl Aeth {
         ))
     }
 
+    /// Writes the 4 AETH octets at the front of `buf` (MSN masked to 24 bits), returning the octets written.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, BufferTooSmall> {
         need(buf.len(), Self::LEN)?;
         buf[0] = u8::from(self.syndrome);
@@ -353,9 +379,15 @@ impl Aeth {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Syndrome {
     /// ACK with the end-to-end credit count code.
-    Ack { credits: CreditCode },
+    Ack {
+        /// The end-to-end credit count code (bits 4..0).
+        credits: CreditCode,
+    },
     /// Receiver Not Ready NAK with the minimum time to wait before retrying.
-    RnrNak { timer: RnrTimer },
+    RnrNak {
+        /// The RNR NAK timer code (bits 4..0).
+        timer: RnrTimer,
+    },
     /// NAK with its code.
     Nak(NakCode),
     /// Type 10b or bit 7 set: reserved encodings, kept raw.
@@ -368,6 +400,7 @@ impl Syndrome {
         credits: CreditCode::INVALID,
     };
 
+    /// The syndrome is an ACK (type 00b), not an RNR NAK, a NAK or a reserved encoding.
     pub const fn is_ack(self) -> bool {
         matches!(self, Syndrome::Ack { .. })
     }
@@ -468,6 +501,7 @@ const CREDITS: [u32; 31] = [
 ];
 
 impl CreditCode {
+    /// Code 31: the responder announces no credit count (no end-to-end flow control).
     pub const INVALID: CreditCode = CreditCode(31);
 
     /// Receive WQEs the code announces, `None` for 31 (invalid).

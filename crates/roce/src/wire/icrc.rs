@@ -33,18 +33,38 @@ const UDP_LEN: usize = 8;
 pub enum IcrcError {
     /// Not a 20-octet IPv4 header or a 40-octet IPv6 header.
     #[error("IP header of {len} octets, version {version}: need IPv4 (20) or IPv6 (40)")]
-    IpHeader { len: usize, version: u8 },
+    IpHeader {
+        /// Octets given as the IP header.
+        len: usize,
+        /// The IP Version field (4 or 6 expected).
+        version: u8,
+    },
     /// IPv4 with options (IHL > 5).
     #[error("IPv4 header with options (IHL {ihl})")]
-    Ipv4Options { ihl: u8 },
+    Ipv4Options {
+        /// The IPv4 IHL field, in 4-octet words.
+        ihl: u8,
+    },
+    /// Not an 8-octet UDP header.
     #[error("UDP header of {len} octets (8 needed)")]
-    UdpHeader { len: usize },
+    UdpHeader {
+        /// Octets given as the UDP header.
+        len: usize,
+    },
     /// Shorter than BTH + ICRC.
     #[error("packet of {len} octets has no room for a BTH and an ICRC")]
-    TooShort { len: usize },
+    TooShort {
+        /// Octets of the packet.
+        len: usize,
+    },
     /// The ICRC the packet carries is not the one its octets give.
     #[error("ICRC {stored:#010x} in the packet, {computed:#010x} computed")]
-    Mismatch { stored: u32, computed: u32 },
+    Mismatch {
+        /// The ICRC field of the packet.
+        stored: u32,
+        /// The ICRC computed over the packet's octets.
+        computed: u32,
+    },
 }
 
 /// The ICRC of `packet` (a whole UDP payload: BTH through the 4-octet ICRC field, whose

@@ -48,8 +48,11 @@ pub const DEFAULT_PKEY: u16 = 0xffff;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[error("{what} needs {need} octets, {have} present")]
 pub struct Truncated {
+    /// The header or packet being parsed ("BTH", "RETH", ...).
     pub what: &'static str,
+    /// Octets its layout needs.
     pub need: usize,
+    /// Octets present.
     pub have: usize,
 }
 
@@ -57,7 +60,9 @@ pub struct Truncated {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[error("emit buffer of {have} octets, {need} needed")]
 pub struct BufferTooSmall {
+    /// Octets the emit needs.
     pub need: usize,
+    /// Octets the buffer has.
     pub have: usize,
 }
 

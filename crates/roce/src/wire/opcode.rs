@@ -19,12 +19,19 @@ bitflags::bitflags! {
     /// The extension headers that follow the BTH.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     pub struct HeaderSet: u8 {
+        /// Datagram ETH (UD).
         const DETH = 1 << 0;
+        /// RDMA ETH (RDMA WRITE FIRST/ONLY, RDMA READ REQUEST).
         const RETH = 1 << 1;
+        /// Atomic ETH (COMPARE_SWAP, FETCH_ADD).
         const ATOMIC_ETH = 1 << 2;
+        /// ACK ETH (ACKNOWLEDGE, ATOMIC ACKNOWLEDGE, RDMA READ RESPONSE FIRST/LAST/ONLY).
         const AETH = 1 << 3;
+        /// Atomic ACK ETH (ATOMIC ACKNOWLEDGE).
         const ATOMIC_ACK_ETH = 1 << 4;
+        /// Immediate data (the "with immediate" LAST/ONLY opcodes).
         const IMM_DT = 1 << 5;
+        /// Invalidate ETH (SEND LAST/ONLY with invalidate).
         const IETH = 1 << 6;
         /// The 16 reserved octets of a RoCEv2 CNP (annex A17).
         const CNP_RESERVED = 1 << 7;
@@ -75,31 +82,57 @@ impl HeaderSet {
 pub struct Opcode(pub u8);
 
 impl Opcode {
+    /// RC SEND FIRST, `IBV_OPCODE_RC_SEND_FIRST`.
     pub const RC_SEND_FIRST: Opcode = Opcode(0x00);
+    /// RC SEND MIDDLE, `IBV_OPCODE_RC_SEND_MIDDLE`.
     pub const RC_SEND_MIDDLE: Opcode = Opcode(0x01);
+    /// RC SEND LAST, `IBV_OPCODE_RC_SEND_LAST`.
     pub const RC_SEND_LAST: Opcode = Opcode(0x02);
+    /// RC SEND LAST with immediate, `IBV_OPCODE_RC_SEND_LAST_WITH_IMMEDIATE`.
     pub const RC_SEND_LAST_WITH_IMMEDIATE: Opcode = Opcode(0x03);
+    /// RC SEND ONLY, `IBV_OPCODE_RC_SEND_ONLY`.
     pub const RC_SEND_ONLY: Opcode = Opcode(0x04);
+    /// RC SEND ONLY with immediate, `IBV_OPCODE_RC_SEND_ONLY_WITH_IMMEDIATE`.
     pub const RC_SEND_ONLY_WITH_IMMEDIATE: Opcode = Opcode(0x05);
+    /// RC RDMA WRITE FIRST, `IBV_OPCODE_RC_RDMA_WRITE_FIRST`.
     pub const RC_RDMA_WRITE_FIRST: Opcode = Opcode(0x06);
+    /// RC RDMA WRITE MIDDLE, `IBV_OPCODE_RC_RDMA_WRITE_MIDDLE`.
     pub const RC_RDMA_WRITE_MIDDLE: Opcode = Opcode(0x07);
+    /// RC RDMA WRITE LAST, `IBV_OPCODE_RC_RDMA_WRITE_LAST`.
     pub const RC_RDMA_WRITE_LAST: Opcode = Opcode(0x08);
+    /// RC RDMA WRITE LAST with immediate, `IBV_OPCODE_RC_RDMA_WRITE_LAST_WITH_IMMEDIATE`.
     pub const RC_RDMA_WRITE_LAST_WITH_IMMEDIATE: Opcode = Opcode(0x09);
+    /// RC RDMA WRITE ONLY, `IBV_OPCODE_RC_RDMA_WRITE_ONLY`.
     pub const RC_RDMA_WRITE_ONLY: Opcode = Opcode(0x0a);
+    /// RC RDMA WRITE ONLY with immediate, `IBV_OPCODE_RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE`.
     pub const RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE: Opcode = Opcode(0x0b);
+    /// RC RDMA READ REQUEST, `IBV_OPCODE_RC_RDMA_READ_REQUEST`.
     pub const RC_RDMA_READ_REQUEST: Opcode = Opcode(0x0c);
+    /// RC RDMA READ RESPONSE FIRST, `IBV_OPCODE_RC_RDMA_READ_RESPONSE_FIRST`.
     pub const RC_RDMA_READ_RESPONSE_FIRST: Opcode = Opcode(0x0d);
+    /// RC RDMA READ RESPONSE MIDDLE, `IBV_OPCODE_RC_RDMA_READ_RESPONSE_MIDDLE`.
     pub const RC_RDMA_READ_RESPONSE_MIDDLE: Opcode = Opcode(0x0e);
+    /// RC RDMA READ RESPONSE LAST, `IBV_OPCODE_RC_RDMA_READ_RESPONSE_LAST`.
     pub const RC_RDMA_READ_RESPONSE_LAST: Opcode = Opcode(0x0f);
+    /// RC RDMA READ RESPONSE ONLY, `IBV_OPCODE_RC_RDMA_READ_RESPONSE_ONLY`.
     pub const RC_RDMA_READ_RESPONSE_ONLY: Opcode = Opcode(0x10);
+    /// RC ACKNOWLEDGE, `IBV_OPCODE_RC_ACKNOWLEDGE`.
     pub const RC_ACKNOWLEDGE: Opcode = Opcode(0x11);
+    /// RC ATOMIC ACKNOWLEDGE, `IBV_OPCODE_RC_ATOMIC_ACKNOWLEDGE`.
     pub const RC_ATOMIC_ACKNOWLEDGE: Opcode = Opcode(0x12);
+    /// RC COMPARE_SWAP, `IBV_OPCODE_RC_COMPARE_SWAP`.
     pub const RC_COMPARE_SWAP: Opcode = Opcode(0x13);
+    /// RC FETCH_ADD, `IBV_OPCODE_RC_FETCH_ADD`.
     pub const RC_FETCH_ADD: Opcode = Opcode(0x14);
+    /// RC SEND LAST with invalidate, `IBV_OPCODE_RC_SEND_LAST_WITH_INVALIDATE`.
     pub const RC_SEND_LAST_WITH_INVALIDATE: Opcode = Opcode(0x16);
+    /// RC SEND ONLY with invalidate, `IBV_OPCODE_RC_SEND_ONLY_WITH_INVALIDATE`.
     pub const RC_SEND_ONLY_WITH_INVALIDATE: Opcode = Opcode(0x17);
+    /// UD SEND ONLY, `IBV_OPCODE_UD_SEND_ONLY`.
     pub const UD_SEND_ONLY: Opcode = Opcode(0x64);
+    /// UD SEND ONLY with immediate, `IBV_OPCODE_UD_SEND_ONLY_WITH_IMMEDIATE`.
     pub const UD_SEND_ONLY_WITH_IMMEDIATE: Opcode = Opcode(0x65);
+    /// RoCEv2 congestion notification packet (annex A17).
     pub const CNP: Opcode = Opcode(0x81);
 
     /// The table entry, `None` for opcodes softrdma does not implement (UC, RD, XRC,
@@ -169,23 +202,36 @@ pub enum Transport {
 /// What the packet does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
+    /// SEND: a message into the responder's receive queue.
     Send,
+    /// RDMA WRITE into a remote region.
     RdmaWrite,
+    /// RDMA READ REQUEST for a remote region.
     RdmaReadRequest,
+    /// RDMA READ RESPONSE carrying the data read.
     RdmaReadResponse,
+    /// ACKNOWLEDGE (an ACK or a NAK in the AETH syndrome).
     Acknowledge,
+    /// ATOMIC ACKNOWLEDGE carrying the original remote data.
     AtomicAcknowledge,
+    /// COMPARE_SWAP on an 8-octet remote operand.
     CompareSwap,
+    /// FETCH_ADD on an 8-octet remote operand.
     FetchAdd,
+    /// RoCEv2 congestion notification.
     Cnp,
 }
 
 /// The packet's place in its message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Position {
+    /// FIRST: the first packet of a multi-packet message.
     First,
+    /// MIDDLE: neither first nor last.
     Middle,
+    /// LAST: the last packet of a multi-packet message.
     Last,
+    /// ONLY: the whole message in one packet.
     Only,
 }
 
@@ -216,22 +262,32 @@ pub enum Reply {
 /// The message kinds that RC segments into several packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MessageKind {
+    /// SEND.
     Send,
+    /// SEND with immediate (ImmDt on the LAST/ONLY packet).
     SendWithImm,
+    /// SEND with invalidate (IETH on the LAST/ONLY packet).
     SendWithInv,
+    /// RDMA WRITE.
     RdmaWrite,
+    /// RDMA WRITE with immediate (ImmDt on the LAST/ONLY packet).
     RdmaWriteWithImm,
+    /// RDMA READ RESPONSE, segmented by the responder.
     RdmaReadResponse,
 }
 
 /// One row of the opcode table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpInfo {
+    /// The BTH OpCode value.
     pub opcode: Opcode,
     /// rdma-core's name without the `IBV_OPCODE_` prefix.
     pub name: &'static str,
+    /// The transport service.
     pub transport: Transport,
+    /// The operation.
     pub operation: Operation,
+    /// The packet's place in its message.
     pub position: Position,
     /// The extension headers after the BTH.
     pub headers: HeaderSet,

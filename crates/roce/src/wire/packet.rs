@@ -21,12 +21,19 @@ use super::{BufferTooSmall, ICRC_LEN, Truncated, need};
 /// The extension headers of one packet; which are present is fixed by the opcode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct ExtHeaders {
+    /// The DETH (UD opcodes).
     pub deth: Option<Deth>,
+    /// The RETH (RDMA WRITE FIRST/ONLY, RDMA READ REQUEST).
     pub reth: Option<Reth>,
+    /// The AtomicETH (COMPARE_SWAP, FETCH_ADD).
     pub atomic_eth: Option<AtomicEth>,
+    /// The AETH (ACKNOWLEDGE, ATOMIC ACKNOWLEDGE, RDMA READ RESPONSE FIRST/LAST/ONLY).
     pub aeth: Option<Aeth>,
+    /// The AtomicAckETH (ATOMIC ACKNOWLEDGE).
     pub atomic_ack_eth: Option<AtomicAckEth>,
+    /// The ImmDt ("with immediate" LAST/ONLY opcodes).
     pub imm_dt: Option<ImmDt>,
+    /// The IETH (SEND LAST/ONLY with invalidate).
     pub ieth: Option<Ieth>,
 }
 
@@ -48,7 +55,9 @@ impl ExtHeaders {
 /// One parsed (or to-be-emitted) RoCEv2 packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Packet<'a> {
+    /// The Base Transport Header.
     pub bth: Bth,
+    /// The extension headers the BTH opcode calls for.
     pub ext: ExtHeaders,
     /// The payload without the pad octets.
     pub payload: &'a [u8],
@@ -63,10 +72,16 @@ pub struct Packet<'a> {
 pub enum ParseError {
     /// Shorter than BTH + ICRC.
     #[error("{len} octets is shorter than a BTH and an ICRC (16)")]
-    TooShort { len: usize },
+    TooShort {
+        /// Octets of the UDP payload.
+        len: usize,
+    },
     /// The length is not a multiple of 4: headers, payload and pad always are (§9.2, PadCnt).
     #[error("packet length {len} is not a multiple of 4")]
-    Unaligned { len: usize },
+    Unaligned {
+        /// Octets of the UDP payload.
+        len: usize,
+    },
     /// TVer is not 0.
     #[error("transport version {0} (only 0 is defined)")]
     TransportVersion(u8),
@@ -75,29 +90,55 @@ pub enum ParseError {
     UnknownOpcode(u8),
     /// The extension headers the opcode calls for run into the ICRC.
     #[error("{opcode:?}: {source}")]
-    Truncated { opcode: Opcode, source: Truncated },
+    Truncated {
+        /// The BTH opcode.
+        opcode: Opcode,
+        /// The header that did not fit.
+        source: Truncated,
+    },
     /// Octets between the headers and the ICRC of an opcode that carries no payload.
     #[error("{opcode:?} carries no payload but has {len} octets after its headers")]
-    UnexpectedPayload { opcode: Opcode, len: usize },
+    UnexpectedPayload {
+        /// The BTH opcode.
+        opcode: Opcode,
+        /// Octets between the headers and the ICRC.
+        len: usize,
+    },
     /// The pad count exceeds the octets after the headers.
     #[error("pad count {pad} exceeds the {available} octets after the headers")]
-    PadCount { pad: u8, available: usize },
+    PadCount {
+        /// The BTH PadCnt.
+        pad: u8,
+        /// Octets between the headers and the ICRC.
+        available: usize,
+    },
 }
 
 /// Why a packet cannot be built or emitted (a local bug, never peer input).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum EmitError {
+    /// The BTH opcode is not in the opcode table.
     #[error("opcode {0:#04x} is not in the opcode table")]
     UnknownOpcode(u8),
     /// The extension headers given are not the opcode's.
     #[error("{opcode:?} needs headers {expected:?}, got {given:?}")]
     Headers {
+        /// The BTH opcode.
         opcode: Opcode,
+        /// The extension headers the opcode calls for.
         expected: HeaderSet,
+        /// The extension headers given.
         given: HeaderSet,
     },
+    /// A payload given for an opcode that carries none.
     #[error("{opcode:?} carries no payload, got {len} octets")]
-    UnexpectedPayload { opcode: Opcode, len: usize },
+    UnexpectedPayload {
+        /// The BTH opcode.
+        opcode: Opcode,
+        /// Octets of payload given.
+        len: usize,
+    },
+    /// The emit buffer is too small for the packet.
     #[error(transparent)]
     BufferTooSmall(#[from] BufferTooSmall),
 }

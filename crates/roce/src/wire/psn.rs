@@ -36,6 +36,7 @@ impl Psn {
         Psn(v & Self::MASK)
     }
 
+    /// The 24-bit PSN value.
     pub const fn value(self) -> u32 {
         self.0
     }

@@ -18,6 +18,7 @@ pub const fn pad_count(len: usize) -> u8 {
 /// One packet of a segmented message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Segment {
+    /// FIRST, MIDDLE, LAST or ONLY: picks the packet's opcode.
     pub position: Position,
     /// Offset of this packet's payload in the message.
     pub offset: u32,
@@ -91,13 +92,30 @@ impl ExactSizeIterator for Segments {}
 pub enum PayloadLenError {
     /// FIRST and MIDDLE packets carry exactly PMTU octets.
     #[error("{opcode:?} carries {len} octets, must be the path MTU {mtu}")]
-    NotFull { opcode: Opcode, len: usize, mtu: u32 },
+    NotFull {
+        /// The BTH opcode.
+        opcode: Opcode,
+        /// Payload octets of the packet.
+        len: usize,
+        /// The path MTU, in octets.
+        mtu: u32,
+    },
     /// A LAST packet carries at least one octet.
     #[error("{opcode:?} carries no payload")]
-    EmptyLast { opcode: Opcode },
+    EmptyLast {
+        /// The BTH opcode.
+        opcode: Opcode,
+    },
     /// More than PMTU octets.
     #[error("{opcode:?} carries {len} octets, more than the path MTU {mtu}")]
-    TooLong { opcode: Opcode, len: usize, mtu: u32 },
+    TooLong {
+        /// The BTH opcode.
+        opcode: Opcode,
+        /// Payload octets of the packet.
+        len: usize,
+        /// The path MTU, in octets.
+        mtu: u32,
+    },
 }
 
 /// The receiver's length check of one packet's payload against the path MTU (rxe's
