@@ -58,15 +58,23 @@ pub fn device() -> Device {
 /// What `modify_qp` gives both cores.
 #[derive(Debug, Clone, Copy)]
 pub struct PairConfig {
+    /// The path MTU of both sides.
     pub mtu: Mtu,
+    /// The local ACK timeout exponent (4.096 µs × 2^timeout, 0 = infinite).
     pub timeout: u8,
+    /// Transport retries, 0..=7.
     pub retry_cnt: u8,
+    /// RNR retries, 0..=7, 7 = infinite.
     pub rnr_retry: u8,
+    /// The RNR NAK timer code each side sends (IBTA table 45).
     pub min_rnr_timer: u8,
+    /// Reads/atomics outstanding at most, each way (ORD, and IRD at the peer).
     pub max_rd_atomic: u8,
     /// Start PSNs of the two directions (near 2^24 to cross the wrap).
     pub psn_ab: u32,
+    /// Start PSN of b's requests to a.
     pub psn_ba: u32,
+    /// The requesters' window: packets sent and not yet acknowledged at most.
     pub window: u32,
 }
 
@@ -88,13 +96,16 @@ impl Default for PairConfig {
 
 /// One core with what its application holds.
 pub struct Side {
+    /// The RC core.
     pub qp: RcQp,
+    /// The PD its memory regions are registered in.
     pub pd: ProtectionDomain,
     /// Completions polled so far.
     pub wcs: Vec<WorkCompletion>,
 }
 
 impl Side {
+    /// Registers a region of `len` octets with `access` in this side's PD.
     pub fn reg_mr(&self, len: usize, access: Access) -> MemoryRegion {
         self.pd.reg_mr(len, access).expect("a region on the in-memory device")
     }
@@ -109,10 +120,13 @@ impl Side {
 /// Faults of one direction of the link, as probabilities per packet.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Faults {
+    /// Probability a packet is dropped.
     pub drop: f64,
+    /// Probability a packet is delivered twice.
     pub duplicate: f64,
     /// A reordered packet is held back by up to `reorder_by`.
     pub reorder: f64,
+    /// How long a reordered packet is held back at most.
     pub reorder_by: Duration,
     /// Extra delay of every packet in this direction (e.g. ACKs held back).
     pub delay: Duration,
@@ -121,6 +135,7 @@ pub struct Faults {
 }
 
 impl Faults {
+    /// A lossy direction: `drop` drops, half as many duplicates, `drop` reorders by up to 40 µs.
     pub fn lossy(drop: f64) -> Faults {
         Faults {
             drop,
@@ -133,8 +148,9 @@ impl Faults {
     }
 }
 
-/// The one-way latency of the link and the time one packet takes on the wire.
+/// The one-way latency of the link.
 pub const LATENCY: Duration = Duration::from_micros(5);
+/// The time one packet takes on the wire (serialisation delay).
 pub const PER_PACKET: Duration = Duration::from_nanos(800);
 
 struct InFlight {
@@ -172,8 +188,11 @@ struct Wire {
 
 /// Two cores, `a` and `b`, and the link between them.
 pub struct Sim {
+    /// The simulated time.
     pub now: Instant,
+    /// Side a, QP [`QPN_A`].
     pub a: Side,
+    /// Side b, QP [`QPN_B`].
     pub b: Side,
     ab: Wire,
     ba: Wire,
@@ -182,8 +201,9 @@ pub struct Sim {
     buf: Vec<u8>,
 }
 
-/// The QP numbers of the two sides.
+/// QP number of side a.
 pub const QPN_A: u32 = 0x11;
+/// QP number of side b.
 pub const QPN_B: u32 = 0x12;
 
 fn side(pd: &ProtectionDomain, qpn: u32, peer: u32, sq_psn: u32, rq_psn: u32, c: &PairConfig) -> Side {
@@ -246,6 +266,7 @@ impl Sim {
         }
     }
 
+    /// Sets the faults of the a→b and b→a directions.
     pub fn set_faults(&mut self, a_to_b: Faults, b_to_a: Faults) {
         self.ab.faults = a_to_b;
         self.ba.faults = b_to_a;

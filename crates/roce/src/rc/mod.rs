@@ -92,6 +92,7 @@ pub struct RcConfig {
 }
 
 impl RcConfig {
+    /// The config of QP `qpn` in PD `pd`: a window of 256 packets, 4096 send and receive WRs, P_Key 0xffff, `sq_sig_all` off.
     pub fn new(qpn: u32, pd: u32, mem: Arc<MemTable>) -> RcConfig {
         RcConfig {
             qpn,
@@ -109,11 +110,13 @@ impl RcConfig {
 /// The `modify_qp` attributes the transport uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RcAttr {
+    /// The peer's QP number (24 bits; `dest_qp_num`, the BTH DestQP we send).
     pub dest_qpn: u32,
     /// First PSN expected from the peer (RTR).
     pub rq_psn: Psn,
     /// First PSN we send (RTS).
     pub sq_psn: Psn,
+    /// The path MTU: payload octets per packet of a multi-packet message.
     pub path_mtu: Mtu,
     /// Local ACK timeout exponent: 4.096 µs × 2^timeout, 0 = infinite.
     pub timeout: u8,
@@ -156,10 +159,13 @@ impl RcAttr {
 /// Errors of the local API (never peer input).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RcError {
+    /// The QP's state does not allow the call (the state, what was refused).
     #[error("the QP is in {0:?}: {1}")]
     State(QpState, &'static str),
+    /// The send or receive queue (named) already holds its maximum of WRs.
     #[error("the {0} queue is full")]
     QueueFull(&'static str),
+    /// A `modify_qp` attribute is out of range or not allowed in the transition (named).
     #[error("invalid attribute: {0}")]
     InvalidAttr(&'static str),
 }
@@ -167,19 +173,25 @@ pub enum RcError {
 /// Counters, for tests and `softrdma` statistics (names after rxe's `hw_counters`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RcStats {
+    /// Packets emitted by `poll_transmit` (requests and responses, first sends and retransmissions).
     pub packets_sent: u64,
     /// Request packets sent again (go-back after a NAK, timeout or implied NAK).
     pub retransmitted_packets: u64,
     /// Local ACK timeouts that fired.
     pub ack_timeouts: u64,
+    /// NAK PSN sequence error received (the requester goes back to the NAK's PSN).
     pub seq_naks_received: u64,
+    /// RNR NAKs received (the requester waits the RNR timer and retries).
     pub rnr_naks_received: u64,
+    /// Implied NAKs: an ACK or response for a later PSN covering a Read or atomic whose response never came (the requester retries from it).
     pub implied_naks: u64,
     /// ACKs/responses for PSNs never sent (ignored).
     pub ghost_responses: u64,
     /// Responses for PSNs already acknowledged (ignored).
     pub duplicate_responses: u64,
+    /// NAK PSN sequence error sent (a request ahead of ePSN).
     pub seq_naks_sent: u64,
+    /// RNR NAKs sent (a message that needs a receive WQE with none posted).
     pub rnr_naks_sent: u64,
     /// Requests with a PSN in the past window.
     pub duplicate_requests: u64,
@@ -303,18 +315,22 @@ impl RcQp {
         }
     }
 
+    /// Our QP number.
     pub fn qpn(&self) -> u32 {
         self.cfg.qpn
     }
 
+    /// The QP state (RESET, INIT, RTR, RTS, SQD, SQE or ERR).
     pub fn state(&self) -> QpState {
         self.state
     }
 
+    /// The attributes set by `modify`.
     pub fn attr(&self) -> &RcAttr {
         &self.attr
     }
 
+    /// The counters.
     pub fn stats(&self) -> &RcStats {
         &self.stats
     }

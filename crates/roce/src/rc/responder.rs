@@ -74,6 +74,7 @@ pub(crate) enum RespOut {
     Read(ReadJob),
 }
 
+/// The responder half of an RC QP: ePSN, MSN, the posted receive WQEs and the Read/atomic responder resources (IRD).
 pub struct Responder {
     pub(crate) epsn: Psn,
     pub(crate) msn: u32,
