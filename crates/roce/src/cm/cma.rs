@@ -77,16 +77,26 @@ pub fn parse_service_id(sid: u64) -> Option<(PortSpace, u16)> {
 /// Why an rdma_cm header was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CmaError {
+    /// The private data is shorter than the 36-octet rdma_cm header (the octets present).
     #[error("rdma_cm header needs 36 octets, private data has {0}")]
     Short(usize),
+    /// The header's cma_version is not 0 (the version given).
     #[error("rdma_cm header version {0}, expected 0")]
     Version(u8),
+    /// The header's ip_version is not 4 or 6 (the version given).
     #[error("rdma_cm header IP version {0}, expected 4 or 6")]
     IpVersion(u8),
+    /// Source and destination addresses are of different IP versions.
     #[error("source and destination are not the same IP version")]
     Mixed,
+    /// The application private data does not fit after the rdma_cm header in a REQ.
     #[error("application private data of {len} octets, a REQ has room for {max} after the rdma_cm header")]
-    TooLong { len: usize, max: usize },
+    TooLong {
+        /// Octets of application private data given.
+        len: usize,
+        /// Octets a REQ has room for after the header (56).
+        max: usize,
+    },
 }
 
 /// The rdma_cm header (`struct cma_hdr`).

@@ -55,6 +55,7 @@ pub struct CmConfig {
     pub ca_guid: u64,
     /// Our port GID (RoCEv2: the IPv4-mapped or IPv6 address the device is bound to).
     pub local_gid: Gid,
+    /// The P_Key sent in REQs (0xffff, the default partition).
     pub pkey: u16,
     /// The CM response timeout we announce and assume of peers (rdma_cm: 20, ≈ 4.3 s).
     pub cm_response_timeout: u8,
@@ -97,6 +98,7 @@ pub struct CmId(pub u32);
 pub struct ConnectParams {
     /// The peer's port GID (REQ primary remote GID, and where the MAD goes).
     pub remote_gid: Gid,
+    /// The ServiceID the REQ is for (rdma_cm: port space and port).
     pub service_id: u64,
     /// Our RC QP.
     pub qpn: u32,
@@ -106,6 +108,7 @@ pub struct ConnectParams {
     pub responder_resources: u8,
     /// RDMA Reads/atomics we issue at once (our max_rd_atomic).
     pub initiator_depth: u8,
+    /// The path MTU for both QPs (the REQ's 4-bit Path MTU).
     pub path_mtu: Mtu,
     /// Transport retries (3 bits) for both QPs.
     pub retry_count: u8,
@@ -113,9 +116,13 @@ pub struct ConnectParams {
     pub rnr_retry_count: u8,
     /// Local ACK timeout code for both QPs (5 bits).
     pub local_ack_timeout: u8,
+    /// Hop Limit of the primary path (the IP TTL on RoCEv2).
     pub hop_limit: u8,
+    /// Traffic Class of the primary path (the IP DSCP/ECN octet on RoCEv2).
     pub traffic_class: u8,
+    /// Flow Label of the primary path (20 bits).
     pub flow_label: u32,
+    /// Our QP takes receive WQEs from a shared receive queue (the REQ's SRQ bit).
     pub srq: bool,
     /// Up to 92 octets (for an rdma_cm peer: [`CmaHdr::req_private_data`]).
     pub private_data: Vec<u8>,
@@ -157,6 +164,7 @@ impl ConnectParams {
 /// What [`Cm::accept`] answers with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AcceptParams {
+    /// Our RC QP (24 bits; the REP's Local QPN).
     pub qpn: u32,
     /// The PSN our QP expects to receive first.
     pub starting_psn: u32,
@@ -168,6 +176,7 @@ pub struct AcceptParams {
     pub rnr_retry_count: u8,
     /// 5 bits.
     pub target_ack_delay: u8,
+    /// Our QP takes receive WQEs from a shared receive queue (the REP's SRQ bit).
     pub srq: bool,
     /// Our QP's minimum RNR NAK timer code (local, not on the wire).
     pub min_rnr_timer: u8,
@@ -178,18 +187,24 @@ pub struct AcceptParams {
 /// Everything the provider needs to move its QP INIT → RTR → RTS for this connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpParams {
+    /// The INIT → RTR attributes (remote QPN, receive PSN, path MTU, responder resources, RNR timer).
     pub rtr: RtrAttr,
+    /// The RTR → RTS attributes (send PSN, ACK timeout, retries, initiator depth).
     pub rts: RtsAttr,
+    /// Our port GID, the source of the QP's path.
     pub local_gid: Gid,
+    /// The connection's P_Key.
     pub pkey: u16,
 }
 
 /// A REQ delivered to a listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnectRequest {
+    /// The passive side's ID for the connection.
     pub id: CmId,
     /// Where the REQ came from (the address answers go to).
     pub from: Gid,
+    /// The ServiceID the REQ is for.
     pub service_id: u64,
     /// The REQ as received (remote QPN, PSN, MTU, path, private data, …).
     pub req: Req,
@@ -205,37 +220,81 @@ pub enum CmEvent {
     ConnectRequest(Box<ConnectRequest>),
     /// Active: the REP arrived. Move the QP to RTR and RTS with `qp`, then call [`Cm::rtu`]
     /// (or [`Cm::reject`]).
-    ConnectReply { id: CmId, rep: Box<Rep>, qp: QpParams },
+    ConnectReply {
+        /// The connection.
+        id: CmId,
+        /// The REP as received.
+        rep: Box<Rep>,
+        /// The QP attributes the REQ and REP agree on.
+        qp: QpParams,
+    },
     /// Both sides: the connection is up (active: RTU sent; passive: RTU or first data).
-    Established { id: CmId, qp: QpParams },
+    Established {
+        /// The connection.
+        id: CmId,
+        /// The QP attributes the REQ and REP agree on.
+        qp: QpParams,
+    },
     /// The peer rejected our REQ or REP, or gave up on a connection (a REJ after our RTU:
     /// the connection is in time-wait then; the QP should go to ERR).
     Rejected {
+        /// The connection.
         id: CmId,
+        /// The REJ's reason.
         reason: RejReason,
+        /// The REJ's additional reject information.
         ari: Vec<u8>,
+        /// The REJ's private data.
         private_data: Vec<u8>,
     },
     /// A REQ or REP got no answer after all retries (a REJ "timeout" was sent).
-    TimedOut { id: CmId },
+    TimedOut {
+        /// The connection.
+        id: CmId,
+    },
     /// The connection is down: the peer's DREQ (with its private data), the DREP to ours, or
     /// our DREQ timed out (`private_data` empty). The QP should go to ERR.
-    Disconnected { id: CmId, private_data: Vec<u8> },
+    Disconnected {
+        /// The connection.
+        id: CmId,
+        /// The DREQ's or DREP's private data (empty on a timeout).
+        private_data: Vec<u8>,
+    },
     /// The time-wait is over; the ID is forgotten.
-    TimeWaitExit { id: CmId },
+    TimeWaitExit {
+        /// The connection.
+        id: CmId,
+    },
 }
 
 /// Application command errors.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CmError {
+    /// No connection has this ID (never existed, or forgotten after time-wait).
     #[error("no connection {0:?}")]
     UnknownId(CmId),
+    /// The connection's state does not allow the command.
     #[error("connection {id:?} is in state {state:?}, which does not allow this")]
-    State { id: CmId, state: State },
+    State {
+        /// The connection.
+        id: CmId,
+        /// Its state.
+        state: State,
+    },
+    /// Private data or ARI longer than the message holds.
     #[error("{what} of {len} octets, the message holds {max}")]
-    TooLong { what: &'static str, len: usize, max: usize },
+    TooLong {
+        /// The field ("REP private data", ...).
+        what: &'static str,
+        /// Octets given.
+        len: usize,
+        /// Octets the field holds.
+        max: usize,
+    },
+    /// Another listener has this ServiceID.
     #[error("service ID {0:#018x} already has a listener")]
     AlreadyListening(u64),
+    /// A value does not fit its MAD field.
     #[error("field out of range: {0}")]
     Mad(#[from] MadError),
 }
@@ -243,16 +302,27 @@ pub enum CmError {
 /// Connection states (IBTA §12.9.6, Linux `enum ib_cm_state` names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum State {
+    /// Active: REQ sent, waiting for the REP.
     ReqSent,
+    /// Active: the peer MRAed our REQ, waiting longer for the REP.
     MraReqRcvd,
+    /// Passive: REQ received, the application has not answered.
     ReqRcvd,
+    /// Passive: we MRAed the REQ.
     MraReqSent,
+    /// Passive: REP sent, waiting for the RTU.
     RepSent,
+    /// Passive: the peer MRAed our REP, waiting longer for the RTU.
     MraRepRcvd,
+    /// Active: REP received, the RTU not yet sent.
     RepRcvd,
+    /// Active: we MRAed the REP.
     MraRepSent,
+    /// The connection is up.
     Established,
+    /// DREQ sent, waiting for the DREP.
     DreqSent,
+    /// Disconnected; the ID and QP are held until the time-wait ends.
     TimeWait,
 }
 
@@ -323,6 +393,7 @@ fn check_len(what: &'static str, v: &[u8], max: usize) -> Result<(), CmError> {
 }
 
 impl Cm {
+    /// The CM of a port with `cfg`, no listeners and no connections.
     pub fn new(cfg: CmConfig) -> Cm {
         let mut rng = StdRng::seed_from_u64(cfg.seed);
         let tid_hi = rng.random();
@@ -341,10 +412,12 @@ impl Cm {
         }
     }
 
+    /// The settings it was created with.
     pub fn config(&self) -> &CmConfig {
         &self.cfg
     }
 
+    /// The counters.
     pub fn stats(&self) -> CmStats {
         self.stats
     }
@@ -366,6 +439,7 @@ impl Cm {
         self.tx.pop_front()
     }
 
+    /// The next event for the application or the provider, in order.
     pub fn poll_event(&mut self) -> Option<CmEvent> {
         self.events.pop_front()
     }

@@ -64,38 +64,70 @@ pub const SIDR_REP_INFO: usize = 72;
 /// Why a MAD could not be parsed or emitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MadError {
+    /// The MAD is not 256 octets (the length given).
     #[error("MAD is {0} octets, a CM MAD is 256")]
     Length(usize),
+    /// The MAD BaseVersion is not 1 (the version given).
     #[error("MAD base version {0}, expected 1")]
     BaseVersion(u8),
+    /// The MgmtClass is not the CM's, 0x07 (the class given).
     #[error("management class {0:#04x} is not the CM (0x07)")]
     NotCm(u8),
+    /// The CM ClassVersion is not 2 (the version given).
     #[error("CM class version {0}, expected 2")]
     ClassVersion(u8),
+    /// The Method is not Send, 0x03 (the method given).
     #[error("CM method {0:#04x}, CM messages use Send (0x03)")]
     Method(u8),
+    /// The AttributeID is not a message this CM parses (the ID given).
     #[error("CM attribute {0:#06x} is not one this CM handles")]
     Attribute(u16),
+    /// A variable-length field (private data, ARI, additional information) is longer than its room in the message.
     #[error("{what}: {len} octets, the field holds {max}")]
-    TooLong { what: &'static str, len: usize, max: usize },
+    TooLong {
+        /// The field ("REQ private data", ...).
+        what: &'static str,
+        /// Octets given.
+        len: usize,
+        /// Octets the field holds.
+        max: usize,
+    },
+    /// A value does not fit the bit width of its field.
     #[error("{what} value {value:#x} does not fit its field")]
-    Range { what: &'static str, value: u64 },
+    Range {
+        /// The field.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+    },
 }
 
 /// The CM attribute IDs (C1.2, IBTA table 103).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttrId {
+    /// ClassPortInfo, 0x0001.
     ClassPortInfo,
+    /// ConnectRequest (REQ), 0x0010.
     Req,
+    /// MsgRcptAck (MRA), 0x0011.
     Mra,
+    /// ConnectReject (REJ), 0x0012.
     Rej,
+    /// ConnectReply (REP), 0x0013.
     Rep,
+    /// ReadyToUse (RTU), 0x0014.
     Rtu,
+    /// DisconnectRequest (DREQ), 0x0015.
     Dreq,
+    /// DisconnectReply (DREP), 0x0016.
     Drep,
+    /// ServiceIDResReq (SIDR_REQ), 0x0017.
     SidrReq,
+    /// ServiceIDResReqResp (SIDR_REP), 0x0018.
     SidrRep,
+    /// LoadAlternatePath (LAP), 0x0019.
     Lap,
+    /// AlternatePathResponse (APR), 0x001a.
     Apr,
     /// Any other value, kept.
     Unknown(u16),
@@ -144,11 +176,14 @@ impl From<AttrId> for u16 {
 /// The common MAD header (C1.1). `AttributeID` is implied by the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MadHeader {
+    /// Status: 0 on every message this CM sends.
     pub status: u16,
+    /// ClassSpecific: 0 for the CM.
     pub class_specific: u16,
     /// Transaction ID: a response (REP, RTU, REJ, MRA, DREP) echoes the TID of the message it
     /// answers, as Linux's CM does (lab README, "RoCEv2 from the host").
     pub tid: u64,
+    /// AttributeModifier: 0 for the CM messages handled here.
     pub attr_mod: u32,
 }
 
@@ -167,8 +202,11 @@ impl MadHeader {
 /// Which message a REJ rejects or an MRA acknowledges (2 bits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MsgType {
+    /// 0: the REQ.
     Req,
+    /// 1: the REP.
     Rep,
+    /// 2: another message (an RTU, LAP, ...).
     Other,
     /// The reserved value 3, kept.
     Reserved,
@@ -196,44 +234,71 @@ impl MsgType {
 /// REJ reasons (C1.6, IBTA table 109; Linux `enum ib_cm_rej_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RejReason {
+    /// 1: no QP available.
     NoQp,
+    /// 2: no EEC available.
     NoEec,
+    /// 3: no resources available.
     NoResources,
     /// 4: the sender timed out waiting for a response; ARI = its CA GUID.
     Timeout,
+    /// 5: unsupported request.
     Unsupported,
+    /// 6: invalid communication ID.
     InvalidCommId,
+    /// 7: invalid communication instance.
     InvalidCommInstance,
     /// 8: nobody listens on the REQ's service ID.
     InvalidServiceId,
+    /// 9: invalid transport service type.
     InvalidTransportType,
     /// 10: the (CA GUID, QPN) of the REQ belongs to a live connection.
     StaleConn,
+    /// 11: the RD channel does not exist.
     RdcNotExist,
     /// 12: the REQ's remote port GID is not ours; ARI = a GID of ours.
     InvalidGid,
+    /// 13: invalid primary LID.
     InvalidLid,
+    /// 14: invalid primary SL.
     InvalidSl,
+    /// 15: invalid primary traffic class.
     InvalidTrafficClass,
+    /// 16: invalid primary hop limit.
     InvalidHopLimit,
+    /// 17: invalid primary packet rate.
     InvalidPacketRate,
+    /// 18: invalid alternate GID.
     InvalidAltGid,
+    /// 19: invalid alternate LID.
     InvalidAltLid,
+    /// 20: invalid alternate SL.
     InvalidAltSl,
+    /// 21: invalid alternate traffic class.
     InvalidAltTrafficClass,
+    /// 22: invalid alternate hop limit.
     InvalidAltHopLimit,
+    /// 23: invalid alternate packet rate.
     InvalidAltPacketRate,
+    /// 24: port CM redirect; ARI = the ClassPortInfo to use.
     PortCmRedirect,
+    /// 25: port redirect.
     PortRedirect,
     /// 26
     InvalidMtu,
+    /// 27: the responder resources asked for are more than the receiver has.
     InsufficientRespResources,
     /// 28: the application refused; private data says why.
     ConsumerDefined,
+    /// 29: invalid RNR retry count.
     InvalidRnrRetry,
+    /// 30: the REQ's local communication ID is already in use by its sender.
     DuplicateLocalCommId,
+    /// 31: unsupported CM class version.
     InvalidClassVersion,
+    /// 32: invalid primary flow label.
     InvalidFlowLabel,
+    /// 33: invalid alternate flow label.
     InvalidAltFlowLabel,
     /// Linux `IB_CM_REJ_VENDOR_OPTION_NOT_SUPPORTED` (35).
     VendorOptionNotSupported,
@@ -305,7 +370,9 @@ impl fmt::Display for RejReason {
 /// A path as the REQ carries it (primary at octet 52, alternate at octet 96).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Path {
+    /// Local Port LID (0xffff, the permissive LID, on RoCE).
     pub local_lid: u16,
+    /// Remote Port LID (0xffff, the permissive LID, on RoCE).
     pub remote_lid: u16,
     /// The REQ sender's port GID.
     pub local_gid: Gid,
@@ -315,10 +382,13 @@ pub struct Path {
     pub flow_label: u32,
     /// 6 bits.
     pub packet_rate: u8,
+    /// Traffic Class of the GRH (the IP DSCP/ECN octet on RoCEv2).
     pub traffic_class: u8,
+    /// Hop Limit of the GRH (the IP TTL on RoCEv2).
     pub hop_limit: u8,
     /// 4 bits.
     pub sl: u8,
+    /// SubnetLocal: the path stays in the local subnet (no GRH needed on IB).
     pub subnet_local: bool,
     /// 5 bits: 4.096 µs × 2^t.
     pub local_ack_timeout: u8,
@@ -327,15 +397,21 @@ pub struct Path {
 /// Connection request (IBTA table 106).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Req {
+    /// Local Communication ID: the REQ sender's ID for this connection.
     pub local_comm_id: u32,
+    /// ServiceID the REQ is for (rdma_cm: port space and port, see `cma`).
     pub service_id: u64,
+    /// Local CA GUID of the REQ sender.
     pub local_ca_guid: u64,
+    /// Local Q_Key (UD and RD only; 0 for RC).
     pub local_qkey: u32,
     /// 24 bits.
     pub local_qpn: u32,
+    /// Responder Resources: RDMA Reads and atomics the sender accepts outstanding (its IRD).
     pub responder_resources: u8,
     /// 24 bits.
     pub local_eecn: u32,
+    /// Initiator Depth: RDMA Reads and atomics the sender keeps outstanding (its ORD).
     pub initiator_depth: u8,
     /// 24 bits.
     pub remote_eecn: u32,
@@ -343,6 +419,7 @@ pub struct Req {
     pub remote_cm_response_timeout: u8,
     /// 2 bits: 0 RC, 1 UC, 2 RD.
     pub transport_service_type: u8,
+    /// End-to-End Flow Control: the sender generates AETH credits.
     pub end_to_end_flow_control: bool,
     /// 24 bits. In Linux's CM (and so with rdma_cm peers) this is the PSN the REQ sender
     /// expects to receive, i.e. the receiver's send PSN (lab README, "PSN direction").
@@ -351,20 +428,25 @@ pub struct Req {
     pub local_cm_response_timeout: u8,
     /// 3 bits.
     pub retry_count: u8,
+    /// Partition Key of the connection.
     pub pkey: u16,
     /// 4 bits, the `ibv_mtu` code (1 = 256 … 5 = 4096); see [`Req::mtu`].
     pub path_mtu: u8,
+    /// RDC Exists (RD only).
     pub rdc_exists: bool,
     /// 3 bits.
     pub rnr_retry_count: u8,
     /// 4 bits.
     pub max_cm_retries: u8,
+    /// SRQ: the sender's QP takes receive WQEs from a shared receive queue.
     pub srq: bool,
     /// 3 bits.
     pub extended_transport_type: u8,
+    /// The primary path (octets 52..96).
     pub primary_path: Path,
     /// All zero: no alternate path.
     pub alternate_path: Path,
+    /// SAP Supported: the sender supports the alternate path (LAP/APR).
     pub sap_supported: bool,
     /// Up to 92 octets; a parsed REQ has all 92.
     pub private_data: Vec<u8>,
@@ -392,31 +474,43 @@ pub fn mtu_from_code(c: u8) -> Option<Mtu> {
 /// Message receipt acknowledgement (IBTA table 107).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mra {
+    /// Local Communication ID of the MRA sender.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the peer's ID (0 when the REQ is MRAed).
     pub remote_comm_id: u32,
+    /// Message MRAed: which message this acknowledges (REQ, REP or other).
     pub message_mraed: MsgType,
     /// 5 bits: the extra time the sender needs (4.096 µs × 2^t).
     pub service_timeout: u8,
+    /// Up to 222 octets (`MRA_PDATA`).
     pub private_data: Vec<u8>,
 }
 
 /// Reject (IBTA table 108).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rej {
+    /// Local Communication ID of the REJ sender.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the peer's ID (0 when the REQ is rejected before it was known).
     pub remote_comm_id: u32,
+    /// Message Rejected: which message this rejects (REQ, REP or other).
     pub message_rejected: MsgType,
+    /// Reason: the 16-bit reject code.
     pub reason: RejReason,
     /// Additional reject information; its length is the 7-bit "Reject Info Length" (≤ 72).
     pub ari: Vec<u8>,
+    /// Up to 148 octets (`REJ_PDATA`).
     pub private_data: Vec<u8>,
 }
 
 /// Connection reply (IBTA table 110).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rep {
+    /// Local Communication ID of the REP sender.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the REQ's Local Communication ID.
     pub remote_comm_id: u32,
+    /// Local Q_Key (UD and RD only; 0 for RC).
     pub local_qkey: u32,
     /// 24 bits.
     pub local_qpn: u32,
@@ -424,81 +518,113 @@ pub struct Rep {
     pub local_eecn: u32,
     /// 24 bits: the PSN the REP sender expects to receive (the REQ sender's send PSN).
     pub starting_psn: u32,
+    /// Responder Resources: RDMA Reads and atomics the REP sender accepts outstanding (its IRD).
     pub responder_resources: u8,
+    /// Initiator Depth: RDMA Reads and atomics the REP sender keeps outstanding (its ORD).
     pub initiator_depth: u8,
     /// 5 bits.
     pub target_ack_delay: u8,
     /// 2 bits.
     pub failover_accepted: u8,
+    /// End-to-End Flow Control: the sender generates AETH credits.
     pub end_to_end_flow_control: bool,
     /// 3 bits.
     pub rnr_retry_count: u8,
+    /// SRQ: the sender's QP takes receive WQEs from a shared receive queue.
     pub srq: bool,
+    /// Local CA GUID of the REP sender.
     pub local_ca_guid: u64,
+    /// Up to 196 octets (`REP_PDATA`).
     pub private_data: Vec<u8>,
 }
 
 /// Ready to use (IBTA table 111).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rtu {
+    /// Local Communication ID of the RTU sender.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the REP sender's ID.
     pub remote_comm_id: u32,
+    /// Up to 224 octets (`RTU_PDATA`).
     pub private_data: Vec<u8>,
 }
 
 /// Disconnect request (IBTA table 112).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dreq {
+    /// Local Communication ID of the DREQ sender.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the receiver's ID.
     pub remote_comm_id: u32,
     /// 24 bits: the receiver's QPN (Linux drops a DREQ whose QPN is not its own).
     pub remote_qpn: u32,
+    /// Up to 220 octets (`DREQ_PDATA`).
     pub private_data: Vec<u8>,
 }
 
 /// Disconnect reply (IBTA table 113).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Drep {
+    /// Local Communication ID of the DREP sender.
     pub local_comm_id: u32,
+    /// Remote Communication ID: the DREQ sender's ID.
     pub remote_comm_id: u32,
+    /// Up to 224 octets (`DREP_PDATA`).
     pub private_data: Vec<u8>,
 }
 
 /// Service ID resolution request (IBTA table 119), for UD.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidrReq {
+    /// Request ID: the SIDR_REP echoes it.
     pub request_id: u32,
+    /// Partition Key the resolved UD QP is to use.
     pub pkey: u16,
+    /// ServiceID to resolve.
     pub service_id: u64,
+    /// Up to 216 octets (`SIDR_REQ_PDATA`).
     pub private_data: Vec<u8>,
 }
 
 /// Service ID resolution reply (IBTA table 120), for UD.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidrRep {
+    /// Request ID of the SIDR_REQ answered.
     pub request_id: u32,
     /// 0 valid, 1 service ID not supported, 2 rejected, 3 no QP, 4 redirect, 5 class version.
     pub status: u8,
     /// 24 bits.
     pub qpn: u32,
+    /// ServiceID resolved.
     pub service_id: u64,
+    /// Q_Key of the UD QP.
     pub qkey: u32,
     /// Additional information, length in octet 5 (≤ 72).
     pub additional_info: Vec<u8>,
+    /// Up to 136 octets (`SIDR_REP_PDATA`).
     pub private_data: Vec<u8>,
 }
 
 /// A CM message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmMsg {
+    /// REQ.
     Req(Req),
+    /// MRA.
     Mra(Mra),
+    /// REJ.
     Rej(Rej),
+    /// REP.
     Rep(Rep),
+    /// RTU.
     Rtu(Rtu),
+    /// DREQ.
     Dreq(Dreq),
+    /// DREP.
     Drep(Drep),
+    /// SIDR_REQ.
     SidrReq(SidrReq),
+    /// SIDR_REP.
     SidrRep(SidrRep),
 }
 
@@ -522,7 +648,9 @@ impl CmMsg {
 /// A whole CM MAD: header and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mad {
+    /// The common MAD header.
     pub hdr: MadHeader,
+    /// The CM message (its AttributeID is [`CmMsg::attr_id`]).
     pub msg: CmMsg,
 }
 
