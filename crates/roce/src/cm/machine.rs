@@ -55,7 +55,7 @@ pub struct CmConfig {
     pub ca_guid: u64,
     /// Our port GID (RoCEv2: the IPv4-mapped or IPv6 address the device is bound to).
     pub local_gid: Gid,
-    /// The P_Key sent in REQs (0xffff, the default partition).
+    /// The P_Key our REQs carry (0xffff by default).
     pub pkey: u16,
     /// The CM response timeout we announce and assume of peers (rdma_cm: 20, ≈ 4.3 s).
     pub cm_response_timeout: u8,
@@ -187,9 +187,9 @@ pub struct AcceptParams {
 /// Everything the provider needs to move its QP INIT → RTR → RTS for this connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpParams {
-    /// The INIT → RTR attributes (remote QPN, receive PSN, path MTU, responder resources, RNR timer).
+    /// The INIT → RTR attributes (path, path MTU, remote QPN, receive PSN, responder resources, RNR timer).
     pub rtr: RtrAttr,
-    /// The RTR → RTS attributes (send PSN, ACK timeout, retries, initiator depth).
+    /// The RTR → RTS attributes (send PSN, ACK timeout, retries, RNR retries, initiator depth).
     pub rts: RtsAttr,
     /// Our port GID, the source of the QP's path.
     pub local_gid: Gid,

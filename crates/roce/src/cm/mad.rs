@@ -176,14 +176,14 @@ impl From<AttrId> for u16 {
 /// The common MAD header (C1.1). `AttributeID` is implied by the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MadHeader {
-    /// Status: 0 on every message this CM sends.
+    /// Status: 0 in the MADs this CM sends.
     pub status: u16,
-    /// ClassSpecific: 0 for the CM.
+    /// ClassSpecific: 0 in the MADs this CM sends.
     pub class_specific: u16,
     /// Transaction ID: a response (REP, RTU, REJ, MRA, DREP) echoes the TID of the message it
     /// answers, as Linux's CM does (lab README, "RoCEv2 from the host").
     pub tid: u64,
-    /// AttributeModifier: 0 for the CM messages handled here.
+    /// AttributeModifier: 0 in the MADs this CM sends.
     pub attr_mod: u32,
 }
 
@@ -280,19 +280,19 @@ pub enum RejReason {
     InvalidAltHopLimit,
     /// 23: invalid alternate packet rate.
     InvalidAltPacketRate,
-    /// 24: port CM redirect; ARI = the ClassPortInfo to use.
+    /// 24: port CM redirect.
     PortCmRedirect,
     /// 25: port redirect.
     PortRedirect,
     /// 26
     InvalidMtu,
-    /// 27: the responder resources asked for are more than the receiver has.
+    /// 27: insufficient responder resources.
     InsufficientRespResources,
     /// 28: the application refused; private data says why.
     ConsumerDefined,
     /// 29: invalid RNR retry count.
     InvalidRnrRetry,
-    /// 30: the REQ's local communication ID is already in use by its sender.
+    /// 30: duplicate local communication ID.
     DuplicateLocalCommId,
     /// 31: unsupported CM class version.
     InvalidClassVersion,
@@ -403,7 +403,7 @@ pub struct Req {
     pub service_id: u64,
     /// Local CA GUID of the REQ sender.
     pub local_ca_guid: u64,
-    /// Local Q_Key (UD and RD only; 0 for RC).
+    /// Local Q_Key (not used by RC).
     pub local_qkey: u32,
     /// 24 bits.
     pub local_qpn: u32,
@@ -419,7 +419,7 @@ pub struct Req {
     pub remote_cm_response_timeout: u8,
     /// 2 bits: 0 RC, 1 UC, 2 RD.
     pub transport_service_type: u8,
-    /// End-to-End Flow Control: the sender generates AETH credits.
+    /// End-to-End Flow Control: the sender's CA implements it (else its ACKs carry invalid credits).
     pub end_to_end_flow_control: bool,
     /// 24 bits. In Linux's CM (and so with rdma_cm peers) this is the PSN the REQ sender
     /// expects to receive, i.e. the receiver's send PSN (lab README, "PSN direction").
@@ -476,7 +476,7 @@ pub fn mtu_from_code(c: u8) -> Option<Mtu> {
 pub struct Mra {
     /// Local Communication ID of the MRA sender.
     pub local_comm_id: u32,
-    /// Remote Communication ID: the peer's ID (0 when the REQ is MRAed).
+    /// Remote Communication ID: the peer's ID for the connection.
     pub remote_comm_id: u32,
     /// Message MRAed: which message this acknowledges (REQ, REP or other).
     pub message_mraed: MsgType,
@@ -491,7 +491,7 @@ pub struct Mra {
 pub struct Rej {
     /// Local Communication ID of the REJ sender.
     pub local_comm_id: u32,
-    /// Remote Communication ID: the peer's ID (0 when the REQ is rejected before it was known).
+    /// Remote Communication ID: the peer's ID for the connection.
     pub remote_comm_id: u32,
     /// Message Rejected: which message this rejects (REQ, REP or other).
     pub message_rejected: MsgType,
@@ -510,7 +510,7 @@ pub struct Rep {
     pub local_comm_id: u32,
     /// Remote Communication ID: the REQ's Local Communication ID.
     pub remote_comm_id: u32,
-    /// Local Q_Key (UD and RD only; 0 for RC).
+    /// Local Q_Key (not used by RC).
     pub local_qkey: u32,
     /// 24 bits.
     pub local_qpn: u32,
@@ -526,7 +526,7 @@ pub struct Rep {
     pub target_ack_delay: u8,
     /// 2 bits.
     pub failover_accepted: u8,
-    /// End-to-End Flow Control: the sender generates AETH credits.
+    /// End-to-End Flow Control: the sender's CA implements it (else its ACKs carry invalid credits).
     pub end_to_end_flow_control: bool,
     /// 3 bits.
     pub rnr_retry_count: u8,
@@ -578,7 +578,7 @@ pub struct Drep {
 pub struct SidrReq {
     /// Request ID: the SIDR_REP echoes it.
     pub request_id: u32,
-    /// Partition Key the resolved UD QP is to use.
+    /// Partition Key of the request.
     pub pkey: u16,
     /// ServiceID to resolve.
     pub service_id: u64,
