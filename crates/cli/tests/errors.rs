@@ -129,6 +129,17 @@ fn bench_qps_beyond_the_completion_queue_is_a_user_level_message() {
     assert!(!l.contains("cqe"), "{l}");
 }
 
+/// perftest's `-d` picks a device by name from the registry; an unknown name lists the devices
+/// this build offers, as `softrdma devices` does.
+#[test]
+fn perftest_device_by_name_unknown_names_the_available_ones() {
+    let l = error_line(&["perftest", "write_bw", "-d", "mlx5_0"], 1, QUICK);
+    assert!(
+        l.contains("no RDMA device \"mlx5_0\"") && l.contains("siw_soft0"),
+        "{l}"
+    );
+}
+
 /// A server that accepts the TCP connection and never answers: the wait is bounded by
 /// `--timeout`, and the message says what was waited for.
 #[test]

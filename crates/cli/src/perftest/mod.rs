@@ -160,7 +160,7 @@ pub struct Args {
     /// Number of QPs (only 1 is implemented).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
-    /// Device name (accepted for perftest's command line; softrdma has one iWARP device).
+    /// Device to use, by name as `softrdma devices` lists it (default: the first).
     #[arg(short = 'd', long = "ib-dev")]
     pub ib_dev: Option<String>,
     /// Report with the CPU's nominal frequency (accepted and ignored: softrdma uses the monotonic clock).
@@ -258,7 +258,7 @@ impl Params {
 /// Runs `softrdma perftest`.
 pub fn run(args: Args) -> Result<()> {
     let p = Params::new(&args)?;
-    let dev = crate::providers::open(None, &crate::providers::crc(args.crc == "on"))?;
+    let dev = crate::providers::open(args.ib_dev.as_deref(), &crate::providers::crc(args.crc == "on"))?;
     let out = match &args.server {
         Some(host) => {
             let addr = resolve(host, args.port)?;
