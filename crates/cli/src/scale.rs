@@ -22,8 +22,8 @@ use crate::procstat;
 use anyhow::{Context, Result, anyhow, bail};
 use std::io::{IsTerminal, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use verbs::*;
 
@@ -161,14 +161,47 @@ fn per_conn(before: Option<u64>, after: Option<u64>, n: u32, unit: f64) -> Optio
     Some((after? as f64 - before? as f64) / n as f64 / unit)
 }
 
-/// Fills `k`'s cost figures from the snapshots around the connects.
-fn cost(s0: &Snapshot, s1: &Snapshot, n: u32) -> (Option<f64>, Option<f64>, Option<f64>, Option<i64>) {
-    (
-        per_conn(s0.rss, s1.rss, n, 1024.0),
-        per_conn(s0.tcp_mem, s1.tcp_mem, n, 1024.0),
-        per_conn(s0.fds, s1.fds, n, 1.0),
-        s0.threads.zip(s1.threads).map(|(a, b)| b as i64 - a as i64),
-    )
+impl Kind {
+    /// The figures of `n` connections: their setup time, the resource snapshots before and
+    /// after the connects, the idle window's CPU, and the fairness test's bytes per writer.
+    fn measured(
+        args: &Args,
+        n: u32,
+        setup_s: f64,
+        s0: &Snapshot,
+        s1: &Snapshot,
+        idle_cpu_s: Option<f64>,
+        bytes: &[u64],
+    ) -> Kind {
+        Kind {
+            setup_per_s: n as f64 / setup_s,
+            setup_s,
+            rss_kib_per_conn: per_conn(s0.rss, s1.rss, n, 1024.0),
+            tcp_kernel_kib_per_conn: per_conn(s0.tcp_mem, s1.tcp_mem, n, 1024.0),
+            fds_per_conn: per_conn(s0.fds, s1.fds, n, 1.0),
+            threads_added: s0.threads.zip(s1.threads).map(|(a, b)| b as i64 - a as i64),
+            idle_cpu_s,
+            idle_s: args.idle_secs,
+            fair: fair(bytes, args.duration),
+        }
+    }
+}
+
+/// Starts the fairness test's writers (waiting at `barrier`), lets them run for `secs`, stops
+/// them and returns each one's bytes.
+fn run_writers(
+    barrier: &Barrier,
+    stop: &AtomicBool,
+    secs: f64,
+    writers: Vec<std::thread::ScopedJoinHandle<'_, Result<u64>>>,
+) -> Result<Vec<u64>> {
+    barrier.wait();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    writers
+        .into_iter()
+        .map(|h| h.join().map_err(|_| anyhow!("writer thread panicked"))?)
+        .collect()
 }
 
 /// CPU seconds this process uses while it sleeps for `secs`.
@@ -345,9 +378,8 @@ fn run_rdma(dev: &Device, args: &Args) -> Result<Kind> {
     // nothing runs until traffic does.
     let s1 = Snapshot::now();
     let idle_cpu_s = idle_cpu(args.idle_secs);
-    let (rss, kmem, fds, threads) = cost(&s0, &s1, n);
 
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = AtomicBool::new(false);
     let barrier = Barrier::new(active + 1);
     let bytes: Vec<u64> = std::thread::scope(|s| -> Result<Vec<u64>> {
         let mut hs = Vec::new();
@@ -359,26 +391,11 @@ fn run_rdma(dev: &Device, args: &Args) -> Result<Kind> {
             };
             hs.push(s.spawn(move || writer(qp, cq, src, i * size, size, remote, stop, barrier)));
         }
-        barrier.wait();
-        std::thread::sleep(Duration::from_secs_f64(args.duration));
-        stop.store(true, Ordering::Relaxed);
-        hs.into_iter()
-            .map(|h| h.join().map_err(|_| anyhow!("writer thread panicked"))?)
-            .collect()
+        run_writers(&barrier, &stop, args.duration, hs)
     })?;
     drop(qps);
     drop(accepted);
-    Ok(Kind {
-        setup_per_s: n as f64 / setup_s,
-        setup_s,
-        rss_kib_per_conn: rss,
-        tcp_kernel_kib_per_conn: kmem,
-        fds_per_conn: fds,
-        threads_added: threads,
-        idle_cpu_s,
-        idle_s: args.idle_secs,
-        fair: fair(&bytes, args.duration),
-    })
+    Ok(Kind::measured(args, n, setup_s, &s0, &s1, idle_cpu_s, &bytes))
 }
 
 /// One active QP of the fairness test: keeps [`DEPTH`] signaled Writes of `size` bytes in
@@ -483,9 +500,8 @@ fn run_tcp(args: &Args) -> Result<Kind> {
     let accepted = server.join().map_err(|_| anyhow!("accept thread panicked"))??;
     let s1 = Snapshot::now();
     let idle_cpu_s = idle_cpu(args.idle_secs);
-    let (rss, kmem, fds, threads) = cost(&s0, &s1, n);
 
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = AtomicBool::new(false);
     let barrier = Barrier::new(active + 1);
     let bytes: Vec<u64> = std::thread::scope(|s| -> Result<Vec<u64>> {
         // A reader per active connection drops what arrives (the RDMA target needs none).
@@ -515,26 +531,11 @@ fn run_tcp(args: &Args) -> Result<Kind> {
                 Ok(bytes)
             }));
         }
-        barrier.wait();
-        std::thread::sleep(Duration::from_secs_f64(args.duration));
-        stop.store(true, Ordering::Relaxed);
-        hs.into_iter()
-            .map(|h| h.join().map_err(|_| anyhow!("writer thread panicked"))?)
-            .collect()
+        run_writers(&barrier, &stop, args.duration, hs)
     })?;
     drop(socks);
     drop(accepted);
-    Ok(Kind {
-        setup_per_s: n as f64 / setup_s,
-        setup_s,
-        rss_kib_per_conn: rss,
-        tcp_kernel_kib_per_conn: kmem,
-        fds_per_conn: fds,
-        threads_added: threads,
-        idle_cpu_s,
-        idle_s: args.idle_secs,
-        fair: fair(&bytes, args.duration),
-    })
+    Ok(Kind::measured(args, n, setup_s, &s0, &s1, idle_cpu_s, &bytes))
 }
 
 #[cfg(test)]
