@@ -8,6 +8,7 @@
 //!   PSN arithmetic, path-MTU segmentation and the invariant CRC.
 //! - [`cm`]: IB CM MADs (REQ, REP, RTU, REJ, DREQ, DREP, MRA) and the rdma_cm private-data
 //!   header and service IDs, parsed and emitted; the CM state machine driven by events.
+//! - [`gsi`]: the seam between the device's data path and the CM on QP1.
 //!
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts C1 (IB CM) and C3 (RoCE and
 //! the RC transport).
@@ -15,5 +16,6 @@
 #![warn(missing_docs)]
 
 pub mod cm;
+pub mod gsi;
 pub mod rc;
 pub mod wire;
