@@ -17,5 +17,6 @@
 
 pub mod cm;
 pub mod gsi;
+pub mod gsi_cm;
 pub mod rc;
 pub mod wire;
