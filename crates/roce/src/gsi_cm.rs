@@ -756,7 +756,13 @@ impl ConnRequestOps for RoceConnRequest {
                 },
             );
             let params = match r {
-                Ok(p) => p,
+                Ok(mut p) => {
+                    // No larger than our port's MTU, whatever the REQ offers.
+                    if p.rtr.path_mtu.bytes() > cfg.path_mtu.bytes() {
+                        p.rtr.path_mtu = cfg.path_mtu;
+                    }
+                    p
+                }
                 Err(e) => {
                     let _ = s.cm.destroy(Instant::now(), id);
                     forget(&mut s, id);
@@ -816,4 +822,29 @@ impl Drop for RoceConnRequest {
             });
         }
     }
+}
+
+/// A CA GUID for the device bound to `ip`: `02:53:6f:66` ("\x02Sof", a locally administered
+/// prefix) and the IPv4 address, or the low 32 bits of the IPv6 address.
+pub fn ca_guid_for(ip: IpAddr) -> u64 {
+    let low = match ip {
+        IpAddr::V4(v4) => u32::from(v4),
+        IpAddr::V6(v6) => (u128::from(v6) & 0xffff_ffff) as u32,
+    };
+    0x0253_6f66_0000_0000 | u64::from(low)
+}
+
+/// Opens a RoCEv2 device with this connection manager (what the `roce` factory opens):
+/// rdma_cm defaults, the CA GUID of [`ca_guid_for`] and a random seed, so comm IDs and PSNs
+/// differ from one run to the next (a peer tells a new connection from a stale one by them).
+pub fn open_device(cfg: crate::engine::RoceConfig) -> std::io::Result<verbs::Device> {
+    let p = Arc::new(crate::engine::RoceProvider::new(cfg.clone())?);
+    let mut c = GsiCmConfig::new(ca_guid_for(cfg.addr), rand::random());
+    c.path_mtu = cfg.mtu;
+    let cm = GsiCm::new(p.clone() as Arc<dyn GsiPort>, c)?;
+    Ok(verbs::provider::new_device(
+        cfg.name.clone(),
+        p as Arc<dyn verbs::Provider>,
+        Some(cm as Arc<dyn CmBackend>),
+    ))
 }

@@ -508,4 +508,9 @@ impl GsiPort for RoceProvider {
     fn set_gsi_handler(&self, handler: Weak<dyn GsiHandler>) {
         *self.inner.gsi.lock().unwrap() = Some(handler);
     }
+
+    fn qp_events(&self, qpn: u32) -> Option<Arc<verbs::notify::EventQueue<verbs::CmEvent>>> {
+        let q = self.inner.qps.read().unwrap().get(&qpn).and_then(Weak::upgrade)?;
+        Some(q.events.clone())
+    }
 }
