@@ -37,7 +37,9 @@ use verbs::{Device, DeviceFactory, DeviceOptions, Registry};
 /// The providers this build offers, in the order `softrdma devices` lists them.
 /// The first is the default.
 pub fn registry() -> Registry {
-    Registry::new().with(Arc::new(iwarp::IwarpFactory))
+    Registry::new()
+        .with(Arc::new(iwarp::IwarpFactory))
+        .with(Arc::new(roce::RoceFactory))
 }
 
 /// How a command chooses its device: flattened into the command's options.
@@ -96,9 +98,10 @@ pub enum Endpoint {
         /// The explicit local address (`rping -I`).
         source: Option<IpAddr>,
     },
-    /// Both ends of a loopback run in this process (`bench`, `demo`): `server` is the
-    /// listener's address; returns the device for the connecting side. Use
-    /// `Listen(server)` for the listener's device.
+    /// Both ends of a loopback run in this process (`bench`): the listener's address; this
+    /// is the device of the connecting side, which (when the provider binds an address)
+    /// takes the first free loopback address after the listener's, so that a run stays
+    /// inside the addresses it was given. Use `Listen(server)` for the listener's device.
     LoopbackClient(IpAddr),
 }
 
@@ -121,7 +124,7 @@ fn factory<'r>(reg: &'r Registry, args: &DeviceArgs) -> Result<&'r Arc<dyn Devic
                 let want = reg.list()[p].provider;
                 if f.info().provider != want {
                     bail!(
-                        "device {d} belongs to the {} provider, not {want}: drop --provider or pick a {want} device (see `softrdma devices`)",
+                        "device {d} belongs to the {} provider, not {want}: drop --provider or pick a device of the {want} provider (see `softrdma devices`)",
                         f.info().provider
                     );
                 }
@@ -222,8 +225,13 @@ pub fn open(args: &DeviceArgs, flags: &[Flag], at: Endpoint) -> Result<Device> {
             let _ = dest;
             (Some(s), Vec::new())
         }
-        Endpoint::Connect { dest, source: None } | Endpoint::LoopbackClient(dest) => {
-            (Some(route_source(dest)?), loopback_alternatives(dest))
+        Endpoint::Connect { dest, source: None } => (Some(route_source(dest)?), loopback_alternatives(dest)),
+        Endpoint::LoopbackClient(dest) => {
+            let mut alts = loopback_alternatives(dest);
+            if alts.is_empty() {
+                bail!("a loopback run needs a 127.0.0.0/8 address, not {dest}");
+            }
+            (Some(alts.remove(0)), alts)
         }
     };
     let Some(first) = first else {
@@ -343,5 +351,79 @@ mod tests {
             ..Default::default()
         };
         assert!(factory(&reg, &a).is_err());
+        let a = DeviceArgs {
+            device: Some("rxe_soft0".into()),
+            provider: Some("iwarp".into()),
+            ..Default::default()
+        };
+        let e = factory(&reg, &a).err().unwrap().to_string();
+        assert!(e.contains("roce provider, not iwarp"), "{e}");
+    }
+
+    fn roce() -> DeviceArgs {
+        DeviceArgs {
+            provider: Some("roce".into()),
+            ..Default::default()
+        }
+    }
+
+    fn gid0(d: &Device) -> verbs::Gid {
+        d.query_gid(1, 0).unwrap()
+    }
+
+    /// Issue 13 point 6: iWARP's --crc is refused on RoCE by name, before any device opens.
+    #[test]
+    fn crc_is_refused_on_roce() {
+        let e = open(&roce(), &[Flag::crc(Some("on")).unwrap()], Endpoint::Any)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("--crc") && e.contains("iwarp provider") && e.contains("roce"),
+            "{e}"
+        );
+    }
+
+    /// A listener's RoCE device binds the listening address (GID 0 is that address).
+    #[test]
+    fn roce_listener_binds_its_address() {
+        let ip: IpAddr = "127.0.63.1".parse().unwrap();
+        let d = open(&roce(), &[], Endpoint::Listen(ip)).unwrap();
+        assert_eq!(gid0(&d), verbs::Gid::from_ip(ip));
+    }
+
+    /// A connecting RoCE device takes the route's source (127.0.0.1 for loopback) and, when
+    /// that is taken (here: held by this test, or by anyone else), the next loopback address
+    /// after the destination; a loopback run's client starts after the server's address.
+    #[test]
+    fn roce_client_takes_the_routes_source_or_the_next_free_loopback_address() {
+        // Hold 127.0.0.1:4791 if nobody does; either way the device cannot have it.
+        let _hold = UdpSocket::bind("127.0.0.1:4791");
+        let dest: IpAddr = "127.0.64.1".parse().unwrap();
+        let d = open(&roce(), &[], Endpoint::Connect { dest, source: None }).unwrap();
+        let g = gid0(&d);
+        assert_ne!(g, verbs::Gid::from_ip("127.0.0.1".parse().unwrap()));
+        assert!(
+            loopback_alternatives(dest).iter().any(|a| verbs::Gid::from_ip(*a) == g),
+            "{g}"
+        );
+        // The explicit source wins (rping -I).
+        let src: IpAddr = "127.0.64.200".parse().unwrap();
+        let d2 = open(
+            &roce(),
+            &[],
+            Endpoint::Connect {
+                dest,
+                source: Some(src),
+            },
+        )
+        .unwrap();
+        assert_eq!(gid0(&d2), verbs::Gid::from_ip(src));
+        // Loopback run: server on .65.1, client on .65.2 (or later, if taken).
+        let srv: IpAddr = "127.0.65.1".parse().unwrap();
+        let s = open(&roce(), &[], Endpoint::Listen(srv)).unwrap();
+        let c = open(&roce(), &[], Endpoint::LoopbackClient(srv)).unwrap();
+        assert_eq!(gid0(&s), verbs::Gid::from_ip(srv));
+        assert_eq!(gid0(&c), verbs::Gid::from_ip("127.0.65.2".parse().unwrap()));
     }
 }

@@ -177,6 +177,10 @@ pub struct Args {
     /// Be the server on ADDR (HOST:PORT) and serve one client session, then exit.
     #[arg(long, conflicts_with = "connect", value_parser = crate::net::host_port)]
     listen: Option<SocketAddr>,
+    /// Without --connect/--listen: the loopback address the in-process server end listens on
+    /// (the client end's device, when the provider binds one, takes the next free one).
+    #[arg(long, default_value = "127.0.0.1", value_name = "IP", conflicts_with_all = ["connect", "listen"])]
+    loopback: Ipv4Addr,
     /// Be the client of a `softrdma bench --listen` server at ADDR (HOST:PORT; HOST may be a name).
     #[arg(long, value_parser = crate::net::host_port)]
     connect: Option<SocketAddr>,
@@ -548,7 +552,10 @@ pub fn run(args: Args) -> Result<()> {
             None,
         ),
         None => {
-            let here: IpAddr = Ipv4Addr::LOCALHOST.into();
+            if !args.loopback.is_loopback() {
+                bail!("--loopback {}: not a 127.0.0.0/8 address", args.loopback);
+            }
+            let here: IpAddr = args.loopback.into();
             let sdev = crate::providers::open(&args.dev, &flags, Endpoint::Listen(here))?;
             let listener = sdev.listen(SocketAddr::new(here, 0))?;
             let tcp_l = TcpListener::bind(SocketAddr::new(here, 0))?;
