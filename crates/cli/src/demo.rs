@@ -9,13 +9,19 @@ use verbs::*;
 /// completion queues, then a short bandwidth run.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Negotiate MPA CRC32c on the connection.
-    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
-    crc: String,
+    /// The device: --provider iwarp|roce, --device NAME, --dev-opt KEY=VALUE.
+    #[command(flatten)]
+    dev: crate::providers::DeviceArgs,
+    /// iWARP: negotiate MPA CRC32c on the connection (refused on other providers).
+    #[arg(long, value_parser = ["on", "off"])]
+    crc: Option<String>,
 }
 
 pub fn run(args: Args) -> Result<()> {
-    demo(args.crc == "on")
+    let flags: Vec<_> = crate::providers::Flag::crc(args.crc.as_deref()).into_iter().collect();
+    let here = std::net::IpAddr::from([127, 0, 0, 1]);
+    let dev = crate::providers::open(&args.dev, &flags, crate::providers::Endpoint::Listen(here))?;
+    demo(dev)
 }
 
 const T: Duration = Duration::from_secs(10);
@@ -25,15 +31,14 @@ fn expect(cq: &CompletionQueue, what: &str) -> Result<WorkCompletion> {
         .with_context(|| format!("no completion for {what} within {T:?}"))
 }
 
-fn demo(crc: bool) -> Result<()> {
-    let dev = crate::providers::open(None, &crate::providers::crc(crc))?;
+fn demo(dev: Device) -> Result<()> {
     let pd = dev.alloc_pd()?;
     let listener = dev.listen("127.0.0.1:0".parse()?)?;
     let addr = listener.local_addr();
     println!(
-        "device {}: listening on {addr} (iWARP over TCP, MPA CRC {})",
+        "device {}: listening on {addr} ({})",
         dev.name(),
-        if crc { "on" } else { "off" }
+        crate::providers::label(&dev)
     );
     let (cq_c, cq_s) = (dev.create_cq(1024)?, dev.create_cq(1024)?);
     let (pd2, cqs2) = (pd.clone(), cq_s.clone());

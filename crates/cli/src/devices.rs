@@ -3,7 +3,7 @@
 //! registry (`crate::providers`).
 
 use crate::providers;
-use anyhow::{Result, bail};
+use anyhow::Result;
 use serde_json::json;
 use verbs::{ConfigValue, DeviceAttr, DeviceOptions};
 
@@ -15,23 +15,31 @@ pub struct DevicesArgs {
     json: bool,
 }
 
-/// Show a device's attributes (ibv_devinfo -v style) and configuration.
+/// Show a device's attributes and configuration, laid out as `ibv_devinfo` does (`-v`:
+/// every attribute, the GID and P_Key tables, the provider's settings and counters).
 #[derive(clap::Args)]
 pub struct InfoArgs {
-    /// Device name (see `softrdma devices`); default: the first one.
-    #[arg(long, short = 'd')]
-    device: Option<String>,
-    /// Show the configuration with MPA CRC32c requested.
-    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
-    crc: String,
-    /// One JSON object instead of text.
+    /// Device name (see `softrdma devices`), as ibv_devinfo's -d; the same as --device.
+    #[arg(short = 'd', value_name = "NAME", conflicts_with = "device")]
+    d: Option<String>,
+    /// The device: --provider iwarp|roce, --device NAME, --dev-opt KEY=VALUE.
+    #[command(flatten)]
+    dev: providers::DeviceArgs,
+    /// iWARP: show the configuration with MPA CRC32c requested (refused on other providers).
+    #[arg(long, value_parser = ["on", "off"])]
+    crc: Option<String>,
+    /// Verbose, as ibv_devinfo -v: device limits, every port attribute, GIDs, P_Keys, the
+    /// provider's configuration and counters.
+    #[arg(short = 'v', long)]
+    verbose: bool,
+    /// One JSON object instead of text (always everything -v shows).
     #[arg(long)]
     json: bool,
 }
 
 /// The attributes a device reports through the verbs API (`ibv_query_device`).
 fn attr_of(device: &str, opts: &DeviceOptions) -> Result<DeviceAttr> {
-    Ok(providers::open(Some(device), opts)?.attr().clone())
+    Ok(providers::registry().open(device, opts)?.attr().clone())
 }
 
 fn attr_json(a: &DeviceAttr) -> serde_json::Value {
@@ -93,7 +101,13 @@ pub fn run_devices(args: DevicesArgs) -> Result<()> {
     let list = providers::registry().list();
     if args.json {
         for p in &list {
-            let a = attr_of(&p.device, &DeviceOptions::new())?;
+            // Opening a device can fail where listing it cannot (a RoCE device's UDP port
+            // 4791 held by another process): the entry stays, its attributes are null.
+            let a = attr_of(&p.device, &DeviceOptions::new());
+            if let Err(e) = &a {
+                tracing::warn!(device = %p.device, "cannot open it for its attributes: {e:#}");
+            }
+            let a = a.ok();
             println!(
                 "{}",
                 json!({
@@ -101,9 +115,9 @@ pub fn run_devices(args: DevicesArgs) -> Result<()> {
                     "provider": p.provider,
                     "transport": p.transport.as_str(),
                     "description": p.description,
-                    "fw_ver": a.fw_ver,
-                    "max_qp": a.max_qp,
-                    "max_mr_size": a.max_mr_size,
+                    "fw_ver": a.as_ref().map(|a| a.fw_ver.clone()),
+                    "max_qp": a.as_ref().map(|a| a.max_qp),
+                    "max_mr_size": a.as_ref().map(|a| a.max_mr_size),
                     "options": p.params.iter().map(|o| json!({"name": o.name, "default": o.default, "help": o.help})).collect::<Vec<_>>(),
                 })
             );
@@ -124,35 +138,41 @@ pub fn run_devices(args: DevicesArgs) -> Result<()> {
     Ok(())
 }
 
+/// rdma-core's `ibv_transport_type` number of a transport.
+fn transport_num(t: verbs::Transport) -> u8 {
+    match t {
+        verbs::Transport::RoceV2 => 0,
+        verbs::Transport::Iwarp => 1,
+    }
+}
+
 pub fn run_info(args: InfoArgs) -> Result<()> {
-    let reg = providers::registry();
-    let f = match &args.device {
-        None => reg
-            .list()
-            .into_iter()
-            .next()
-            .ok_or_else(|| anyhow::anyhow!("this build offers no device"))?,
-        Some(n) => match reg.find(n) {
-            Ok(f) => f.info(),
-            Err(e) => bail!("{e} (see `softrdma devices`)"),
-        },
-    };
-    let opts = providers::crc(args.crc == "on");
-    let dev = providers::open(Some(&f.device), &opts)?;
+    let mut d = args.dev.clone();
+    if args.d.is_some() {
+        d.device = args.d.clone();
+    }
+    let (_, f) = providers::chosen(&d)?;
+    let flags: Vec<_> = providers::Flag::crc(args.crc.as_deref()).into_iter().collect();
+    let dev = providers::open(&d, &flags, providers::Endpoint::Any)?;
     let a = dev.attr().clone();
     let ports = ports_of(&dev)?;
-    let config = reg.find(&f.device)?.describe(&opts)?;
+    let config = providers::describe(&d, &flags)?;
+    let counters = providers::hw_counters(&dev);
+    let roce = f.transport == verbs::Transport::RoceV2;
     if args.json {
         let cfg: serde_json::Map<String, serde_json::Value> = config
             .iter()
             .map(|c| (c.key.to_string(), value_json(&c.value)))
             .collect();
+        let ctr: serde_json::Map<String, serde_json::Value> =
+            counters.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
         println!(
             "{}",
             json!({
-                "name": f.device,
+                "name": dev.name(),
                 "provider": f.provider,
                 "transport": f.transport.as_str(),
+                "transport_type": transport_num(f.transport),
                 "attr": attr_json(&a),
                 "phys_port_cnt": dev.phys_port_cnt(),
                 "ports": ports.iter().map(|p| json!({
@@ -163,76 +183,97 @@ pub fn run_info(args: InfoArgs) -> Result<()> {
                     "link_layer": format!("{:?}", p.attr.link_layer),
                     "lid": p.attr.lid,
                     "sm_lid": p.attr.sm_lid,
+                    "gid_tbl_len": p.attr.gid_tbl_len,
+                    "pkey_tbl_len": p.attr.pkey_tbl_len,
                     "gids": p.gids.iter().map(|g| g.to_string()).collect::<Vec<_>>(),
                     "pkeys": p.pkeys.iter().map(|k| format!("{k:#06x}")).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
                 "config": cfg,
+                "hw_counters": ctr,
             })
         );
         return Ok(());
     }
-    println!("hca_id: {}", f.device);
-    println!("        provider:                       {}", f.provider);
+    // ibv_devinfo's layout (libibverbs/examples/devinfo.c): tab-indented, the same names.
+    // Fields our devices have no value for (node_guid, hw_ver, ...) are left out, not faked.
+    println!("hca_id:\t{}", dev.name());
     println!(
-        "        transport:                      {} ({})",
+        "\ttransport:\t\t\t{} ({})",
         f.transport.as_str(),
-        f.description
+        transport_num(f.transport)
     );
-    println!("        fw_ver:                         {}", a.fw_ver);
-    println!("        vendor_id:                      {:#x}", a.vendor_id);
-    println!("        max_qp:                         {}", a.max_qp);
-    println!("        max_qp_wr:                      {}", a.max_qp_wr);
-    println!("        max_sge:                        {}", a.max_sge);
-    println!("        max_sge_rd:                     {}", a.max_sge_rd);
-    println!("        max_cq:                         {}", a.max_cq);
-    println!("        max_cqe:                        {}", a.max_cqe);
-    println!("        max_mr:                         {}", a.max_mr);
-    println!("        max_mr_size:                    {:#x}", a.max_mr_size);
-    println!("        max_pd:                         {}", a.max_pd);
-    println!("        max_qp_rd_atom (IRD):           {}", a.max_qp_rd_atom);
-    println!("        max_qp_init_rd_atom (ORD):      {}", a.max_qp_init_rd_atom);
-    println!("        max_msg_sz:                     {:#x}", a.max_msg_sz);
-    println!("        max_inline_data:                {}", a.max_inline_data);
-    println!(
-        "        max_fast_reg_page_list_len:     {}",
-        a.max_fast_reg_page_list_len
-    );
-    println!(
-        "        atomic_cap:                     {}",
-        if a.atomic_cap { "FetchAdd, CmpSwap" } else { "none" }
-    );
-    println!("        phys_port_cnt:                  {}", dev.phys_port_cnt());
-    for p in &ports {
-        let a = &p.attr;
-        println!("                port:   {}", p.num);
+    println!("\tfw_ver:\t\t\t\t{}", a.fw_ver);
+    println!("\tvendor_id:\t\t\t{:#06x}", a.vendor_id);
+    println!("\tphys_port_cnt:\t\t\t{}", dev.phys_port_cnt());
+    if args.verbose {
+        println!("\tmax_mr_size:\t\t\t{:#x}", a.max_mr_size);
+        println!("\tmax_qp:\t\t\t\t{}", a.max_qp);
+        println!("\tmax_qp_wr:\t\t\t{}", a.max_qp_wr);
+        println!("\tmax_sge:\t\t\t{}", a.max_sge);
+        println!("\tmax_sge_rd:\t\t\t{}", a.max_sge_rd);
+        println!("\tmax_cq:\t\t\t\t{}", a.max_cq);
+        println!("\tmax_cqe:\t\t\t{}", a.max_cqe);
+        println!("\tmax_mr:\t\t\t\t{}", a.max_mr);
+        println!("\tmax_pd:\t\t\t\t{}", a.max_pd);
+        println!("\tmax_qp_rd_atom:\t\t\t{}", a.max_qp_rd_atom);
+        println!("\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
         println!(
-            "                        state:                  {} ({})",
-            a.state.as_str(),
-            a.state as u8
+            "\tatomic_cap:\t\t\t{}",
+            if a.atomic_cap {
+                "ATOMIC_HCA (1)"
+            } else {
+                "ATOMIC_NONE (0)"
+            }
         );
-        println!(
-            "                        max_mtu:                {} ({})",
-            a.max_mtu.bytes(),
-            a.max_mtu as u8
-        );
-        println!(
-            "                        active_mtu:             {} ({})",
-            a.active_mtu.bytes(),
-            a.active_mtu as u8
-        );
-        println!("                        sm_lid:                 {}", a.sm_lid);
-        println!("                        port_lid:               {}", a.lid);
-        println!("                        link_layer:             {:?}", a.link_layer);
-        for (i, g) in p.gids.iter().enumerate() {
-            println!("                        GID[{i:>3}]:               {g}");
-        }
-        for (i, k) in p.pkeys.iter().enumerate() {
-            println!("                        P_Key[{i:>3}]:             {k:#06x}");
-        }
+        println!("\tmax_pkeys:\t\t\t{}", ports.first().map_or(0, |p| p.attr.pkey_tbl_len));
+        // Not in ibv_devinfo, but in ibv_device_attr_ex / our DeviceAttr.
+        println!("\tmax_msg_sz:\t\t\t{:#x}", a.max_msg_sz);
+        println!("\tmax_inline_data:\t\t{}", a.max_inline_data);
+        println!("\tmax_fast_reg_page_list_len:\t{}", a.max_fast_reg_page_list_len);
     }
-    println!("    configuration:");
-    for c in &config {
-        println!("        {:<32}{}", format!("{}:", c.label), c.text);
+    for p in &ports {
+        let pa = &p.attr;
+        println!("\t\tport:\t{}", p.num);
+        println!("\t\t\tstate:\t\t\t{} ({})", pa.state.as_str(), pa.state as u8);
+        println!("\t\t\tmax_mtu:\t\t{} ({})", pa.max_mtu.bytes(), pa.max_mtu as u8);
+        println!(
+            "\t\t\tactive_mtu:\t\t{} ({})",
+            pa.active_mtu.bytes(),
+            pa.active_mtu as u8
+        );
+        println!("\t\t\tsm_lid:\t\t\t{}", pa.sm_lid);
+        println!("\t\t\tport_lid:\t\t{}", pa.lid);
+        println!("\t\t\tport_lmc:\t\t0x00");
+        println!("\t\t\tlink_layer:\t\t{:?}", pa.link_layer);
+        if args.verbose {
+            println!("\t\t\tmax_msg_sz:\t\t{:#x}", a.max_msg_sz);
+            println!("\t\t\tpkey_tbl_len:\t\t{}", pa.pkey_tbl_len);
+            println!("\t\t\tgid_tbl_len:\t\t{}", pa.gid_tbl_len);
+            for (i, g) in p.gids.iter().enumerate() {
+                // ibv_devinfo skips unset entries and names the RoCE version.
+                if g.0 == [0; 16] {
+                    continue;
+                }
+                println!("\t\t\tGID[{i:>3}]:\t\t{g}{}", if roce { ", RoCE v2" } else { "" });
+            }
+            for (i, k) in p.pkeys.iter().enumerate() {
+                println!("\t\t\tP_Key[{i:>3}]:\t\t{k:#06x}");
+            }
+        }
+        println!();
+    }
+    if args.verbose {
+        println!("\tprovider:\t\t\t{} ({})", f.provider, f.description);
+        println!("\tconfiguration:");
+        for c in &config {
+            println!("\t\t{:<32}{}", format!("{}:", c.label), c.text);
+        }
+        if !counters.is_empty() {
+            println!("\thw_counters:");
+            for (k, v) in &counters {
+                println!("\t\t{:<32}{v}", format!("{k}:"));
+            }
+        }
     }
     Ok(())
 }

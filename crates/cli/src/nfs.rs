@@ -1,4 +1,4 @@
-//! `softrdma nfs`: a small NFSv3 client over RPC-over-RDMA (iWARP) or TCP.
+//! `softrdma nfs`: a small NFSv3 client over RPC-over-RDMA (iWARP or RoCEv2, `--provider`) or TCP.
 //!
 //! ```text
 //! softrdma nfs stat SERVER:/export/path [--json]
@@ -45,7 +45,7 @@ pub struct Args {
 
 #[derive(clap::Args, Clone)]
 struct Opts {
-    /// NFS transport: RPC-over-RDMA (iWARP) or ONC RPC over TCP.
+    /// NFS transport: RPC-over-RDMA (on the --provider device) or ONC RPC over TCP.
     #[arg(long, global = true, default_value = "rdma", value_parser = ["rdma", "tcp"])]
     transport: String,
     /// NFS port (default: 20049 for rdma; rpcbind's answer or 2049 for tcp).
@@ -85,9 +85,12 @@ struct Opts {
     /// Per-call timeout in seconds.
     #[arg(long, global = true, default_value_t = 30)]
     timeout: u64,
-    /// Ask for MPA CRC.
+    /// iWARP: ask for MPA CRC (refused on other providers).
     #[arg(long, global = true)]
     crc: bool,
+    /// The RDMA device: --provider iwarp|roce, --device NAME, --dev-opt KEY=VALUE.
+    #[command(flatten)]
+    dev: crate::providers::DeviceArgs,
     /// Show progress (default: on for files of 8 MiB or more when stderr is a terminal).
     #[arg(long, global = true)]
     progress: bool,
@@ -313,7 +316,8 @@ fn connect(o: &Opts, target: &str) -> Result<Session> {
         (Client::Tcp(tcp_connect(a, timeout)?), None, format!("tcp {a}"))
     } else {
         let a = SocketAddr::new(ip, o.port.unwrap_or(nfs3::NFS_RDMA_PORT));
-        let dev = crate::providers::open(None, &crate::providers::crc(o.crc))?;
+        let at = crate::providers::Endpoint::Connect { dest: ip, source: None };
+        let dev = crate::providers::open(&o.dev, &crc_flag(o.crc), at)?;
         let inline = o.inline.clamp(1024, 1 << 20) as u32;
         let cfg = RdmaConfig {
             inline_send: inline,
@@ -420,10 +424,15 @@ impl Progress {
     }
 }
 
+/// `--crc` as a provider flag (only when given, so that other providers are not asked).
+fn crc_flag(on: bool) -> Vec<crate::providers::Flag> {
+    crate::providers::Flag::crc(on.then_some("on")).into_iter().collect()
+}
+
 pub fn run(args: Args) -> Result<()> {
     let o = args.opts;
     match args.cmd {
-        Cmd::Serve(a) => serve::serve(a, o.mount_port, o.crc),
+        Cmd::Serve(a) => serve::serve(a, o.mount_port, &o.dev, &crc_flag(o.crc)),
         Cmd::Stat { target } => {
             let s = connect(&o, &target)?;
             let (fh, a) = s.nfs.lookup_path(&s.root, &s.rest)?;

@@ -1,5 +1,5 @@
-//! `softrdma nfs serve DIR`: export a host directory over NFSv3, on RPC-over-RDMA (iWARP,
-//! port 20049) and ONC RPC over TCP (port 2049), with MOUNT v3 on the TCP port (or on
+//! `softrdma nfs serve DIR`: export a host directory over NFSv3, on RPC-over-RDMA (on the
+//! `--provider` device, port 20049) and ONC RPC over TCP (port 2049), with MOUNT v3 on the TCP port (or on
 //! `--mount-port`). The server itself is `rpcrdma::nfs3::server`.
 //!
 //! Ports: when a portmapper (rpcbind) listens on 127.0.0.1:111 the server registers NFS v3
@@ -29,7 +29,7 @@ use crate::units::parse_size;
 pub struct ServeArgs {
     /// The directory to export.
     dir: PathBuf,
-    /// RPC-over-RDMA (iWARP) listen address, or `off`.
+    /// RPC-over-RDMA listen address (on the --provider device), or `off`.
     #[arg(long, default_value = "0.0.0.0:20049")]
     rdma: String,
     /// ONC RPC over TCP listen address (NFS, and MOUNT unless --mount-port), or `off`.
@@ -179,9 +179,15 @@ fn wait_for_termination(set: &libc::sigset_t, limit: Option<Duration>) -> String
     }
 }
 
-/// `mount_port` (`--mount-port`: MOUNT v3 also on this TCP port, same address as --tcp) and
-/// `crc` (`--crc`: MPA CRC on RDMA connections) are the `nfs` command's global options.
-pub fn serve(a: ServeArgs, mount_port: Option<u16>, crc: bool) -> Result<()> {
+/// `mount_port` (`--mount-port`: MOUNT v3 also on this TCP port, same address as --tcp),
+/// `dev` (`--provider`, `--device`, `--dev-opt`) and `flags` (`--crc`: MPA CRC on RDMA
+/// connections) are the `nfs` command's global options.
+pub fn serve(
+    a: ServeArgs,
+    mount_port: Option<u16>,
+    dev: &crate::providers::DeviceArgs,
+    flags: &[crate::providers::Flag],
+) -> Result<()> {
     let signals = termination_signals();
     let key_file = a.key_file.clone().unwrap_or_else(default_key_file);
     let key = load_key(&key_file)?;
@@ -230,7 +236,7 @@ pub fn serve(a: ServeArgs, mount_port: Option<u16>, crc: bool) -> Result<()> {
     let mut _dev = None;
     let mut _rdma = None;
     if let Some(r) = rdma_addr {
-        let dev = crate::providers::open(None, &crate::providers::crc(crc))?;
+        let dev = crate::providers::open(dev, flags, crate::providers::Endpoint::Listen(r.ip()))?;
         let inline = a.rdma_inline.clamp(1024, 1 << 20) as u32;
         let cfg = RdmaConfig {
             inline_send: inline,
@@ -243,7 +249,11 @@ pub fn serve(a: ServeArgs, mount_port: Option<u16>, crc: bool) -> Result<()> {
         };
         let s =
             RdmaServer::spawn(&dev, r, reg.clone(), cfg).map_err(|e| anyhow!("RPC-over-RDMA listen on {r}: {e}"))?;
-        println!("nfs serve: NFSv3 over RPC-over-RDMA (iWARP) on {}", s.local_addr());
+        println!(
+            "nfs serve: NFSv3 over RPC-over-RDMA ({}) on {}",
+            crate::providers::transport(&dev),
+            s.local_addr()
+        );
         _rdma = Some(s);
         _dev = Some(dev);
     }

@@ -49,6 +49,9 @@ fn data_size(s: &str) -> Result<u64, String> {
 pub struct Args {
     #[command(subcommand)]
     cmd: Cmd,
+    /// The RDMA device: --provider iwarp|roce, --device NAME, --dev-opt KEY=VALUE.
+    #[command(flatten)]
+    dev: crate::providers::DeviceArgs,
 }
 
 impl Args {
@@ -61,12 +64,12 @@ impl Args {
 #[derive(clap::Subcommand)]
 enum Cmd {
     /// Serve the demo program (0x20000099: NULL, ECHO, READ, WRITE) over ONC RPC on TCP
-    /// (record marking) and over RPC-over-RDMA v1 on iWARP at the same time, until interrupted.
+    /// (record marking) and over RPC-over-RDMA v1 (on the --provider device) at the same time, until interrupted.
     Serve {
         /// Address of the ONC RPC over TCP listener (HOST:PORT; HOST may be a name).
         #[arg(long, default_value = "127.0.0.1:20048", value_parser = host_port)]
         tcp: SocketAddr,
-        /// Address of the RPC-over-RDMA (iWARP) listener; 20049 is NFS/RDMA's port.
+        /// Address of the RPC-over-RDMA listener; 20049 is NFS/RDMA's port.
         #[arg(long, default_value = "127.0.0.1:20049", value_parser = host_port)]
         rdma: SocketAddr,
         #[command(flatten)]
@@ -76,7 +79,7 @@ enum Cmd {
     },
     /// Make calls to a running `softrdma rpc serve`.
     Call {
-        /// Transport: ONC RPC over TCP, or RPC-over-RDMA on iWARP.
+        /// Transport: ONC RPC over TCP, or RPC-over-RDMA (on the --provider device).
         #[arg(long, default_value = "rdma", value_parser = ["tcp", "rdma"])]
         transport: String,
         /// Server address, HOST:PORT (default: the serve defaults for the chosen transport).
@@ -220,8 +223,9 @@ impl RdmaLimits {
     }
 }
 
-fn device() -> Result<verbs::Device> {
-    crate::providers::open(None, &verbs::DeviceOptions::new())
+/// The device of `args` for a listener on (or a client of) `at`.
+fn device(args: &crate::providers::DeviceArgs, at: crate::providers::Endpoint) -> Result<verbs::Device> {
+    crate::providers::open(args, &[], at)
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -233,14 +237,15 @@ pub fn run(args: Args) -> Result<()> {
             rdma_limits,
         } => {
             let reg = Arc::new(demo::registry());
-            let dev = device()?;
+            let dev = device(&args.dev, crate::providers::Endpoint::Listen(rdma.ip()))?;
             let t = TcpServer::spawn_with(tcp, reg.clone(), tcp_limits.config()?)?;
             let r = RdmaServer::spawn(&dev, rdma, reg, rdma_limits.config()).map_err(|e| anyhow!("{e}"))?;
             println!(
-                "serving program {:#x} version {} over TCP on {} and RPC-over-RDMA (iWARP) on {}",
+                "serving program {:#x} version {} over TCP on {} and RPC-over-RDMA ({}) on {}",
                 demo::PROGRAM,
                 demo::VERSION,
                 t.local_addr(),
+                crate::providers::transport(&dev),
                 r.local_addr()
             );
             loop {
@@ -271,7 +276,11 @@ pub fn run(args: Args) -> Result<()> {
                 c.set_timeout(t);
                 call(&c, &to, &proc_, size, count)
             } else {
-                let dev = device()?;
+                let at = crate::providers::Endpoint::Connect {
+                    dest: addr.ip(),
+                    source: None,
+                };
+                let dev = device(&args.dev, at)?;
                 let cfg = RdmaConfig {
                     timeout: t,
                     ..RdmaConfig::default()
@@ -287,7 +296,7 @@ pub fn run(args: Args) -> Result<()> {
             calls,
             threads,
             json,
-        } => bench(size as usize, &transport, calls, threads.max(1), json),
+        } => bench(&args.dev, size as usize, &transport, calls, threads.max(1), json),
     }
 }
 
@@ -433,7 +442,14 @@ fn time_reads<C: RpcClient + Sync>(clients: &[C], size: usize, calls: u64, progr
     Ok((per * clients.len() as u64 * size as u64) as f64 / secs)
 }
 
-fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: bool) -> Result<()> {
+fn bench(
+    dev: &crate::providers::DeviceArgs,
+    size: usize,
+    transport: &str,
+    calls: Option<u64>,
+    threads: u32,
+    json: bool,
+) -> Result<()> {
     let calls = calls.unwrap_or_else(|| ((512u64 << 20) / size.max(1) as u64).clamp(20, 100_000));
     // Each caller: a TCP connection (two descriptors) and the server's end, or an RDMA
     // connection and the server's end; measured at about 3.5 per caller, plus the process's own.
@@ -448,7 +464,7 @@ fn bench(size: usize, transport: &str, calls: Option<u64>, threads: u32, json: b
         );
     }
     let reg = Arc::new(demo::registry());
-    let dev = device()?;
+    let dev = device(dev, crate::providers::Endpoint::Listen([127, 0, 0, 1].into()))?;
     let progress = crate::progress::wanted(false, json);
     let mut tcp_bps = None;
     let mut rdma_bps = None;

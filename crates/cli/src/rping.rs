@@ -112,17 +112,20 @@ pub struct RpingArgs {
     /// Debug output (rping's DEBUG_LOG lines) on stdout.
     #[arg(short = 'd')]
     pub debug: bool,
-    /// Ask for MPA CRC32c (the peer may still turn it on when we do not).
-    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
-    pub crc: String,
-    /// MPA revision to request (1: RFC 5044, 2: RFC 6581 with IRD/ORD).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
-    pub mpa_rev: u8,
-    /// Peer-to-peer mode (RFC 6581) with these RTR types offered: none, write, read, send,
-    /// or a comma list such as write,read.
-    #[arg(long, default_value = "none")]
-    pub p2p: String,
-    /// Send Terminates in Linux siw's bit order instead of the RFC's.
+    /// The device: --provider iwarp|roce, --device NAME, --dev-opt KEY=VALUE.
+    #[command(flatten)]
+    pub dev: crate::providers::DeviceArgs,
+    /// iWARP: ask for MPA CRC32c (the peer may still turn it on when we do not).
+    #[arg(long, value_parser = ["on", "off"])]
+    pub crc: Option<String>,
+    /// iWARP: MPA revision to request (1: RFC 5044, 2: RFC 6581 with IRD/ORD; default 2).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub mpa_rev: Option<u8>,
+    /// iWARP: peer-to-peer mode (RFC 6581) with these RTR types offered: none (the default),
+    /// write, read, send, or a comma list such as write,read.
+    #[arg(long)]
+    pub p2p: Option<String>,
+    /// iWARP: send Terminates in Linux siw's bit order instead of the RFC's.
     #[arg(long)]
     pub siw_terminate: bool,
     /// Client: wait this many milliseconds between connection establishment and the first
@@ -162,16 +165,41 @@ impl RpingArgs {
         (self.timeout > 0).then(|| Duration::from_secs(self.timeout))
     }
 
-    /// The provider settings these options stand for.
-    fn device_options(&self) -> verbs::DeviceOptions {
-        let mut o = crate::providers::crc(self.crc == "on")
-            .with("mpa_rev", self.mpa_rev)
-            .with("p2p", &self.p2p)
-            .with("terminate_form", if self.siw_terminate { "siw" } else { "rfc" });
-        if let Some(n) = self.test_max_pd_tx {
-            o.set("max_private_data_tx", n);
+    /// The provider-specific flags given (refused by a provider that does not take them).
+    fn device_flags(&self) -> Vec<crate::providers::Flag> {
+        use crate::providers::Flag;
+        let mut f: Vec<Flag> = Flag::crc(self.crc.as_deref()).into_iter().collect();
+        if let Some(r) = self.mpa_rev {
+            f.push(Flag::new("--mpa-rev", "mpa_rev", r));
         }
-        o
+        if let Some(p) = &self.p2p {
+            f.push(Flag::new("--p2p", "p2p", p));
+        }
+        if self.siw_terminate {
+            f.push(Flag::new("--siw-terminate", "terminate_form", "siw"));
+        }
+        if let Some(n) = self.test_max_pd_tx {
+            f.push(Flag::new("--test-max-pd-tx", "max_private_data_tx", n));
+        }
+        f
+    }
+
+    /// Where the device talks from: the server's bind address, or the route to the server.
+    fn endpoint(&self) -> Result<crate::providers::Endpoint> {
+        use crate::providers::Endpoint;
+        Ok(if self.server {
+            Endpoint::Listen(resolve(self.addr.as_deref().unwrap_or("0.0.0.0"), 0)?.ip())
+        } else {
+            Endpoint::Connect {
+                dest: resolve(self.addr.as_deref().context("client needs -a ADDR")?, 0)?.ip(),
+                source: self
+                    .source
+                    .as_deref()
+                    .map(|s| resolve(s, 0))
+                    .transpose()?
+                    .map(|a| a.ip()),
+            }
+        })
     }
 }
 
@@ -473,7 +501,7 @@ pub fn run(args: RpingArgs) -> Result<()> {
             MAX_SIZE
         );
     }
-    let dev = crate::providers::open(None, &args.device_options())?;
+    let dev = crate::providers::open(&args.dev, &args.device_flags(), args.endpoint()?)?;
     if args.server {
         server(&dev, &args)
     } else {

@@ -60,9 +60,12 @@ pub struct Args {
     /// Message size of the fairness test (RDMA Write and TCP write); K, M suffixes.
     #[arg(short = 's', long, default_value = "64K", value_parser = fair_size)]
     size: u64,
-    /// Ask for MPA CRC32c.
-    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
-    crc: String,
+    /// The device: --provider iwarp|roce, --device NAME, --dev-opt KEY=VALUE.
+    #[command(flatten)]
+    dev: crate::providers::DeviceArgs,
+    /// iWARP: ask for MPA CRC32c (refused on other providers).
+    #[arg(long, value_parser = ["on", "off"])]
+    crc: Option<String>,
     /// One JSON object on stdout instead of the table (docs/json.md).
     #[arg(long)]
     json: bool,
@@ -232,7 +235,9 @@ pub fn run(args: Args) -> Result<()> {
             args.qps
         );
     }
-    let dev = crate::providers::open(None, &crate::providers::crc(args.crc == "on"))?;
+    let flags: Vec<_> = crate::providers::Flag::crc(args.crc.as_deref()).into_iter().collect();
+    let here = std::net::IpAddr::from([127, 0, 0, 1]);
+    let dev = crate::providers::open(&args.dev, &flags, crate::providers::Endpoint::Listen(here))?;
     note(
         args.json,
         &format!("scale: {} RDMA connections on {}", args.qps, dev.name()),

@@ -43,7 +43,7 @@ use crate::report::{Bandwidth, Latency};
 use anyhow::{Context, Result, anyhow, bail};
 use hdrhistogram::Histogram;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -51,10 +51,12 @@ use verbs::*;
 
 mod server;
 mod tcp;
+mod udp;
 
 use crate::procstat::cpu_secs;
 use server::*;
 use tcp::*;
+use udp::spawn_udp_echo;
 
 const EXAMPLES: &str = "\
 What each operation measures (the client posts, the server's CPU is only involved where noted):
@@ -163,20 +165,29 @@ pub struct Args {
     /// Bandwidth in Gb/sec (10^9 bits) instead of perftest's default MB/sec (2^20 bytes).
     #[arg(long = "report_gbits", visible_alias = "report-gbits")]
     report_gbits: bool,
-    /// Ask for MPA CRC32c (used if either side asks).
-    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
-    crc: String,
+    /// The device: --provider iwarp|roce, --device NAME, --dev-opt KEY=VALUE.
+    #[command(flatten)]
+    dev: crate::providers::DeviceArgs,
+    /// iWARP: ask for MPA CRC32c (used if either side asks; refused on other providers).
+    #[arg(long, value_parser = ["on", "off"])]
+    crc: Option<String>,
     /// Latency mode: one message at a time (ping-pong for write and send); p50/p99/p99.9.
     #[arg(long)]
     lat: bool,
     /// Be the server on ADDR (HOST:PORT) and serve one client session, then exit.
     #[arg(long, conflicts_with = "connect", value_parser = crate::net::host_port)]
     listen: Option<SocketAddr>,
+    /// Without --connect/--listen: the loopback address the in-process server end listens on
+    /// (the client end's device, when the provider binds one, takes the next free one).
+    #[arg(long, default_value = "127.0.0.1", value_name = "IP", conflicts_with_all = ["connect", "listen"])]
+    loopback: Ipv4Addr,
     /// Be the client of a `softrdma bench --listen` server at ADDR (HOST:PORT; HOST may be a name).
     #[arg(long, value_parser = crate::net::host_port)]
     connect: Option<SocketAddr>,
-    /// Also run the same traffic over plain TCP sockets and print the ratio.
-    #[arg(long, value_parser = ["tcp"])]
+    /// Also run the same traffic over plain sockets and print the ratio: tcp (any test; the
+    /// baseline for iWARP, which runs over TCP) or udp (--lat only: a busy-polling UDP
+    /// ping-pong of the same size, the baseline for RoCEv2, which runs over UDP).
+    #[arg(long, value_parser = ["tcp", "udp"])]
     baseline: Option<String>,
     /// One JSON object per result on stdout instead of the table.
     #[arg(long)]
@@ -467,16 +478,29 @@ fn qp_attr(send: u32, recv: u32) -> QpInitAttr {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let crc = args.crc == "on";
-    let dev_cfg = crate::providers::crc(crc);
+    use crate::providers::{Endpoint, Flag};
+    let flags: Vec<Flag> = Flag::crc(args.crc.as_deref()).into_iter().collect();
+    if args.baseline.as_deref() == Some("udp") && !args.lat {
+        bail!(
+            "--baseline udp is a latency baseline (a busy-polling UDP ping-pong): add --lat, or use \
+             --baseline tcp for bandwidth"
+        );
+    }
     if let Some(addr) = args.listen {
-        let dev = crate::providers::open(None, &dev_cfg)?;
+        let dev = crate::providers::open(&args.dev, &flags, Endpoint::Listen(addr.ip()))?;
         let listener = dev.listen(addr).with_context(|| format!("listening on {addr}"))?;
         let tcp = TcpListener::bind(SocketAddr::new(listener.local_addr().ip(), 0))?;
+        let udp = spawn_udp_echo(SocketAddr::new(listener.local_addr().ip(), tcp.local_addr()?.port()));
         eprintln!(
-            "bench server: listening on {} (iWARP) and {} (TCP baseline); waiting for a client",
+            "bench server: listening on {} ({}) and {} (TCP baseline{}); waiting for a client",
             listener.local_addr(),
-            tcp.local_addr()?
+            crate::providers::label(&dev),
+            tcp.local_addr()?,
+            if udp.is_ok() {
+                ", UDP baseline on the same port"
+            } else {
+                ""
+            }
         );
         let tcp = spawn_tcp_server(tcp, Limits::of(&args))?;
         return serve(&dev, &listener, Some(tcp), Limits::of(&args));
@@ -514,19 +538,37 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         vec![args.size.unwrap_or(if args.lat { 8 } else { 65536 })]
     };
-    let dev = crate::providers::open(None, &dev_cfg)?;
-    let (target, server) = match args.connect {
-        Some(a) => (a, None),
+    let (dev, target, server) = match args.connect {
+        Some(a) => (
+            crate::providers::open(
+                &args.dev,
+                &flags,
+                Endpoint::Connect {
+                    dest: a.ip(),
+                    source: None,
+                },
+            )?,
+            a,
+            None,
+        ),
         None => {
-            let sdev = crate::providers::open(None, &dev_cfg)?;
-            let listener = sdev.listen("127.0.0.1:0".parse()?)?;
-            let tcp = spawn_tcp_server(TcpListener::bind("127.0.0.1:0")?, Limits::of(&args))?;
+            if !args.loopback.is_loopback() {
+                bail!("--loopback {}: not a 127.0.0.0/8 address", args.loopback);
+            }
+            let here: IpAddr = args.loopback.into();
+            let sdev = crate::providers::open(&args.dev, &flags, Endpoint::Listen(here))?;
+            let listener = sdev.listen(SocketAddr::new(here, 0))?;
+            let tcp_l = TcpListener::bind(SocketAddr::new(here, 0))?;
+            // Best effort: a run without --baseline udp does not need it.
+            let _ = spawn_udp_echo(tcp_l.local_addr()?);
+            let tcp = spawn_tcp_server(tcp_l, Limits::of(&args))?;
             let addr = listener.local_addr();
             let limits = Limits::of(&args);
             let h = std::thread::Builder::new()
                 .name("bench-server".into())
                 .spawn(move || serve(&sdev, &listener, Some(tcp), limits))?;
-            (addr, Some(h))
+            let dev = crate::providers::open(&args.dev, &flags, Endpoint::LoopbackClient(here))?;
+            (dev, addr, Some(h))
         }
     };
     let progress = crate::progress::wanted(args.progress, args.json);
@@ -537,7 +579,10 @@ pub fn run(args: Args) -> Result<()> {
         let last = i + 1 == sizes.len();
         let r = run_test(&dev, target, &args, op, i as u32, size, last, progress, session).and_then(|mut r| {
             if args.baseline.is_some() {
-                r.baseline = Some(run_baseline(target, &r, args.qps as usize)?);
+                r.baseline = Some(match args.baseline.as_deref() {
+                    Some("udp") => udp::run_udp_baseline(target, &r)?,
+                    _ => run_baseline(target, &r, args.qps as usize)?,
+                });
             }
             Ok(r)
         });
@@ -594,27 +639,28 @@ struct BenchJson {
     lat: Option<Latency>,
     /// CPU seconds this process used during the run.
     cpu_s: Option<f64>,
-    /// With `--baseline tcp` only.
+    /// With `--baseline tcp|udp` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     baseline: Option<BaselineJson>,
 }
 
-/// The TCP baseline of a [`BenchJson`] and how RDMA compares.
+/// The plain-socket baseline of a [`BenchJson`] and how RDMA compares.
 #[derive(serde::Serialize)]
 struct BaselineJson {
+    /// "tcp" or "udp".
     kind: &'static str,
     /// How the baseline's ends waited for data: "busy-poll" (latency tests without
-    /// `--events`, like `sockperf ping-pong --tcp --nonblocked`) or "blocking".
+    /// `--events`, like `sockperf ping-pong --nonblocked`) or "blocking".
     polling: &'static str,
     #[serde(flatten)]
     bw: Bandwidth,
     lat: Option<Latency>,
     cpu_s: Option<f64>,
-    /// RDMA over TCP of the field `ratio_of` names: for bandwidth higher is better, for
-    /// latency lower.
+    /// RDMA over the baseline of the field `ratio_of` names: for bandwidth higher is better,
+    /// for latency lower.
     ratio: Option<f64>,
     ratio_of: &'static str,
-    /// CPU seconds RDMA over TCP (lower is cheaper).
+    /// CPU seconds RDMA over the baseline (lower is cheaper).
     cpu_ratio: Option<f64>,
 }
 
@@ -628,6 +674,8 @@ struct Outcome {
     /// `--events`: the latency test's ends sleep on their CQs instead of busy-polling.
     events: bool,
     crc: bool,
+    /// What the connection negotiated, for people (the provider's `ConnInfo::detail`).
+    detail: String,
     /// Messages completed in total over all QPs.
     messages: u64,
     secs: f64,
@@ -640,6 +688,8 @@ struct Outcome {
 }
 
 struct Baseline {
+    /// "tcp" or "udp".
+    kind: &'static str,
     gbit: f64,
     hist: Option<Histogram<u64>>,
     /// CPU seconds this process used during the baseline.
@@ -696,7 +746,7 @@ impl Outcome {
             lat: self.hist.as_ref().map(Latency::of_ns),
             cpu_s: self.cpu_s,
             baseline: self.baseline.as_ref().map(|b| BaselineJson {
-                kind: "tcp",
+                kind: b.kind,
                 polling: b.polling.as_str(),
                 bw: bw(b.gbit),
                 lat: b.hist.as_ref().map(Latency::of_ns),
@@ -724,9 +774,10 @@ impl Outcome {
                     self.msg_rate() / 1e6
                 );
                 if let Some(b) = &self.baseline {
+                    let k = b.kind.to_uppercase();
                     println!(
-                        " {:<10} {:<13} {:<18} {:<20.2} ratio RDMA/TCP {:.3} (CPU seconds RDMA/TCP {:.2})",
-                        "  TCP",
+                        " {:<10} {:<13} {:<18} {:<20.2} ratio RDMA/{k} {:.3} (CPU seconds RDMA/{k} {:.2})",
+                        format!("  {k}"),
                         self.iters(),
                         "",
                         bw(b.gbit),
@@ -747,10 +798,13 @@ impl Outcome {
                     Latency::of_ns(h).p99_us,
                     Latency::of_ns(h).p999_us
                 );
-                if let Some(bh) = self.baseline.as_ref().and_then(|b| b.hist.as_ref()) {
+                if let Some(b) = &self.baseline
+                    && let Some(bh) = &b.hist
+                {
+                    let k = b.kind.to_uppercase();
                     println!(
-                        " {:<8} {:<12} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:.2}   p50 ratio RDMA/TCP {:.3}",
-                        "  TCP",
+                        " {:<8} {:<12} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:<11.2} {:.2}   p50 ratio RDMA/{k} {:.3}",
+                        format!("  {k}"),
                         self.iters(),
                         Latency::of_ns(bh).min_us,
                         Latency::of_ns(bh).max_us,
@@ -774,7 +828,7 @@ fn print_header(args: &Args, dev: &Device, target: SocketAddr, r: &Outcome) {
         r.op.title(),
         if r.lat { "Latency" } else { "BW" }
     );
-    println!(" Device          : {} (iWARP: RDMAP/DDP/MPA over TCP)", dev.name());
+    println!(" Device          : {} ({})", dev.name(), crate::providers::label(dev));
     println!(
         " Connection      : {}",
         if args.connect.is_some() {
@@ -783,7 +837,11 @@ fn print_header(args: &Args, dev: &Device, target: SocketAddr, r: &Outcome) {
             format!("loopback {target}, both ends in this process")
         }
     );
-    println!(" Number of qps   : {:<10} Transport type : iWARP", r.qps);
+    println!(
+        " Number of qps   : {:<10} Transport type : {}",
+        r.qps,
+        crate::providers::transport(dev)
+    );
     if !r.lat {
         println!(
             " TX depth        : {:<10} CQ moderation  : {}",
@@ -791,8 +849,17 @@ fn print_header(args: &Args, dev: &Device, target: SocketAddr, r: &Outcome) {
             cq_mod(r.depth)
         );
     }
-    println!(" MPA CRC32c      : {}", if r.crc { "on" } else { "off" });
-    if args.baseline.is_some() {
+    if !r.detail.is_empty() {
+        println!(" Negotiated      : {}", r.detail);
+    }
+    if args.baseline.as_deref() == Some("udp") {
+        println!(" Baseline        : plain UDP datagrams, same message size and count, one in flight");
+        if args.events {
+            println!(" Baseline wait   : blocking receives on both ends, as --events sleeps on the CQs");
+        } else {
+            println!(" Baseline wait   : busy-polling non-blocking sockets on both ends, as we busy-poll the CQs");
+        }
+    } else if args.baseline.is_some() {
         println!(" Baseline        : plain TCP sockets, same message size and count");
         if r.lat && !args.events {
             println!(" Baseline wait   : busy-polling non-blocking sockets on both ends, as we busy-poll the CQs");
@@ -953,7 +1020,8 @@ fn run_test(
             }
         }
     }
-    let crc = conns[0].qp.conn_info().detail.contains("crc true");
+    let detail = conns[0].qp.conn_info().detail;
+    let crc = detail.contains("crc true");
     let tcp_port = conns[0].reply.tcp_port;
     let iters = args.iters.unwrap_or(if lat { 1000 } else { 5000 });
     let stop = match args.duration {
@@ -968,6 +1036,7 @@ fn run_test(
         lat,
         events: args.events,
         crc,
+        detail,
         messages: 0,
         secs: 0.0,
         peak_gbit: 0.0,

@@ -30,7 +30,7 @@ impl Polling {
 
 /// After this long without data a busy-polling end sleeps in a blocking read instead, so a
 /// silent peer costs no CPU (the RDMA latency servers do the same).
-const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(100);
+pub(super) const SPIN_BEFORE_SLEEP: Duration = Duration::from_millis(100);
 
 /// `read_exact` on a non-blocking socket by spinning on `recv`; after [`SPIN_BEFORE_SLEEP`]
 /// without a byte it blocks (bounded by `timeout`, `None`: forever) until data comes.
@@ -283,6 +283,7 @@ pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) 
         }
         let secs = hist.mean() * hist.len() as f64 / 1e9;
         return Ok(Baseline {
+            kind: "tcp",
             gbit: count as f64 * size as f64 * 8.0 / secs / 1e9,
             hist: Some(hist),
             cpu_s: None,
@@ -354,6 +355,7 @@ pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) 
     let secs = start.elapsed().as_secs_f64();
     let total = count * conns as u64;
     Ok(Baseline {
+        kind: "tcp",
         gbit: total as f64 * size as f64 * 8.0 / secs / 1e9,
         hist: None,
         cpu_s: None,

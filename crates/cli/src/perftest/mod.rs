@@ -160,9 +160,13 @@ pub struct Args {
     /// Number of QPs (only 1 is implemented).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
-    /// Device to use, by name as `softrdma devices` lists it (default: the first).
-    #[arg(short = 'd', long = "ib-dev")]
+    /// Device to use, by name as `softrdma devices` lists it (default: the provider's; the
+    /// same as --device).
+    #[arg(short = 'd', long = "ib-dev", conflicts_with = "device")]
     pub ib_dev: Option<String>,
+    /// The device: --provider iwarp|roce, --device NAME, --dev-opt KEY=VALUE.
+    #[command(flatten)]
+    pub dev: crate::providers::DeviceArgs,
     /// Report with the CPU's nominal frequency (accepted and ignored: softrdma uses the monotonic clock).
     #[arg(short = 'F', long = "CPU-freq")]
     pub cpu_freq: bool,
@@ -172,9 +176,9 @@ pub struct Args {
     /// Server: the address to listen on.
     #[arg(long, default_value = "0.0.0.0")]
     pub bind: IpAddr,
-    /// Ask for MPA CRC32c (used if either side asks).
-    #[arg(long, default_value = "off", value_parser = ["on", "off"])]
-    pub crc: String,
+    /// iWARP: ask for MPA CRC32c (used if either side asks; refused on other providers).
+    #[arg(long, value_parser = ["on", "off"])]
+    pub crc: Option<String>,
     /// Client: wait this long after the comm connection is established before the first
     /// Send. Linux 6.1's siw as responder misses an FPDU that arrives right after its MPA
     /// Reply (see docs/interop-siw.md); 0 sends at once.
@@ -258,14 +262,25 @@ impl Params {
 /// Runs `softrdma perftest`.
 pub fn run(args: Args) -> Result<()> {
     let p = Params::new(&args)?;
-    let dev = crate::providers::open(args.ib_dev.as_deref(), &crate::providers::crc(args.crc == "on"))?;
-    let out = match &args.server {
-        Some(host) => {
-            let addr = resolve(host, args.port)?;
-            session(&dev, &args, p, Role::Client(addr))?
-        }
-        None => session(&dev, &args, p, Role::Server(SocketAddr::new(args.bind, args.port)))?,
+    use crate::providers::{Endpoint, Flag};
+    let mut d = args.dev.clone();
+    if args.ib_dev.is_some() {
+        d.device = args.ib_dev.clone();
+    }
+    let flags: Vec<Flag> = Flag::crc(args.crc.as_deref()).into_iter().collect();
+    let role = match &args.server {
+        Some(host) => Role::Client(resolve(host, args.port)?),
+        None => Role::Server(SocketAddr::new(args.bind, args.port)),
     };
+    let at = match role {
+        Role::Client(a) => Endpoint::Connect {
+            dest: a.ip(),
+            source: None,
+        },
+        Role::Server(a) => Endpoint::Listen(a.ip()),
+    };
+    let dev = crate::providers::open(&d, &flags, at)?;
+    let out = session(&dev, &args, p, role)?;
     out.print(&args, &p);
     Ok(())
 }
@@ -1538,10 +1553,11 @@ mod tests {
             out_reads: None,
             qps: 1,
             ib_dev: None,
+            dev: Default::default(),
             cpu_freq: false,
             json: false,
             bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-            crc: "off".into(),
+            crc: None,
             first_send_delay_ms: 0,
             timeout: 1,
             connect_timeout: 1,
