@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use crate::engine::impair::ImpairConfig;
-use crate::engine::{RoceConfig, open_device};
+use crate::engine::{IcrcRx, RoceConfig, open_device};
 use verbs::{
     ConfigItem, ConfigValue, DeviceFactory, DeviceOptions, InvalidArg, Mtu, ParamInfo, ProviderInfo, Result, Transport,
 };
@@ -28,6 +28,11 @@ impl RoceFactory {
                 "mtu",
                 d.mtu.bytes().to_string(),
                 "the port's active MTU: 256, 512, 1024, 2048 or 4096",
+            ),
+            p(
+                "icrc_rx",
+                "auto".into(),
+                "how IPv4 packets are received for the ICRC check: raw (raw socket with the IP header; CAP_NET_RAW), udp (ID 0 assumed), auto (raw if permitted)",
             ),
             p(
                 "impair",
@@ -64,6 +69,19 @@ impl RoceFactory {
                 }
             };
         }
+        c.icrc_rx = match opts.get("icrc_rx") {
+            None | Some("auto") => IcrcRx::Auto,
+            Some("raw") => IcrcRx::Raw,
+            Some("udp") => IcrcRx::Udp,
+            Some(v) => {
+                return Err(InvalidArg::OptionValue {
+                    key: "icrc_rx".into(),
+                    value: v.to_string(),
+                    expected: "auto, raw or udp",
+                }
+                .into());
+            }
+        };
         match opts.get("impair") {
             None | Some("none") | Some("") => {}
             Some(v) => {
@@ -113,6 +131,16 @@ impl DeviceFactory for RoceFactory {
                 "active MTU",
                 ConfigValue::Num(u64::from(c.mtu.bytes())),
                 format!("{} octets", c.mtu.bytes()),
+            ),
+            item(
+                "icrc_rx",
+                "IPv4 ICRC check",
+                ConfigValue::Text(format!("{:?}", c.icrc_rx).to_lowercase()),
+                match c.icrc_rx {
+                    IcrcRx::Auto => "raw socket with the IP header if permitted, else IP ID 0 assumed".into(),
+                    IcrcRx::Raw => "raw socket: checked against the IP header received".into(),
+                    IcrcRx::Udp => "UDP socket: IP ID 0 assumed".into(),
+                },
             ),
             item(
                 "impair",

@@ -60,6 +60,26 @@ pub struct RoceConfig {
     pub mtu: Mtu,
     /// Faults injected into what the device sends (testing; `None` in normal use).
     pub impair: Option<impair::ImpairConfig>,
+    /// Where IPv4 packets are received, which decides how their ICRC is checked.
+    pub icrc_rx: IcrcRx,
+}
+
+/// How the device receives IPv4 packets, which decides what their ICRC is checked against
+/// (rxe's IPv4 ICRC covers the IP Identification, which a UDP socket does not show).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IcrcRx {
+    /// `Raw` if the process may open raw sockets (CAP_NET_RAW), else `Udp`.
+    #[default]
+    Auto,
+    /// A raw `IPPROTO_UDP` socket with a classic BPF filter (our address, port 4791) gives
+    /// every datagram with its IP header, so every ICRC is checked against the header it
+    /// came in, rxe's hashed IDs included. The UDP socket stays bound, with a drop-all
+    /// filter, so the host sends no ICMP port-unreachable. Needs CAP_NET_RAW.
+    Raw,
+    /// The UDP socket receives; the IPv4 ICRC is checked as if the ID were 0, which is what
+    /// our own devices send. Packets with another ID (rxe's) fail the check and are dropped
+    /// and counted in `icrc_err`.
+    Udp,
 }
 
 impl Default for RoceConfig {
@@ -69,6 +89,7 @@ impl Default for RoceConfig {
             addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
             mtu: Mtu::Mtu1024,
             impair: None,
+            icrc_rx: IcrcRx::Auto,
         }
     }
 }
@@ -130,6 +151,8 @@ pub(crate) struct DevCounters {
 pub(crate) struct DevInner {
     pub cfg: RoceConfig,
     pub sock: UdpSocket,
+    /// The raw socket IPv4 packets are received from (with their IP headers), if any.
+    pub raw: Option<socket2::Socket>,
     pub local: SocketAddr,
     pub qps: RwLock<HashMap<u32, Weak<qp::QpShared>>>,
     next_qpn: AtomicU32,
@@ -214,6 +237,15 @@ impl DevInner {
 
     /// Receives every queued datagram (or leaves a poke for the thread that is already
     /// doing so). Returns whether any packet was received.
+    /// The socket the progress thread waits on.
+    pub(crate) fn rx_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match &self.raw {
+            Some(r) => r.as_raw_fd(),
+            None => self.sock.as_raw_fd(),
+        }
+    }
+
     pub(crate) fn drain_rx(&self) -> bool {
         self.rx_poke.store(true, Ordering::SeqCst);
         let mut any = false;
@@ -226,10 +258,18 @@ impl DevInner {
             let now = Instant::now();
             let mut n_batch = 0;
             loop {
-                match sys::recv_from_dontwait(self.sock.as_fd(), &mut buf) {
+                let fd = match &self.raw {
+                    Some(r) => r.as_fd(),
+                    None => self.sock.as_fd(),
+                };
+                match sys::recv_from_dontwait(fd, &mut buf) {
                     Ok((n, from)) => {
                         any = true;
-                        self.on_datagram(now, from, &mut buf[..n], &mut touched);
+                        if self.raw.is_some() {
+                            self.on_ip_datagram(now, &buf[..n], &mut touched);
+                        } else {
+                            self.on_datagram(now, from, None, &buf[..n], &mut touched);
+                        }
                         n_batch += 1;
                         // Let ACKs and responses out now and then during a long burst.
                         if n_batch % 64 == 0 {
@@ -258,9 +298,51 @@ impl DevInner {
         }
     }
 
-    fn on_datagram(&self, now: Instant, from: SocketAddr, pkt: &mut [u8], touched: &mut Vec<Arc<qp::QpShared>>) {
+    /// An IPv4 datagram from the raw socket (the filter passed only UDP to our address and
+    /// port 4791): the ICRC is checked against the headers it came with.
+    fn on_ip_datagram(&self, now: Instant, d: &[u8], touched: &mut Vec<Arc<qp::QpShared>>) {
+        const IP: usize = 20;
+        const UDP: usize = 8;
+        if d.len() < IP + UDP || d[0] != 0x45 {
+            // Not IPv4, or IPv4 with options, which rxe's ICRC does not cover.
+            self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let udp_len = usize::from(u16::from_be_bytes([d[IP + 4], d[IP + 5]]));
+        if udp_len < UDP || IP + udp_len > d.len() {
+            self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let src = Ipv4Addr::new(d[12], d[13], d[14], d[15]);
+        let sport = u16::from_be_bytes([d[IP], d[IP + 1]]);
+        let from = SocketAddr::new(IpAddr::V4(src), sport);
+        self.on_datagram(
+            now,
+            from,
+            Some((&d[..IP], &d[IP..IP + UDP])),
+            &d[IP + UDP..IP + udp_len],
+            touched,
+        );
+    }
+
+    /// One RoCEv2 packet (a UDP payload) from `from`; `headers` are the IP and UDP headers
+    /// it arrived in when the raw socket gave them.
+    fn on_datagram(
+        &self,
+        now: Instant,
+        from: SocketAddr,
+        headers: Option<(&[u8], &[u8])>,
+        pkt: &[u8],
+        touched: &mut Vec<Arc<qp::QpShared>>,
+    ) {
         self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
-        if icrc_check(from.ip(), self.local.ip(), from.port(), self.local.port(), pkt).is_err() {
+        let ok = match headers {
+            Some((ip, udp)) => icrc::verify(ip, udp, pkt).is_ok(),
+            None => icrc_check(from.ip(), self.local.ip(), from.port(), self.local.port(), pkt).is_ok(),
+        };
+        if !ok {
             self.counters.icrc_err.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -382,6 +464,16 @@ impl DevInner {
     }
 }
 
+/// The raw `IPPROTO_UDP` socket that receives the device's IPv4 datagrams with their IP
+/// headers (see [`IcrcRx::Raw`]).
+fn raw_socket(addr: Ipv4Addr) -> io::Result<socket2::Socket> {
+    let r = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::UDP))?;
+    sys::attach_filter(r.as_fd(), &sys::rocev2_ipv4_filter(addr, crate::wire::ROCEV2_UDP_PORT))?;
+    let _ = r.set_recv_buffer_size(8 << 20);
+    r.bind(&SocketAddr::new(IpAddr::V4(addr), 0).into())?;
+    Ok(r)
+}
+
 /// The IP header the ICRC covers, as Linux sends a datagram of `payload_len` UDP payload
 /// octets from an unconnected socket with DF (IPv4 ID 0).
 fn ip_header(src: IpAddr, dst: IpAddr, payload_len: usize, out: &mut [u8; 40]) -> &[u8] {
@@ -459,6 +551,23 @@ impl RoceProvider {
         let _ = s.set_recv_buffer_size(8 << 20);
         sys::set_pmtudisc_do(s.as_fd(), cfg.addr.is_ipv6())?;
         s.bind(&local.into())?;
+        let raw = match (cfg.addr, cfg.icrc_rx) {
+            (IpAddr::V4(a), IcrcRx::Auto | IcrcRx::Raw) => match raw_socket(a) {
+                Ok(r) => {
+                    sys::attach_filter(s.as_fd(), &sys::drop_all_filter())?;
+                    Some(r)
+                }
+                Err(e) if cfg.icrc_rx == IcrcRx::Raw => return Err(e),
+                Err(e) => {
+                    tracing::info!(
+                        device = %cfg.name, error = %e,
+                        "no raw socket: IPv4 ICRCs are checked with IP ID 0 (rxe's packets will fail)"
+                    );
+                    None
+                }
+            },
+            _ => None,
+        };
         let sock: UdpSocket = s.into();
         let poll = mio::Poll::new()?;
         let waker = mio::Waker::new(poll.registry(), driver::WAKER)?;
@@ -469,6 +578,7 @@ impl RoceProvider {
         let inner = Arc::new(DevInner {
             cfg,
             sock,
+            raw,
             local,
             qps: RwLock::new(HashMap::new()),
             // A start that differs between devices and runs, as rxe's pool index does not.
