@@ -35,11 +35,11 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
             }
             d.sleep_deadline().map(|t| t.saturating_duration_since(Instant::now()))
         };
-        if let Err(e) = poll.poll(&mut events, timeout) {
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                tracing::error!(error = %e, "RoCEv2 progress thread: epoll_wait failed");
-                return;
-            }
+        if let Err(e) = poll.poll(&mut events, timeout)
+            && e.kind() != std::io::ErrorKind::Interrupted
+        {
+            tracing::error!(error = %e, "RoCEv2 progress thread: epoll_wait failed");
+            return;
         }
         let Some(d) = dev.upgrade() else { return };
         if d.stop.load(Ordering::SeqCst) {

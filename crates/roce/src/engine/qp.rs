@@ -125,11 +125,11 @@ impl QpShared {
                 g.core.set_error();
             }
         }
-        if let Some(t) = g.core.poll_timeout() {
-            if g.armed.is_none_or(|a| t < a) {
-                g.armed = Some(t);
-                self.dev.arm_timer(t, self.qpn);
-            }
+        if let Some(t) = g.core.poll_timeout()
+            && g.armed.is_none_or(|a| t < a)
+        {
+            g.armed = Some(t);
+            self.dev.arm_timer(t, self.qpn);
         }
         any
     }
