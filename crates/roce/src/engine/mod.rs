@@ -166,6 +166,9 @@ pub(crate) struct DevInner {
     gsi: Mutex<Option<Weak<dyn GsiHandler>>>,
     gsi_psn: AtomicU32,
     pub counters: DevCounters,
+    /// When an application thread last drove progress from `poll_cq` (nanoseconds since
+    /// `epoch`): while it busy-polls, the progress thread stops waking on the socket.
+    pub last_poll: AtomicU64,
     /// The RC counters of QPs already destroyed.
     pub retired: Mutex<crate::rc::RcStats>,
     impair: Option<Mutex<impair::Impair>>,
@@ -225,6 +228,17 @@ impl DevInner {
         let next = t.heap.peek().map(|Reverse((at, _))| *at);
         t.sleep_until = next.map_or(u64::MAX, |n| self.nanos(n).max(1));
         next
+    }
+
+    /// An application thread drives progress (`poll_cq`).
+    pub(crate) fn note_poll(&self) {
+        self.last_poll.store(self.nanos(Instant::now()), Ordering::Relaxed);
+    }
+
+    /// Whether an application thread polled within `within`.
+    pub(crate) fn busy_polled(&self, within: std::time::Duration) -> bool {
+        let last = self.last_poll.load(Ordering::Relaxed);
+        last != 0 && self.nanos(Instant::now()).saturating_sub(last) < within.as_nanos() as u64
     }
 
     fn awake(&self) {
@@ -594,6 +608,7 @@ impl RoceProvider {
             gsi: Mutex::new(None),
             gsi_psn: AtomicU32::new(seed & 0x00ff_ffff),
             counters: DevCounters::default(),
+            last_poll: AtomicU64::new(0),
             retired: Mutex::new(crate::rc::RcStats::default()),
             impair: cfg_impair.map(|c| Mutex::new(impair::Impair::new(c))),
             epoch: Instant::now(),

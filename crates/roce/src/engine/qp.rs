@@ -149,6 +149,7 @@ impl Drop for QpShared {
 
 impl Progress for QpShared {
     fn progress(&self) -> bool {
+        self.dev.note_poll();
         let mut any = self.dev.drain_rx();
         let now = Instant::now();
         let mut g = self.inner.lock().unwrap();
