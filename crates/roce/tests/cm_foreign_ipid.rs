@@ -86,7 +86,10 @@ fn req_with_rxe_style_ipv4_id_is_answered() {
     peer.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
     let opts = DeviceOptions::new()
         .with("addr", DEV.to_string())
-        .with("name", "rxe_ipid");
+        .with("name", "rxe_ipid")
+        // The UDP receive path, where the ID is solved for (as root, `auto` would take the
+        // raw socket, which sees the ID).
+        .with("icrc_rx", "udp");
     let _dev = roce::RoceFactory.open(&opts).unwrap();
     let to = SockAddr::from(SocketAddr::new(DEV.into(), 4791));
 

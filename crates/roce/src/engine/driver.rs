@@ -2,10 +2,9 @@
 //! and a waker, with the earliest QP timer as its timeout. Nothing to read and no timer
 //! armed: it sleeps without a timeout, so an idle device costs no CPU.
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
@@ -18,7 +17,7 @@ pub(super) const WAKER: Token = Token(1);
 /// Registers the device's socket with `poll` and starts the thread.
 pub(super) fn start(poll: Poll, dev: &Arc<DevInner>) -> std::io::Result<()> {
     poll.registry()
-        .register(&mut SourceFd(&dev.sock.as_raw_fd()), SOCKET, Interest::READABLE)?;
+        .register(&mut SourceFd(&dev.rx_fd()), SOCKET, Interest::READABLE)?;
     let weak = Arc::downgrade(dev);
     std::thread::Builder::new()
         .name(format!("{}-progress", dev.cfg.name))
@@ -26,21 +25,46 @@ pub(super) fn start(poll: Poll, dev: &Arc<DevInner>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// An application thread that drove progress this recently counts as busy-polling: the
+/// progress thread stops waking on the socket (like the iWARP driver's mute, or Linux's
+/// busy polling), so the two do not take turns on the same datagrams.
+const BUSY_POLL_RECENT: Duration = Duration::from_micros(500);
+/// While muted, the progress thread checks this often whether the poller went away.
+const MUTED_CHECK: Duration = Duration::from_millis(1);
+
 fn run(mut poll: Poll, dev: Weak<DevInner>) {
     let mut events = Events::with_capacity(16);
+    let mut muted = false;
     loop {
         let timeout = {
             let Some(d) = dev.upgrade() else { return };
             if d.stop.load(Ordering::SeqCst) {
                 return;
             }
-            d.sleep_deadline().map(|t| t.saturating_duration_since(Instant::now()))
-        };
-        if let Err(e) = poll.poll(&mut events, timeout) {
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                tracing::error!(error = %e, "RoCEv2 progress thread: epoll_wait failed");
-                return;
+            let fd = d.rx_fd();
+            let busy = d.busy_polled(BUSY_POLL_RECENT);
+            if busy && !muted {
+                muted = poll.registry().deregister(&mut SourceFd(&fd)).is_ok();
+            } else if !busy && muted {
+                // EPOLL_CTL_ADD checks readiness: datagrams queued meanwhile raise an event.
+                muted = poll
+                    .registry()
+                    .register(&mut SourceFd(&fd), SOCKET, Interest::READABLE)
+                    .is_err();
+                d.drain_rx();
             }
+            let t = d.sleep_deadline().map(|t| t.saturating_duration_since(Instant::now()));
+            if muted {
+                Some(t.map_or(MUTED_CHECK, |t| t.min(MUTED_CHECK)))
+            } else {
+                t
+            }
+        };
+        if let Err(e) = poll.poll(&mut events, timeout)
+            && e.kind() != std::io::ErrorKind::Interrupted
+        {
+            tracing::error!(error = %e, "RoCEv2 progress thread: epoll_wait failed");
+            return;
         }
         let Some(d) = dev.upgrade() else { return };
         if d.stop.load(Ordering::SeqCst) {
@@ -48,8 +72,10 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
         }
         d.awake();
         // Edge-triggered: drain whenever woken (a waker wake-up may hide a socket edge
-        // consumed in the same batch).
-        d.drain_rx();
+        // consumed in the same batch); while muted the busy poller drains.
+        if !muted {
+            d.drain_rx();
+        }
         d.fire_timers(Instant::now());
     }
 }
