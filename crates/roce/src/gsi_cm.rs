@@ -838,13 +838,18 @@ pub fn ca_guid_for(ip: IpAddr) -> u64 {
 /// rdma_cm defaults, the CA GUID of [`ca_guid_for`] and a random seed, so comm IDs and PSNs
 /// differ from one run to the next (a peer tells a new connection from a stale one by them).
 pub fn open_device(cfg: crate::engine::RoceConfig) -> std::io::Result<verbs::Device> {
-    let p = Arc::new(crate::engine::RoceProvider::new(cfg.clone())?);
     let mut c = GsiCmConfig::new(ca_guid_for(cfg.addr), rand::random());
     c.path_mtu = cfg.mtu;
-    let cm = GsiCm::new(p.clone() as Arc<dyn GsiPort>, c)?;
-    Ok(verbs::provider::new_device(
-        cfg.name.clone(),
-        p as Arc<dyn verbs::Provider>,
-        Some(cm as Arc<dyn CmBackend>),
-    ))
+    let mut failed = None;
+    let dev = crate::engine::open_device_with(cfg, |p| match GsiCm::new(p.clone() as Arc<dyn GsiPort>, c) {
+        Ok(cm) => Some(cm as Arc<dyn CmBackend>),
+        Err(e) => {
+            failed = Some(e);
+            None
+        }
+    })?;
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(dev),
+    }
 }

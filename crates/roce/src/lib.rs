@@ -11,6 +11,8 @@
 //! - [`engine`]: the device: one UDP socket on port 4791, the progress thread, the verbs
 //!   provider and its RC QPs; [`RoceFactory`] opens it from the registry's text options.
 //! - [`gsi`]: the seam between the device's data path and the CM on QP1.
+//! - [`gsi_cm`]: the device's rdma_cm-style connection manager (`verbs::cm::backend::CmBackend`)
+//!   carried by the [`cm`] machine over QP1; the factory opens every device with it.
 //!
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts C1 (IB CM) and C3 (RoCE and
 //! the RC transport).
