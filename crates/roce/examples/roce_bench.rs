@@ -285,6 +285,10 @@ fn udp_latency(iters: usize) -> Duration {
 fn main() {
     let secs: f64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2.0);
     let iters = 20_000;
+    if std::env::var("ROCE_BENCH_ONLY").as_deref() == Ok("small") {
+        println!("64 B Writes: {:.2} M msg/s", small_writes(secs) / 1e6);
+        return;
+    }
     if std::env::var("ROCE_BENCH_ONLY").as_deref() == Ok("write") {
         println!("RDMA Write 1 MiB: {:.0} MB/s", rdma_write_bw(secs) / 1e6);
         return;

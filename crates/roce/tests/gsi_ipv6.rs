@@ -10,8 +10,11 @@ use roce::gsi::{GsiHandler, GsiPort};
 use roce::{RoceConfig, RoceProvider};
 use verbs::*;
 
+/// A MAD as the handler saw it: sender GID, source QP, P_Key, octets.
+type Mad = (Gid, u32, u16, Vec<u8>);
+
 #[derive(Default)]
-struct Inbox(Mutex<Vec<(Gid, u32, u16, Vec<u8>)>>);
+struct Inbox(Mutex<Vec<Mad>>);
 
 impl GsiHandler for Inbox {
     fn on_mad(&self, from: Gid, src_qp: u32, pkey: u16, mad: &[u8]) {
