@@ -188,6 +188,11 @@ pub(super) fn serve_session(
                 let per_test = if h.lat() { 1 } else { h.qps as u64 };
                 t.wait_done((h.test_id as u64 + 1) * per_test);
             }
+            if let Some(u) = tcp.as_ref().and_then(|t| t.udp.as_ref())
+                && h.flags & FLAG_BASELINE_UDP != 0
+            {
+                u.wait_done(h.test_id as u64 + 1);
+            }
             return Ok(());
         }
     }
