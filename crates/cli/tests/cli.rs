@@ -660,6 +660,33 @@ fn bench_latency_with_udp_baseline() {
     );
 }
 
+/// Two processes: the `--listen` server's UDP echo answers the client's `--baseline udp`,
+/// and the server, which exits after its one session, waits for the client's baseline to
+/// end first (it would otherwise take the echo with it), then exits 0.
+#[test]
+fn bench_two_processes_udp_baseline() {
+    let (server, addr, _err) = bench_server(&[]);
+    let out = ok(&[
+        "bench",
+        "send",
+        "--lat",
+        "--size",
+        "8",
+        "--iters",
+        "300",
+        "--baseline",
+        "udp",
+        "--json",
+        "--connect",
+        &addr,
+    ]);
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["baseline"]["kind"], "udp", "{v}");
+    assert!(num(&v["baseline"]["lat"], "p50_us") > 0.0, "{v}");
+    let o = wait_output(server, Duration::from_secs(20));
+    assert!(o.status.success(), "server: {}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn completions_and_man_pages() {
     let bash = ok(&["completions", "bash"]);
