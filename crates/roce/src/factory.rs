@@ -3,7 +3,7 @@
 
 use std::net::IpAddr;
 
-use crate::engine::{RoceConfig, open_device};
+use crate::engine::RoceConfig;
 use verbs::{
     ConfigItem, ConfigValue, DeviceFactory, DeviceOptions, InvalidArg, Mtu, ParamInfo, ProviderInfo, Result, Transport,
 };
@@ -74,7 +74,8 @@ impl DeviceFactory for RoceFactory {
     }
 
     fn open(&self, opts: &DeviceOptions) -> Result<verbs::Device> {
-        Ok(open_device(Self::config(opts)?)?)
+        // With the IB CM on QP1, so rdma_cm-style connect/listen work (rping, perftest -R, NFS).
+        Ok(crate::gsi_cm::open_device(Self::config(opts)?)?)
     }
 
     fn describe(&self, opts: &DeviceOptions) -> Result<Vec<ConfigItem>> {

@@ -9,8 +9,9 @@
 //! sends to the GID's address on UDP port 4791.
 
 use std::io;
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use verbs::Gid;
+use verbs::notify::EventQueue;
 
 /// The GSI Q_Key (IBTA vol. 1 §13.5.1, "well-known Q_Key").
 pub const GSI_QKEY: u32 = 0x8001_0000;
@@ -32,4 +33,12 @@ pub trait GsiPort: Send + Sync + 'static {
     /// Registers the handler of incoming MADs, replacing any earlier one. A weak reference:
     /// the device does not keep its CM alive.
     fn set_gsi_handler(&self, handler: Weak<dyn GsiHandler>);
+    /// The connection-event queue of the device's QP number `qpn` (the `events` of the
+    /// [`verbs::provider::QpCreate`] it was made with), for the CM to report
+    /// `Established`, `Disconnected` and failures of connections the peer ends. `None`
+    /// (the default) when the QP is gone or the device does not tell: the CM then still
+    /// moves the QP to ERR, but the application sees no CM event.
+    fn qp_events(&self, _qpn: u32) -> Option<Arc<EventQueue<verbs::CmEvent>>> {
+        None
+    }
 }

@@ -21,6 +21,7 @@ pub mod cm;
 pub mod engine;
 mod factory;
 pub mod gsi;
+pub mod gsi_cm;
 pub mod rc;
 pub mod wire;
 

@@ -698,6 +698,57 @@ impl Cm {
         Ok(())
     }
 
+    /// The application gave up on a connection (Linux `cm_destroy_id`): a REQ or REP still
+    /// waiting for an answer is withdrawn with REJ "timeout" (our CA GUID as ARI), a REQ we
+    /// have not answered gets REJ "consumer defined", an established connection a DREQ (it
+    /// stays until the DREP or time-wait, without a [`CmEvent::Disconnected`] of its own
+    /// here: the DREQ's answer brings it). Anything else is forgotten at once. No event
+    /// follows for a connection forgotten here.
+    pub fn destroy(&mut self, now: Instant, id: CmId) -> Result<(), CmError> {
+        let ca_guid = self.cfg.ca_guid;
+        let c = self.conns.get(&id.0).ok_or(CmError::UnknownId(id))?;
+        let (peer, tid, remote) = (c.peer, c.tid, c.remote_comm_id);
+        let rej = |message_rejected, reason, ari: Vec<u8>| {
+            CmMsg::Rej(Rej {
+                local_comm_id: id.0,
+                remote_comm_id: remote,
+                message_rejected,
+                reason,
+                ari,
+                private_data: Vec::new(),
+            })
+        };
+        match c.state {
+            State::ReqSent | State::MraReqRcvd => {
+                self.send(
+                    peer,
+                    tid,
+                    rej(MsgType::Req, RejReason::Timeout, ca_guid.to_be_bytes().to_vec()),
+                );
+            }
+            State::RepSent | State::MraRepRcvd => {
+                self.send(
+                    peer,
+                    tid,
+                    rej(MsgType::Rep, RejReason::Timeout, ca_guid.to_be_bytes().to_vec()),
+                );
+            }
+            State::ReqRcvd | State::MraReqSent => {
+                self.send(peer, tid, rej(MsgType::Req, RejReason::ConsumerDefined, Vec::new()));
+            }
+            State::RepRcvd | State::MraRepSent => {
+                self.send(peer, tid, rej(MsgType::Rep, RejReason::ConsumerDefined, Vec::new()));
+            }
+            State::Established => {
+                self.send_dreq(now, id.0, Vec::new());
+                return Ok(());
+            }
+            State::DreqSent | State::TimeWait => return Ok(()),
+        }
+        self.remove(id.0);
+        Ok(())
+    }
+
     // ---- input --------------------------------------------------------------------------
 
     /// A MAD that arrived on QP1 from `from` (the sender's GID). Returns an error (and counts

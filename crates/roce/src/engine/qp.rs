@@ -27,6 +27,8 @@ pub(crate) struct QpShared {
     inner: Mutex<QpInner>,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
+    /// The QP's connection events (the IB CM reports through [`crate::gsi::GsiPort::qp_events`]).
+    pub(crate) events: Arc<verbs::notify::EventQueue<verbs::CmEvent>>,
 }
 
 /// The RoCEv2 provider's QP as the verbs layer holds it.
@@ -58,6 +60,7 @@ impl QpShared {
             }),
             send_cq: req.send_cq.clone(),
             recv_cq: req.recv_cq.clone(),
+            events: req.events.clone(),
         });
         dev.qps.write().unwrap().insert(qpn, Arc::downgrade(&q));
         let w: Weak<dyn Progress> = Arc::downgrade(&q) as Weak<dyn Progress>;

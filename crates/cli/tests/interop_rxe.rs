@@ -1,0 +1,269 @@
+//! Interop with the Linux kernel's soft-RoCE (rxe) in the QEMU lab (`../shared/lab`,
+//! issue 13): `softrdma rping --provider roce` on the host (inside the lab's network
+//! namespace, 192.168.77.1) against the guest's `rping` over rxe0 (192.168.77.2), in both
+//! roles, sizes from rping's minimum (26) to 65535, 100+ pings with verification. The IB
+//! CM runs on QP1 (REQ/REP/RTU, DREQ/DREP) and the data on RC QPs, both over UDP 4791.
+//! After every case the guest kernel log is checked for BUG/WARNING/Oops.
+//!
+//! Guest routing: rdma_cm in the guest binds 192.168.77.2 to siw0 while siw0 exists (lab
+//! README "RoCEv2 from the host"), so the guest server listens on the wildcard address
+//! (its cm_ids on rxe0 get our REQ), and for the guest client siw0 is deleted for the case
+//! and added back afterwards (rxe0 re-added after it, the lab's order).
+//!
+//! Gate and skips as in `interop_siw.rs`: `SOFTRDMA_INTEROP=0` skips, `require` turns a
+//! skip into a failure; the lab must be built and rxe0 active.
+//! Requirement IDs: `../shared/requirements/smcr-ipoibcm.md` C1 (IB CM), C3 (RC over RoCEv2).
+
+#[path = "common/child.rs"]
+mod child;
+#[path = "common/lab.rs"]
+mod lab_common;
+
+use lab_common::{Lab, NS, acquire, bring_up_siw, exit_of, next_port, vm_exec};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+const HOST_IP: &str = "192.168.77.1";
+const GUEST_IP: &str = "192.168.77.2";
+
+/// The lab with rxe0 active (and siw0, which the other interop files need).
+fn bring_up_rxe() -> Result<PathBuf, String> {
+    let dir = bring_up_siw()?;
+    let (rc, out) = vm_exec(&dir, "rdma link show | grep -q 'rxe0/1 state ACTIVE' && echo ok", 20);
+    if rc != 0 || !out.contains("ok") {
+        return Err(format!("rxe0 is not active in the guest: {out}"));
+    }
+    Ok(dir)
+}
+
+fn lab(test: &str) -> Option<Lab> {
+    let lab = acquire(test, "kernel rxe interop lab", bring_up_rxe)?;
+    lab.kernel_check_init();
+    Some(lab)
+}
+
+/// A fresh port per case (8200..8999; interop_siw uses 7200..7999).
+fn port() -> u16 {
+    next_port(8200, 800)
+}
+
+struct GuestRun {
+    log: String,
+    exit: Option<i32>,
+}
+
+impl GuestRun {
+    fn count(&self, prefix: &str) -> usize {
+        self.log.lines().filter(|l| l.starts_with(prefix)).count()
+    }
+}
+
+/// Starts the guest's `rping -s` on the wildcard address and waits for its cm_id to listen.
+fn guest_server(lab: &Lab, args: &str) -> u16 {
+    let port = port();
+    let script = format!(
+        "rm -f /tmp/xr-{port}.*; (rping -s -p {port} {args} >/tmp/xr-{port}.log 2>/tmp/xr-{port}.err & \
+         echo $! >/tmp/xr-{port}.pid; wait $!; echo exit=$? >/tmp/xr-{port}.exit) >/dev/null 2>&1 &\n\
+         i=0; while [ $i -lt 100 ]; do rdma res show cm_id | grep -q ':{port} ' && exit 0; i=$((i+1)); sleep 0.05; done; \
+         echo 'rping -s did not listen'; cat /tmp/xr-{port}.log /tmp/xr-{port}.err; exit 1"
+    );
+    let (rc, out) = lab.exec(&script, 30);
+    assert_eq!(rc, 0, "guest rping -s: {out}");
+    port
+}
+
+fn guest_server_finish(lab: &Lab, p: u16, secs: u32) -> GuestRun {
+    let script = format!(
+        "i=0; while [ $i -lt {n} ]; do [ -e /tmp/xr-{p}.exit ] && break; i=$((i+1)); sleep 0.1; done; \
+         [ -e /tmp/xr-{p}.exit ] || {{ kill $(cat /tmp/xr-{p}.pid); sleep 0.3; echo killed; }}; \
+         cat /tmp/xr-{p}.log; echo '@@stderr'; cat /tmp/xr-{p}.err /tmp/xr-{p}.exit",
+        n = secs * 10
+    );
+    let (_, log) = lab.exec(&script, secs as u64 + 30);
+    let exit = if log.lines().any(|l| l == "killed") {
+        None
+    } else {
+        exit_of(&log)
+    };
+    GuestRun { log, exit }
+}
+
+/// Our `softrdma rping -c --provider roce` in the namespace.
+fn our_client(port: u16, args: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", NS, BIN, "rping", "-c", "-a", GUEST_IP, "-p"])
+        .arg(port.to_string())
+        .args(["--provider", "roce"])
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("softrdma rping -c")
+}
+
+struct OurServer {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    port: u16,
+}
+
+fn our_server(args: &[&str]) -> OurServer {
+    let port = port();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", NS, BIN, "rping", "-s", "-d", "-v", "-a", HOST_IP, "-p"])
+        .arg(port.to_string())
+        .args(["--provider", "roce", "--timeout", "60"])
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("softrdma rping -s");
+    let lines = child::lines_once_ready(&mut child, "rdma_bind_addr successful", Duration::from_secs(10));
+    OurServer { child, lines, port }
+}
+
+impl OurServer {
+    fn finish(mut self, secs: u64) -> (bool, Vec<String>, String) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let ok = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st.success();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            use std::io::Read;
+            let _ = e.read_to_string(&mut stderr);
+        }
+        let mut stdout = Vec::new();
+        while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(500)) {
+            stdout.push(l);
+        }
+        (ok, stdout, stderr)
+    }
+}
+
+/// rping's ping lines: `rdma-ping-N: ` and the rotating ASCII, `size - 1` octets.
+fn check_ping_lines(lines: &[&str], prefix: &str, count: usize, size: usize) {
+    assert_eq!(lines.len(), count, "{prefix} lines");
+    for (i, l) in lines.iter().enumerate() {
+        let body = l.strip_prefix(prefix).expect("prefix");
+        let head = format!("rdma-ping-{i}: ");
+        assert!(body.starts_with(&head), "ping {i}: {l}");
+        assert_eq!(body.len(), size - 1, "ping {i} length");
+        let mut c = b'A' + (i % 58) as u8;
+        for &b in &body.as_bytes()[head.len()..] {
+            assert_eq!(b, c, "ping {i}: {l}");
+            c = if c == b'z' { b'A' } else { c + 1 };
+        }
+    }
+}
+
+/// Our client against the kernel's `rping -s` over rxe0: `count` pings of `size`, -V.
+fn host_client_case(lab: &Lab, count: usize, size: usize) {
+    let port = guest_server(lab, &format!("-v -C {count} -S {size}"));
+    let (c, s) = (count.to_string(), size.to_string());
+    let out = our_client(port, &["-v", "-V", "-C", &c, "-S", &s, "--timeout", "30"]);
+    let guest = guest_server_finish(lab, port, 15);
+    lab.kernel_check();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "our client failed: {stderr}\nguest:\n{}", guest.log);
+    let pings: Vec<&str> = stdout.lines().filter(|l| l.starts_with("ping data: ")).collect();
+    check_ping_lines(&pings, "ping data: ", count, size);
+    assert_eq!(guest.exit, Some(0), "guest rping -s:\n{}", guest.log);
+    assert_eq!(guest.count("server ping data: "), count, "guest:\n{}", guest.log);
+}
+
+/// Runs `f` with siw0 removed from the guest, then puts siw0 and rxe0 back as the lab has
+/// them (siw0 first).
+fn without_siw<T>(lab: &Lab, f: impl FnOnce() -> T) -> T {
+    let (rc, out) = lab.exec("rdma link delete siw0", 20);
+    assert_eq!(rc, 0, "rdma link delete siw0: {out}");
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    let (rc, out) = lab.exec(
+        "rdma link delete rxe0; rdma link add siw0 type siw netdev eth0 && rdma link add rxe0 type rxe netdev eth0; \
+         rdma link show",
+        30,
+    );
+    assert_eq!(rc, 0, "restoring siw0/rxe0: {out}");
+    match r {
+        Ok(v) => v,
+        Err(p) => std::panic::resume_unwind(p),
+    }
+}
+
+/// The kernel's `rping -c` over rxe0 against our server.
+fn guest_client_case(lab: &Lab, count: usize, size: usize) {
+    let s = size.to_string();
+    let srv = our_server(&["-S", &s]);
+    let port = srv.port;
+    let secs = 30 + count as u64 / 20;
+    let script = format!(
+        "timeout {secs} rping -c -a {HOST_IP} -p {port} -v -V -C {count} -S {size} >/tmp/xc-{port}.log 2>/tmp/xc-{port}.err; \
+         echo exit=$? >>/tmp/xc-{port}.err; cat /tmp/xc-{port}.log; echo '@@stderr'; cat /tmp/xc-{port}.err"
+    );
+    let (_, log) = lab.exec(&script, secs + 30);
+    let (ok, stdout, stderr) = srv.finish(20);
+    lab.kernel_check();
+    assert_eq!(exit_of(&log), Some(0), "guest rping -c:\n{log}\nours: {stderr}");
+    let pings: Vec<&str> = log.lines().filter(|l| l.starts_with("ping data: ")).collect();
+    check_ping_lines(&pings, "ping data: ", count, size);
+    assert!(ok, "our server failed: {stderr}");
+    let sp: Vec<&str> = stdout
+        .iter()
+        .filter(|l| l.starts_with("server ping data: "))
+        .map(String::as_str)
+        .collect();
+    check_ping_lines(&sp, "server ping data: ", count, size);
+}
+
+/// C1, C3: our rping client against the kernel's rping server over rxe, 120 pings of 64
+/// octets, then rping's minimum size, 4 KiB and 65535.
+#[test]
+fn host_client_vs_kernel_server_over_rxe() {
+    let Some(lab) = lab("host_client_vs_kernel_server_over_rxe") else {
+        return;
+    };
+    host_client_case(&lab, 120, 64);
+    host_client_case(&lab, 20, 26);
+    host_client_case(&lab, 20, 4096);
+    host_client_case(&lab, 10, 65535);
+}
+
+/// C1, C3: the kernel's rping client over rxe against our rping server.
+#[test]
+fn kernel_client_vs_host_server_over_rxe() {
+    let Some(lab) = lab("kernel_client_vs_host_server_over_rxe") else {
+        return;
+    };
+    without_siw(&lab, || {
+        guest_client_case(&lab, 120, 64);
+        guest_client_case(&lab, 20, 26);
+        guest_client_case(&lab, 20, 4096);
+        guest_client_case(&lab, 10, 65535);
+    });
+}
+
+/// C1.6: a REQ for a port nobody listens on in the guest: rxe's CM answers REJ 8, and our
+/// client reports the typed rejection.
+#[test]
+fn unlistened_port_on_rxe_is_rej_8() {
+    let Some(lab) = lab("unlistened_port_on_rxe_is_rej_8") else {
+        return;
+    };
+    let out = our_client(port(), &["-C", "1", "--timeout", "20"]);
+    lab.kernel_check();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("invalid service ID"), "{stderr}");
+}

@@ -1,0 +1,624 @@
+//! The RoCEv2 connection manager ([`roce::gsi_cm::GsiCm`]) at the verbs level: two devices
+//! whose QP1s are joined by an in-memory wire (a delivery thread, MADs as octets, losses
+//! chosen by the test), and whose QPs record every `modify_qp` and check it against the
+//! IBTA transition rules. Applications use `Device::listen`, `ProtectionDomain::connect`,
+//! `ConnectRequest::accept/reject` and `QueuePair::disconnect` as on iWARP.
+//!
+//! Requirement IDs: `../shared/requirements/smcr-ipoibcm.md` part C1 (numbered in
+//! `roce::cm`'s docs: C1.3 private data, C1.6 REJ reasons, C1.7 retransmission and
+//! time-wait, C1.8 QP states driven by the CM).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use roce::cm::mad::{CmMsg, Mad, RejReason};
+use roce::gsi::{GsiHandler, GsiPort};
+use roce::gsi_cm::{GsiCm, GsiCmConfig, Rejection};
+use verbs::cm::backend::CmBackend;
+use verbs::notify::EventQueue;
+use verbs::provider::{Provider, QpCreate, QpOps};
+use verbs::qp_attr::check_modify;
+use verbs::{
+    CmEvent, Device, DeviceAttr, Error, Gid, QpAttr, QpOptions, QpState, QpType, QueuePair, RecvWr, Result, SendWr,
+};
+
+/// Decides, per MAD (parsed) and sender, to lose it.
+type DropRule = Box<dyn FnMut(Gid, &Mad) -> bool + Send>;
+
+/// The wire between the devices' QP1s: a thread delivers every MAD to the device of its
+/// destination GID, unless the rule drops it.
+struct Wire {
+    devs: Mutex<Vec<(Gid, Weak<FakeDev>)>>,
+    rule: Mutex<Option<DropRule>>,
+    dropped: AtomicU64,
+    tx: Mutex<Sender<(Gid, Gid, Vec<u8>)>>,
+}
+
+impl Wire {
+    fn new() -> Arc<Wire> {
+        let (tx, rx) = channel::<(Gid, Gid, Vec<u8>)>();
+        let w = Arc::new(Wire {
+            devs: Mutex::new(Vec::new()),
+            rule: Mutex::new(None),
+            dropped: AtomicU64::new(0),
+            tx: Mutex::new(tx),
+        });
+        let weak = Arc::downgrade(&w);
+        std::thread::spawn(move || {
+            while let Ok((from, to, bytes)) = rx.recv() {
+                let Some(w) = weak.upgrade() else { return };
+                let mad = Mad::parse(&bytes).expect("the CM sends MADs that parse");
+                if let Some(rule) = w.rule.lock().unwrap().as_mut()
+                    && rule(from, &mad)
+                {
+                    w.dropped.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                let dev = w
+                    .devs
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .find(|(g, _)| *g == to)
+                    .and_then(|(_, d)| d.upgrade());
+                if let Some(h) = dev.and_then(|d| d.handler.lock().unwrap().as_ref().and_then(Weak::upgrade)) {
+                    h.on_mad(from, 1, 0xffff, &bytes);
+                }
+            }
+        });
+        w
+    }
+    fn drop_rule(&self, rule: impl FnMut(Gid, &Mad) -> bool + Send + 'static) {
+        *self.rule.lock().unwrap() = Some(Box::new(rule));
+    }
+}
+
+/// A device with no data path: QP1 on the wire, QPs that record their transitions.
+struct FakeDev {
+    gid: Gid,
+    wire: Arc<Wire>,
+    handler: Mutex<Option<Weak<dyn GsiHandler>>>,
+    qps: Mutex<HashMap<u32, Arc<FakeQp>>>,
+    next_qpn: AtomicU32,
+}
+
+struct FakeQp {
+    qpn: u32,
+    state: Mutex<QpState>,
+    /// Every modify_qp, in order.
+    log: Mutex<Vec<QpAttr>>,
+    events: Arc<EventQueue<CmEvent>>,
+}
+
+impl QpOps for FakeQp {
+    fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+    fn state(&self) -> QpState {
+        *self.state.lock().unwrap()
+    }
+    fn post_send(&self, _wrs: &[SendWr]) -> Result<()> {
+        Ok(())
+    }
+    fn post_recv(&self, _wrs: &[RecvWr]) -> Result<()> {
+        Ok(())
+    }
+    fn modify_qp(&self, attr: &QpAttr) -> Result<()> {
+        let mut st = self.state.lock().unwrap();
+        // The CM must only ask for what the IBTA allows.
+        check_modify(QpType::Rc, *st, attr)?;
+        if let Some(s) = attr.qp_state {
+            *st = s;
+        }
+        self.log.lock().unwrap().push(attr.clone());
+        Ok(())
+    }
+    fn query_qp(&self) -> QpAttr {
+        QpAttr::default()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl GsiPort for FakeDev {
+    fn local_gid(&self) -> Gid {
+        self.gid
+    }
+    fn send_mad(&self, to: Gid, mad: &[u8]) -> std::io::Result<()> {
+        assert_eq!(mad.len(), 256, "a CM MAD is 256 octets");
+        let _ = self.wire.tx.lock().unwrap().send((self.gid, to, mad.to_vec()));
+        Ok(())
+    }
+    fn set_gsi_handler(&self, handler: Weak<dyn GsiHandler>) {
+        *self.handler.lock().unwrap() = Some(handler);
+    }
+    fn qp_events(&self, qpn: u32) -> Option<Arc<EventQueue<CmEvent>>> {
+        self.qps.lock().unwrap().get(&qpn).map(|q| q.events.clone())
+    }
+}
+
+impl Provider for FakeDev {
+    fn query_device(&self) -> DeviceAttr {
+        DeviceAttr {
+            fw_ver: "0".into(),
+            vendor_id: 0,
+            max_qp: 64,
+            max_qp_wr: 1024,
+            max_sge: 16,
+            max_sge_rd: 16,
+            max_cq: 64,
+            max_cqe: 4096,
+            max_mr: 64,
+            max_mr_size: 1 << 30,
+            max_pd: 16,
+            max_qp_rd_atom: 16,
+            max_qp_init_rd_atom: 16,
+            max_msg_sz: 1 << 31,
+            max_inline_data: 256,
+            max_fast_reg_page_list_len: 256,
+            atomic_cap: true,
+        }
+    }
+    fn create_qp(&self, req: QpCreate) -> Result<Arc<dyn QpOps>> {
+        let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed);
+        let qp = Arc::new(FakeQp {
+            qpn,
+            state: Mutex::new(QpState::Reset),
+            log: Mutex::new(Vec::new()),
+            events: req.events,
+        });
+        self.qps.lock().unwrap().insert(qpn, qp.clone());
+        Ok(qp)
+    }
+}
+
+/// Short CM timers: ≈ 67 ms response timeout + 2 × 4 ms packet life, 5 retries (a
+/// handshake step may take 450 ms on a loaded machine; an application slower than that to
+/// accept is covered by the MRA the repeated REQ gets).
+fn fast_cfg(guid: u64) -> GsiCmConfig {
+    let mut c = GsiCmConfig::new(guid, guid);
+    c.cm.cm_response_timeout = 14;
+    c.cm.packet_life_time = 10;
+    c.cm.max_cm_retries = 5;
+    // Longer than a DREQ retry, so a repeated DREQ is answered from time-wait.
+    c.cm.time_wait = Duration::from_millis(250);
+    c
+}
+
+struct Node {
+    dev: Device,
+    fake: Arc<FakeDev>,
+    cm: Arc<GsiCm>,
+    ip: IpAddr,
+}
+
+impl Node {
+    fn qp(&self, q: &QueuePair) -> Arc<FakeQp> {
+        self.fake.qps.lock().unwrap()[&q.qp_num()].clone()
+    }
+}
+
+fn node(wire: &Arc<Wire>, ip: Ipv4Addr, guid: u64) -> Node {
+    let gid = Gid::from_ipv4(ip);
+    let fake = Arc::new(FakeDev {
+        gid,
+        wire: wire.clone(),
+        handler: Mutex::new(None),
+        qps: Mutex::new(HashMap::new()),
+        next_qpn: AtomicU32::new(17),
+    });
+    wire.devs.lock().unwrap().push((gid, Arc::downgrade(&fake)));
+    let cm = GsiCm::new(fake.clone() as Arc<dyn GsiPort>, fast_cfg(guid)).unwrap();
+    let dev = verbs::provider::new_device(
+        format!("rxe-test{}", ip.octets()[3]),
+        fake.clone() as Arc<dyn Provider>,
+        Some(cm.clone() as Arc<dyn CmBackend>),
+    );
+    Node {
+        dev,
+        fake,
+        cm,
+        ip: IpAddr::V4(ip),
+    }
+}
+
+fn pair(net: u8) -> (Arc<Wire>, Node, Node) {
+    let wire = Wire::new();
+    let a = node(&wire, Ipv4Addr::new(127, 77, net, 1), 0x0200_0000_0000_0a01);
+    let b = node(&wire, Ipv4Addr::new(127, 77, net, 2), 0x0200_0000_0000_0b02);
+    (wire, a, b)
+}
+
+fn opts(dev: &Device) -> QpOptions {
+    QpOptions::new(&dev.create_cq(64).unwrap()).rd_atomic(4, 4)
+}
+
+const T: Duration = Duration::from_secs(10);
+
+/// Runs `client` on a thread against a listener on `b` at `port`, with `server` taking the
+/// request; returns both results.
+fn handshake<C: Send + 'static, S>(
+    a: &Node,
+    b: &Node,
+    port: u16,
+    client: impl FnOnce(Device, SocketAddr) -> C + Send + 'static,
+    server: impl FnOnce(verbs::ConnectRequest) -> S,
+) -> (C, S) {
+    let l = b.dev.listen(SocketAddr::new(b.ip, port)).unwrap();
+    let (dev, addr) = (a.dev.clone(), l.local_addr());
+    let t = std::thread::spawn(move || client(dev, addr));
+    let req = l.get_request(Some(T)).expect("the REQ reaches the listener");
+    let s = server(req);
+    (t.join().unwrap(), s)
+}
+
+fn rtr_rts(log: &[QpAttr]) -> (verbs::RtrAttr, verbs::RtsAttr) {
+    let rtr = log
+        .iter()
+        .find(|a| a.qp_state == Some(QpState::Rtr))
+        .expect("moved to RTR");
+    let rts = log
+        .iter()
+        .find(|a| a.qp_state == Some(QpState::Rts))
+        .expect("moved to RTS");
+    (
+        verbs::RtrAttr {
+            ah_attr: rtr.ah_attr.unwrap(),
+            path_mtu: rtr.path_mtu.unwrap(),
+            dest_qp_num: rtr.dest_qp_num.unwrap(),
+            rq_psn: rtr.rq_psn.unwrap(),
+            max_dest_rd_atomic: rtr.max_dest_rd_atomic.unwrap(),
+            min_rnr_timer: rtr.min_rnr_timer.unwrap(),
+        },
+        verbs::RtsAttr {
+            sq_psn: rts.sq_psn.unwrap(),
+            timeout: rts.timeout.unwrap(),
+            retry_cnt: rts.retry_cnt.unwrap(),
+            rnr_retry: rts.rnr_retry.unwrap(),
+            max_rd_atomic: rts.max_rd_atomic.unwrap(),
+        },
+    )
+}
+
+fn wait_event(q: &QueuePair, want: impl Fn(&CmEvent) -> bool) -> CmEvent {
+    loop {
+        let ev = q.get_event(Some(T)).expect("a CM event in time");
+        if want(&ev) {
+            return ev;
+        }
+    }
+}
+
+/// C1.3, C1.8: listen/connect/accept with private data both ways; both QPs go INIT → RTR →
+/// RTS with each other's QPN, the PSNs cross (each side sends from the PSN the other
+/// expects), and both see Established.
+#[test]
+fn connect_accept_with_private_data_both_ways() {
+    let (_w, a, b) = pair(1);
+    let (client, server) = handshake(
+        &a,
+        &b,
+        7471,
+        |dev, addr| {
+            let pd = dev.alloc_pd().unwrap();
+            pd.connect(addr, opts(&dev).private_data(b"hello from a"), T)
+        },
+        |req| {
+            assert_eq!(
+                req.private_data().len(),
+                56,
+                "a REQ carries 56 octets after the rdma_cm header"
+            );
+            assert_eq!(&req.private_data()[..12], b"hello from a");
+            assert_eq!(req.peer_addr().ip(), a.ip);
+            assert_eq!(req.local_addr(), SocketAddr::new(b.ip, 7471));
+            assert_eq!((req.param().responder_resources, req.param().initiator_depth), (4, 4));
+            let pd = b.dev.alloc_pd().unwrap();
+            req.accept(&pd, opts(&b.dev).private_data(b"hello from b")).unwrap()
+        },
+    );
+    let qa = client.unwrap();
+    let qb = server;
+    assert_eq!(qa.state(), QpState::Rts);
+    assert_eq!(qb.state(), QpState::Rts);
+    let ia = qa.conn_info();
+    assert_eq!(ia.peer_private_data.len(), 196);
+    assert_eq!(&ia.peer_private_data[..12], b"hello from b");
+    assert_eq!(ia.peer_addr, SocketAddr::new(b.ip, 7471));
+    assert_eq!((ia.responder_resources, ia.initiator_depth), (4, 4));
+    let (rtr_a, rts_a) = rtr_rts(&a.qp(&qa).log.lock().unwrap());
+    let (rtr_b, rts_b) = rtr_rts(&b.qp(&qb).log.lock().unwrap());
+    assert_eq!(rtr_a.dest_qp_num, qb.qp_num());
+    assert_eq!(rtr_b.dest_qp_num, qa.qp_num());
+    assert_eq!(rtr_a.rq_psn, rts_b.sq_psn, "b sends from the PSN a expects");
+    assert_eq!(rtr_b.rq_psn, rts_a.sq_psn, "a sends from the PSN b expects");
+    assert_eq!(rtr_a.ah_attr.dgid, Gid::from_ip(b.ip));
+    assert_eq!(rtr_b.ah_attr.dgid, Gid::from_ip(a.ip));
+    assert_eq!(rtr_a.path_mtu, verbs::Mtu::Mtu1024);
+    assert_eq!((rtr_a.max_dest_rd_atomic, rts_a.max_rd_atomic), (4, 4));
+    assert!(matches!(wait_event(&qa, |_| true), CmEvent::Established));
+    assert!(matches!(wait_event(&qb, |_| true), CmEvent::Established));
+}
+
+/// C1.6: a consumer reject (REJ 28) carries the listener's private data to the connector,
+/// typed.
+#[test]
+fn reject_with_private_data() {
+    let (_w, a, b) = pair(2);
+    let (client, ()) = handshake(
+        &a,
+        &b,
+        7472,
+        |dev, addr| {
+            let pd = dev.alloc_pd().unwrap();
+            pd.connect(addr, opts(&dev), T).map(|_| ())
+        },
+        |req| req.reject(b"not today").unwrap(),
+    );
+    match client {
+        Err(Error::Rejected { private_data, detail }) => {
+            assert_eq!(private_data.len(), 148);
+            assert_eq!(&private_data[..9], b"not today");
+            let r = detail.unwrap();
+            let r = r.downcast_ref::<Rejection>().expect("an IB CM rejection");
+            assert_eq!(r.reason, RejReason::ConsumerDefined);
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert_eq!(a.cm.connections(), 0);
+    assert_eq!(b.cm.connections(), 0);
+}
+
+/// C1.6, issue 13 item 4: a REQ for a port nobody listens on gets REJ 8, and connect fails
+/// with a typed "invalid service ID" rejection.
+#[test]
+fn unlistened_port_is_rejected_invalid_service_id() {
+    let (_w, a, b) = pair(3);
+    let pd = a.dev.alloc_pd().unwrap();
+    let e = pd.connect(SocketAddr::new(b.ip, 7473), opts(&a.dev), T).unwrap_err();
+    let Error::Rejected { detail: Some(d), .. } = &e else {
+        panic!("expected a rejection, got {e:?}")
+    };
+    assert_eq!(
+        d.downcast_ref::<Rejection>().unwrap().reason,
+        RejReason::InvalidServiceId
+    );
+    assert!(e.to_string().contains("invalid service ID"), "{e}");
+    assert_eq!(e.errno(), libc_econnrefused());
+}
+
+fn libc_econnrefused() -> i32 {
+    111
+}
+
+/// C1.7: the first REP is lost; a timer recovers it (the passive side's REP retry, or the
+/// active side's REQ retry, which the passive side answers with the REP again) and the
+/// connection comes up.
+#[test]
+fn lost_rep_is_retransmitted() {
+    let (w, a, b) = pair(4);
+    let mut lost = false;
+    w.drop_rule(move |_, m| {
+        if matches!(m.msg, CmMsg::Rep(_)) && !lost {
+            lost = true;
+            return true;
+        }
+        false
+    });
+    let (client, qb) = handshake(
+        &a,
+        &b,
+        7474,
+        |dev, addr| dev.alloc_pd().unwrap().connect(addr, opts(&dev), T),
+        |req| req.accept(&b.dev.alloc_pd().unwrap(), opts(&b.dev)).unwrap(),
+    );
+    let qa = client.unwrap();
+    assert_eq!(qa.state(), QpState::Rts);
+    assert!(matches!(wait_event(&qb, |_| true), CmEvent::Established));
+    assert_eq!(w.dropped.load(Ordering::Relaxed), 1);
+    // Either timer recovers it: b's REP retry, or a's REQ retry answered with the REP again.
+    let (sa, sb) = (a.cm.stats(), b.cm.stats());
+    assert!(sa.retransmits + sb.retransmits >= 1, "{sa:?} {sb:?}");
+}
+
+/// C1.7: the RTU is lost; the passive side repeats its REP, the active side answers the
+/// repeat with the RTU again, and the passive side reaches Established.
+#[test]
+fn lost_rtu_is_recovered_by_the_rep_retry() {
+    let (w, a, b) = pair(5);
+    let mut lost = false;
+    w.drop_rule(move |_, m| {
+        if matches!(m.msg, CmMsg::Rtu(_)) && !lost {
+            lost = true;
+            return true;
+        }
+        false
+    });
+    let (client, qb) = handshake(
+        &a,
+        &b,
+        7475,
+        |dev, addr| dev.alloc_pd().unwrap().connect(addr, opts(&dev), T),
+        |req| req.accept(&b.dev.alloc_pd().unwrap(), opts(&b.dev)).unwrap(),
+    );
+    let _qa = client.unwrap();
+    assert!(matches!(wait_event(&qb, |_| true), CmEvent::Established));
+    assert_eq!(w.dropped.load(Ordering::Relaxed), 1);
+    assert!(b.cm.stats().retransmits >= 1);
+    assert!(a.cm.stats().duplicates >= 1, "the repeated REP was answered from state");
+}
+
+/// C1.7: a peer that never answers: the REQ is retried max CM retries times, then connect
+/// fails with Timeout, and the CM keeps nothing.
+#[test]
+fn silent_peer_times_out_after_retries() {
+    let (w, a, b) = pair(6);
+    w.drop_rule(|_, _| true);
+    let _l = b.dev.listen(SocketAddr::new(b.ip, 7476)).unwrap();
+    let pd = a.dev.alloc_pd().unwrap();
+    let e = pd.connect(SocketAddr::new(b.ip, 7476), opts(&a.dev), T).unwrap_err();
+    assert!(matches!(e, Error::Timeout), "{e:?}");
+    assert_eq!(a.cm.stats().retransmits, 5);
+    assert_eq!(a.cm.connections(), 0);
+}
+
+fn connected(a: &Node, b: &Node, port: u16) -> (QueuePair, QueuePair) {
+    let (client, qb) = handshake(
+        a,
+        b,
+        port,
+        |dev, addr| dev.alloc_pd().unwrap().connect(addr, opts(&dev), T),
+        |req| req.accept(&b.dev.alloc_pd().unwrap(), opts(&b.dev)).unwrap(),
+    );
+    let qa = client.unwrap();
+    wait_event(&qa, |e| matches!(e, CmEvent::Established));
+    wait_event(&qb, |e| matches!(e, CmEvent::Established));
+    (qa, qb)
+}
+
+fn disconnect_from(first: &Node, other: &Node, q1: &QueuePair, q2: &QueuePair) {
+    q1.disconnect();
+    assert_eq!(
+        q1.state(),
+        QpState::Err,
+        "rdma_disconnect moves the QP to ERR at once (flush)"
+    );
+    assert!(matches!(wait_event(q2, |_| true), CmEvent::Disconnected));
+    assert_eq!(q2.state(), QpState::Err, "the peer's QP goes to ERR with its DREQ");
+    assert!(matches!(wait_event(q1, |_| true), CmEvent::Disconnected));
+    let _ = (first, other);
+}
+
+/// C1.7, C1.8: disconnect from the active side: DREQ/DREP, both QPs in ERR, both see
+/// Disconnected; the connections leave time-wait.
+#[test]
+fn disconnect_from_active_side() {
+    let (_w, a, b) = pair(7);
+    let (qa, qb) = connected(&a, &b, 7477);
+    disconnect_from(&a, &b, &qa, &qb);
+    let deadline = std::time::Instant::now() + T;
+    while a.cm.connections() + b.cm.connections() != 0 {
+        assert!(std::time::Instant::now() < deadline, "time-wait never ended");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// C1.7, C1.8: disconnect from the passive side.
+#[test]
+fn disconnect_from_passive_side() {
+    let (_w, a, b) = pair(8);
+    let (qa, qb) = connected(&a, &b, 7478);
+    disconnect_from(&b, &a, &qb, &qa);
+}
+
+/// C1.7: a lost DREP: the DREQ is retried and answered from time-wait.
+#[test]
+fn lost_drep_is_recovered() {
+    let (w, a, b) = pair(9);
+    let (qa, qb) = connected(&a, &b, 7479);
+    let mut lost = false;
+    w.drop_rule(move |_, m| {
+        if matches!(m.msg, CmMsg::Drep(_)) && !lost {
+            lost = true;
+            return true;
+        }
+        false
+    });
+    disconnect_from(&a, &b, &qa, &qb);
+    assert!(a.cm.stats().retransmits >= 1);
+    assert!(b.cm.stats().duplicates >= 1);
+}
+
+/// Listening twice on a port is refused; port 0 picks one; a dropped listener's port
+/// answers REJ 8 again.
+#[test]
+fn listener_ports() {
+    let (_w, a, b) = pair(10);
+    let l = b.dev.listen(SocketAddr::new(b.ip, 7480)).unwrap();
+    assert!(b.dev.listen(SocketAddr::new(b.ip, 7480)).is_err());
+    let any = b.dev.listen(SocketAddr::new(b.ip, 0)).unwrap();
+    assert_ne!(any.local_addr().port(), 0);
+    assert!(
+        b.dev
+            .listen(SocketAddr::new("127.1.2.3".parse().unwrap(), 7481))
+            .is_err()
+    );
+    drop(l);
+    let e = a
+        .dev
+        .alloc_pd()
+        .unwrap()
+        .connect(SocketAddr::new(b.ip, 7480), opts(&a.dev), T)
+        .unwrap_err();
+    assert!(e.to_string().contains("invalid service ID"), "{e}");
+}
+
+/// A request the application drops unanswered is rejected (consumer reject, no data).
+#[test]
+fn dropped_request_is_rejected() {
+    let (_w, a, b) = pair(11);
+    let (client, ()) = handshake(
+        &a,
+        &b,
+        7482,
+        |dev, addr| dev.alloc_pd().unwrap().connect(addr, opts(&dev), T).map(|_| ()),
+        drop,
+    );
+    let e = client.unwrap_err();
+    let Error::Rejected { detail: Some(d), .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        d.downcast_ref::<Rejection>().unwrap().reason,
+        RejReason::ConsumerDefined
+    );
+}
+
+/// Too much private data for a REQ after the rdma_cm header is refused before anything is
+/// sent.
+#[test]
+fn oversized_private_data_is_refused() {
+    let (_w, a, b) = pair(12);
+    let e = a
+        .dev
+        .alloc_pd()
+        .unwrap()
+        .connect(SocketAddr::new(b.ip, 7483), opts(&a.dev).private_data(&[1; 57]), T)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument(verbs::InvalidArg::PrivateDataTooLong { len: 57, max: 56 })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(a.cm.connections(), 0);
+}
+
+/// C1.7: the connector gives up before the listener answers (its own connect timeout): the
+/// REQ is withdrawn with REJ "timeout" (Linux `cm_destroy_id`), and the listener's late
+/// accept fails instead of leaving a half-open connection.
+#[test]
+fn connect_that_gives_up_withdraws_its_req() {
+    let (_w, a, b) = pair(13);
+    let l = b.dev.listen(SocketAddr::new(b.ip, 7484)).unwrap();
+    let pd = a.dev.alloc_pd().unwrap();
+    let e = pd
+        .connect(SocketAddr::new(b.ip, 7484), opts(&a.dev), Duration::from_millis(200))
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout), "{e:?}");
+    let req = l.get_request(Some(T)).unwrap();
+    // The REJ reaches b soon after the connect gave up.
+    let deadline = std::time::Instant::now() + T;
+    while b.cm.connections() != 0 {
+        assert!(std::time::Instant::now() < deadline, "b still holds the withdrawn REQ");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(req.accept(&b.dev.alloc_pd().unwrap(), opts(&b.dev)).is_err());
+    assert_eq!(a.cm.connections(), 0);
+}
