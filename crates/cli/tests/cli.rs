@@ -687,6 +687,64 @@ fn bench_two_processes_udp_baseline() {
     assert!(o.status.success(), "server: {}", String::from_utf8_lossy(&o.stderr));
 }
 
+/// Issue 13 point 6 (C3): `bench` runs unchanged on the RoCEv2 provider, both ends in one
+/// process on their own loopback addresses: every operation's bandwidth and latency, and
+/// the UDP latency baseline RoCE is measured against.
+#[test]
+fn bench_over_roce() {
+    for (i, op) in ["write", "read", "send", "atomic"].into_iter().enumerate() {
+        let lo = format!("127.0.76.{}", 10 * i + 1);
+        let out = ok(&[
+            "bench",
+            op,
+            "--provider",
+            "roce",
+            "--loopback",
+            &lo,
+            "--size",
+            "4K",
+            "--iters",
+            "200",
+            "--json",
+        ]);
+        let v = &json_lines(&out)[0];
+        assert_eq!((v["op"].as_str(), v["messages"].as_u64()), (Some(op), Some(200)), "{v}");
+        assert_eq!(v["crc"], false, "no MPA on roce: {v}");
+        assert!(num(v, "gbit_per_s") > 0.0, "{v}");
+        let out = ok(&[
+            "bench",
+            op,
+            "--lat",
+            "--provider",
+            "roce",
+            "--loopback",
+            &lo,
+            "--iters",
+            "100",
+            "--json",
+        ]);
+        assert!(num(&json_lines(&out)[0]["lat"], "p50_us") > 0.0, "{out}");
+    }
+    let text = ok(&[
+        "bench",
+        "send",
+        "--lat",
+        "--size",
+        "8",
+        "--iters",
+        "200",
+        "--provider",
+        "roce",
+        "--loopback",
+        "127.0.76.51",
+        "--baseline",
+        "udp",
+    ]);
+    assert!(text.contains("Transport type : InfiniBand"), "{text}");
+    assert!(text.contains("rxe_soft0 (roce: RoCEv2"), "{text}");
+    assert!(text.contains("p50 ratio RDMA/UDP"), "{text}");
+}
+
 #[test]
 fn completions_and_man_pages() {
     let bash = ok(&["completions", "bash"]);

@@ -177,7 +177,11 @@ fn host_client_case(lab: &Lab, count: usize, size: usize) {
     lab.kernel_check();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "our client failed: {stderr}\nguest:\n{}", guest.log);
+    assert!(
+        out.status.success(),
+        "our client failed: {stderr}\nguest:\n{}",
+        guest.log
+    );
     let pings: Vec<&str> = stdout.lines().filter(|l| l.starts_with("ping data: ")).collect();
     check_ping_lines(&pings, "ping data: ", count, size);
     assert_eq!(guest.exit, Some(0), "guest rping -s:\n{}", guest.log);
