@@ -1,7 +1,7 @@
 //! `softrdma`: one binary that shows and measures the softrdma stack.
 //!
 //! ```text
-//! softrdma demo      # every iWARP operation between two QPs over loopback TCP, explained
+//! softrdma demo      # every RDMA operation between two QPs over loopback, explained
 //! softrdma bench     # perftest-style bandwidth / message rate / latency (write, read, send, atomic)
 //! softrdma devices   # the RDMA devices (providers) this build offers
 //! softrdma info      # one device's attributes and configuration
@@ -17,13 +17,14 @@
 //!   softrdma (this binary)       <- the top: one subcommand per tool
 //!     rpc, nfs        -> rpcrdma (RPC-over-RDMA, ONC RPC, NFSv3 client)
 //!     everything      -> verbs   (Device, PD, MR, CQ, QP, the CM)
-//!   providers.rs      -> iwarp   (the only module that names a provider crate)
+//!   providers.rs      -> iwarp, roce (the only module that names a provider crate)
 //! ```
 //!
 //! A device is opened by name: [`providers::registry`] lists the providers this
 //! build links (`softrdma devices` prints them), and [`providers::open`] opens
-//! one by device or provider name (`--device siw_soft0`, or the first one),
-//! with its settings as text (`--crc on`) that the provider parses. A program
+//! one by device or provider name (`--provider roce`, `--device siw_soft0`, or
+//! the first one), with its settings as text (`--crc on`, `--dev-opt mtu=4096`)
+//! that the provider parses, and gives it its local address. A program
 //! of your own does the same with `verbs::Registry` (see `examples/`).
 //!
 //! Each subcommand lives in its own module with a `clap::Args` struct and a
@@ -56,7 +57,7 @@ mod units;
 #[command(
     name = "softrdma",
     version,
-    about = "Userspace RDMA (iWARP: RDMAP/DDP/MPA over TCP) without RDMA hardware",
+    about = "Userspace RDMA without RDMA hardware: iWARP (RDMAP/DDP/MPA over TCP) and RoCEv2 (the InfiniBand transport over UDP) under one verbs API",
     after_help = "Logging: diagnostics go to stderr. Without RUST_LOG they show warnings and the servers' \
 connection notes (peer closed, Terminates, idle closes, refusals); RUST_LOG=info, debug, or \
 per crate (RUST_LOG=softrdma=debug,iwarp=trace) turns them up. Colours only when stderr is a terminal."

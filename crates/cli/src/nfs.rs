@@ -431,6 +431,11 @@ fn crc_flag(on: bool) -> Vec<crate::providers::Flag> {
 
 pub fn run(args: Args) -> Result<()> {
     let o = args.opts;
+    // The device choice is checked before anything connects (portmap, MOUNT), so that an
+    // option the provider does not take is the error, not whatever the network says.
+    if o.transport != "tcp" || matches!(args.cmd, Cmd::Serve(_)) {
+        crate::providers::check(&o.dev, &crc_flag(o.crc))?;
+    }
     match args.cmd {
         Cmd::Serve(a) => serve::serve(a, o.mount_port, &o.dev, &crc_flag(o.crc)),
         Cmd::Stat { target } => {

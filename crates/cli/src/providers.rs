@@ -285,6 +285,14 @@ pub fn hw_counters(_dev: &Device) -> Vec<(String, u64)> {
     Vec::new()
 }
 
+/// Checks the device choice and flags without opening a device (an early error for a
+/// command that talks to the network before it opens its device).
+pub fn check(args: &DeviceArgs, flags: &[Flag]) -> Result<()> {
+    let reg = registry();
+    let f = factory(&reg, args)?;
+    options(&reg, f.as_ref(), args, flags).map(|_| ())
+}
+
 /// The provider `args` chooses, for `info`.
 pub fn chosen(args: &DeviceArgs) -> Result<(Registry, verbs::ProviderInfo)> {
     let reg = registry();

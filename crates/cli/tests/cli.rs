@@ -1,5 +1,6 @@
 //! End-to-end runs of the built `softrdma` binary: demo, bench (every
-//! operation, JSON output, the TCP baseline, two processes), devices, info.
+//! operation, JSON output, the TCP and UDP baselines, two processes), devices and info of
+//! both providers, provider options refused where they do not apply.
 
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
@@ -406,6 +407,8 @@ fn bench_rejects_bad_arguments() {
         &["bench", "send", "--lat", "--qps", "2"],
         &["bench", "write", "--events"],
         &["bench", "--baseline", "udp", "write"],
+        &["bench", "--baseline", "quic", "write", "--lat"],
+        &["bench", "write", "--loopback", "10.0.0.1"],
         &["bench"],
     ] {
         let out = run(args);
@@ -415,27 +418,38 @@ fn bench_rejects_bad_arguments() {
 
 #[test]
 fn devices_and_info_json() {
+    // Issue 13 point 6: `devices` lists both providers' devices.
     let v = json_lines(&ok(&["devices", "--json"]));
-    assert_eq!(v.len(), 1);
+    assert_eq!(v.len(), 2, "{v:?}");
     assert_eq!(v[0]["name"], "siw_soft0");
     assert_eq!(v[0]["provider"], "iwarp");
     assert_eq!(v[0]["transport"], "iWARP");
     assert!(v[0]["description"].as_str().unwrap().contains("TCP"));
+    assert_eq!(v[1]["name"], "rxe_soft0");
+    assert_eq!(v[1]["provider"], "roce");
+    assert_eq!(v[1]["transport"], "InfiniBand");
+    assert!(v[1]["description"].as_str().unwrap().contains("UDP 4791"));
     // The registry lists each provider's settings with their defaults.
     let opts = v[0]["options"].as_array().unwrap();
     assert!(
         opts.iter().any(|o| o["name"] == "crc" && o["default"] == "off"),
         "{opts:?}"
     );
-    assert!(ok(&["devices"]).contains("siw_soft0"));
+    let opts = v[1]["options"].as_array().unwrap();
+    assert!(opts.iter().any(|o| o["name"] == "addr"), "{opts:?}");
+    assert!(opts.iter().all(|o| o["name"] != "crc"), "{opts:?}");
+    let table = ok(&["devices"]);
+    assert!(table.contains("siw_soft0") && table.contains("rxe_soft0"), "{table}");
 
     let v = &json_lines(&ok(&["info", "--json", "--crc", "on"]))[0];
     assert_eq!(v["name"], "siw_soft0");
+    assert_eq!(v["transport_type"], 1, "IBV_TRANSPORT_IWARP");
     assert_eq!(v["attr"]["max_qp_rd_atom"], 128);
     assert_eq!(v["attr"]["atomic_cap"], true);
     assert_eq!(v["config"]["crc"], true);
     assert_eq!(v["config"]["mpa_revision"], 2);
     assert!(num(&v["config"], "max_ulpdu") > 0.0);
+    assert!(v["hw_counters"].is_object(), "{v}");
     // ibv_devinfo -v's port section: one Ethernet port, up, the default P_Key.
     assert_eq!(v["phys_port_cnt"], 1);
     let port = &v["ports"][0];
@@ -446,16 +460,289 @@ fn devices_and_info_json() {
     assert_eq!(port["link_layer"], "Ethernet");
     assert_eq!(port["pkeys"][0], "0xffff");
     assert_eq!(port["gids"].as_array().map(Vec::len), Some(1));
+    // ibv_devinfo's layout: short without -v, limits and tables with it.
     let text = ok(&["info"]);
-    assert!(text.contains("max_qp_rd_atom (IRD):           128"), "{text}");
+    assert!(
+        text.starts_with("hca_id:\tsiw_soft0\n\ttransport:\t\t\tiWARP (1)\n"),
+        "{text}"
+    );
+    assert!(text.contains("\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n"), "{text}");
+    assert!(!text.contains("max_qp_rd_atom"), "limits only with -v: {text}");
+    let text = ok(&["info", "-v"]);
+    assert!(text.contains("\tmax_qp_rd_atom:\t\t\t128\n"), "{text}");
+    assert!(text.contains("\t\t\tP_Key[  0]:\t\t0xffff\n"), "{text}");
     assert!(text.contains("MPA revision:                   2"), "{text}");
-    assert!(text.contains("state:                  PORT_ACTIVE (4)"), "{text}");
     let bad = run(&["info", "-d", "nosuch"]);
     assert!(!bad.status.success());
     let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(err.contains("siw_soft0"), "names the devices on offer: {err}");
+    assert!(
+        err.contains("siw_soft0") && err.contains("rxe_soft0"),
+        "names the devices on offer: {err}"
+    );
     // A device can be named by its provider too.
-    assert!(ok(&["info", "-d", "iwarp"]).contains("hca_id: siw_soft0"));
+    assert!(ok(&["info", "-d", "iwarp"]).contains("hca_id:\tsiw_soft0"));
+}
+
+/// Issue 13 point 6: `info` on the RoCEv2 device shows ports, GIDs and MTUs like
+/// `ibv_devinfo -v` on rxe: transport InfiniBand (0), GID 0 the bound address IPv4-mapped
+/// ("RoCE v2"), P_Key 0xffff, the active MTU the device was given. (C3; unique address.)
+#[test]
+fn roce_info_like_ibv_devinfo() {
+    let common = [
+        "--provider",
+        "roce",
+        "--dev-opt",
+        "addr=127.0.67.1",
+        "--dev-opt",
+        "mtu=4096",
+    ];
+    let v = &json_lines(&ok(&[&["info", "--json"][..], &common].concat()))[0];
+    assert_eq!(v["name"], "rxe_soft0");
+    assert_eq!(v["provider"], "roce");
+    assert_eq!(v["transport"], "InfiniBand");
+    assert_eq!(v["transport_type"], 0, "IBV_TRANSPORT_IB");
+    let port = &v["ports"][0];
+    assert_eq!(port["state"], "PORT_ACTIVE");
+    assert_eq!(port["active_mtu"], 4096);
+    assert_eq!(port["link_layer"], "Ethernet");
+    assert_eq!(port["gids"][0], "0000:0000:0000:0000:0000:ffff:7f00:4301");
+    assert_eq!(port["pkeys"][0], "0xffff");
+    assert_eq!(v["config"]["addr"], "127.0.67.1");
+    let text = ok(&[&["info", "-v"][..], &common].concat());
+    assert!(
+        text.starts_with("hca_id:\trxe_soft0\n\ttransport:\t\t\tInfiniBand (0)\n"),
+        "{text}"
+    );
+    assert!(text.contains("\t\t\tactive_mtu:\t\t4096 (5)\n"), "{text}");
+    assert!(
+        text.contains("\t\t\tGID[  0]:\t\t0000:0000:0000:0000:0000:ffff:7f00:4301, RoCE v2\n"),
+        "{text}"
+    );
+    // -d takes the device name, as ibv_devinfo's does.
+    let d = ok(&["info", "-d", "rxe_soft0", "--dev-opt", "addr=127.0.67.2"]);
+    assert!(d.starts_with("hca_id:\trxe_soft0\n"), "{d}");
+    // A bad provider setting is the provider's error, named.
+    let out = run(&["info", "--provider", "roce", "--dev-opt", "mtu=1000"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("mtu") && err.contains("4096"), "{err}");
+}
+
+/// Issue 13 point 6: iWARP-only options are refused on `--provider roce` with a clear
+/// error on every command that takes them, before anything connects; a device of another
+/// provider, or a provider this build lacks, too.
+#[test]
+fn iwarp_options_are_refused_on_roce() {
+    let cases: [&[&str]; 8] = [
+        &["bench", "write", "--provider", "roce", "--crc", "on"],
+        &["rping", "-c", "-a", "127.0.68.1", "--provider", "roce", "--crc", "on"],
+        &[
+            "rping",
+            "-s",
+            "-a",
+            "127.0.68.1",
+            "--provider",
+            "roce",
+            "--mpa-rev",
+            "1",
+        ],
+        &["rping", "-c", "-a", "127.0.68.1", "--provider", "roce", "--p2p", "read"],
+        &[
+            "perftest",
+            "write_bw",
+            "127.0.68.1",
+            "--provider",
+            "roce",
+            "--crc",
+            "on",
+        ],
+        &["demo", "--provider", "roce", "--crc", "off"],
+        &["info", "--provider", "roce", "--crc", "on"],
+        &["nfs", "--provider", "roce", "--crc", "stat", "127.0.68.1:/x"],
+    ];
+    for args in cases {
+        let out = run(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let flag = args
+            .iter()
+            .find(|a| a.starts_with("--") && !a.contains("provider"))
+            .unwrap();
+        assert!(
+            err.contains(&format!("Error: {flag}")) && err.contains("iwarp provider") && err.contains("roce"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+    let out = run(&["bench", "write", "--provider", "ib"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("iwarp, roce"), "{err}");
+    let out = run(&[
+        "rping",
+        "-c",
+        "-a",
+        "127.0.68.1",
+        "--provider",
+        "iwarp",
+        "--device",
+        "rxe_soft0",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("rxe_soft0 belongs to the roce provider"),
+        "{err}"
+    );
+}
+
+/// Issue 13's yardstick for RoCE latency: `--lat --baseline udp` runs a busy-polling UDP
+/// ping-pong of the same size and count in the same run and reports the p50 ratio, in
+/// JSON and in the table; with --events both ends of the baseline block instead.
+#[test]
+fn bench_latency_with_udp_baseline() {
+    for op in ["send", "write"] {
+        let out = ok(&[
+            "bench",
+            op,
+            "--lat",
+            "--size",
+            "8",
+            "--iters",
+            "300",
+            "--baseline",
+            "udp",
+            "--json",
+            "--loopback",
+            "127.0.69.1",
+        ]);
+        let v = &json_lines(&out)[0];
+        let p50 = num(&v["lat"], "p50_us");
+        let b = &v["baseline"];
+        assert_eq!(b["kind"], "udp", "{v}");
+        assert_eq!(b["polling"], "busy-poll", "{v}");
+        assert_eq!(b["ratio_of"], "lat.p50_us", "{v}");
+        let bp50 = num(&b["lat"], "p50_us");
+        assert!(bp50 > 0.0 && num(&b["lat"], "min_us") <= bp50, "{v}");
+        assert!((num(b, "ratio") - p50 / bp50).abs() < 1e-9, "{v}");
+    }
+    let out = ok(&[
+        "bench",
+        "send",
+        "--lat",
+        "--events",
+        "--iters",
+        "100",
+        "--baseline",
+        "udp",
+        "--json",
+        "--loopback",
+        "127.0.69.2",
+    ]);
+    assert_eq!(json_lines(&out)[0]["baseline"]["polling"], "blocking", "{out}");
+    let text = ok(&[
+        "bench",
+        "send",
+        "--lat",
+        "--iters",
+        "100",
+        "--baseline",
+        "udp",
+        "--loopback",
+        "127.0.69.3",
+    ]);
+    assert!(text.contains("Baseline        : plain UDP datagrams"), "{text}");
+    assert!(text.contains("p50 ratio RDMA/UDP"), "{text}");
+    // A bandwidth test has no UDP baseline (UDP has no flow control to compare with).
+    let out = run(&["bench", "write", "--baseline", "udp"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--baseline udp is a latency baseline"),
+        "{err}"
+    );
+}
+
+/// Two processes: the `--listen` server's UDP echo answers the client's `--baseline udp`,
+/// and the server, which exits after its one session, waits for the client's baseline to
+/// end first (it would otherwise take the echo with it), then exits 0.
+#[test]
+fn bench_two_processes_udp_baseline() {
+    let (server, addr, _err) = bench_server(&[]);
+    let out = ok(&[
+        "bench",
+        "send",
+        "--lat",
+        "--size",
+        "8",
+        "--iters",
+        "300",
+        "--baseline",
+        "udp",
+        "--json",
+        "--connect",
+        &addr,
+    ]);
+    let v = &json_lines(&out)[0];
+    assert_eq!(v["baseline"]["kind"], "udp", "{v}");
+    assert!(num(&v["baseline"]["lat"], "p50_us") > 0.0, "{v}");
+    let o = wait_output(server, Duration::from_secs(20));
+    assert!(o.status.success(), "server: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Issue 13 point 6 (C3): `bench` runs unchanged on the RoCEv2 provider, both ends in one
+/// process on their own loopback addresses: every operation's bandwidth and latency, and
+/// the UDP latency baseline RoCE is measured against.
+#[test]
+fn bench_over_roce() {
+    for (i, op) in ["write", "read", "send", "atomic"].into_iter().enumerate() {
+        let lo = format!("127.0.76.{}", 10 * i + 1);
+        let out = ok(&[
+            "bench",
+            op,
+            "--provider",
+            "roce",
+            "--loopback",
+            &lo,
+            "--size",
+            "4K",
+            "--iters",
+            "200",
+            "--json",
+        ]);
+        let v = &json_lines(&out)[0];
+        assert_eq!((v["op"].as_str(), v["messages"].as_u64()), (Some(op), Some(200)), "{v}");
+        assert_eq!(v["crc"], false, "no MPA on roce: {v}");
+        assert!(num(v, "gbit_per_s") > 0.0, "{v}");
+        let out = ok(&[
+            "bench",
+            op,
+            "--lat",
+            "--provider",
+            "roce",
+            "--loopback",
+            &lo,
+            "--iters",
+            "100",
+            "--json",
+        ]);
+        assert!(num(&json_lines(&out)[0]["lat"], "p50_us") > 0.0, "{out}");
+    }
+    let text = ok(&[
+        "bench",
+        "send",
+        "--lat",
+        "--size",
+        "8",
+        "--iters",
+        "200",
+        "--provider",
+        "roce",
+        "--loopback",
+        "127.0.76.51",
+        "--baseline",
+        "udp",
+    ]);
+    assert!(text.contains("Transport type : InfiniBand"), "{text}");
+    assert!(text.contains("rxe_soft0 (roce: RoCEv2"), "{text}");
+    assert!(text.contains("p50 ratio RDMA/UDP"), "{text}");
 }
 
 #[test]

@@ -515,3 +515,85 @@ fn rping_persistent_server_serves_client_after_client() {
     let want = 5 + 20 + 20 + 1;
     assert!(pings >= want, "{pings} pings seen by the server, {want} sent");
 }
+
+/// `softrdma rping --provider roce`, server and client in two processes on loopback over
+/// the RoCEv2 provider (IB CM on QP1, RC Send/Read/Write): `count` verified pings of
+/// `size` octets; the client connects from `source` (rping's -I) or from the route's source.
+fn run_roce(server_addr: &str, source: Option<&str>, count: u32, size: usize) -> (bool, usize, String) {
+    let port = free_port().to_string();
+    let mut server = Command::new(BIN)
+        .args([
+            "rping",
+            "--provider",
+            "roce",
+            "-s",
+            "-d",
+            "-v",
+            "-a",
+            server_addr,
+            "-p",
+            &port,
+        ])
+        .args(["--timeout", "30", "-S", &size.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn softrdma rping -s");
+    let _lines = child::lines_once_ready(&mut server, "rdma_bind_addr successful", Duration::from_secs(10));
+    let mut c = Command::new(BIN);
+    c.args([
+        "rping",
+        "--provider",
+        "roce",
+        "-c",
+        "-a",
+        server_addr,
+        "-p",
+        &port,
+        "-v",
+        "-V",
+    ])
+    .args(["--timeout", "30", "-C", &count.to_string(), "-S", &size.to_string()]);
+    if let Some(s) = source {
+        c.args(["-I", s]);
+    }
+    let out = c.output().expect("run softrdma rping -c");
+    let s = server.wait_with_output().expect("server exits after the disconnect");
+    let pings = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("ping data: rdma-ping-"))
+        .count();
+    (
+        out.status.success() && s.status.success(),
+        pings,
+        format!(
+            "client: {}\nserver: {}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&s.stderr)
+        ),
+    )
+}
+
+/// Issue 13 point 6 (C3): rping runs unchanged on the RoCEv2 provider, sizes from rping's
+/// minimum to its maximum, 120 pings of 64 octets.
+#[test]
+fn rping_over_roce_sizes() {
+    for (count, size) in [(120, 64), (5, rping_min()), (5, 4096), (3, 65535)] {
+        let (ok, pings, log) = run_roce("127.0.74.1", Some("127.0.74.2"), count, size);
+        assert!(ok, "size {size}: {log}");
+        assert_eq!(pings, count as usize, "size {size}: {log}");
+    }
+}
+
+/// The brief's example: `rping --provider roce -s -a 127.0.0.1` and `-c -a 127.0.0.1` in
+/// two processes. The server's device holds 127.0.0.1:4791, the route's source for the
+/// client, so the client's device takes the next free loopback address.
+#[test]
+fn rping_over_roce_both_on_127_0_0_1() {
+    let (ok, pings, log) = run_roce("127.0.0.1", None, 10, 64);
+    assert!(ok && pings == 10, "{log}");
+}
+
+fn rping_min() -> usize {
+    26
+}

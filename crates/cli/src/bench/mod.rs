@@ -263,6 +263,8 @@ const FLAG_LAT: u8 = 1;
 const FLAG_LAST: u8 = 2;
 const FLAG_BASELINE: u8 = 4;
 const FLAG_EVENTS: u8 = 8;
+/// The client runs a UDP baseline after the test (the server waits for its end datagram).
+const FLAG_BASELINE_UDP: u8 = 16;
 /// The ORD/IRD we ask for (the device's maximum).
 const RD_ATOMIC: u8 = 128;
 
@@ -502,7 +504,8 @@ pub fn run(args: Args) -> Result<()> {
                 ""
             }
         );
-        let tcp = spawn_tcp_server(tcp, Limits::of(&args))?;
+        let mut tcp = spawn_tcp_server(tcp, Limits::of(&args))?;
+        tcp.udp = udp.ok();
         return serve(&dev, &listener, Some(tcp), Limits::of(&args));
     }
     let op = args
@@ -560,8 +563,10 @@ pub fn run(args: Args) -> Result<()> {
             let listener = sdev.listen(SocketAddr::new(here, 0))?;
             let tcp_l = TcpListener::bind(SocketAddr::new(here, 0))?;
             // Best effort: a run without --baseline udp does not need it.
-            let _ = spawn_udp_echo(tcp_l.local_addr()?);
-            let tcp = spawn_tcp_server(tcp_l, Limits::of(&args))?;
+            // Best effort: a run without --baseline udp does not need it.
+            let udp = spawn_udp_echo(tcp_l.local_addr()?).ok();
+            let mut tcp = spawn_tcp_server(tcp_l, Limits::of(&args))?;
+            tcp.udp = udp;
             let addr = listener.local_addr();
             let limits = Limits::of(&args);
             let h = std::thread::Builder::new()
@@ -951,8 +956,10 @@ fn run_test(
     if last {
         flags |= FLAG_LAST;
     }
-    if args.baseline.is_some() {
-        flags |= FLAG_BASELINE;
+    match args.baseline.as_deref() {
+        Some("udp") => flags |= FLAG_BASELINE_UDP,
+        Some(_) => flags |= FLAG_BASELINE,
+        None => {}
     }
     if args.events {
         flags |= FLAG_EVENTS;

@@ -173,7 +173,14 @@ pub(super) fn serve_session(
             return Err(e.context(format!("test {tests} failed")));
         }
         if let (Some(unit), Some(r)) = (limits.report, report) {
-            print_report(tests == 0, unit, &conns[0].3, &r, client);
+            print_report(
+                tests == 0,
+                unit,
+                &conns[0].3,
+                &r,
+                client,
+                crate::providers::transport(dev),
+            );
         }
         tests += 1;
         if last && limits.report.is_some() && report.is_some() {
@@ -187,6 +194,11 @@ pub(super) fn serve_session(
             {
                 let per_test = if h.lat() { 1 } else { h.qps as u64 };
                 t.wait_done((h.test_id as u64 + 1) * per_test);
+            }
+            if let Some(u) = tcp.as_ref().and_then(|t| t.udp.as_ref())
+                && h.flags & FLAG_BASELINE_UDP != 0
+            {
+                u.wait_done(h.test_id as u64 + 1);
             }
             return Ok(());
         }
@@ -412,7 +424,7 @@ pub(super) fn serve_qp(
 
 /// The server's copy of a test's result (the client's [`Report`]), as a perftest server
 /// prints its client's figures: a header before the first test, then one row per test.
-fn print_report(first: bool, unit: Unit, h: &Hello, r: &Report, client: Option<SocketAddr>) {
+fn print_report(first: bool, unit: Unit, h: &Hello, r: &Report, client: Option<SocketAddr>, transport: &str) {
     let line = "-".repeat(87);
     let iters = r.messages / h.qps.max(1) as u64;
     if first {
@@ -425,7 +437,7 @@ fn print_report(first: bool, unit: Unit, h: &Hello, r: &Report, client: Option<S
         if let Some(c) = client {
             println!(" Client          : {c}");
         }
-        println!(" Number of qps   : {:<10} Transport type : iWARP", h.qps);
+        println!(" Number of qps   : {:<10} Transport type : {transport}", h.qps);
         println!("{line}");
         if h.lat() {
             println!(" #bytes   #iterations  t_p50[usec] t_avg[usec]");

@@ -111,6 +111,8 @@ fn spin_write_all(s: &mut TcpStream, mut buf: &[u8], timeout: Option<Duration>) 
 pub(super) struct TcpServer {
     pub(super) port: u16,
     done: Arc<(Mutex<u64>, Condvar)>,
+    /// The UDP echo on the same port number, if it could bind.
+    pub(super) udp: Option<super::udp::UdpEcho>,
 }
 
 impl TcpServer {
@@ -132,6 +134,7 @@ pub(super) fn spawn_tcp_server(l: TcpListener, limits: Limits) -> Result<TcpServ
     let srv = TcpServer {
         port: l.local_addr()?.port(),
         done: Arc::new((Mutex::new(0), Condvar::new())),
+        udp: None,
     };
     let done = srv.done.clone();
     let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));

@@ -7,7 +7,9 @@
 //! The server side is an echo on the bench server's address, on the port number of its TCP
 //! baseline listener (TCP and UDP ports are separate spaces, so the `Reply` needs no new
 //! field): every datagram goes back to its sender unchanged, so a spoofed source gets
-//! nothing larger than what was sent. One thread, one 64 KiB buffer; it spins for
+//! nothing larger than what was sent; an empty datagram ends a baseline run (the server of
+//! a `--listen` session waits for it before it exits, as it waits for the TCP baseline's
+//! connections to close). One thread, one 64 KiB buffer; it spins for
 //! [`SPIN_BEFORE_SLEEP`] after each datagram and then sleeps in a blocking receive, so an
 //! idle server costs no CPU.
 
@@ -18,18 +20,48 @@ use std::net::UdpSocket;
 /// The largest UDP payload over IPv4 (65535 - 20 - 8).
 pub(super) const MAX_DATAGRAM: u64 = 65507;
 
+/// The server's UDP echo: how many baseline runs have ended (empty datagrams received).
+#[derive(Clone)]
+pub(super) struct UdpEcho {
+    done: Arc<(Mutex<u64>, Condvar)>,
+}
+
+impl UdpEcho {
+    /// Waits (a minute at most) until `n` baseline runs have ended.
+    pub(super) fn wait_done(&self, n: u64) {
+        let (m, cv) = &*self.done;
+        let _ = cv.wait_timeout_while(m.lock().unwrap(), Duration::from_secs(60), |d| *d < n);
+    }
+}
+
 /// Binds the echo on `addr` and serves it on its own thread for the life of the process.
-pub(crate) fn spawn_udp_echo(addr: SocketAddr) -> Result<()> {
+pub(super) fn spawn_udp_echo(addr: SocketAddr) -> Result<UdpEcho> {
     let s = UdpSocket::bind(addr).with_context(|| format!("UDP baseline echo on {addr}"))?;
+    let e = UdpEcho {
+        done: Arc::new((Mutex::new(0), Condvar::new())),
+    };
+    let done = e.done.clone();
     std::thread::Builder::new().name("bench-udp".into()).spawn(move || {
-        if let Err(e) = echo(&s) {
+        if let Err(e) = echo(&s, &done) {
             eprintln!("bench server: UDP baseline echo stopped: {e}");
         }
     })?;
-    Ok(())
+    Ok(e)
 }
 
-fn echo(s: &UdpSocket) -> std::io::Result<()> {
+/// Answers one datagram: an echo, or for an empty one the end of a baseline run.
+fn answer(s: &UdpSocket, msg: &[u8], from: SocketAddr, done: &(Mutex<u64>, Condvar)) {
+    if msg.is_empty() {
+        *done.0.lock().unwrap() += 1;
+        done.1.notify_all();
+        return;
+    }
+    // A full send buffer or an unreachable sender loses this echo; the client resends
+    // after its timeout.
+    let _ = s.send_to(msg, from);
+}
+
+fn echo(s: &UdpSocket, done: &(Mutex<u64>, Condvar)) -> std::io::Result<()> {
     let mut buf = vec![0u8; MAX_DATAGRAM as usize + 1];
     s.set_nonblocking(true)?;
     let mut idle_since: Option<Instant> = None;
@@ -37,9 +69,7 @@ fn echo(s: &UdpSocket) -> std::io::Result<()> {
         match s.recv_from(&mut buf) {
             Ok((n, from)) => {
                 idle_since = None;
-                // A full send buffer or an unreachable sender loses this echo; the client
-                // resends after its timeout.
-                let _ = s.send_to(&buf[..n], from);
+                answer(s, &buf[..n], from, done);
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 let since = *idle_since.get_or_insert_with(Instant::now);
@@ -52,7 +82,7 @@ fn echo(s: &UdpSocket) -> std::io::Result<()> {
                 s.set_nonblocking(true)?;
                 if let Ok((n, from)) = r {
                     idle_since = None;
-                    let _ = s.send_to(&buf[..n], from);
+                    answer(s, &buf[..n], from, done);
                 }
             }
             // ICMP port unreachable from an earlier sender, EINTR: keep serving.
@@ -192,6 +222,8 @@ fn ping_pong(target: SocketAddr, r: &Outcome) -> Result<Baseline> {
             hist.record(t0.elapsed().as_nanos().max(1) as u64)?;
         }
     }
+    // The end of this run, for a server that waits for it before it exits.
+    let _ = s.send(&[]);
     if lost > 0 {
         tracing::warn!(
             lost,
@@ -218,7 +250,7 @@ mod tests {
         let probe = UdpSocket::bind("127.0.77.1:0").unwrap();
         let addr = probe.local_addr().unwrap();
         drop(probe);
-        spawn_udp_echo(addr).unwrap();
+        let e = spawn_udp_echo(addr).unwrap();
         let c = UdpSocket::bind("127.0.77.1:0").unwrap();
         c.connect(addr).unwrap();
         for len in [1usize, 8, 1500, 65507] {
@@ -230,5 +262,9 @@ mod tests {
                 .expect("an echo");
             assert_eq!(&b[..n], &msg[..], "len {len}");
         }
+        // An empty datagram is not echoed: it counts the end of a run.
+        c.send(&[]).unwrap();
+        e.wait_done(1);
+        assert_eq!(*e.done.0.lock().unwrap(), 1);
     }
 }
