@@ -281,8 +281,11 @@ pub fn label(dev: &Device) -> String {
 
 /// The device's hardware counters by name, as rxe's `hw_counters` (empty when the provider
 /// keeps none).
-pub fn hw_counters(_dev: &Device) -> Vec<(String, u64)> {
-    Vec::new()
+pub fn hw_counters(dev: &Device) -> Vec<(String, u64)> {
+    dev.hw_counters()
+        .into_iter()
+        .map(|c| (c.name.to_string(), c.value))
+        .collect()
 }
 
 /// Checks the device choice and flags without opening a device (an early error for a

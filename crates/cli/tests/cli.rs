@@ -508,6 +508,10 @@ fn roce_info_like_ibv_devinfo() {
     assert_eq!(port["gids"][0], "0000:0000:0000:0000:0000:ffff:7f00:4301");
     assert_eq!(port["pkeys"][0], "0xffff");
     assert_eq!(v["config"]["addr"], "127.0.67.1");
+    // rxe's hw_counters, fresh: nothing sent or received yet by a device just opened.
+    assert_eq!(v["hw_counters"]["sent_pkts"], 0, "{v}");
+    assert_eq!(v["hw_counters"]["rcvd_pkts"], 0, "{v}");
+    assert!(v["hw_counters"]["retry_exceeded_err"].is_u64(), "{v}");
     let text = ok(&[&["info", "-v"][..], &common].concat());
     assert!(
         text.starts_with("hca_id:\trxe_soft0\n\ttransport:\t\t\tInfiniBand (0)\n"),

@@ -522,6 +522,12 @@ fn raw_socket(addr: Ipv4Addr) -> io::Result<socket2::Socket> {
         let _ = r.set_recv_buffer_size(RCVBUF);
     }
     r.bind(&SocketAddr::new(IpAddr::V4(addr), 0).into())?;
+    // A raw socket receives every UDP datagram of the host from its creation until the
+    // filter is attached: drop what queued in that window (other devices' traffic), or a
+    // fresh device counts foreign packets as its own.
+    r.set_nonblocking(true)?;
+    let mut junk = [std::mem::MaybeUninit::<u8>::uninit(); 64];
+    while r.recv(&mut junk).is_ok() {}
     Ok(r)
 }
 
