@@ -123,8 +123,14 @@ pub struct RdmaConfig {
     pub max_connections: usize,
     /// Responder: a connection with no message for this long is disconnected (`None`: never).
     pub idle_timeout: Option<Duration>,
-    /// Responder: worker threads that serve all connections.
+    /// Responder: worker threads that serve all connections (they move messages; the
+    /// procedures run on the I/O pool).
     pub workers: usize,
+    /// Responder: threads of the server's own I/O pool when `pool` is `None`.
+    pub io_workers: usize,
+    /// Responder: run the procedures on this shared pool (e.g. one for every transport
+    /// of an NFS server) instead of a pool of `io_workers` threads of its own.
+    pub pool: Option<std::sync::Arc<crate::pool::IoPool>>,
     /// Requester: force Long Calls, or never reduce.
     pub call_options: CallOptions,
     /// IRD and ORD for RDMA Reads.
@@ -154,6 +160,8 @@ impl Default for RdmaConfig {
             max_connections: 1024,
             idle_timeout: Some(Duration::from_secs(300)),
             workers: 4,
+            io_workers: 8,
+            pool: None,
             call_options: CallOptions::default(),
             rd_atomic: 16,
             connect_settle: Duration::ZERO,
