@@ -10,8 +10,10 @@
 //!
 //! * **Threads.** One reactor thread (mio/epoll, edge-triggered) serves the
 //!   listener and every connection; calls are handled by a fixed pool of
-//!   [`TcpServerConfig::workers`] threads, so a slow handler never holds up
-//!   the reactor. No thread per connection: 1,000 connections cost the same
+//!   [`TcpServerConfig::workers`] threads (an [`IoPool`], or the shared
+//!   [`TcpServerConfig::pool`]: connections are served in turn, one connection runs at
+//!   most half the threads, see [`crate::pool`]), so a slow handler never holds up
+//!   the reactor, and one connection's slow calls not the others'. No thread per connection: 1,000 connections cost the same
 //!   threads as one. An idle connection costs no CPU: the reactor sleeps in
 //!   `epoll_wait` and wakes once per timer tick (at most once a second with
 //!   the default timeouts) to expire timeouts.
