@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use rpcrdma::nfs3::server::{self as nfsd, Export, ExportConfig};
-use rpcrdma::tcp::{TcpClient, TcpServer};
+use rpcrdma::pool::{IoPool, PoolConfig};
+use rpcrdma::tcp::{TcpClient, TcpServer, TcpServerConfig};
 use rpcrdma::transport::{RdmaConfig, RdmaServer};
 use rpcrdma::{mount, nfs3, portmap};
 
@@ -57,9 +58,13 @@ pub struct ServeArgs {
     /// RDMA: inline threshold (RFC 8797 send/receive size) offered.
     #[arg(long, value_parser = parse_size, default_value = "4K")]
     rdma_inline: u64,
-    /// RDMA: worker threads.
+    /// RDMA: worker threads (they move messages; the procedures run on the I/O pool).
     #[arg(long, default_value_t = 4)]
     rdma_workers: usize,
+    /// Threads of the I/O pool that runs the procedures for both transports (a client
+    /// runs at most half of them at once; see rpcrdma::pool).
+    #[arg(long, default_value_t = 8)]
+    io_workers: usize,
     /// Exit after this many seconds (for tests; default: run until killed).
     #[arg(long, hide = true)]
     exit_after: Option<u64>,
@@ -203,10 +208,19 @@ pub fn serve(
     let tcp_addr = addr(&a.tcp, "tcp")?;
     let rdma_addr = addr(&a.rdma, "rdma")?;
     let reg = Arc::new(nfsd::registry(&export, None));
+    // one pool for every listener: a stalled disk holds at most its threads, never the
+    // transports' (issue 17)
+    let pool =
+        IoPool::new("nfs-io", PoolConfig::with_threads(a.io_workers.clamp(1, 256))).context("starting the I/O pool")?;
+    let tcp_cfg = TcpServerConfig {
+        pool: Some(pool.clone()),
+        ..TcpServerConfig::default()
+    };
     let mut tcp_servers = Vec::new();
     let mut nfs_port = None;
     if let Some(t) = tcp_addr {
-        let s = TcpServer::spawn(t, reg.clone()).with_context(|| format!("listening on tcp {t}"))?;
+        let s =
+            TcpServer::spawn_with(t, reg.clone(), tcp_cfg.clone()).with_context(|| format!("listening on tcp {t}"))?;
         println!("nfs serve: NFSv3 + MOUNT v3 over TCP on {}", s.local_addr());
         nfs_port = Some(s.local_addr().port());
         tcp_servers.push(s);
@@ -214,7 +228,7 @@ pub fn serve(
     let mut mnt_port = nfs_port;
     if let Some(m) = mount_port {
         let ip = tcp_addr.map_or([0, 0, 0, 0].into(), |t| t.ip());
-        let s = TcpServer::spawn(SocketAddr::new(ip, m), reg.clone())
+        let s = TcpServer::spawn_with(SocketAddr::new(ip, m), reg.clone(), tcp_cfg.clone())
             .with_context(|| format!("listening on tcp {ip}:{m} (mount)"))?;
         println!("nfs serve: MOUNT v3 over TCP on {}", s.local_addr());
         mnt_port = Some(s.local_addr().port());
@@ -229,7 +243,8 @@ pub fn serve(
     }
     if let Some(p) = a.portmap {
         let pm = Arc::new(nfsd::registry(&export, Some(table.clone())));
-        let s = TcpServer::spawn(p, pm).with_context(|| format!("listening on tcp {p} (portmap)"))?;
+        let s =
+            TcpServer::spawn_with(p, pm, tcp_cfg.clone()).with_context(|| format!("listening on tcp {p} (portmap)"))?;
         println!("nfs serve: portmapper GETPORT on {}", s.local_addr());
         tcp_servers.push(s);
     }
@@ -243,6 +258,7 @@ pub fn serve(
             inline_recv: inline,
             credits: a.rdma_credits.max(1),
             workers: a.rdma_workers.max(1),
+            pool: Some(pool.clone()),
             // a WRITE of wtmax through a Read chunk, and a READ reply of rtmax
             max_call: (u64::from(max_io) + (64 << 10)).max(RdmaConfig::default().max_call),
             ..RdmaConfig::default()

@@ -142,6 +142,7 @@ pub mod demo;
 pub mod inline;
 pub mod mount;
 pub mod nfs3;
+pub mod pool;
 pub mod portmap;
 pub mod private_data;
 pub mod record;

@@ -10,8 +10,10 @@
 //!
 //! * **Threads.** One reactor thread (mio/epoll, edge-triggered) serves the
 //!   listener and every connection; calls are handled by a fixed pool of
-//!   [`TcpServerConfig::workers`] threads, so a slow handler never holds up
-//!   the reactor. No thread per connection: 1,000 connections cost the same
+//!   [`TcpServerConfig::workers`] threads (an [`IoPool`], or the shared
+//!   [`TcpServerConfig::pool`]: connections are served in turn, one connection runs at
+//!   most half the threads, see [`crate::pool`]), so a slow handler never holds up
+//!   the reactor, and one connection's slow calls not the others'. No thread per connection: 1,000 connections cost the same
 //!   threads as one. An idle connection costs no CPU: the reactor sleeps in
 //!   `epoll_wait` and wakes once per timer tick (at most once a second with
 //!   the default timeouts) to expire timeouts.
@@ -62,7 +64,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, SyncSender, channel, sync_channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -71,6 +73,7 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::client::{Call, Disconnect, LocalError, RpcError, XidSource, decode_reply};
+use crate::pool::{IoPool, PoolConfig};
 use crate::record::{DEFAULT_MAX_FRAGMENTS, RecordReader, encode_record};
 use crate::server::{Dispatch, Registry, dispatch};
 use crate::xdr::{Decoder, XdrError};
@@ -109,8 +112,11 @@ pub struct TcpServerConfig {
     /// A reply backlog that the peer does not read from for this long ends
     /// the connection.
     pub write_timeout: Duration,
-    /// Threads that run the handlers.
+    /// Threads that run the handlers (the server's own [`IoPool`] when `pool` is `None`).
     pub workers: usize,
+    /// Run the handlers on this shared pool (e.g. one for every transport of an NFS
+    /// server) instead of a pool of `workers` threads of the server's own.
+    pub pool: Option<Arc<IoPool>>,
 }
 
 impl Default for TcpServerConfig {
@@ -127,6 +133,7 @@ impl Default for TcpServerConfig {
             idle_timeout: Duration::from_secs(300),
             write_timeout: Duration::from_secs(30),
             workers: std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8)),
+            pool: None,
         }
     }
 }
@@ -159,20 +166,21 @@ impl TcpServer {
             lock: Mutex::new(()),
             freed: Condvar::new(),
         });
-        let (jobs_tx, jobs_rx) = channel::<Job>();
         let (done_tx, done_rx) = channel::<Done>();
-        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
-        let mut workers = Vec::new();
-        for i in 0..cfg.workers.max(1) {
-            let (rx, tx, reg, w) = (jobs_rx.clone(), done_tx.clone(), registry.clone(), waker.clone());
-            let (b, st) = (budget.clone(), stop.clone());
-            workers.push(
-                std::thread::Builder::new()
-                    .name(format!("rpc-tcp-worker-{i}"))
-                    .spawn(move || worker(&rx, &tx, &reg, &w, &b, &st))?,
-            );
-        }
-        drop(done_tx);
+        let pool = match &cfg.pool {
+            Some(p) => p.clone(),
+            None => IoPool::new("rpc-tcp-worker", PoolConfig::with_threads(cfg.workers))?,
+        };
+        let jobs = Jobs {
+            pool,
+            done: done_tx,
+            waker: waker.clone(),
+            budget: budget.clone(),
+            stop: stop.clone(),
+            server: NEXT_SERVER.fetch_add(1, Ordering::Relaxed) << 32,
+            group: crate::pool::group_of(&registry),
+            registry,
+        };
         let mut r = Reactor {
             poll,
             listener,
@@ -182,7 +190,7 @@ impl TcpServer {
             used: budget.clone(),
             starved: BTreeSet::new(),
             attention: BTreeSet::new(),
-            jobs: Some(jobs_tx),
+            jobs: Some(jobs),
             done: done_rx,
             accept: AcceptBackoff::default(),
             refused: 0,
@@ -197,12 +205,9 @@ impl TcpServer {
             .name("rpc-tcp-reactor".into())
             .spawn(move || {
                 r.run();
-                // Dropping the reactor closes every connection and the job
-                // queue, which ends the workers.
+                // Dropping the reactor closes every connection (and drops its
+                // reference to the pool: a pool of its own then stops).
                 drop(r);
-                for w in workers {
-                    let _ = w.join();
-                }
             })?;
         Ok(TcpServer {
             addr,
@@ -350,42 +355,58 @@ impl Budget {
     }
 }
 
-fn worker(
-    jobs: &Mutex<Receiver<Job>>,
-    done: &Sender<Done>,
-    reg: &Registry,
-    waker: &Waker,
-    budget: &Budget,
-    stop: &AtomicBool,
-) {
-    loop {
-        let job = match jobs.lock().unwrap().recv() {
-            Ok(j) => j,
-            Err(_) => return,
-        };
-        // Replies not yet written count: build no new one while they exceed the budget.
-        budget.wait_until_under(stop);
-        let (token, seq, call_len) = (job.token, job.seq, job.record.len());
-        let reply = match dispatch(reg, &mut Decoder::new(&job.record), "tcp") {
-            Dispatch::Reply { stream, .. } => {
-                let mut out = Vec::new();
-                encode_record(&stream, MAX_FRAGMENT, &mut out).ok().map(|()| out)
-            }
-            Dispatch::ChunkError { .. } | Dispatch::Drop => None,
-        };
-        drop(job);
-        if done
-            .send(Done {
-                token,
-                seq,
-                call_len,
-                reply,
-            })
-            .is_err()
-        {
-            return;
-        }
-        let _ = waker.wake();
+/// Distinguishes the connections of the servers that share one pool.
+static NEXT_SERVER: AtomicU64 = AtomicU64::new(1);
+
+/// What the reactor needs to hand a call to the I/O pool and hear back.
+struct Jobs {
+    pool: Arc<IoPool>,
+    done: Sender<Done>,
+    registry: Arc<Registry>,
+    waker: Arc<Waker>,
+    budget: Arc<Budget>,
+    stop: Arc<AtomicBool>,
+    /// This server's client keys (the connection's token in the low half).
+    server: u64,
+    /// This server's group in the pool: its registry (an NFS export: one file system).
+    group: u64,
+}
+
+impl Jobs {
+    /// Run `job` on the pool, fairly among connections; the reply comes back through
+    /// `done` and a wake-up of the reactor.
+    fn submit(&self, job: Job) {
+        let (done, reg, waker) = (self.done.clone(), self.registry.clone(), self.waker.clone());
+        let (budget, stop) = (self.budget.clone(), self.stop.clone());
+        let client = self.server | job.token as u64;
+        self.pool.submit(
+            client,
+            self.group,
+            Box::new(move || {
+                // Replies not yet written count: build no new one while they exceed the budget.
+                budget.wait_until_under(&stop);
+                let (token, seq, call_len) = (job.token, job.seq, job.record.len());
+                let reply = match dispatch(&reg, &mut Decoder::new(&job.record), "tcp") {
+                    Dispatch::Reply { stream, .. } => {
+                        let mut out = Vec::new();
+                        encode_record(&stream, MAX_FRAGMENT, &mut out).ok().map(|()| out)
+                    }
+                    Dispatch::ChunkError { .. } | Dispatch::Drop => None,
+                };
+                drop(job);
+                if done
+                    .send(Done {
+                        token,
+                        seq,
+                        call_len,
+                        reply,
+                    })
+                    .is_ok()
+                {
+                    let _ = waker.wake();
+                }
+            }),
+        );
     }
 }
 
@@ -444,7 +465,7 @@ struct Reactor {
     starved: BTreeSet<usize>,
     /// Connections to give another chance to make progress this round.
     attention: BTreeSet<usize>,
-    jobs: Option<Sender<Job>>,
+    jobs: Option<Jobs>,
     done: Receiver<Done>,
     accept: AcceptBackoff,
     /// Connections refused at the cap in the current episode.
@@ -711,7 +732,7 @@ impl Reactor {
             moved = true;
             // Its octets stay charged until the worker is done with it.
             if let Some(j) = &self.jobs {
-                let _ = j.send(Job { token: t, seq, record });
+                j.submit(Job { token: t, seq, record });
             }
         }
         moved

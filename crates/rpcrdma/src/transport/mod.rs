@@ -63,8 +63,17 @@
 //!   above what the Call can carry (inline threshold + Write chunks + Reply chunk) gets
 //!   ERR_CHUNK and a bound above [`RdmaConfig::max_reply`] (default 64 MiB + 64 KiB) gets
 //!   SYSTEM_ERR. A reply of a procedure without a bound is checked after it ran (SYSTEM_ERR
-//!   above `max_reply`, ERR_CHUNK when it does not fit the chunks). Since a worker builds one
-//!   reply at a time, replies being built take at most `workers × max_reply`.
+//!   above `max_reply`, ERR_CHUNK when it does not fit the chunks). Procedures run on the I/O
+//!   pool ([`crate::pool`]: [`RdmaConfig::io_workers`] threads or a shared
+//!   [`RdmaConfig::pool`]), one reply per pool thread being built, so replies being built take
+//!   at most `pool threads × max_reply`; a finished reply goes to its connection's worker,
+//!   which sends it at once.
+//! * **Calls in the pool**: at most `credits` per connection (the Requester cannot have more
+//!   outstanding); the octets of their pulled Read chunks and inline Payload stay charged to
+//!   the staging budget until the Reply is sent (no room: SYSTEM_ERR). The pool serves
+//!   connections in turn, a connection runs at most half its threads and one registry (an
+//!   NFS export) three quarters, so a stalled disk holds neither the workers nor another
+//!   export's Calls.
 //! * **Staging** (registered memory for pulled Read chunks and results to RDMA Write): all
 //!   connections together at most [`RdmaConfig::max_staging`] (default 512 MiB); a connection keeps
 //!   a stage of up to 4 MiB between Calls (it counts against the budget) and gives back a
@@ -75,8 +84,10 @@
 //!   address: "peer closed the connection" (info) when the peer disconnected, "connection
 //!   failed: ..." (warn) with the Terminate (received or sent) or RDMA error otherwise.
 //!
-//! A worker waits at most [`RdmaConfig::timeout`] for one RDMA operation of a Call: a peer
-//! that never answers an RDMA Read holds its worker's other connections that long.
+//! A worker waits at most [`RdmaConfig::timeout`] for one RDMA operation of a Call (the RDMA
+//! Reads of its Read chunks, the Send of its Reply): a peer that never answers an RDMA Read,
+//! or whose TCP window stays closed under our Reply, holds its worker's other connections
+//! that long. The procedures themselves never run on a worker.
 
 pub mod backchannel;
 mod requester;
@@ -123,8 +134,14 @@ pub struct RdmaConfig {
     pub max_connections: usize,
     /// Responder: a connection with no message for this long is disconnected (`None`: never).
     pub idle_timeout: Option<Duration>,
-    /// Responder: worker threads that serve all connections.
+    /// Responder: worker threads that serve all connections (they move messages; the
+    /// procedures run on the I/O pool).
     pub workers: usize,
+    /// Responder: threads of the server's own I/O pool when `pool` is `None`.
+    pub io_workers: usize,
+    /// Responder: run the procedures on this shared pool (e.g. one for every transport
+    /// of an NFS server) instead of a pool of `io_workers` threads of its own.
+    pub pool: Option<std::sync::Arc<crate::pool::IoPool>>,
     /// Requester: force Long Calls, or never reduce.
     pub call_options: CallOptions,
     /// IRD and ORD for RDMA Reads.
@@ -154,6 +171,8 @@ impl Default for RdmaConfig {
             max_connections: 1024,
             idle_timeout: Some(Duration::from_secs(300)),
             workers: 4,
+            io_workers: 8,
+            pool: None,
             call_options: CallOptions::default(),
             rd_atomic: 16,
             connect_settle: Duration::ZERO,

@@ -18,6 +18,7 @@ use super::backchannel::{self, BC_CREDITS, Backchannel};
 use super::{RdmaConfig, wrid};
 use crate::credits::ResponderCredits;
 use crate::inline::{ReplyForm, Thresholds, plan_reply};
+use crate::pool::{IoPool, PoolConfig};
 use crate::private_data::{PrivateData, Side, negotiate};
 use crate::server::{Dispatch, Registry, ReplyRoom, dispatch_within};
 use crate::validate::{
@@ -102,6 +103,8 @@ pub struct RdmaServer {
 struct WorkerHandle {
     cq: CompletionQueue,
     inbox: Mutex<Vec<Conn>>,
+    /// Calls the I/O pool has answered, for their connections' replies.
+    done: Mutex<Vec<Finished>>,
     /// Connections this worker serves (for picking the least loaded one).
     load: AtomicUsize,
 }
@@ -181,6 +184,7 @@ impl RdmaServer {
             let w = Arc::new(WorkerHandle {
                 cq,
                 inbox: Mutex::new(Vec::new()),
+                done: Mutex::new(Vec::new()),
                 load: AtomicUsize::new(0),
             });
             let (w2, stop2, live2, idle) = (w.clone(), stop.clone(), live.clone(), cfg.idle_timeout);
@@ -192,8 +196,13 @@ impl RdmaServer {
             );
             workers.push(w);
         }
+        let pool = match &cfg.pool {
+            Some(p) => p.clone(),
+            None => IoPool::new("rpcrdma-io", PoolConfig::with_threads(cfg.io_workers)).map_err(verbs::Error::Io)?,
+        };
         let ctx = AcceptCtx {
             registry,
+            pool,
             cfg,
             recovery,
             stats: stats.clone(),
@@ -224,7 +233,7 @@ impl RdmaServer {
                     let accepted = dev
                         .alloc_pd()
                         .map_err(Fatal::from)
-                        .and_then(|pd| accept_conn(req, &pd, &w.cq, &ctx));
+                        .and_then(|pd| accept_conn(req, &pd, w, &ctx));
                     match accepted {
                         Ok(c) => {
                             live.fetch_add(1, Ordering::AcqRel);
@@ -379,6 +388,15 @@ struct Conn {
     overrun: bool,
     policy: ResponderPolicy,
     registry: Arc<Registry>,
+    /// Where the procedures run.
+    pool: Arc<IoPool>,
+    /// The worker that owns this connection (the pool's jobs report to it).
+    home: std::sync::Weak<WorkerHandle>,
+    /// Calls of this connection in the pool.
+    in_pool: usize,
+    /// This connection's client key in the pool (unique in the process: servers may
+    /// share a pool).
+    pool_key: u64,
     recovery: Arc<Recovery>,
     backlog: VecDeque<WorkCompletion>,
     /// XIDs of the latest Calls whose chunks we read or whose Replies wrote into the
@@ -403,6 +421,8 @@ struct Conn {
     stopping: bool,
     /// The status of the last work request that failed in [`Conn::wait_for`].
     failed_status: Option<WcStatus>,
+    /// Sending a Reply from the pool failed: the connection ends at its next step.
+    failed: Option<Fatal>,
     stats: Arc<ServerStats>,
 }
 
@@ -430,11 +450,51 @@ fn cq_per_conn(credits: u32) -> usize {
 /// What the accept thread hands every new connection.
 struct AcceptCtx {
     registry: Arc<Registry>,
+    pool: Arc<IoPool>,
     cfg: RdmaConfig,
     recovery: Arc<Recovery>,
     stats: Arc<ServerStats>,
     budget: Arc<Budget>,
     conns: Arc<Mutex<Vec<std::sync::Weak<backchannel::Shared>>>>,
+}
+
+/// Octets of the staging budget held by a Call in the I/O pool; given back when dropped
+/// (its Reply sent, or its connection gone).
+struct Charge {
+    budget: Arc<Budget>,
+    n: u64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.give(self.n);
+    }
+}
+
+/// What the procedure of a Call came to, on an I/O pool thread.
+enum Outcome {
+    /// The RPC reply and its DDP-eligible items.
+    Reply {
+        stream: Vec<u8>,
+        items: Vec<crate::xdr::DdpItem>,
+    },
+    /// Its declared reply bound does not fit what the Call can carry (not run).
+    NoRoom { bound: u64, carry: u64 },
+    /// A chunk where a non-eligible item sits.
+    ChunkError,
+    /// The Payload stream is not a decodable Call.
+    Garbage,
+}
+
+/// A Call the I/O pool has answered, for the worker of its connection.
+struct Finished {
+    qpn: u32,
+    /// Tells a connection from a later one with the same QP number.
+    serial: u64,
+    fixed: FixedHeader,
+    lists: ChunkLists,
+    outcome: Outcome,
+    _charge: Charge,
 }
 
 /// What [`Conn::pull`] got.
@@ -525,9 +585,10 @@ impl Recovery {
 fn accept_conn(
     req: ConnectRequest,
     pd: &ProtectionDomain,
-    cq: &CompletionQueue,
+    home: &Arc<WorkerHandle>,
     ctx: &AcceptCtx,
 ) -> Result<Conn, Fatal> {
+    let cq = &home.cq;
     let cfg = &ctx.cfg;
     let e = Fatal::from;
     let credits = cfg.credits.max(1);
@@ -588,6 +649,10 @@ fn accept_conn(
             max_chunk: cfg.max_chunk.min(cfg.max_call),
         },
         registry: ctx.registry.clone(),
+        pool: ctx.pool.clone(),
+        home: Arc::downgrade(home),
+        in_pool: 0,
+        pool_key: crate::pool::fresh_client_key(),
         recovery: ctx.recovery.clone(),
         backlog: VecDeque::new(),
         recent_rdma: VecDeque::new(),
@@ -603,6 +668,7 @@ fn accept_conn(
         idle_closed: false,
         stopping: false,
         failed_status: None,
+        failed: None,
         stats: ctx.stats.clone(),
     })
 }
@@ -641,6 +707,12 @@ fn worker(w: &WorkerHandle, stop: &AtomicBool, live: &AtomicUsize, idle: Option<
                     .min(ORPHAN_RETRY),
             ),
         };
+        // a Reply from the pool whose wake-up a connection's wait consumed
+        let wait = if w.done.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+            wait
+        } else {
+            Some(Duration::ZERO)
+        };
         let first = w.cq.wait_spin(Duration::ZERO, wait);
         st.take_inbox(w, stopping);
         for o in std::mem::take(&mut st.orphans) {
@@ -653,6 +725,7 @@ fn worker(w: &WorkerHandle, stop: &AtomicBool, live: &AtomicUsize, idle: Option<
         while let Some(wc) = w.cq.poll_one() {
             st.route((wc, Instant::now()));
         }
+        st.collect_done(w);
         while let Some(qpn) = st.pending.pop_front() {
             let Some(c) = st.conns.get_mut(&qpn) else { continue };
             let r = c.step();
@@ -717,6 +790,31 @@ impl WorkerState {
         }
     }
 
+    /// Send the Replies the I/O pool finished; a connection whose Reply failed ends at its
+    /// next step.
+    fn collect_done(&mut self, w: &WorkerHandle) {
+        let done = std::mem::take(&mut *w.done.lock().unwrap_or_else(|e| e.into_inner()));
+        for f in done {
+            let qpn = f.qpn;
+            let Some(c) = self.conns.get_mut(&qpn) else { continue };
+            if c.serial != f.serial {
+                continue;
+            }
+            if c.failed.is_none()
+                && let Err(e) = c.complete(f)
+            {
+                c.failed = Some(e);
+            }
+            let others = std::mem::take(&mut c.others);
+            if !self.pending.contains(&qpn) {
+                self.pending.push_back(qpn);
+            }
+            for o in others {
+                self.route((o, Instant::now()));
+            }
+        }
+    }
+
     fn route(&mut self, (wc, since): (WorkCompletion, Instant)) {
         if wc.wr_id == wrid::WAKE {
             return;
@@ -777,6 +875,9 @@ impl Conn {
 
     /// Handle what arrived. `Ok(false)` when the connection ended cleanly.
     fn step(&mut self) -> Result<bool, Fatal> {
+        if let Some(e) = self.failed.take() {
+            return Err(e);
+        }
         while let Some(wc) = self.backlog.pop_front() {
             if wc.wr_id & wrid::KIND != wrid::RECV {
                 // a completion of an operation we no longer wait for (a reverse Call's Send)
@@ -1043,60 +1144,122 @@ impl Conn {
                         return Err(e);
                     }
                 };
-                let mut parts: Vec<&[u8]> = Vec::with_capacity(chunks.len());
+                let mut ranges = Vec::with_capacity(chunks.len());
                 let mut at = 0;
                 for c in &chunks {
                     let n = c.total_len() as usize;
-                    parts.push(&pulled[at..at + n]);
+                    ranges.push(at..at + n);
                     at += n;
                 }
-                let (base, rest): (&[u8], &[&[u8]]) = match &vc.payload {
-                    CallPayload::Inline(p) => (p, &parts),
+                let (inline, base, rest) = match &vc.payload {
+                    CallPayload::Inline(p) => (p.to_vec(), None, &ranges[..]),
                     CallPayload::PositionZero(_) => {
-                        if check_payload_xid(xid, parts[0]).is_err() {
+                        if check_payload_xid(xid, &pulled[ranges[0].clone()]).is_err() {
                             return self.send_error(&fixed, ErrorBody::Chunk);
                         }
-                        (parts[0], &parts[1..])
+                        (Vec::new(), Some(ranges[0].clone()), &ranges[1..])
                     }
                 };
-                let inserted: Vec<InsertedChunk<'_>> = vc
+                let positions: Vec<(u32, std::ops::Range<usize>)> = vc
                     .read_chunks
                     .iter()
                     .zip(rest)
-                    .map(|(c, d)| InsertedChunk {
-                        position: c.position,
-                        data: d,
-                    })
+                    .map(|(c, r)| (c.position, r.clone()))
                     .collect();
-                let mut dec = Decoder::with_chunks(base, ChunkSource::Read(&inserted));
+                // the Call's octets stay charged to the staging budget while it is in the pool
+                let charge = (inline.len() + pulled.len()) as u64;
+                if !self.budget.take(charge) {
+                    tracing::info!(xid, qp = self.qpn, "rpcrdma server: staging budget exhausted");
+                    self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
+                    return self.send_system_err(&fixed, &lists);
+                }
+                let charge = Charge {
+                    budget: self.budget.clone(),
+                    n: charge,
+                };
                 let room = ReplyRoom {
                     carry: self.carry(&lists),
                     max_reply: self.max_reply,
                 };
-                match dispatch_within(&self.registry, &mut dec, "rdma", room) {
-                    Ok(Dispatch::Reply { stream, items, .. }) => self.send_reply(&fixed, &lists, &stream, &items),
-                    // issue 12 point 5: the reply cannot fit what the Call provides; the
-                    // procedure did not run (B.5 #6)
-                    Err(t) => {
-                        tracing::debug!(
-                            xid,
-                            bound = t.bound,
-                            carry = t.carry,
-                            "rpcrdma server: no room for the reply"
-                        );
-                        self.send_error(&fixed, ErrorBody::Chunk)
+                let (registry, home, qpn, serial) = (self.registry.clone(), self.home.clone(), self.qpn, self.serial);
+                let job = move || {
+                    let base: &[u8] = match &base {
+                        None => &inline,
+                        Some(r) => &pulled[r.clone()],
+                    };
+                    let inserted: Vec<InsertedChunk<'_>> = positions
+                        .iter()
+                        .map(|(position, r)| InsertedChunk {
+                            position: *position,
+                            data: &pulled[r.clone()],
+                        })
+                        .collect();
+                    let mut dec = Decoder::with_chunks(base, ChunkSource::Read(&inserted));
+                    let outcome = match dispatch_within(&registry, &mut dec, "rdma", room) {
+                        Ok(Dispatch::Reply { stream, items, .. }) => Outcome::Reply { stream, items },
+                        Err(t) => Outcome::NoRoom {
+                            bound: t.bound,
+                            carry: t.carry,
+                        },
+                        Ok(Dispatch::ChunkError { .. }) => Outcome::ChunkError,
+                        Ok(Dispatch::Drop) => Outcome::Garbage,
+                    };
+                    let f = Finished {
+                        qpn,
+                        serial,
+                        fixed,
+                        lists,
+                        outcome,
+                        _charge: charge,
+                    };
+                    if let Some(h) = home.upgrade() {
+                        let mut d = h.done.lock().unwrap_or_else(|e| e.into_inner());
+                        let first = d.is_empty();
+                        d.push(f);
+                        drop(d);
+                        // one wake-up for every batch the worker takes
+                        if first {
+                            h.wake();
+                        }
                     }
-                    // RPCR-DDP-07, B.4.5 #14: a non-eligible item was reduced
-                    Ok(Dispatch::ChunkError { .. }) => self.send_error(&fixed, ErrorBody::Chunk),
-                    // RPCR-ERR-09: the Payload stream is not a decodable Call
-                    Ok(Dispatch::Drop) => {
-                        let grant = self.grant()?;
-                        let m = garbage_args_message(xid, grant, &lists);
-                        self.send(&m, &[], None, &[], xid)
-                    }
-                }
+                };
+                self.in_pool += 1;
+                self.pool
+                    .submit(self.pool_key, crate::pool::group_of(&self.registry), Box::new(job));
+                Ok(())
             }
         }
+    }
+
+    /// A Call of this connection came back from the I/O pool: send its Reply (or the
+    /// RDMA_ERROR the dispatch called for).
+    fn complete(&mut self, f: Finished) -> Result<(), Fatal> {
+        self.in_pool = self.in_pool.saturating_sub(1);
+        let Finished {
+            fixed, lists, outcome, ..
+        } = f;
+        let xid = fixed.xid;
+        let r = match outcome {
+            Outcome::Reply { stream, items } => self.send_reply(&fixed, &lists, &stream, &items),
+            // issue 12 point 5: the reply cannot fit what the Call provides; the
+            // procedure did not run (B.5 #6)
+            Outcome::NoRoom { bound, carry } => {
+                tracing::debug!(xid, bound, carry, "rpcrdma server: no room for the reply");
+                self.send_error(&fixed, ErrorBody::Chunk)
+            }
+            // RPCR-DDP-07, B.4.5 #14: a non-eligible item was reduced
+            Outcome::ChunkError => self.send_error(&fixed, ErrorBody::Chunk),
+            // RPCR-ERR-09: the Payload stream is not a decodable Call
+            Outcome::Garbage => {
+                let grant = self.grant()?;
+                let m = garbage_args_message(xid, grant, &lists);
+                self.send(&m, &[], None, &[], xid)
+            }
+        };
+        if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
+            self.release_stage();
+        }
+        r
     }
 
     fn grant(&mut self) -> Result<u32, Fatal> {
