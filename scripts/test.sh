@@ -12,7 +12,7 @@ SOFTRDMA_INTEROP=0 cargo test --workspace --release --all-targets --no-fail-fast
 cargo test --workspace --release --doc
 bash scripts/fuzz-smoke.sh
 
-# --- 4. interop with Linux siw, perftest and NFS/RDMA (crates/cli/tests/{interop_siw,
+# --- 4. interop with Linux siw, rxe, perftest and NFS/RDMA (crates/cli/tests/{interop_siw, interop_rxe,
 #        interop_perftest,nfs_interop,nfs_serve_interop}.rs, docs/interop-{siw,perftest,nfs}.md,
 #        docs/nfs-server.md) ------------------------------------------------------------------
 # SOFTRDMA_INTEROP=1 lets the suite build the lab (setup.sh) and start the VM itself; without
@@ -26,6 +26,6 @@ if [ "${SOFTRDMA_INTEROP:-1}" != 0 ]; then
     if [ -x "$lab/vm.sh" ] && "$lab/vm.sh" exec true >/dev/null 2>&1; then was_running=1; fi
     SOFTRDMA_INTEROP="${SOFTRDMA_INTEROP:-1}" \
         cargo test --release -p softrdma --test interop_siw --test nfs_interop --test interop_perftest \
-        --test nfs_serve_interop -- --test-threads=1
+        --test nfs_serve_interop --test interop_rxe -- --test-threads=1
     if [ "$was_running" = 0 ] && [ -x "$lab/vm.sh" ]; then "$lab/vm.sh" stop || true; fi
 fi

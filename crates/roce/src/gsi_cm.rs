@@ -464,15 +464,18 @@ impl Inner {
                     let _ = w.send(o);
                 }
                 Action::Down(qp, ev) => {
-                    if !matches!(qp.state(), QpState::Err | QpState::Reset)
-                        && let Err(e) = qp.modify_qp(&QpAttr::state(QpState::Err))
-                    {
-                        tracing::warn!(qpn = qp.qp_num(), error = %e, "IB CM: moving the QP to ERR failed");
-                    }
+                    // The event first, then the flush: an application that finds a
+                    // WR_FLUSH_ERR completion finds its cause already queued (the iWARP
+                    // engine keeps the same order), as rping's "DISCONNECT EVENT" needs.
                     if let Some(ev) = ev
                         && let Some(q) = self.port.qp_events(qp.qp_num())
                     {
                         q.push(ev);
+                    }
+                    if !matches!(qp.state(), QpState::Err | QpState::Reset)
+                        && let Err(e) = qp.modify_qp(&QpAttr::state(QpState::Err))
+                    {
+                        tracing::warn!(qpn = qp.qp_num(), error = %e, "IB CM: moving the QP to ERR failed");
                     }
                 }
                 Action::Event(qpn, ev) => {
