@@ -8,14 +8,21 @@
 //!   PSN arithmetic, path-MTU segmentation and the invariant CRC.
 //! - [`cm`]: IB CM MADs (REQ, REP, RTU, REJ, DREQ, DREP, MRA) and the rdma_cm private-data
 //!   header and service IDs, parsed and emitted; the CM state machine driven by events.
+//! - [`engine`]: the device: one UDP socket on port 4791, the progress thread, the verbs
+//!   provider and its RC QPs; [`RoceFactory`] opens it from the registry's text options.
 //! - [`gsi`]: the seam between the device's data path and the CM on QP1.
 //!
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts C1 (IB CM) and C3 (RoCE and
 //! the RC transport).
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod cm;
+pub mod engine;
+mod factory;
 pub mod gsi;
 pub mod rc;
 pub mod wire;
+
+pub use engine::{RoceConfig, RoceProvider, RoceQp, open_device};
+pub use factory::RoceFactory;

@@ -1,0 +1,234 @@
+//! A RoCEv2 RC queue pair: the sans-I/O core ([`RcQp`]) behind a mutex, its destination,
+//! its CQs, and the glue that sends what the core emits and delivers what it completes.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use verbs::cq::Progress;
+use verbs::provider::{CqProviderExt, QpCreate, QpOps};
+use verbs::{CompletionQueue, Error, QpAttr, QpState, RecvWr, Result, SendWr, WcOpcode};
+
+use super::DevInner;
+use crate::rc::{RcConfig, RcError, RcQp};
+use crate::wire::Packet;
+
+pub(crate) struct QpInner {
+    core: RcQp,
+    dest: Option<SocketAddr>,
+    txbuf: Vec<u8>,
+    /// The earliest timer this QP has queued on the device (none: none queued).
+    armed: Option<Instant>,
+}
+
+pub(crate) struct QpShared {
+    dev: Arc<DevInner>,
+    qpn: u32,
+    inner: Mutex<QpInner>,
+    send_cq: CompletionQueue,
+    recv_cq: CompletionQueue,
+}
+
+/// The RoCEv2 provider's QP as the verbs layer holds it.
+pub struct RoceQp(pub(crate) Arc<QpShared>);
+
+fn rc_err(e: RcError) -> Error {
+    match e {
+        RcError::State(s, _) => Error::InvalidState(s),
+        RcError::QueueFull(_) => Error::QueueFull,
+        RcError::InvalidAttr(what) => Error::NotSupported(what.into()),
+    }
+}
+
+impl QpShared {
+    pub(crate) fn new(dev: Arc<DevInner>, qpn: u32, req: QpCreate) -> Arc<QpShared> {
+        let mut cfg = RcConfig::new(qpn, req.pd_id, req.mem.clone());
+        cfg.sq_sig_all = req.attr.sq_sig_all;
+        cfg.max_send_wr = req.attr.max_send_wr.max(1) as usize;
+        cfg.max_recv_wr = req.attr.max_recv_wr.max(1) as usize;
+        let core = RcQp::new(cfg);
+        let q = Arc::new(QpShared {
+            dev: dev.clone(),
+            qpn,
+            inner: Mutex::new(QpInner {
+                txbuf: vec![0; 4096 + 128],
+                core,
+                dest: None,
+                armed: None,
+            }),
+            send_cq: req.send_cq.clone(),
+            recv_cq: req.recv_cq.clone(),
+        });
+        dev.qps.write().unwrap().insert(qpn, Arc::downgrade(&q));
+        let w: Weak<dyn Progress> = Arc::downgrade(&q) as Weak<dyn Progress>;
+        req.send_cq.attach(w.clone());
+        if !req.send_cq.same(&req.recv_cq) {
+            req.recv_cq.attach(w);
+        }
+        q
+    }
+
+    /// A packet for this QP (ICRC checked, parsed).
+    pub(crate) fn on_packet(&self, now: Instant, p: &Packet<'_>) {
+        self.inner.lock().unwrap().core.handle_packet(now, p);
+    }
+
+    /// A timer this QP queued is due.
+    pub(crate) fn on_timer(&self, now: Instant) {
+        let mut g = self.inner.lock().unwrap();
+        g.armed = None;
+        if g.core.poll_timeout().is_some_and(|t| t <= now) {
+            g.core.handle_timeout(now);
+        }
+        self.service(&mut g, now);
+    }
+
+    pub(crate) fn service_locked(&self) {
+        let mut g = self.inner.lock().unwrap();
+        self.service(&mut g, Instant::now());
+    }
+
+    /// Sends every packet the core has ready, delivers its completions and queues its
+    /// timer. Returns whether anything happened.
+    fn service(&self, g: &mut QpInner, now: Instant) -> bool {
+        let mut any = false;
+        let need = g.core.max_packet_len();
+        if g.txbuf.len() < need {
+            g.txbuf.resize(need, 0);
+        }
+        if let Some(to) = g.dest {
+            let QpInner { core, txbuf, .. } = &mut *g;
+            while let Some(n) = core.poll_transmit(now, txbuf) {
+                self.dev.send_packet(to, &mut txbuf[..n]);
+                any = true;
+            }
+        }
+        while let Some(wc) = g.core.poll_completion() {
+            any = true;
+            let cq = match wc.opcode {
+                WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => &self.recv_cq,
+                _ => &self.send_cq,
+            };
+            if cq.push(wc).is_err() {
+                tracing::warn!(qpn = self.qpn, "CQ overflow: QP to error");
+                g.core.set_error();
+            }
+        }
+        if let Some(t) = g.core.poll_timeout() {
+            if g.armed.is_none_or(|a| t < a) {
+                g.armed = Some(t);
+                self.dev.arm_timer(t, self.qpn);
+            }
+        }
+        any
+    }
+}
+
+impl Drop for QpShared {
+    fn drop(&mut self) {
+        let mut m = self.dev.qps.write().unwrap();
+        if m.get(&self.qpn).is_some_and(|w| w.strong_count() == 0) {
+            m.remove(&self.qpn);
+        }
+    }
+}
+
+impl Progress for QpShared {
+    fn progress(&self) -> bool {
+        let mut any = self.dev.drain_rx();
+        let now = Instant::now();
+        let mut g = self.inner.lock().unwrap();
+        if g.core.poll_timeout().is_some_and(|t| t <= now) {
+            g.core.handle_timeout(now);
+            any = true;
+        }
+        any |= self.service(&mut g, now);
+        any
+    }
+}
+
+impl QpOps for RoceQp {
+    fn qp_num(&self) -> u32 {
+        self.0.qpn
+    }
+
+    fn state(&self) -> QpState {
+        self.0.inner.lock().unwrap().core.state()
+    }
+
+    fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
+        let mut g = self.0.inner.lock().unwrap();
+        let mut res = Ok(());
+        for wr in wrs {
+            if let Err(e) = g.core.post_send(wr) {
+                res = Err(rc_err(e));
+                break;
+            }
+        }
+        self.0.service(&mut g, Instant::now());
+        res
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
+        let mut g = self.0.inner.lock().unwrap();
+        let mut res = Ok(());
+        for wr in wrs {
+            if let Err(e) = g.core.post_recv(wr) {
+                res = Err(rc_err(e));
+                break;
+            }
+        }
+        if g.core.state() == QpState::Err {
+            self.0.service(&mut g, Instant::now());
+        }
+        res
+    }
+
+    fn modify_qp(&self, attr: &QpAttr) -> Result<()> {
+        let mut g = self.0.inner.lock().unwrap();
+        let mut a = attr.clone();
+        if let Some(m) = a.path_mtu {
+            // The path MTU is at most the port's active MTU (rxe takes the smaller too).
+            a.path_mtu = Some(m.min(self.0.dev.cfg.mtu));
+        }
+        g.core.modify(&a).map_err(rc_err)?;
+        if let Some(ah) = &attr.ah_attr {
+            g.dest = Some(SocketAddr::new(ah.dgid.to_ip(), crate::wire::ROCEV2_UDP_PORT));
+        }
+        if attr.qp_state == Some(QpState::Reset) {
+            g.dest = None;
+        }
+        self.0.service(&mut g, Instant::now());
+        Ok(())
+    }
+
+    fn query_qp(&self) -> QpAttr {
+        let g = self.0.inner.lock().unwrap();
+        let a = g.core.attr();
+        QpAttr {
+            qp_state: Some(g.core.state()),
+            path_mtu: Some(a.path_mtu),
+            timeout: Some(a.timeout),
+            retry_cnt: Some(a.retry_cnt),
+            rnr_retry: Some(a.rnr_retry),
+            rq_psn: Some(a.rq_psn.value()),
+            sq_psn: Some(a.sq_psn.value()),
+            max_rd_atomic: Some(a.max_rd_atomic),
+            max_dest_rd_atomic: Some(a.max_dest_rd_atomic),
+            min_rnr_timer: Some(a.min_rnr_timer.0),
+            dest_qp_num: Some(a.dest_qpn),
+            ..QpAttr::default()
+        }
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+impl RoceQp {
+    /// The core's counters.
+    pub fn stats(&self) -> crate::rc::RcStats {
+        self.0.inner.lock().unwrap().core.stats().clone()
+    }
+}
