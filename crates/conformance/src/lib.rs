@@ -101,12 +101,11 @@ pub trait Fixture: Sync {
     fn open(&self, opts: &DeviceOptions, ip: Ipv4Addr) -> Device;
     /// Connects `n` RC QP pairs, requester at `a`, responder at `b`.
     fn connect(&self, a: &End, b: &End, n: usize, caps: &Caps) -> Vec<(QueuePair, QueuePair)>;
-    /// Whether a receiver reports Immediate Data that directly follows a
-    /// Write as `RecvRdmaWithImm` (iWARP: RFC 7306 cannot tell the two
-    /// apart); the InfiniBand transport has its own opcodes and says `Recv`.
-    fn send_imm_after_write_reports_write_imm(&self) -> bool {
-        false
-    }
+    /// The transport, where the verbs semantics differ (iWARP reports
+    /// Immediate Data right after a Write as `RecvRdmaWithImm` with
+    /// `byte_len` 0; the InfiniBand transport has distinct opcodes and
+    /// reports a Write with immediate's length, as rxe does).
+    fn transport(&self) -> Transport;
     /// The second byte of this fixture's loopback addresses (127.`net`.x.y),
     /// distinct per test binary.
     fn net(&self) -> u8;
@@ -240,15 +239,20 @@ pub struct RcPath {
     pub min_rnr_timer: u8,
 }
 
+impl RcPath {
+    /// MTU 1024, timeout 14 (67 ms), 7 retries, infinite RNR retries, RNR timer 0.01 ms.
+    pub const DEFAULT: RcPath = RcPath {
+        mtu: Mtu::Mtu1024,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+    };
+}
+
 impl Default for RcPath {
     fn default() -> Self {
-        RcPath {
-            mtu: Mtu::Mtu1024,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: 1,
-        }
+        RcPath::DEFAULT
     }
 }
 
