@@ -3,7 +3,8 @@
 
 use std::net::IpAddr;
 
-use crate::engine::{RoceConfig, open_device};
+use crate::engine::impair::ImpairConfig;
+use crate::engine::{IcrcRx, RoceConfig, open_device};
 use verbs::{
     ConfigItem, ConfigValue, DeviceFactory, DeviceOptions, InvalidArg, Mtu, ParamInfo, ProviderInfo, Result, Transport,
 };
@@ -27,6 +28,16 @@ impl RoceFactory {
                 "mtu",
                 d.mtu.bytes().to_string(),
                 "the port's active MTU: 256, 512, 1024, 2048 or 4096",
+            ),
+            p(
+                "icrc_rx",
+                "auto".into(),
+                "how IPv4 packets are received for the ICRC check: raw (raw socket with the IP header; CAP_NET_RAW), udp (ID 0 assumed), auto (raw if permitted)",
+            ),
+            p(
+                "impair",
+                "none".into(),
+                "faults injected into what the device sends, seeded (testing): drop:P,reorder:P,dup:P,corrupt:P,ack_delay_us:N,seed:N (keys optional)",
             ),
         ]
     }
@@ -57,6 +68,29 @@ impl RoceFactory {
                     .into());
                 }
             };
+        }
+        c.icrc_rx = match opts.get("icrc_rx") {
+            None | Some("auto") => IcrcRx::Auto,
+            Some("raw") => IcrcRx::Raw,
+            Some("udp") => IcrcRx::Udp,
+            Some(v) => {
+                return Err(InvalidArg::OptionValue {
+                    key: "icrc_rx".into(),
+                    value: v.to_string(),
+                    expected: "auto, raw or udp",
+                }
+                .into());
+            }
+        };
+        match opts.get("impair") {
+            None | Some("none") | Some("") => {}
+            Some(v) => {
+                c.impair = Some(ImpairConfig::parse(v).map_err(|_| InvalidArg::OptionValue {
+                    key: "impair".into(),
+                    value: v.to_string(),
+                    expected: "drop:P,reorder:P,dup:P,corrupt:P,ack_delay_us:N,seed:N",
+                })?);
+            }
         }
         Ok(c)
     }
@@ -98,6 +132,23 @@ impl DeviceFactory for RoceFactory {
                 ConfigValue::Num(u64::from(c.mtu.bytes())),
                 format!("{} octets", c.mtu.bytes()),
             ),
+            item(
+                "icrc_rx",
+                "IPv4 ICRC check",
+                ConfigValue::Text(format!("{:?}", c.icrc_rx).to_lowercase()),
+                match c.icrc_rx {
+                    IcrcRx::Auto => "raw socket with the IP header if permitted, else IP ID 0 assumed".into(),
+                    IcrcRx::Raw => "raw socket: checked against the IP header received".into(),
+                    IcrcRx::Udp => "UDP socket: IP ID 0 assumed".into(),
+                },
+            ),
+            item(
+                "impair",
+                "fault injection",
+                c.impair
+                    .map_or(ConfigValue::Null, |i| ConfigValue::Text(format!("{i:?}"))),
+                c.impair.map_or("off".into(), |i| format!("{i:?}")),
+            ),
         ])
     }
 }
@@ -120,7 +171,15 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused() {
-        for (k, v) in [("mtu", "1500"), ("mtu", "x"), ("addr", "nowhere"), ("colour", "red")] {
+        let o = DeviceOptions::new().with("impair", "drop:0.1,seed:3");
+        assert_eq!(RoceFactory::config(&o).unwrap().impair.unwrap().drop, 0.1);
+        for (k, v) in [
+            ("impair", "drop:7"),
+            ("mtu", "1500"),
+            ("mtu", "x"),
+            ("addr", "nowhere"),
+            ("colour", "red"),
+        ] {
             assert!(
                 RoceFactory::config(&DeviceOptions::new().with(k, v)).is_err(),
                 "{k}={v}"

@@ -24,5 +24,5 @@ pub mod gsi;
 pub mod rc;
 pub mod wire;
 
-pub use engine::{RoceConfig, RoceProvider, RoceQp, open_device};
+pub use engine::{IcrcRx, RoceConfig, RoceProvider, RoceQp, open_device, open_device_with};
 pub use factory::RoceFactory;

@@ -401,6 +401,19 @@ impl Device {
         self.check_port(port_num)?;
         self.provider().query_pkey(port_num, index)
     }
+
+    /// The device's statistics counters, like the `hw_counters` directory of a Linux RDMA
+    /// device (`rdma statistic show`): packets sent and received, retransmissions, NAKs,
+    /// drops. Which counters exist is the provider's choice; a provider without any
+    /// returns none ([`Provider::query_counters`](crate::Provider::query_counters)).
+    pub fn hw_counters(&self) -> Vec<crate::provider::HwCounter> {
+        self.provider().query_counters()
+    }
+
+    /// The counter `name` of [`Device::hw_counters`], if the provider has it.
+    pub fn hw_counter(&self, name: &str) -> Option<u64> {
+        self.hw_counters().into_iter().find(|c| c.name == name).map(|c| c.value)
+    }
 }
 
 // ---- asynchronous events (types in `async_event`) ----

@@ -94,7 +94,7 @@ pub use cq::CompletionQueue;
 pub use device::{Device, MemoryRegion, ProtectionDomain};
 pub use error::{Error, InvalidArg, Result, WrError};
 pub use port::{DEFAULT_PKEY, LinkLayer, PortAttr, PortState};
-pub use provider::{Provider, SrqInitAttr};
+pub use provider::{HwCounter, Provider, SrqInitAttr};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 pub use qp_attr::{
     AhAttr, Gid, ModifyQpError, Mtu, QpAttr, QpAttrMask, QpType, RtrAttr, RtsAttr, TransitionRule, check_modify,

@@ -123,6 +123,15 @@ pub trait SrqOps: Send + Sync + 'static {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// One statistics counter of a device (a file of Linux's `hw_counters`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HwCounter {
+    /// Its name (rxe's where the meaning is the same: `sent_pkts`, `rcvd_seq_err`, ...).
+    pub name: &'static str,
+    /// Its value since the device opened.
+    pub value: u64,
+}
+
 /// A transport provider (`ib_device_ops` / `verbs_context_ops`).
 pub trait Provider: Send + Sync {
     /// Device limits (`ibv_query_device`); read once when the device opens.
@@ -132,6 +141,12 @@ pub trait Provider: Send + Sync {
     fn phys_port_cnt(&self) -> u8 {
         1
     }
+    /// The device's statistics counters (`ib_device_ops.get_hw_stats`); the default is
+    /// none.
+    fn query_counters(&self) -> Vec<HwCounter> {
+        Vec::new()
+    }
+
     /// Attributes of a port that exists (the verbs layer checked the number).
     fn query_port(&self, _port_num: u8) -> PortAttr {
         PortAttr::default()

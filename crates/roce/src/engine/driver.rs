@@ -2,7 +2,6 @@
 //! and a waker, with the earliest QP timer as its timeout. Nothing to read and no timer
 //! armed: it sleeps without a timeout, so an idle device costs no CPU.
 
-use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -18,7 +17,7 @@ pub(super) const WAKER: Token = Token(1);
 /// Registers the device's socket with `poll` and starts the thread.
 pub(super) fn start(poll: Poll, dev: &Arc<DevInner>) -> std::io::Result<()> {
     poll.registry()
-        .register(&mut SourceFd(&dev.sock.as_raw_fd()), SOCKET, Interest::READABLE)?;
+        .register(&mut SourceFd(&dev.rx_fd()), SOCKET, Interest::READABLE)?;
     let weak = Arc::downgrade(dev);
     std::thread::Builder::new()
         .name(format!("{}-progress", dev.cfg.name))

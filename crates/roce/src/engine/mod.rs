@@ -26,6 +26,7 @@
 //! non-zero ID (rxe does not on its RC path with DF set) fail the check; see docs/roce.md.
 
 mod driver;
+pub mod impair;
 mod qp;
 #[allow(unsafe_code)]
 mod sys;
@@ -39,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Instant;
 
-use verbs::provider::{Provider, QpCreate, QpOps};
+use verbs::provider::{HwCounter, Provider, QpCreate, QpOps};
 use verbs::{DeviceAttr, Error, Gid, InvalidArg, Mtu, PortAttr, QpType, Result};
 
 use crate::gsi::{GsiHandler, GsiPort};
@@ -57,6 +58,28 @@ pub struct RoceConfig {
     pub addr: IpAddr,
     /// The port's active MTU (256..4096), the largest path MTU a QP is given.
     pub mtu: Mtu,
+    /// Faults injected into what the device sends (testing; `None` in normal use).
+    pub impair: Option<impair::ImpairConfig>,
+    /// Where IPv4 packets are received, which decides how their ICRC is checked.
+    pub icrc_rx: IcrcRx,
+}
+
+/// How the device receives IPv4 packets, which decides what their ICRC is checked against
+/// (rxe's IPv4 ICRC covers the IP Identification, which a UDP socket does not show).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IcrcRx {
+    /// `Raw` if the process may open raw sockets (CAP_NET_RAW), else `Udp`.
+    #[default]
+    Auto,
+    /// A raw `IPPROTO_UDP` socket with a classic BPF filter (our address, port 4791) gives
+    /// every datagram with its IP header, so every ICRC is checked against the header it
+    /// came in, rxe's hashed IDs included. The UDP socket stays bound, with a drop-all
+    /// filter, so the host sends no ICMP port-unreachable. Needs CAP_NET_RAW.
+    Raw,
+    /// The UDP socket receives; the IPv4 ICRC is checked as if the ID were 0, which is what
+    /// our own devices send. Packets with another ID (rxe's) fail the check and are dropped
+    /// and counted in `icrc_err`.
+    Udp,
 }
 
 impl Default for RoceConfig {
@@ -65,6 +88,8 @@ impl Default for RoceConfig {
             name: "rxe_soft0".into(),
             addr: IpAddr::V4(Ipv4Addr::LOCALHOST),
             mtu: Mtu::Mtu1024,
+            impair: None,
+            icrc_rx: IcrcRx::Auto,
         }
     }
 }
@@ -92,10 +117,21 @@ pub fn device_attr() -> DeviceAttr {
     }
 }
 
-/// Opens a RoCEv2 device: binds `addr`:4791 and starts its progress thread.
+/// Opens a RoCEv2 device: binds `addr`:4791 and starts its progress thread. No connection
+/// manager: QPs are connected by hand with `modify_qp`.
 pub fn open_device(cfg: RoceConfig) -> io::Result<verbs::Device> {
+    open_device_with(cfg, |_| None)
+}
+
+/// Opens a RoCEv2 device whose connection manager `cm` builds from the provider (the IB CM
+/// registers its [`GsiHandler`] on it and sends MADs through its [`GsiPort`]).
+pub fn open_device_with(
+    cfg: RoceConfig,
+    cm: impl FnOnce(&Arc<RoceProvider>) -> Option<Arc<dyn verbs::cm::backend::CmBackend>>,
+) -> io::Result<verbs::Device> {
     let p = Arc::new(RoceProvider::new(cfg.clone())?);
-    Ok(verbs::provider::new_device(cfg.name.clone(), p, None))
+    let backend = cm(&p);
+    Ok(verbs::provider::new_device(cfg.name.clone(), p, backend))
 }
 
 /// Device-wide packet counters (the per-QP ones are in [`crate::rc::RcStats`]).
@@ -107,12 +143,16 @@ pub(crate) struct DevCounters {
     pub malformed: AtomicU64,
     pub unknown_qp: AtomicU64,
     pub send_err: AtomicU64,
+    pub retry_exceeded_err: AtomicU64,
+    pub retry_rnr_exceeded_err: AtomicU64,
 }
 
 /// The state a device's QPs and its progress thread share.
 pub(crate) struct DevInner {
     pub cfg: RoceConfig,
     pub sock: UdpSocket,
+    /// The raw socket IPv4 packets are received from (with their IP headers), if any.
+    pub raw: Option<socket2::Socket>,
     pub local: SocketAddr,
     pub qps: RwLock<HashMap<u32, Weak<qp::QpShared>>>,
     next_qpn: AtomicU32,
@@ -126,8 +166,14 @@ pub(crate) struct DevInner {
     gsi: Mutex<Option<Weak<dyn GsiHandler>>>,
     gsi_psn: AtomicU32,
     pub counters: DevCounters,
+    /// The RC counters of QPs already destroyed.
+    pub retired: Mutex<crate::rc::RcStats>,
+    impair: Option<Mutex<impair::Impair>>,
     epoch: Instant,
 }
+
+/// The timer "QP number" of the impairment's held packets (QPNs are 24 bits).
+const IMPAIR_TIMER: u32 = u32::MAX;
 
 struct Timers {
     heap: BinaryHeap<Reverse<(Instant, u32)>>,
@@ -165,7 +211,9 @@ impl DevInner {
                 }
             };
             let Some(qpn) = due else { return };
-            if let Some(qp) = self.qp(qpn) {
+            if qpn == IMPAIR_TIMER {
+                self.release_held(now);
+            } else if let Some(qp) = self.qp(qpn) {
                 qp.on_timer(now);
             }
         }
@@ -189,6 +237,15 @@ impl DevInner {
 
     /// Receives every queued datagram (or leaves a poke for the thread that is already
     /// doing so). Returns whether any packet was received.
+    /// The socket the progress thread waits on.
+    pub(crate) fn rx_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match &self.raw {
+            Some(r) => r.as_raw_fd(),
+            None => self.sock.as_raw_fd(),
+        }
+    }
+
     pub(crate) fn drain_rx(&self) -> bool {
         self.rx_poke.store(true, Ordering::SeqCst);
         let mut any = false;
@@ -201,10 +258,18 @@ impl DevInner {
             let now = Instant::now();
             let mut n_batch = 0;
             loop {
-                match sys::recv_from_dontwait(self.sock.as_fd(), &mut buf) {
+                let fd = match &self.raw {
+                    Some(r) => r.as_fd(),
+                    None => self.sock.as_fd(),
+                };
+                match sys::recv_from_dontwait(fd, &mut buf) {
                     Ok((n, from)) => {
                         any = true;
-                        self.on_datagram(now, from, &mut buf[..n], &mut touched);
+                        if self.raw.is_some() {
+                            self.on_ip_datagram(now, &buf[..n], &mut touched);
+                        } else {
+                            self.on_datagram(now, from, None, &buf[..n], &mut touched);
+                        }
                         n_batch += 1;
                         // Let ACKs and responses out now and then during a long burst.
                         if n_batch % 64 == 0 {
@@ -233,9 +298,51 @@ impl DevInner {
         }
     }
 
-    fn on_datagram(&self, now: Instant, from: SocketAddr, pkt: &mut [u8], touched: &mut Vec<Arc<qp::QpShared>>) {
+    /// An IPv4 datagram from the raw socket (the filter passed only UDP to our address and
+    /// port 4791): the ICRC is checked against the headers it came with.
+    fn on_ip_datagram(&self, now: Instant, d: &[u8], touched: &mut Vec<Arc<qp::QpShared>>) {
+        const IP: usize = 20;
+        const UDP: usize = 8;
+        if d.len() < IP + UDP || d[0] != 0x45 {
+            // Not IPv4, or IPv4 with options, which rxe's ICRC does not cover.
+            self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let udp_len = usize::from(u16::from_be_bytes([d[IP + 4], d[IP + 5]]));
+        if udp_len < UDP || IP + udp_len > d.len() {
+            self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let src = Ipv4Addr::new(d[12], d[13], d[14], d[15]);
+        let sport = u16::from_be_bytes([d[IP], d[IP + 1]]);
+        let from = SocketAddr::new(IpAddr::V4(src), sport);
+        self.on_datagram(
+            now,
+            from,
+            Some((&d[..IP], &d[IP..IP + UDP])),
+            &d[IP + UDP..IP + udp_len],
+            touched,
+        );
+    }
+
+    /// One RoCEv2 packet (a UDP payload) from `from`; `headers` are the IP and UDP headers
+    /// it arrived in when the raw socket gave them.
+    fn on_datagram(
+        &self,
+        now: Instant,
+        from: SocketAddr,
+        headers: Option<(&[u8], &[u8])>,
+        pkt: &[u8],
+        touched: &mut Vec<Arc<qp::QpShared>>,
+    ) {
         self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
-        if icrc_check(from.ip(), self.local.ip(), from.port(), self.local.port(), pkt).is_err() {
+        let ok = match headers {
+            Some((ip, udp)) => icrc::verify(ip, udp, pkt).is_ok(),
+            None => icrc_check(from.ip(), self.local.ip(), from.port(), self.local.port(), pkt).is_ok(),
+        };
+        if !ok {
             self.counters.icrc_err.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -279,12 +386,62 @@ impl DevInner {
         }
     }
 
-    /// Seals the ICRC of `pkt` (the ICRC field is its last four octets) and sends it.
+    /// Seals the ICRC of `pkt` (the ICRC field is its last four octets) and sends it,
+    /// through the impairment if the device has one.
     pub(crate) fn send_packet(&self, to: SocketAddr, pkt: &mut [u8]) {
         if icrc_seal(self.local.ip(), to.ip(), self.local.port(), to.port(), pkt).is_err() {
             self.counters.send_err.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        let Some(im) = &self.impair else {
+            self.send_raw(to, pkt);
+            return;
+        };
+        let now = Instant::now();
+        let mut g = im.lock().unwrap();
+        let due = g.due(now);
+        let v = g.judge(now, pkt);
+        let mut now_send = 0;
+        if !v.drop {
+            if let Some(b) = v.corrupt_bit {
+                let at = pkt.len() - crate::wire::ICRC_LEN + usize::from(b / 8);
+                pkt[at] ^= 1 << (b % 8);
+            }
+            let copies = if v.dup { 2 } else { 1 };
+            match v.hold_until {
+                Some(at) => (0..copies).for_each(|_| g.hold(at, to, pkt)),
+                None => now_send = copies,
+            }
+        }
+        let next = v.hold_until.and(g.next_due());
+        drop(g);
+        for (t, p) in due {
+            self.send_raw(t, &p);
+        }
+        for _ in 0..now_send {
+            self.send_raw(to, pkt);
+        }
+        if let Some(n) = next {
+            self.arm_timer(n, IMPAIR_TIMER);
+        }
+    }
+
+    /// Sends the held packets that are due.
+    fn release_held(&self, now: Instant) {
+        let Some(im) = &self.impair else { return };
+        let mut g = im.lock().unwrap();
+        let due = g.due(now);
+        let next = g.next_due();
+        drop(g);
+        for (t, p) in due {
+            self.send_raw(t, &p);
+        }
+        if let Some(n) = next {
+            self.arm_timer(n, IMPAIR_TIMER);
+        }
+    }
+
+    fn send_raw(&self, to: SocketAddr, pkt: &[u8]) {
         match self.sock.send_to(pkt, to) {
             Ok(_) => {
                 self.counters.sent_pkts.fetch_add(1, Ordering::Relaxed);
@@ -305,6 +462,16 @@ impl DevInner {
             }
         }
     }
+}
+
+/// The raw `IPPROTO_UDP` socket that receives the device's IPv4 datagrams with their IP
+/// headers (see [`IcrcRx::Raw`]).
+fn raw_socket(addr: Ipv4Addr) -> io::Result<socket2::Socket> {
+    let r = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::UDP))?;
+    sys::attach_filter(r.as_fd(), &sys::rocev2_ipv4_filter(addr, crate::wire::ROCEV2_UDP_PORT))?;
+    let _ = r.set_recv_buffer_size(8 << 20);
+    r.bind(&SocketAddr::new(IpAddr::V4(addr), 0).into())?;
+    Ok(r)
 }
 
 /// The IP header the ICRC covers, as Linux sends a datagram of `payload_len` UDP payload
@@ -384,15 +551,34 @@ impl RoceProvider {
         let _ = s.set_recv_buffer_size(8 << 20);
         sys::set_pmtudisc_do(s.as_fd(), cfg.addr.is_ipv6())?;
         s.bind(&local.into())?;
+        let raw = match (cfg.addr, cfg.icrc_rx) {
+            (IpAddr::V4(a), IcrcRx::Auto | IcrcRx::Raw) => match raw_socket(a) {
+                Ok(r) => {
+                    sys::attach_filter(s.as_fd(), &sys::drop_all_filter())?;
+                    Some(r)
+                }
+                Err(e) if cfg.icrc_rx == IcrcRx::Raw => return Err(e),
+                Err(e) => {
+                    tracing::info!(
+                        device = %cfg.name, error = %e,
+                        "no raw socket: IPv4 ICRCs are checked with IP ID 0 (rxe's packets will fail)"
+                    );
+                    None
+                }
+            },
+            _ => None,
+        };
         let sock: UdpSocket = s.into();
         let poll = mio::Poll::new()?;
         let waker = mio::Waker::new(poll.registry(), driver::WAKER)?;
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0x1234, |d| d.subsec_nanos());
+        let cfg_impair = cfg.impair;
         let inner = Arc::new(DevInner {
             cfg,
             sock,
+            raw,
             local,
             qps: RwLock::new(HashMap::new()),
             // A start that differs between devices and runs, as rxe's pool index does not.
@@ -408,6 +594,8 @@ impl RoceProvider {
             gsi: Mutex::new(None),
             gsi_psn: AtomicU32::new(seed & 0x00ff_ffff),
             counters: DevCounters::default(),
+            retired: Mutex::new(crate::rc::RcStats::default()),
+            impair: cfg_impair.map(|c| Mutex::new(impair::Impair::new(c))),
             epoch: Instant::now(),
         });
         driver::start(poll, &inner)?;
@@ -427,9 +615,72 @@ impl Drop for RoceProvider {
     }
 }
 
+impl RoceProvider {
+    /// The RC counters summed over every QP the device has had.
+    fn rc_totals(&self) -> crate::rc::RcStats {
+        let mut t = self.inner.retired.lock().unwrap().clone();
+        let qps: Vec<_> = self
+            .inner
+            .qps
+            .read()
+            .unwrap()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for q in qps {
+            t.add(&q.stats());
+        }
+        t
+    }
+}
+
 impl Provider for RoceProvider {
     fn query_device(&self) -> DeviceAttr {
         device_attr()
+    }
+
+    /// rxe's `hw_counters` where the meaning is the same, then softrdma's own.
+    fn query_counters(&self) -> Vec<HwCounter> {
+        let c = &self.inner.counters;
+        let rc = self.rc_totals();
+        let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let mut v = vec![
+            ("sent_pkts", ld(&c.sent_pkts)),
+            ("rcvd_pkts", ld(&c.rcvd_pkts)),
+            ("duplicate_request", rc.duplicate_requests),
+            ("out_of_seq_request", rc.out_of_sequence_dropped),
+            ("rcvd_rnr_err", rc.rnr_naks_received),
+            ("send_rnr_err", rc.rnr_naks_sent),
+            ("rcvd_seq_err", rc.seq_naks_received),
+            (
+                "completer_retry_err",
+                rc.ack_timeouts + rc.seq_naks_received + rc.implied_naks,
+            ),
+            ("retry_exceeded_err", ld(&c.retry_exceeded_err)),
+            ("retry_rnr_exceeded_err", ld(&c.retry_rnr_exceeded_err)),
+            ("send_err", ld(&c.send_err)),
+            ("icrc_err", ld(&c.icrc_err)),
+            ("retransmitted_pkts", rc.retransmitted_packets),
+            ("ack_timeouts", rc.ack_timeouts),
+            ("implied_naks", rc.implied_naks),
+            ("send_seq_err", rc.seq_naks_sent),
+            ("duplicate_response", rc.duplicate_responses),
+            ("ghost_response", rc.ghost_responses),
+            ("malformed_pkts", ld(&c.malformed)),
+            ("unknown_qp_pkts", ld(&c.unknown_qp)),
+            ("misdirected_pkts", rc.misdirected_dropped),
+        ];
+        if let Some(im) = &self.inner.impair {
+            let s = im.lock().unwrap().stats;
+            v.extend([
+                ("impair_dropped", s.dropped),
+                ("impair_reordered", s.reordered),
+                ("impair_duplicated", s.duplicated),
+                ("impair_corrupted", s.corrupted),
+                ("impair_delayed_acks", s.delayed_acks),
+            ]);
+        }
+        v.into_iter().map(|(name, value)| HwCounter { name, value }).collect()
     }
 
     fn query_port(&self, _port_num: u8) -> PortAttr {

@@ -2,12 +2,13 @@
 //! its CQs, and the glue that sends what the core emits and delivers what it completes.
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use verbs::cq::Progress;
 use verbs::provider::{CqProviderExt, QpCreate, QpOps};
-use verbs::{CompletionQueue, Error, QpAttr, QpState, RecvWr, Result, SendWr, WcOpcode};
+use verbs::{CompletionQueue, Error, QpAttr, QpState, RecvWr, Result, SendWr, WcOpcode, WcStatus};
 
 use super::DevInner;
 use crate::rc::{RcConfig, RcError, RcQp};
@@ -68,6 +69,11 @@ impl QpShared {
         q
     }
 
+    /// The core's counters.
+    pub(crate) fn stats(&self) -> crate::rc::RcStats {
+        self.inner.lock().unwrap().core.stats().clone()
+    }
+
     /// A packet for this QP (ICRC checked, parsed).
     pub(crate) fn on_packet(&self, now: Instant, p: &Packet<'_>) {
         self.inner.lock().unwrap().core.handle_packet(now, p);
@@ -105,6 +111,11 @@ impl QpShared {
         }
         while let Some(wc) = g.core.poll_completion() {
             any = true;
+            match wc.status {
+                WcStatus::RetryExcErr => self.dev.counters.retry_exceeded_err.fetch_add(1, Ordering::Relaxed),
+                WcStatus::RnrRetryExcErr => self.dev.counters.retry_rnr_exceeded_err.fetch_add(1, Ordering::Relaxed),
+                _ => 0,
+            };
             let cq = match wc.opcode {
                 WcOpcode::Recv | WcOpcode::RecvRdmaWithImm => &self.recv_cq,
                 _ => &self.send_cq,
@@ -126,6 +137,9 @@ impl QpShared {
 
 impl Drop for QpShared {
     fn drop(&mut self) {
+        if let Ok(g) = self.inner.get_mut() {
+            self.dev.retired.lock().unwrap().add(g.core.stats());
+        }
         let mut m = self.dev.qps.write().unwrap();
         if m.get(&self.qpn).is_some_and(|w| w.strong_count() == 0) {
             m.remove(&self.qpn);

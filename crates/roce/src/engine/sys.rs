@@ -85,3 +85,63 @@ fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> io::Result<std::net::SocketAd
         f => Err(io::Error::other(format!("address family {f}"))),
     }
 }
+
+/// A classic BPF program for a raw `IPPROTO_UDP` IPv4 socket (the data starts at the IP
+/// header): accept datagrams to `addr`, not fragments, with UDP destination port `port`;
+/// drop the rest in the kernel.
+pub(crate) fn rocev2_ipv4_filter(addr: std::net::Ipv4Addr, port: u16) -> Vec<libc::sock_filter> {
+    let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    const LD_W_ABS: u16 = 0x20;
+    const LD_H_ABS: u16 = 0x28;
+    const LD_H_IND: u16 = 0x48;
+    const LDX_B_MSH: u16 = 0xb1;
+    const JEQ_K: u16 = 0x15;
+    const JSET_K: u16 = 0x45;
+    const RET_K: u16 = 0x06;
+    vec![
+        op(LD_W_ABS, 0, 0, 16),                             // 0: A = destination address
+        op(JEQ_K, 0, 6, u32::from_be_bytes(addr.octets())), // 1: not ours -> 8
+        op(LD_H_ABS, 0, 0, 6),                              // 2: A = flags | fragment offset
+        op(JSET_K, 4, 0, 0x1fff),                           // 3: a fragment after the first -> 8
+        op(LDX_B_MSH, 0, 0, 0),                             // 4: X = IHL * 4
+        op(LD_H_IND, 0, 0, 2),                              // 5: A = UDP destination port
+        op(JEQ_K, 0, 1, u32::from(port)),                   // 6: port -> 7, else 8
+        op(RET_K, 0, 0, 0xffff),                            // 7: accept
+        op(RET_K, 0, 0, 0),                                 // 8: drop
+    ]
+}
+
+/// The program that drops everything (kept on the UDP socket when a raw socket receives:
+/// the UDP socket still exists, so the host answers no ICMP port-unreachable).
+pub(crate) fn drop_all_filter() -> Vec<libc::sock_filter> {
+    vec![libc::sock_filter {
+        code: 0x06,
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }]
+}
+
+/// `SO_ATTACH_FILTER` (classic BPF).
+pub(crate) fn attach_filter(fd: BorrowedFd<'_>, prog: &[libc::sock_filter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: prog.len() as libc::c_ushort,
+        filter: prog.as_ptr().cast_mut(),
+    };
+    // SAFETY: `fprog` points at `prog`, which outlives the call; the kernel copies the
+    // program during setsockopt and only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -201,6 +201,25 @@ pub struct RcStats {
     pub misdirected_dropped: u64,
 }
 
+impl RcStats {
+    /// Adds `o` into `self` (device totals over QPs).
+    pub fn add(&mut self, o: &RcStats) {
+        self.packets_sent += o.packets_sent;
+        self.retransmitted_packets += o.retransmitted_packets;
+        self.ack_timeouts += o.ack_timeouts;
+        self.seq_naks_received += o.seq_naks_received;
+        self.rnr_naks_received += o.rnr_naks_received;
+        self.implied_naks += o.implied_naks;
+        self.ghost_responses += o.ghost_responses;
+        self.duplicate_responses += o.duplicate_responses;
+        self.seq_naks_sent += o.seq_naks_sent;
+        self.rnr_naks_sent += o.rnr_naks_sent;
+        self.duplicate_requests += o.duplicate_requests;
+        self.out_of_sequence_dropped += o.out_of_sequence_dropped;
+        self.misdirected_dropped += o.misdirected_dropped;
+    }
+}
+
 /// Local memory resolved at post time (or owned inline data).
 #[derive(Clone)]
 pub(crate) struct Piece {
