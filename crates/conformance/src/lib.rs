@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod access;
+pub mod faults;
 pub mod fixtures;
 pub mod idle;
 pub mod model;
