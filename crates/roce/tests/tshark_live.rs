@@ -143,9 +143,12 @@ fn have(cmd: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// A pcap file and its frames.
+type Captured = (std::path::PathBuf, Vec<Vec<u8>>);
+
 /// Captures one run of [`traffic`]: the pcap file and its frames, or None when tcpdump
 /// cannot capture here. `Err` when the capture missed packets the devices sent.
-fn capture(dir: &std::path::Path) -> Option<Result<(std::path::PathBuf, Vec<Vec<u8>>), String>> {
+fn capture(dir: &std::path::Path) -> Option<Result<Captured, String>> {
     let file = dir.join("roce.pcap");
     let _ = std::fs::remove_file(&file);
     let mut dump = Dump(
