@@ -49,7 +49,7 @@ fn connect(a: &QueuePair, da: &Device, b: &QueuePair, db: &Device) {
         .unwrap();
         q.modify_qp(&QpAttr::rts(RtsAttr {
             sq_psn,
-            timeout: 10,
+            timeout: 14,
             retry_cnt: 7,
             rnr_retry: 7,
             max_rd_atomic: 16,

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
@@ -25,21 +25,46 @@ pub(super) fn start(poll: Poll, dev: &Arc<DevInner>) -> std::io::Result<()> {
     Ok(())
 }
 
+/// An application thread that drove progress this recently counts as busy-polling: the
+/// progress thread stops waking on the socket (like the iWARP driver's mute, or Linux's
+/// busy polling), so the two do not take turns on the same datagrams.
+const BUSY_POLL_RECENT: Duration = Duration::from_micros(500);
+/// While muted, the progress thread checks this often whether the poller went away.
+const MUTED_CHECK: Duration = Duration::from_millis(1);
+
 fn run(mut poll: Poll, dev: Weak<DevInner>) {
     let mut events = Events::with_capacity(16);
+    let mut muted = false;
     loop {
         let timeout = {
             let Some(d) = dev.upgrade() else { return };
             if d.stop.load(Ordering::SeqCst) {
                 return;
             }
-            d.sleep_deadline().map(|t| t.saturating_duration_since(Instant::now()))
-        };
-        if let Err(e) = poll.poll(&mut events, timeout) {
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                tracing::error!(error = %e, "RoCEv2 progress thread: epoll_wait failed");
-                return;
+            let fd = d.rx_fd();
+            let busy = d.busy_polled(BUSY_POLL_RECENT);
+            if busy && !muted {
+                muted = poll.registry().deregister(&mut SourceFd(&fd)).is_ok();
+            } else if !busy && muted {
+                // EPOLL_CTL_ADD checks readiness: datagrams queued meanwhile raise an event.
+                muted = poll
+                    .registry()
+                    .register(&mut SourceFd(&fd), SOCKET, Interest::READABLE)
+                    .is_err();
+                d.drain_rx();
             }
+            let t = d.sleep_deadline().map(|t| t.saturating_duration_since(Instant::now()));
+            if muted {
+                Some(t.map_or(MUTED_CHECK, |t| t.min(MUTED_CHECK)))
+            } else {
+                t
+            }
+        };
+        if let Err(e) = poll.poll(&mut events, timeout)
+            && e.kind() != std::io::ErrorKind::Interrupted
+        {
+            tracing::error!(error = %e, "RoCEv2 progress thread: epoll_wait failed");
+            return;
         }
         let Some(d) = dev.upgrade() else { return };
         if d.stop.load(Ordering::SeqCst) {
@@ -47,8 +72,10 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
         }
         d.awake();
         // Edge-triggered: drain whenever woken (a waker wake-up may hide a socket edge
-        // consumed in the same batch).
-        d.drain_rx();
+        // consumed in the same batch); while muted the busy poller drains.
+        if !muted {
+            d.drain_rx();
+        }
         d.fire_timers(Instant::now());
     }
 }

@@ -166,6 +166,9 @@ pub(crate) struct DevInner {
     gsi: Mutex<Option<Weak<dyn GsiHandler>>>,
     gsi_psn: AtomicU32,
     pub counters: DevCounters,
+    /// When an application thread last drove progress from `poll_cq` (nanoseconds since
+    /// `epoch`): while it busy-polls, the progress thread stops waking on the socket.
+    pub last_poll: AtomicU64,
     /// The RC counters of QPs already destroyed.
     pub retired: Mutex<crate::rc::RcStats>,
     impair: Option<Mutex<impair::Impair>>,
@@ -180,6 +183,10 @@ struct Timers {
     /// Nanoseconds since `epoch` until which the progress thread sleeps; 0 while awake.
     sleep_until: u64,
 }
+
+/// The receive socket's buffer: room for bursts of Read responses (the kernel counts skb
+/// overhead, about twice the payload for 1 KiB packets).
+const RCVBUF: usize = 32 << 20;
 
 /// Largest datagram accepted (a 4096 MTU packet with every header fits easily).
 const RX_BUF: usize = 9000;
@@ -225,6 +232,17 @@ impl DevInner {
         let next = t.heap.peek().map(|Reverse((at, _))| *at);
         t.sleep_until = next.map_or(u64::MAX, |n| self.nanos(n).max(1));
         next
+    }
+
+    /// An application thread drives progress (`poll_cq`).
+    pub(crate) fn note_poll(&self) {
+        self.last_poll.store(self.nanos(Instant::now()), Ordering::Relaxed);
+    }
+
+    /// Whether an application thread polled within `within`.
+    pub(crate) fn busy_polled(&self, within: std::time::Duration) -> bool {
+        let last = self.last_poll.load(Ordering::Relaxed);
+        last != 0 && self.nanos(Instant::now()).saturating_sub(last) < within.as_nanos() as u64
     }
 
     fn awake(&self) {
@@ -426,6 +444,37 @@ impl DevInner {
         }
     }
 
+    /// Seals and sends a batch of packets to `to` (`sendmmsg`), or one by one through the
+    /// impairment if the device has one.
+    pub(crate) fn send_batch(&self, to: SocketAddr, pkts: &mut [&mut [u8]]) {
+        if self.impair.is_some() {
+            for p in pkts.iter_mut() {
+                self.send_packet(to, p);
+            }
+            return;
+        }
+        for p in pkts.iter_mut() {
+            if icrc_seal(self.local.ip(), to.ip(), self.local.port(), to.port(), p).is_err() {
+                // Cannot happen for packets the core built; the peer sees a bad ICRC.
+                self.counters.send_err.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let refs: Vec<&[u8]> = pkts.iter().map(|p| &**p).collect();
+        let sa = socket2::SockAddr::from(to);
+        match sys::sendmmsg_to(self.sock.as_fd(), &sa, &refs) {
+            Ok(n) => {
+                self.counters.sent_pkts.fetch_add(n as u64, Ordering::Relaxed);
+                self.counters
+                    .send_err
+                    .fetch_add((refs.len() - n) as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::debug!(device = %self.cfg.name, error = %e, %to, "sendmmsg");
+                self.counters.send_err.fetch_add(refs.len() as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Sends the held packets that are due.
     fn release_held(&self, now: Instant) {
         let Some(im) = &self.impair else { return };
@@ -469,7 +518,9 @@ impl DevInner {
 fn raw_socket(addr: Ipv4Addr) -> io::Result<socket2::Socket> {
     let r = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::UDP))?;
     sys::attach_filter(r.as_fd(), &sys::rocev2_ipv4_filter(addr, crate::wire::ROCEV2_UDP_PORT))?;
-    let _ = r.set_recv_buffer_size(8 << 20);
+    if sys::set_rcvbuf_force(r.as_fd(), RCVBUF).is_err() {
+        let _ = r.set_recv_buffer_size(RCVBUF);
+    }
     r.bind(&SocketAddr::new(IpAddr::V4(addr), 0).into())?;
     Ok(r)
 }
@@ -548,7 +599,9 @@ impl RoceProvider {
             s.set_only_v6(true)?;
         }
         let _ = s.set_send_buffer_size(4 << 20);
-        let _ = s.set_recv_buffer_size(8 << 20);
+        if sys::set_rcvbuf_force(s.as_fd(), RCVBUF).is_err() {
+            let _ = s.set_recv_buffer_size(RCVBUF);
+        }
         sys::set_pmtudisc_do(s.as_fd(), cfg.addr.is_ipv6())?;
         s.bind(&local.into())?;
         let raw = match (cfg.addr, cfg.icrc_rx) {
@@ -594,6 +647,7 @@ impl RoceProvider {
             gsi: Mutex::new(None),
             gsi_psn: AtomicU32::new(seed & 0x00ff_ffff),
             counters: DevCounters::default(),
+            last_poll: AtomicU64::new(0),
             retired: Mutex::new(crate::rc::RcStats::default()),
             impair: cfg_impair.map(|c| Mutex::new(impair::Impair::new(c))),
             epoch: Instant::now(),

@@ -14,10 +14,17 @@ use super::DevInner;
 use crate::rc::{RcConfig, RcError, RcQp};
 use crate::wire::Packet;
 
+/// Packets sent with one `sendmmsg` at most.
+const BATCH: usize = 32;
+
+thread_local! {
+    /// The packets of one batch, built by `poll_transmit` in this thread.
+    static TX_BATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 pub(crate) struct QpInner {
     core: RcQp,
     dest: Option<SocketAddr>,
-    txbuf: Vec<u8>,
     /// The earliest timer this QP has queued on the device (none: none queued).
     armed: Option<Instant>,
 }
@@ -52,7 +59,6 @@ impl QpShared {
             dev: dev.clone(),
             qpn,
             inner: Mutex::new(QpInner {
-                txbuf: vec![0; 4096 + 128],
                 core,
                 dest: None,
                 armed: None,
@@ -99,15 +105,39 @@ impl QpShared {
     fn service(&self, g: &mut QpInner, now: Instant) -> bool {
         let mut any = false;
         let need = g.core.max_packet_len();
-        if g.txbuf.len() < need {
-            g.txbuf.resize(need, 0);
-        }
         if let Some(to) = g.dest {
-            let QpInner { core, txbuf, .. } = &mut *g;
-            while let Some(n) = core.poll_transmit(now, txbuf) {
-                self.dev.send_packet(to, &mut txbuf[..n]);
-                any = true;
-            }
+            let core = &mut g.core;
+            TX_BATCH.with_borrow_mut(|buf| {
+                if buf.len() < BATCH * need {
+                    buf.resize(BATCH * need, 0);
+                }
+                loop {
+                    let mut lens = [0usize; BATCH];
+                    let mut n = 0;
+                    while n < BATCH {
+                        match core.poll_transmit(now, &mut buf[n * need..(n + 1) * need]) {
+                            Some(len) => {
+                                lens[n] = len;
+                                n += 1;
+                            }
+                            None => break,
+                        }
+                    }
+                    if n == 0 {
+                        break;
+                    }
+                    any = true;
+                    let mut pkts: Vec<&mut [u8]> = buf
+                        .chunks_mut(need)
+                        .zip(&lens[..n])
+                        .map(|(c, &l)| &mut c[..l])
+                        .collect();
+                    self.dev.send_batch(to, &mut pkts);
+                    if n < BATCH {
+                        break;
+                    }
+                }
+            });
         }
         while let Some(wc) = g.core.poll_completion() {
             any = true;
@@ -125,11 +155,11 @@ impl QpShared {
                 g.core.set_error();
             }
         }
-        if let Some(t) = g.core.poll_timeout() {
-            if g.armed.is_none_or(|a| t < a) {
-                g.armed = Some(t);
-                self.dev.arm_timer(t, self.qpn);
-            }
+        if let Some(t) = g.core.poll_timeout()
+            && g.armed.is_none_or(|a| t < a)
+        {
+            g.armed = Some(t);
+            self.dev.arm_timer(t, self.qpn);
         }
         any
     }
@@ -149,6 +179,7 @@ impl Drop for QpShared {
 
 impl Progress for QpShared {
     fn progress(&self) -> bool {
+        self.dev.note_poll();
         let mut any = self.dev.drain_rx();
         let now = Instant::now();
         let mut g = self.inner.lock().unwrap();

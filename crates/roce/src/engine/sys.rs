@@ -145,3 +145,52 @@ pub(crate) fn attach_filter(fd: BorrowedFd<'_>, prog: &[libc::sock_filter]) -> i
         Err(io::Error::last_os_error())
     }
 }
+
+/// `sendmmsg(2)`: sends every packet of `pkts` to `to` in as few calls as the kernel allows.
+/// Returns how many were sent before an error (the error is returned if none was).
+pub(crate) fn sendmmsg_to(fd: BorrowedFd<'_>, to: &socket2::SockAddr, pkts: &[&[u8]]) -> io::Result<usize> {
+    let mut iov: Vec<libc::iovec> = pkts
+        .iter()
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr().cast_mut().cast(),
+            iov_len: p.len(),
+        })
+        .collect();
+    // SAFETY: an all-zero mmsghdr is a valid value of that plain C struct.
+    let mut msgs: Vec<libc::mmsghdr> = (0..pkts.len()).map(|_| unsafe { std::mem::zeroed() }).collect();
+    for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
+        m.msg_hdr.msg_name = to.as_ptr().cast_mut().cast();
+        m.msg_hdr.msg_namelen = to.len();
+        m.msg_hdr.msg_iov = v;
+        m.msg_hdr.msg_iovlen = 1;
+    }
+    let mut sent = 0;
+    while sent < msgs.len() {
+        let rest = &mut msgs[sent..];
+        // SAFETY: every header points at `to` (alive for the call) and at one iovec of
+        // `iov`, which points into a packet of `pkts`; the kernel only reads them and writes
+        // `msg_len` into the headers, which we own mutably.
+        let r = unsafe { libc::sendmmsg(fd.as_raw_fd(), rest.as_mut_ptr(), rest.len() as libc::c_uint, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return if sent == 0 { Err(e) } else { Ok(sent) };
+        }
+        sent += r as usize;
+    }
+    Ok(sent)
+}
+
+/// `SO_RCVBUFFORCE`: a receive buffer above `net.core.rmem_max` (needs CAP_NET_ADMIN; the
+/// caller falls back to `SO_RCVBUF`). A burst of Read responses is as large as
+/// `max_dest_rd_atomic` Reads, which no window limits.
+pub(crate) fn set_rcvbuf_force(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<()> {
+    setsockopt_int(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        bytes.min(i32::MAX as usize) as libc::c_int,
+    )
+}

@@ -1,0 +1,327 @@
+//! Issue 13's benchmark points as ratios measured in one run on loopback (the machine may
+//! be loaded: compare the ratios, not the absolute numbers):
+//! - RDMA Write 1 MiB throughput against plain TCP over loopback;
+//! - 64 B RDMA Writes per second on one QP;
+//! - 8 B Send ping-pong p50 against a busy-polling UDP ping-pong of 8 B.
+//!
+//! `cargo run -p roce --release --example roce_bench [-- seconds]`
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
+
+use verbs::*;
+
+struct Side {
+    dev: Device,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn pair(a: &str, b: &str) -> (Side, Side) {
+    let open = |addr: &str| {
+        let mut o = DeviceOptions::new().with("addr", addr).with("mtu", "4096");
+        // Extra device options, e.g. ROCE_BENCH_OPTS=icrc_rx=udp
+        if let Ok(extra) = std::env::var("ROCE_BENCH_OPTS") {
+            for kv in extra.split_whitespace() {
+                o.set_pair(kv).unwrap();
+            }
+        }
+        let dev = roce::RoceFactory.open(&o).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(1 << 16).unwrap();
+        let qp = pd
+            .create_qp(QpInit::new(QpType::Rc, &cq).cap(QpInitAttr {
+                max_send_wr: 8192,
+                max_recv_wr: 8192,
+                ..QpInitAttr::default()
+            }))
+            .unwrap();
+        Side { dev, pd, cq, qp }
+    };
+    let (x, y) = (open(a), open(b));
+    for (s, p) in [(&x, &y), (&y, &x)] {
+        s.qp.modify_qp(&QpAttr::init(1, 0, Access::all_remote())).unwrap();
+        s.qp.modify_qp(&QpAttr::rtr(RtrAttr {
+            ah_attr: AhAttr::to_gid(p.dev.query_gid(1, 0).unwrap()),
+            path_mtu: Mtu::Mtu4096,
+            dest_qp_num: p.qp.qp_num(),
+            rq_psn: 0,
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 1,
+        }))
+        .unwrap();
+        s.qp.modify_qp(&QpAttr::rts(RtsAttr {
+            sq_psn: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 16,
+        }))
+        .unwrap();
+    }
+    (x, y)
+}
+
+#[allow(dead_code)]
+fn spin(cq: &CompletionQueue) -> WorkCompletion {
+    loop {
+        if let Some(wc) = cq.poll_one() {
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            return wc;
+        }
+    }
+}
+
+/// utime + stime of this process in seconds (/proc/self/stat, 10 ms ticks).
+fn cpu_secs() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let rest = &s[s.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    (f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()) as f64 / 100.0
+}
+
+/// Runs `f`, returning its result and the CPU seconds the process used meanwhile.
+fn with_cpu<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    let c0 = cpu_secs();
+    let r = f();
+    (r, (cpu_secs() - c0).max(0.01))
+}
+
+fn block(cq: &CompletionQueue) -> WorkCompletion {
+    let wc = cq.wait(Some(Duration::from_secs(30))).expect("a completion");
+    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    wc
+}
+
+fn rdma_write_bw(secs: f64) -> f64 {
+    const MSG: usize = 1 << 20;
+    let (a, b) = pair("127.79.1.1", "127.79.1.2");
+    let ma = a.pd.reg_mr(8 * MSG, Access::all_remote()).unwrap();
+    let mb = b.pd.reg_mr(8 * MSG, Access::all_remote()).unwrap();
+    let t0 = Instant::now();
+    let (mut posted, mut done) = (0u64, 0u64);
+    while t0.elapsed().as_secs_f64() < secs {
+        while posted - done < 8 {
+            let off = (posted % 8) as usize * MSG;
+            let remote = RemoteAddr {
+                addr: mb.addr() + off as u64,
+                rkey: mb.rkey(),
+            };
+            a.qp.post_send_one(SendWr::new(
+                posted,
+                WrOpcode::RdmaWrite { remote },
+                vec![ma.sge(off, MSG as u32)],
+            ))
+            .unwrap();
+            posted += 1;
+        }
+        block(&a.cq);
+        done += 1;
+    }
+    while done < posted {
+        block(&a.cq);
+        done += 1;
+    }
+    (done * MSG as u64) as f64 / t0.elapsed().as_secs_f64()
+}
+
+fn tcp_bw(secs: f64) -> f64 {
+    const MSG: usize = 1 << 20;
+    let l = TcpListener::bind("127.79.2.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let rx = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; MSG];
+        let mut n = 0u64;
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return n,
+                Ok(k) => n += k as u64,
+            }
+        }
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    let buf = vec![0x5au8; MSG];
+    let t0 = Instant::now();
+    while t0.elapsed().as_secs_f64() < secs {
+        s.write_all(&buf).unwrap();
+    }
+    drop(s);
+    let n = rx.join().unwrap();
+    n as f64 / t0.elapsed().as_secs_f64()
+}
+
+fn small_writes(secs: f64) -> f64 {
+    let (a, b) = pair("127.79.3.1", "127.79.3.2");
+    let ma = a.pd.reg_mr(4096, Access::all_remote()).unwrap();
+    let mb = b.pd.reg_mr(4096, Access::all_remote()).unwrap();
+    let remote = RemoteAddr {
+        addr: mb.addr(),
+        rkey: mb.rkey(),
+    };
+    const BATCH: u64 = 64;
+    let wrs: Vec<SendWr> = (0..BATCH)
+        .map(|i| {
+            let w = SendWr::new(i, WrOpcode::RdmaWrite { remote }, vec![ma.sge(0, 64)]);
+            if i == BATCH - 1 { w } else { w.flags(SendFlags::empty()) }
+        })
+        .collect();
+    let t0 = Instant::now();
+    let (mut batches, mut done) = (0u64, 0u64);
+    while t0.elapsed().as_secs_f64() < secs {
+        while batches - done < 16 {
+            a.qp.post_send(&wrs).unwrap();
+            batches += 1;
+        }
+        block(&a.cq);
+        done += 1;
+    }
+    while done < batches {
+        block(&a.cq);
+        done += 1;
+    }
+    (done * BATCH) as f64 / t0.elapsed().as_secs_f64()
+}
+
+fn p50(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn send_latency(iters: usize) -> Duration {
+    let (a, b) = pair("127.79.4.1", "127.79.4.2");
+    let ma = a.pd.reg_mr(4096, Access::all_remote()).unwrap();
+    let mb = b.pd.reg_mr(4096, Access::all_remote()).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let echo = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let recv = |id| RecvWr {
+                wr_id: id,
+                sg_list: vec![mb.sge(0, 64)],
+            };
+            for i in 0..64 {
+                b.qp.post_recv(&[recv(i)]).unwrap();
+            }
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(wc) = b.cq.poll_one() {
+                    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                    if wc.opcode == WcOpcode::Recv {
+                        b.qp.post_recv(&[recv(wc.wr_id)]).unwrap();
+                        b.qp.post_send_one(
+                            SendWr::new(0, WrOpcode::Send, vec![mb.sge(0, 8)]).flags(SendFlags::empty()),
+                        )
+                        .unwrap();
+                    }
+                }
+            }
+        })
+    };
+    for i in 0..64 {
+        a.qp.post_recv(&[RecvWr {
+            wr_id: i,
+            sg_list: vec![ma.sge(64, 64)],
+        }])
+        .unwrap();
+    }
+    let mut lat = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        a.qp.post_send_one(SendWr::new(1, WrOpcode::Send, vec![ma.sge(0, 8)]).flags(SendFlags::empty()))
+            .unwrap();
+        let wc = loop {
+            if let Some(wc) = a.cq.poll_one() {
+                assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                if wc.opcode == WcOpcode::Recv {
+                    break wc;
+                }
+            }
+        };
+        lat.push(t.elapsed());
+        a.qp.post_recv(&[RecvWr {
+            wr_id: wc.wr_id,
+            sg_list: vec![ma.sge(64, 64)],
+        }])
+        .unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    echo.join().unwrap();
+    p50(lat)
+}
+
+fn udp_latency(iters: usize) -> Duration {
+    let a = UdpSocket::bind("127.79.5.1:0").unwrap();
+    let b = UdpSocket::bind("127.79.5.2:0").unwrap();
+    a.set_nonblocking(true).unwrap();
+    b.set_nonblocking(true).unwrap();
+    a.connect(b.local_addr().unwrap()).unwrap();
+    b.connect(a.local_addr().unwrap()).unwrap();
+    let echo = std::thread::spawn(move || {
+        let mut buf = [0u8; 64];
+        loop {
+            if let Ok(n) = b.recv(&mut buf) {
+                if n == 1 {
+                    return;
+                }
+                b.send(&buf[..n]).unwrap();
+            }
+        }
+    });
+    let mut buf = [0u8; 64];
+    let mut lat = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        a.send(&[7u8; 8]).unwrap();
+        while a.recv(&mut buf).is_err() {}
+        lat.push(t.elapsed());
+    }
+    a.send(&[0]).unwrap();
+    echo.join().unwrap();
+    p50(lat)
+}
+
+fn main() {
+    let secs: f64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(2.0);
+    let iters = 20_000;
+    if std::env::var("ROCE_BENCH_ONLY").as_deref() == Ok("small") {
+        println!("64 B Writes: {:.2} M msg/s", small_writes(secs) / 1e6);
+        return;
+    }
+    if std::env::var("ROCE_BENCH_ONLY").as_deref() == Ok("write") {
+        println!("RDMA Write 1 MiB: {:.0} MB/s", rdma_write_bw(secs) / 1e6);
+        return;
+    }
+    let (tcp, tcp_cpu) = with_cpu(|| tcp_bw(secs));
+    let (rdma, rdma_cpu) = with_cpu(|| rdma_write_bw(secs));
+    let (small, small_cpu) = with_cpu(|| small_writes(secs));
+    let udp = udp_latency(iters);
+    let send = send_latency(iters);
+    println!(
+        "RDMA Write 1 MiB: {:.0} MB/s; TCP: {:.0} MB/s; ratio {:.2} (target >= 0.9)",
+        rdma / 1e6,
+        tcp / 1e6,
+        rdma / tcp
+    );
+    // On a loaded machine the wall-clock rates depend on the CPU share the process gets;
+    // per CPU-second they do not (both sides of each test run in this process).
+    let (tcp_e, rdma_e) = (tcp * secs / tcp_cpu, rdma * secs / rdma_cpu);
+    println!(
+        "  per CPU-second: RDMA {:.0} MB, TCP {:.0} MB; ratio {:.2} (CPU s: RDMA {rdma_cpu:.2}, TCP {tcp_cpu:.2})",
+        rdma_e / 1e6,
+        tcp_e / 1e6,
+        rdma_e / tcp_e
+    );
+    println!("64 B Writes, one QP: {:.2} M msg/s (target >= 1)", small / 1e6);
+    println!(
+        "  per CPU-second: {:.2} M msg (CPU s {small_cpu:.2})",
+        small * secs / small_cpu / 1e6
+    );
+    println!(
+        "8 B Send p50: {:.1} us; busy-polling UDP ping-pong p50: {:.1} us; ratio {:.2} (target <= 1.3)",
+        send.as_secs_f64() * 1e6,
+        udp.as_secs_f64() * 1e6,
+        send.as_secs_f64() / udp.as_secs_f64()
+    );
+}
