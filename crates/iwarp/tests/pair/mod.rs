@@ -56,14 +56,3 @@ pub fn pair_with(cfg: iwarp::IwarpConfig, pd_b_separate: bool) -> Pair {
 pub fn pair() -> Pair {
     pair_with(iwarp::IwarpConfig::default(), false)
 }
-
-/// A pair with CRC on or off.
-pub fn pair_crc(crc: bool) -> Pair {
-    pair_with(
-        iwarp::IwarpConfig {
-            crc,
-            ..Default::default()
-        },
-        false,
-    )
-}
