@@ -178,6 +178,12 @@ impl Poke {
         }
     }
 
+    /// Whether a poke is waiting for the lock's holder (checked by a thread
+    /// that took the lock without [`run`](Self::run)).
+    pub(crate) fn pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
+    }
+
     /// Runs `work` under `lock` if it can be had; otherwise records the poke
     /// for the current holder. `work` returns whether it did anything.
     pub(crate) fn run<T>(&self, lock: &Mutex<T>, mut work: impl FnMut(&mut T) -> bool) -> bool {
