@@ -98,3 +98,32 @@ fn recv_again(qp: &QueuePair, mr: &MemoryRegion, id: u64) {
     }])
     .unwrap()
 }
+
+/// The other half of reading only until a short read: a peer that sends and
+/// closes at once puts the data and the end of stream behind one epoll edge;
+/// the short read of the data must not leave the close unread (it raises no
+/// further edge). Twenty rounds, each a new connection, so the two arrive
+/// together in most of them.
+#[test]
+fn data_followed_at_once_by_a_close_is_seen_to_the_end_rdmap_snd_01() {
+    for round in 0..20u32 {
+        let p = pair();
+        let ma = p.pd.reg_mr(4096, Access::all_remote()).unwrap();
+        let mb = p.pd.reg_mr(4096, Access::all_remote()).unwrap();
+        recv_again(&p.b, &mb, 1);
+        p.a.post_send_one(SendWr::new(1, WrOpcode::Send, vec![ma.sge(0, 8)]))
+            .unwrap();
+        p.a.disconnect();
+        let wc = next(&p.cq_b);
+        assert_eq!(
+            (wc.status, wc.opcode),
+            (WcStatus::Success, WcOpcode::Recv),
+            "round {round}"
+        );
+        assert_eq!(
+            p.b.get_event(Some(T)),
+            Some(CmEvent::Disconnected),
+            "round {round}: the close behind the data was not seen"
+        );
+    }
+}

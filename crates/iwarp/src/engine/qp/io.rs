@@ -21,6 +21,9 @@ pub struct IwarpQp {
     driver: Arc<Driver>,
     token: Mutex<Option<mio::Token>>,
     busy: BusyPoll,
+    /// The progress thread saw the peer close (or a socket error): read to
+    /// the end of stream rather than stopping at a short read.
+    rx_closed: std::sync::atomic::AtomicBool,
     core: Mutex<Core>,
     poke: Poke,
     state: Arc<AtomicU8>,
@@ -85,6 +88,7 @@ impl IwarpQp {
             driver: driver.clone(),
             token: Mutex::new(None),
             busy: BusyPoll::new(),
+            rx_closed: std::sync::atomic::AtomicBool::new(false),
             core: Mutex::new(Core { p, rx }),
             poke: Poke::new(),
             state: p_state,
@@ -205,10 +209,11 @@ impl IwarpQp {
                     any = true;
                     break;
                 }
-                Ok((n, asked)) if n < asked => {
+                Ok((n, asked)) if n < asked && !self.rx_closed.load(Ordering::Acquire) => {
                     // A short read of a stream socket drained it (epoll(7)): what comes
                     // later raises a new edge, so process this and stop without the
-                    // read that would only say EAGAIN.
+                    // read that would only say EAGAIN. Not once the peer closed: the
+                    // end of stream behind the data raises no new edge, so it is read now.
                     any = true;
                     any |= rx.process(p);
                     break;
@@ -273,7 +278,10 @@ impl IwarpQp {
 }
 
 impl Pollable for IwarpQp {
-    fn on_event(&self, readable: bool, _writable: bool) {
+    fn on_event(&self, readable: bool, _writable: bool, closed: bool) {
+        if closed {
+            self.rx_closed.store(true, Ordering::Release);
+        }
         if readable {
             self.kick();
         } else {
