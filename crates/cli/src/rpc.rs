@@ -100,11 +100,17 @@ enum Cmd {
         #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
         timeout: u64,
     },
-    /// Time READ calls over TCP and/or RDMA (servers started in-process on loopback).
+    /// Time READ calls over TCP and/or RDMA (servers started in-process on loopback), or with
+    /// `--proc null|echo` the round trip of small calls.
     Bench {
         /// READ reply size in bytes (over RDMA, moved by a write chunk); K, M suffixes, at most 64M.
-        #[arg(long, value_parser = data_size, default_value = "1M")]
-        size: u64,
+        /// With `--proc echo` the ECHO data size [default there: 64].
+        #[arg(long, value_parser = data_size)]
+        size: Option<u64>,
+        /// `read`: bandwidth of READ calls. `null` / `echo`: round trip (p50, p99) of one call at a
+        /// time on one connection per transport, TCP and RDMA calls alternating in batches of 100.
+        #[arg(long = "proc", default_value = "read", value_parser = ["read", "null", "echo"])]
+        proc_: String,
         /// Which transports to time; `both` prints the RDMA/TCP ratio.
         #[arg(long, default_value = "both", value_parser = ["tcp", "rdma", "both"])]
         transport: String,
@@ -292,11 +298,37 @@ pub fn run(args: Args) -> Result<()> {
         }
         Cmd::Bench {
             size,
+            proc_,
             transport,
             calls,
             threads,
             json,
-        } => bench(&args.dev, size as usize, &transport, calls, threads.max(1), json),
+        } if proc_ != "read" => {
+            if threads != 1 {
+                bail!("--proc {proc_} times one call at a time; drop --threads");
+            }
+            let size = if proc_ == "null" {
+                0
+            } else {
+                size.unwrap_or(64) as usize
+            };
+            bench_small(&args.dev, &proc_, size, &transport, calls.unwrap_or(20_000), json)
+        }
+        Cmd::Bench {
+            size,
+            transport,
+            calls,
+            threads,
+            json,
+            ..
+        } => bench(
+            &args.dev,
+            size.unwrap_or(1 << 20) as usize,
+            &transport,
+            calls,
+            threads.max(1),
+            json,
+        ),
     }
 }
 
@@ -391,6 +423,139 @@ struct RpcBenchJson {
     tcp: Option<RpcRate>,
     rdma: Option<RpcRate>,
     rdma_tcp_ratio: Option<f64>,
+}
+
+/// `rpc bench --proc null|echo --json`: small calls' round trips (docs/json.md).
+#[derive(serde::Serialize)]
+struct RpcLatJson {
+    tool: &'static str,
+    #[serde(rename = "proc")]
+    proc_: &'static str,
+    size: u64,
+    calls: u64,
+    /// How the callers wait for replies: the RDMA client's thread spins briefly on its
+    /// CQ and then sleeps; the TCP client blocks in `read`.
+    wait: &'static str,
+    tcp: Option<crate::report::Latency>,
+    rdma: Option<crate::report::Latency>,
+    /// RDMA p50 over TCP p50 (lower is better); null unless both ran.
+    rdma_tcp_ratio: Option<f64>,
+}
+
+/// One small call (NULL, or ECHO of `data`, checked).
+fn small_call<C: RpcClient>(c: &C, data: Option<&[u8]>) -> Result<()> {
+    match data {
+        None => demo::null(c)?,
+        Some(d) => {
+            if demo::echo(c, d)? != d {
+                bail!("ECHO returned different data");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Round trips of `calls` NULL or ECHO calls per transport, one at a time; with both
+/// transports, batches of 100 alternate so that both see the same machine load.
+fn bench_small(
+    dev: &crate::providers::DeviceArgs,
+    proc_: &str,
+    size: usize,
+    transport: &str,
+    calls: u64,
+    json: bool,
+) -> Result<()> {
+    use hdrhistogram::Histogram;
+    let data = (proc_ == "echo").then(|| demo::pattern(size, 1));
+    let data = data.as_deref();
+    let reg = Arc::new(demo::registry());
+    let dev = device(dev, crate::providers::Endpoint::Listen([127, 0, 0, 1].into()))?;
+    let new_hist = || Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds");
+    let tcp_srv = if transport != "rdma" {
+        Some(TcpServer::spawn("127.0.0.1:0".parse()?, reg.clone())?)
+    } else {
+        None
+    };
+    let tcp = match &tcp_srv {
+        Some(s) => Some(TcpClient::connect(s.local_addr())?),
+        None => None,
+    };
+    let rdma_srv = if transport != "tcp" {
+        Some(
+            RdmaServer::spawn(&dev, "127.0.0.1:0".parse()?, reg.clone(), RdmaConfig::default())
+                .map_err(|e| anyhow!("{e}"))?,
+        )
+    } else {
+        None
+    };
+    let rdma = match &rdma_srv {
+        Some(s) => {
+            let pd = dev.alloc_pd().map_err(|e| anyhow!("{e}"))?;
+            Some(RdmaClient::connect(&pd, s.local_addr(), RdmaConfig::default()).map_err(|e| anyhow!("{e}"))?)
+        }
+        None => None,
+    };
+    fn batch<C: RpcClient>(c: &C, data: Option<&[u8]>, n: u64, h: &mut Histogram<u64>) -> Result<()> {
+        for _ in 0..n {
+            let t = Instant::now();
+            small_call(c, data)?;
+            h.record((t.elapsed().as_nanos() as u64).max(1))?;
+        }
+        Ok(())
+    }
+    let (mut ht, mut hr) = (new_hist(), new_hist());
+    // warm-up
+    if let Some(c) = &tcp {
+        batch(c, data, 100, &mut new_hist())?;
+    }
+    if let Some(c) = &rdma {
+        batch(c, data, 100, &mut new_hist())?;
+    }
+    let mut done = 0;
+    while done < calls {
+        let n = (calls - done).min(100);
+        if let Some(c) = &tcp {
+            batch(c, data, n, &mut ht)?;
+        }
+        if let Some(c) = &rdma {
+            batch(c, data, n, &mut hr)?;
+        }
+        done += n;
+    }
+    let lat = |h: &Histogram<u64>| (!h.is_empty()).then(|| crate::report::Latency::of_ns(h));
+    let (t, r) = (lat(&ht), lat(&hr));
+    let ratio = match (&r, &t) {
+        (Some(r), Some(t)) if t.p50_us > 0.0 => Some(r.p50_us / t.p50_us),
+        _ => None,
+    };
+    let proc_ = if proc_ == "null" { "NULL" } else { "ECHO" };
+    let wait = "rdma: the client thread spins up to 50 us on its CQ, then sleeps; the server workers sleep; tcp: blocking reads";
+    if json {
+        crate::report::print_line(&RpcLatJson {
+            tool: "rpc bench",
+            proc_,
+            size: size as u64,
+            calls,
+            wait,
+            tcp: t,
+            rdma: r,
+            rdma_tcp_ratio: ratio,
+        });
+    } else {
+        println!("{proc_} of {size} bytes, {calls} calls one at a time ({wait}):");
+        for (name, l) in [("ONC RPC over TCP:", &t), ("RPC-over-RDMA:   ", &r)] {
+            if let Some(l) = l {
+                println!(
+                    "  {name} p50 {:8.1} us  p99 {:8.1} us  p99.9 {:8.1} us",
+                    l.p50_us, l.p99_us, l.p999_us
+                );
+            }
+        }
+        if let Some(x) = ratio {
+            println!("  RDMA / TCP (p50) = {x:.2}");
+        }
+    }
+    Ok(())
 }
 
 /// One transport's result: the bandwidth of the READ data, and calls per second.

@@ -1087,6 +1087,35 @@ fn rpc_bench_json_has_the_family_units() {
     assert!(v["rdma"].is_null() && v["rdma_tcp_ratio"].is_null(), "{v}");
 }
 
+/// `rpc bench --proc null|echo` (issue 18): small calls' round trips over both transports in
+/// one run, the ratio of their medians, and how each side waits.
+#[test]
+fn rpc_bench_small_calls_report_round_trips() {
+    for (proc_, size) in [("null", 0), ("echo", 64)] {
+        let v = &json_lines(&ok(&["rpc", "bench", "--proc", proc_, "--calls", "200", "--json"]))[0];
+        assert_eq!(v["proc"].as_str(), Some(proc_.to_uppercase().as_str()), "{v}");
+        assert_eq!(
+            (v["size"].as_u64(), v["calls"].as_u64()),
+            (Some(size), Some(200)),
+            "{v}"
+        );
+        assert!(v["wait"].as_str().is_some_and(|w| w.contains("tcp: blocking")), "{v}");
+        for t in ["tcp", "rdma"] {
+            let l = &v[t];
+            assert!(num(l, "min_us") > 0.0 && num(l, "min_us") <= num(l, "p50_us"), "{v}");
+            assert!(
+                num(l, "p50_us") <= num(l, "p99_us") && num(l, "p99_us") <= num(l, "max_us"),
+                "{v}"
+            );
+        }
+        let ratio = num(&v["rdma"], "p50_us") / num(&v["tcp"], "p50_us");
+        assert!((num(v, "rdma_tcp_ratio") - ratio).abs() < 1e-9, "{v}");
+    }
+    let out = run(&["rpc", "bench", "--proc", "null", "--threads", "2"]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("--threads"), "{e}");
+}
+
 /// `softrdma scale` (issue 18, "Scale"): both kinds of connection measured in one run, with
 /// the figures in range; idle connections cost no CPU (no thread per connection, nobody
 /// spinning: under 0.3 CPU s over a 1 s idle window even on a loaded machine).

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -40,6 +40,13 @@ struct State {
     armed: Option<bool>,
     events: u32,
     wakers: Vec<Waker>,
+    /// Threads asleep on `Inner::cond` (`wait_spin`, `get_event`). std's
+    /// `Condvar::notify_all` is a `futex` system call even with nobody
+    /// waiting, so `deliver` notifies only when this is non-zero: a
+    /// busy-polled CQ costs no system call per completion.
+    sleepers: u32,
+    /// Times `deliver` notified the condition variable (see [`CompletionQueue::notifies`]).
+    notifies: u64,
 }
 
 struct Inner {
@@ -101,6 +108,7 @@ impl CompletionQueue {
     /// ([`CqProviderExt::push`](crate::provider::CqProviderExt::push)).
     pub(crate) fn deliver(&self, wc: WorkCompletion) -> Result<(), CqOverflow> {
         let wakers;
+        let sleepers;
         {
             let mut s = self.inner.state.lock().unwrap();
             if s.entries.len() >= self.inner.capacity {
@@ -115,10 +123,22 @@ impl CompletionQueue {
             }
             s.entries.push_back(wc);
             wakers = std::mem::take(&mut s.wakers);
+            sleepers = s.sleepers > 0;
+            s.notifies += u64::from(sleepers);
         }
-        self.inner.cond.notify_all();
+        if sleepers {
+            self.inner.cond.notify_all();
+        }
         wakers.into_iter().for_each(Waker::wake);
         Ok(())
+    }
+
+    /// How many completions woke a thread asleep in [`wait`](Self::wait),
+    /// [`wait_spin`](Self::wait_spin) or [`get_event`](Self::get_event) (a
+    /// `futex` system call each). A busy-polled CQ makes none: a diagnostic
+    /// for tests that count system calls per message.
+    pub fn notifies(&self) -> u64 {
+        self.inner.state.lock().unwrap().notifies
     }
 
     /// True once a completion was dropped for lack of room.
@@ -126,29 +146,32 @@ impl CompletionQueue {
         self.inner.state.lock().unwrap().overflowed
     }
 
-    /// The attached QPs still alive (collected so no lock is held while they run).
-    fn attached_qps(&self) -> Vec<Arc<dyn Progress>> {
-        self.inner
-            .attached
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect()
+    /// Calls `f` on each attached QP still alive. They are collected first, so
+    /// no lock is held while they run; up to four on the stack, so a poll
+    /// allocates nothing in the common case.
+    fn for_each_attached(&self, mut f: impl FnMut(&dyn Progress)) {
+        let mut few: [Option<Arc<dyn Progress>>; 4] = Default::default();
+        let mut more = Vec::new();
+        {
+            let a = self.inner.attached.lock().unwrap();
+            for (i, q) in a.iter().filter_map(Weak::upgrade).enumerate() {
+                match few.get_mut(i) {
+                    Some(slot) => *slot = Some(q),
+                    None => more.push(q),
+                }
+            }
+        }
+        few.iter().flatten().chain(more.iter()).for_each(|q| f(&**q));
     }
 
     fn drive_progress(&self) -> bool {
         let mut any = false;
-        for q in self.attached_qps() {
-            any |= q.progress();
-        }
+        self.for_each_attached(|q| any |= q.progress());
         any
     }
 
     fn park_progress(&self) {
-        for q in self.attached_qps() {
-            q.parked();
-        }
+        self.for_each_attached(|q| q.parked());
     }
 
     fn take(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
@@ -172,9 +195,12 @@ impl CompletionQueue {
 
     /// One completion if there is one.
     pub fn poll_one(&self) -> Option<WorkCompletion> {
-        let mut v = Vec::with_capacity(1);
-        self.poll(&mut v, 1);
-        v.pop()
+        // Like `poll(.., 1)` without a Vec to allocate on every (empty) poll.
+        let one = || self.inner.state.lock().unwrap().entries.pop_front();
+        if let Some(wc) = one() {
+            return Some(wc);
+        }
+        if self.drive_progress() { one() } else { None }
     }
 
     /// Busy-polls (driving progress inline) for up to `spin`, then sleeps until a
@@ -205,17 +231,25 @@ impl CompletionQueue {
             // Sleep until a provider pushes a completion (providers make progress on their
             // own threads once parked) or the deadline passes: no periodic wake-ups, so an
             // idle waiter costs no CPU.
-            s = match deadline {
-                None => self.inner.cond.wait(s).unwrap(),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return None;
-                    }
-                    self.inner.cond.wait_timeout(s, d - now).unwrap().0
-                }
-            };
+            s = self.sleep(s, deadline)?;
         }
+    }
+
+    /// Sleeps on the condition variable (counted in `sleepers`, so `deliver`
+    /// knows to wake it) until notified or `deadline`; `None` once the
+    /// deadline has passed.
+    fn sleep<'a>(&self, mut s: MutexGuard<'a, State>, deadline: Option<Instant>) -> Option<MutexGuard<'a, State>> {
+        let timeout = match deadline {
+            None => None,
+            Some(d) => Some(d.checked_duration_since(Instant::now()).filter(|t| !t.is_zero())?),
+        };
+        s.sleepers += 1;
+        let mut s = match timeout {
+            None => self.inner.cond.wait(s).unwrap(),
+            Some(t) => self.inner.cond.wait_timeout(s, t).unwrap().0,
+        };
+        s.sleepers -= 1;
+        Some(s)
     }
 
     /// Async wait for the next completion (usable from tokio or any executor).
@@ -239,15 +273,9 @@ impl CompletionQueue {
                 s.events -= 1;
                 return true;
             }
-            match deadline {
-                None => s = self.inner.cond.wait(s).unwrap(),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return false;
-                    }
-                    s = self.inner.cond.wait_timeout(s, d - now).unwrap().0;
-                }
+            match self.sleep(s, deadline) {
+                Some(g) => s = g,
+                None => return false,
             }
         }
     }
@@ -331,6 +359,28 @@ mod tests {
         // Disarmed after one event.
         cq.deliver(wc(3, true)).unwrap();
         assert!(!cq.get_event(Some(Duration::from_millis(1))));
+    }
+
+    #[test]
+    fn completions_wake_only_sleepers() {
+        // Issue 18: a busy-polled CQ costs no futex system call per completion.
+        let cq = CompletionQueue::create(256);
+        for i in 0..100 {
+            cq.deliver(wc(i, false)).unwrap();
+        }
+        let mut out = Vec::new();
+        assert_eq!(cq.poll(&mut out, 256), 100);
+        assert_eq!(cq.notifies(), 0, "nobody slept, so nobody was notified");
+        // A sleeping waiter is woken (once) by the next completion.
+        let c2 = cq.clone();
+        let t = std::thread::spawn(move || c2.wait_spin(Duration::ZERO, Some(Duration::from_secs(30))));
+        while cq.inner.state.lock().unwrap().sleepers == 0 {
+            std::thread::yield_now();
+        }
+        cq.deliver(wc(7, false)).unwrap();
+        assert_eq!(t.join().unwrap().unwrap().wr_id, 7);
+        assert_eq!(cq.notifies(), 1);
+        assert_eq!(cq.inner.state.lock().unwrap().sleepers, 0);
     }
 
     #[test]

@@ -20,7 +20,10 @@ use std::time::Duration;
 /// Something the progress thread drives.
 pub(crate) trait Pollable: Send + Sync {
     /// The socket may be readable and/or writable: make non-blocking progress.
-    fn on_event(&self, readable: bool, writable: bool);
+    /// `closed`: the peer closed its side or the socket has an error, so a
+    /// short read no longer means nothing more is to be read (the end of
+    /// stream must still be read, and raises no further edge).
+    fn on_event(&self, readable: bool, writable: bool, closed: bool);
     /// Called on muted connections every [`UNMUTE_CHECK`]: returns false
     /// once the connection unmuted itself (its busy poller went away).
     fn still_muted(&self) -> bool {
@@ -148,7 +151,7 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
             if let Some(c) = conn {
                 let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
                 let writable = ev.is_writable() || ev.is_write_closed() || ev.is_error();
-                c.on_event(readable, writable);
+                c.on_event(readable, writable, ev.is_read_closed() || ev.is_error());
             }
         }
         let muted: Vec<usize> = d.muted.lock().unwrap().clone();
@@ -176,6 +179,12 @@ impl Poke {
         Poke {
             pending: AtomicBool::new(false),
         }
+    }
+
+    /// Whether a poke is waiting for the lock's holder (checked by a thread
+    /// that took the lock without [`run`](Self::run)).
+    pub(crate) fn pending(&self) -> bool {
+        self.pending.load(Ordering::Acquire)
     }
 
     /// Runs `work` under `lock` if it can be had; otherwise records the poke

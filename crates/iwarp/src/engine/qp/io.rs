@@ -21,6 +21,9 @@ pub struct IwarpQp {
     driver: Arc<Driver>,
     token: Mutex<Option<mio::Token>>,
     busy: BusyPoll,
+    /// The progress thread saw the peer close (or a socket error): read to
+    /// the end of stream rather than stopping at a short read.
+    rx_closed: std::sync::atomic::AtomicBool,
     core: Mutex<Core>,
     poke: Poke,
     state: Arc<AtomicU8>,
@@ -85,6 +88,7 @@ impl IwarpQp {
             driver: driver.clone(),
             token: Mutex::new(None),
             busy: BusyPoll::new(),
+            rx_closed: std::sync::atomic::AtomicBool::new(false),
             core: Mutex::new(Core { p, rx }),
             poke: Poke::new(),
             state: p_state,
@@ -111,17 +115,15 @@ impl IwarpQp {
         self.poke.run(&self.core, |c| self.work(c))
     }
 
+    /// Reads until the socket is drained, then sends what that produced and
+    /// what was posted. The socket is not read again after sending: data that
+    /// arrives later raises a new epoll edge (or, while the QP is muted, the
+    /// busy poller's next poll reads it), so another `read` here would only
+    /// return `EAGAIN` (issue 18: one fewer system call per poll that finds data).
     fn work(&self, c: &mut Core) -> bool {
-        let mut any = false;
-        loop {
-            let mut round = self.pump_rx(c);
-            round |= self.pump_tx(&mut c.p);
-            any |= round;
-            if !round {
-                break;
-            }
-        }
-        any
+        let rx = self.pump_rx(c);
+        let tx = self.pump_tx(&mut c.p);
+        rx | tx
     }
 
     /// After a Terminate: reads and drops what the socket has; at end of stream the
@@ -168,6 +170,7 @@ impl IwarpQp {
                 any |= self.discard_rx(rx, p);
                 break;
             }
+            SOCKET_READS.fetch_add(1, Ordering::Relaxed);
             let res = match rx.direct.as_mut() {
                 Some(d) if d.done < d.len => {
                     // The payload straight into place, the trailer and the
@@ -175,6 +178,7 @@ impl IwarpQp {
                     rx.start = 0;
                     rx.end = 0;
                     let tail = d.trailer + TAGGED_FPDU_HEAD;
+                    let asked = d.len - d.done + tail;
                     crate::engine::sockio::recv_into_then(
                         &d.buf,
                         fd,
@@ -182,22 +186,36 @@ impl IwarpQp {
                         d.len - d.done,
                         &mut rx.buf[..tail],
                     )
-                    .inspect(|&n| {
+                    .map(|n| {
                         let placed = n.min(d.len - d.done);
                         d.done += placed;
                         rx.end = n - placed;
+                        (n, asked)
                     })
                 }
                 _ => {
                     rx.make_room();
-                    (&self.sock).read(&mut rx.buf[rx.end..]).inspect(|&n| rx.end += n)
+                    let asked = rx.buf.len() - rx.end;
+                    (&self.sock).read(&mut rx.buf[rx.end..]).map(|n| {
+                        rx.end += n;
+                        (n, asked)
+                    })
                 }
             };
             match res {
-                Ok(0) => {
+                Ok((0, _)) => {
                     rx.eof = true;
                     p.on_stream_error(None, "peer closed the connection");
                     any = true;
+                    break;
+                }
+                Ok((n, asked)) if n < asked && !self.rx_closed.load(Ordering::Acquire) => {
+                    // A short read of a stream socket drained it (epoll(7)): what comes
+                    // later raises a new edge, so process this and stop without the
+                    // read that would only say EAGAIN. Not once the peer closed: the
+                    // end of stream behind the data raises no new edge, so it is read now.
+                    any = true;
+                    any |= rx.process(p);
                     break;
                 }
                 Ok(_) => any = true,
@@ -243,20 +261,41 @@ impl IwarpQp {
         any
     }
 
+    /// Runs `f` on the protocol state and sends what it queued. The socket is
+    /// not read here: receiving is the poller's or the progress thread's job,
+    /// and an epoll edge that came while this thread held the lock left a
+    /// poke, which is run before returning.
     fn with_core<R>(&self, f: impl FnOnce(&mut Proto) -> R) -> R {
         let mut c = self.core.lock().unwrap();
         let r = f(&mut c.p);
-        self.work(&mut c);
+        self.pump_tx(&mut c.p);
         drop(c);
-        // Work that arrived while we held the lock.
-        self.kick();
+        if self.poke.pending() {
+            self.kick();
+        }
         r
     }
 }
 
 impl Pollable for IwarpQp {
-    fn on_event(&self, _readable: bool, _writable: bool) {
-        self.kick();
+    fn on_event(&self, readable: bool, _writable: bool, closed: bool) {
+        if closed {
+            self.rx_closed.store(true, Ordering::Release);
+        }
+        if readable {
+            self.kick();
+        } else {
+            // Room to write, nothing to read: no `read` that would say EAGAIN.
+            // A poke left meanwhile may be a readable edge, so re-runs do everything.
+            let mut first = true;
+            self.poke.run(&self.core, |c| {
+                if std::mem::take(&mut first) {
+                    self.pump_tx(&mut c.p)
+                } else {
+                    self.work(c)
+                }
+            });
+        }
     }
     fn still_muted(&self) -> bool {
         if !self.busy.idle_for(BUSY_POLL_IDLE) {
@@ -265,6 +304,18 @@ impl Pollable for IwarpQp {
         self.unmute();
         false
     }
+}
+
+/// `read`/`readv` calls on QP sockets in this process (the receive path's
+/// system calls), for tests that bound them per message (issue 18).
+static SOCKET_READS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many `read`/`readv` calls the QPs of this process have made on their
+/// sockets: a diagnostic for tests and benchmarks that count system calls per
+/// message (each QP reads until a short read; none is made by `post_send` or
+/// `post_recv`).
+pub fn socket_reads() -> u64 {
+    SOCKET_READS.load(Ordering::Relaxed)
 }
 
 /// A poller that has polled without a gap this long is busy-polling.
