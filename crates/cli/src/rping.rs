@@ -446,8 +446,11 @@ impl Endpoint<'_> {
             };
             let Some(wc) = wc else { continue };
             if wc.status == WcStatus::WrFlushErr {
-                // Flushed by whatever moved the QP to Err; its event is already queued.
-                match self.cause_event(Duration::ZERO) {
+                // Flushed by whatever moved the QP to Err. Its CM event may come just
+                // after the flush (the IB CM moves the QP to ERR, then queues
+                // Disconnected; verbs do not order the CQ against CM events), so wait
+                // for it briefly.
+                match self.cause_event(Duration::from_secs(2)) {
                     Some(CmEvent::Disconnected) => {
                         self.on_disconnect();
                         continue;

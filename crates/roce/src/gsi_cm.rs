@@ -464,18 +464,19 @@ impl Inner {
                     let _ = w.send(o);
                 }
                 Action::Down(qp, ev) => {
-                    // The event first, then the flush: an application that finds a
-                    // WR_FLUSH_ERR completion finds its cause already queued (the iWARP
-                    // engine keeps the same order), as rping's "DISCONNECT EVENT" needs.
-                    if let Some(ev) = ev
-                        && let Some(q) = self.port.qp_events(qp.qp_num())
-                    {
-                        q.push(ev);
-                    }
+                    // The QP to ERR first, then the event: an application that sees
+                    // Disconnected finds the QP in ERR. Its flush completions may come
+                    // before the event (verbs order the CQ and the CM events no more
+                    // than rdma-core does).
                     if !matches!(qp.state(), QpState::Err | QpState::Reset)
                         && let Err(e) = qp.modify_qp(&QpAttr::state(QpState::Err))
                     {
                         tracing::warn!(qpn = qp.qp_num(), error = %e, "IB CM: moving the QP to ERR failed");
+                    }
+                    if let Some(ev) = ev
+                        && let Some(q) = self.port.qp_events(qp.qp_num())
+                    {
+                        q.push(ev);
                     }
                 }
                 Action::Event(qpn, ev) => {
