@@ -405,7 +405,7 @@ impl Device {
     /// The device's statistics counters, like the `hw_counters` directory of a Linux RDMA
     /// device (`rdma statistic show`): packets sent and received, retransmissions, NAKs,
     /// drops. Which counters exist is the provider's choice; a provider without any
-    /// returns none ([`Provider::query_counters`](crate::Provider::query_counters)).
+    /// returns none ([`Provider::query_counters`]).
     pub fn hw_counters(&self) -> Vec<crate::provider::HwCounter> {
         self.provider().query_counters()
     }
