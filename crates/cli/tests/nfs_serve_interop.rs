@@ -470,6 +470,19 @@ fn kernel_client_write_survives_server_kill_and_restart() {
     let file = s.export().join("k.bin");
     guest_dd_write_bg(&lab, "k.bin");
     wait_for_size(&file, 8 << 20);
+    // Kill only once the client holds replies to some UNSTABLE WRITEs (mountstats counts an
+    // operation when it completes): those are what the verifier change must make it resend.
+    // The file's size alone does not say so: the I/O pool writes several WRITEs at once and
+    // their replies follow, so at 8 MiB the client may have none yet, and then it only
+    // retransmits the unanswered calls and one COMMIT matches.
+    let t = Instant::now();
+    while mountstats(&lab, "WRITE").0 < 4 {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "no WRITE completed in the guest"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let log = server.kill();
     let (commits, _) = mountstats(&lab, "COMMIT");
     let had = std::fs::metadata(&file).unwrap().len();
