@@ -245,7 +245,13 @@ fn host_client_vs_kernel_server_over_rxe() {
 }
 
 /// C1, C3: the kernel's rping client over rxe against our rping server.
+///
+/// Not in CI: it must delete the guest's siw0 (rdma_cm would bind the client to it), and in
+/// the second CI run of 27 Nov 2026 `rdma link delete siw0` hung in the guest kernel right
+/// after the perftest interop file had used siw0, which leaves the lab unusable for every
+/// later interop test. Passed 4 times by hand and in one CI run; run it with `--ignored`.
 #[test]
+#[ignore = "deletes the guest's siw0, which can hang the lab kernel after siw use; run by hand"]
 fn kernel_client_vs_host_server_over_rxe() {
     let Some(lab) = lab("kernel_client_vs_host_server_over_rxe") else {
         return;
