@@ -1,0 +1,13 @@
+//! softrdma's SMC-R (RFC 7609): TCP connections whose data flows by RDMA Writes into the
+//! peer's receive buffer while the TCP connection stays for control.
+//!
+//! Layout, bottom up (sans-I/O first, as in the provider crates):
+//! - [`wire`]: the TCP experimental option, CLC messages (Proposal, Accept, Confirm,
+//!   Decline; RFC 7609 v1 and Linux's v1/v2 forms), LLC messages, CDC messages and RMB
+//!   element cursors, each with `parse`/`emit` on byte slices and golden vectors.
+//!
+//! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts A, C4, C5, D1, D2, E.
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod wire;
