@@ -5,9 +5,12 @@
 //! - [`wire`]: the TCP experimental option, CLC messages (Proposal, Accept, Confirm,
 //!   Decline; RFC 7609 v1 and Linux's v1/v2 forms), LLC messages, CDC messages and RMB
 //!   element cursors, each with `parse`/`emit` on byte slices and golden vectors.
+//! - [`conn`]: the sans-I/O connection machine (CDC flow control, urgent data, close and
+//!   abort of Figures 22 and 23, validation of the peer's cursors).
 //!
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts A, C4, C5, D1, D2, E.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod conn;
 pub mod wire;

@@ -264,7 +264,12 @@ mod tests {
     // A4.4 CDC#1 and CDC#3 (Linux mode) as octets.
     #[test]
     fn a4_4_cdcs_golden() {
-        let cdc1 = Cdc { seq: 1, token: 0xB0B0_0001, prod: Cursor::new(0, 10_000), ..Cdc::default() };
+        let cdc1 = Cdc {
+            seq: 1,
+            token: 0xB0B0_0001,
+            prod: Cursor::new(0, 10_000),
+            ..Cdc::default()
+        };
         assert_eq!(
             cdc1.to_bytes().to_vec(),
             hex("fe2c0001 b0b00001 0000 0000 00002710 0000 0000 00000000 00 00 000000000000000000000000000000000000")
@@ -282,7 +287,10 @@ mod tests {
             hex("fe2c0003 b0b00001 0000 0002 000015f0 0000 0000 00000000 80 00 000000000000000000000000000000000000")
         );
         // A4.5: urgent data present → flags 0x60 (SMC-URG-1).
-        let urg = Cdc { prod_flags: ProducerFlags::URGENT_PENDING | ProducerFlags::URGENT_PRESENT, ..cdc1 };
+        let urg = Cdc {
+            prod_flags: ProducerFlags::URGENT_PENDING | ProducerFlags::URGENT_PRESENT,
+            ..cdc1
+        };
         assert_eq!(urg.to_bytes()[24], 0x60);
     }
 
@@ -303,7 +311,10 @@ mod tests {
         let mut slot = [0xAAu8; 48];
         slot[..CDC_LEN].copy_from_slice(&good);
         assert_eq!(Cdc::parse(&slot), Ok(LINUX_FRAMES[0].1));
-        assert_eq!(LINUX_FRAMES[0].1.emit(&mut [0u8; 43]), Err(CdcError::BufferTooSmall(43)));
+        assert_eq!(
+            LINUX_FRAMES[0].1.emit(&mut [0u8; 43]),
+            Err(CdcError::BufferTooSmall(43))
+        );
         // Reserved octets and bits are ignored on receipt and zero on emit.
         let mut b = good;
         b[8] = 0xFF;

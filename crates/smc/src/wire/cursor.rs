@@ -140,7 +140,11 @@ impl Rmbe {
     /// Checks that a cursor (typically from a peer's CDC) points into the data area.
     pub fn check(&self, c: Cursor) -> Result<(), CursorError> {
         if c.count < self.base() || c.count >= self.len {
-            return Err(CursorError::OutOfRange { count: c.count, base: self.base(), len: self.len });
+            return Err(CursorError::OutOfRange {
+                count: c.count,
+                base: self.base(),
+                len: self.len,
+            });
         }
         Ok(())
     }
@@ -192,7 +196,13 @@ impl Rmbe {
         if n <= to_end {
             (Span { off, len: n }, None)
         } else {
-            (Span { off, len: to_end }, Some(Span { off: self.base(), len: n - to_end }))
+            (
+                Span { off, len: to_end },
+                Some(Span {
+                    off: self.base(),
+                    len: n - to_end,
+                }),
+            )
         }
     }
 }
@@ -232,7 +242,13 @@ mod tests {
         assert_eq!(e.free(p1, c1), Some(16_384));
         assert_eq!(
             e.spans(p1, 12_000),
-            (Span { off: 10_000, len: 6_384 }, Some(Span { off: 0, len: 5_616 }))
+            (
+                Span {
+                    off: 10_000,
+                    len: 6_384
+                },
+                Some(Span { off: 0, len: 5_616 })
+            )
         );
         let p2 = e.advance(p1, 12_000);
         assert_eq!(p2, Cursor::new(1, 5_616));
@@ -245,7 +261,13 @@ mod tests {
         assert_eq!(e.free(p2, c2), Some(16_384));
         assert_eq!(
             e.spans(p2, 20_000),
-            (Span { off: 5_616, len: 10_768 }, Some(Span { off: 0, len: 5_616 }))
+            (
+                Span {
+                    off: 5_616,
+                    len: 10_768
+                },
+                Some(Span { off: 0, len: 5_616 })
+            )
         );
         let p3 = e.advance(p2, 16_384);
         assert_eq!(p3, Cursor::new(2, 5_616));
@@ -272,7 +294,13 @@ mod tests {
         assert_eq!(p1, Cursor::new(0, 10_004));
         assert_eq!(
             e.spans(p1, 12_000),
-            (Span { off: 10_004, len: 6_380 }, Some(Span { off: 4, len: 5_620 }))
+            (
+                Span {
+                    off: 10_004,
+                    len: 6_380
+                },
+                Some(Span { off: 4, len: 5_620 })
+            )
         );
         let p2 = e.advance(p1, 12_000);
         assert_eq!(p2, Cursor::new(1, 5_624));
