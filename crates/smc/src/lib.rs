@@ -5,9 +5,12 @@
 //! - [`wire`]: the TCP experimental option, CLC messages (Proposal, Accept, Confirm,
 //!   Decline; RFC 7609 v1 and Linux's v1/v2 forms), LLC messages, CDC messages and RMB
 //!   element cursors, each with `parse`/`emit` on byte slices and golden vectors.
+//! - [`clc_machine`]: the sans-I/O CLC handshake (client and server): bytes in, bytes out,
+//!   and a decision: SMC-R with the peer's link parameters, fallback with a reason, or reset.
 //!
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts A, C4, C5, D1, D2, E.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod clc_machine;
 pub mod wire;

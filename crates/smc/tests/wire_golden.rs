@@ -167,3 +167,59 @@ fn diagnosis_codes_are_described_a1_6() {
     assert_eq!(Diagnosis::VERSION_MISMATCH.0, 0x030c_0000);
     assert_eq!(Diagnosis(0x1234).describe(), "unknown diagnosis code");
 }
+
+/// The handshake machine, given the capture's local values, sends exactly Linux 6.12's
+/// Proposal, Accept and Confirm (frames 6, 8, 10) — so a Linux peer sees the same octets
+/// from us as from itself.
+#[test]
+fn machine_emits_the_captured_v2_handshake_byte_for_byte() {
+    use smc::clc_machine::{ClcMachine, LinkParams, LocalCaps, NeedLink, Outcome};
+    let caps = |last: u8, peer_id: [u8; 8]| LocalCaps {
+        enabled: true,
+        v1: false,
+        v2: true,
+        peer_id: PeerId(peer_id),
+        gid: ip([192, 168, 77, last]),
+        mac: [0x52, 0x54, 0x00, 0x77, 0x00, last],
+        ipv4: Some(([192, 168, 77, last].into(), 24)),
+        eids: vec![eid()],
+        hostname: host(),
+        max_conns: 255,
+        max_links: 2,
+    };
+    let mut c = ClcMachine::client(caps(3, [0x6b, 0x24, 0x52, 0x54, 0x00, 0x77, 0x00, 0x03]), true);
+    let mut s = ClcMachine::server(caps(2, [0x41, 0x95, 0x52, 0x54, 0x00, 0x77, 0x00, 0x02]), true);
+    let p = c.take_output();
+    assert_eq!(p, payload(6), "Proposal");
+    s.on_bytes(&p);
+    assert!(matches!(s.outcome(), Outcome::NeedLink(n) if matches!(**n, NeedLink::Proposal { version: 2, .. })));
+    let sp = LinkParams {
+        qpn: 0x13,
+        rmb_rkey: 0x7ff,
+        rmbe_idx: 1,
+        alert_token: 3,
+        rmbe_size: 2,
+        qp_mtu: 3,
+        rmb_vaddr: 0xff25_e247_ff5b_0000,
+        psn: 0x789f86,
+    };
+    s.accept(&sp, true).unwrap();
+    let a = s.take_output();
+    assert_eq!(a, payload(8), "Accept");
+    c.on_bytes(&a);
+    let cp = LinkParams {
+        qpn: 0x11,
+        rmb_rkey: 0x395,
+        rmbe_idx: 1,
+        alert_token: 1,
+        rmbe_size: 2,
+        qp_mtu: 3,
+        rmb_vaddr: 0xff1e_2107_81d1_0000,
+        psn: 0x028aa5,
+    };
+    c.confirm(&cp).unwrap();
+    let cf = c.take_output();
+    assert_eq!(cf, payload(10), "Confirm");
+    s.on_bytes(&cf);
+    assert!(matches!(s.outcome(), Outcome::Proceed(x) if x.qpn == 0x11));
+}
