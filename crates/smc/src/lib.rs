@@ -5,6 +5,8 @@
 //! - [`wire`]: the TCP experimental option, CLC messages (Proposal, Accept, Confirm,
 //!   Decline; RFC 7609 v1 and Linux's v1/v2 forms), LLC messages, CDC messages and RMB
 //!   element cursors, each with `parse`/`emit` on byte slices and golden vectors.
+//! - [`clc_machine`]: the sans-I/O CLC handshake (client and server): bytes in, bytes out,
+//!   and a decision: SMC-R with the peer's link parameters, fallback with a reason, or reset.
 //! - [`conn`]: the sans-I/O connection machine (CDC flow control, urgent data, close and
 //!   abort of Figures 22 and 23, validation of the peer's cursors).
 //!
@@ -12,5 +14,6 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod clc_machine;
 pub mod conn;
 pub mod wire;
