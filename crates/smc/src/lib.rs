@@ -9,6 +9,9 @@
 //!   and a decision: SMC-R with the peer's link parameters, fallback with a reason, or reset.
 //! - [`conn`]: the sans-I/O connection machine (CDC flow control, urgent data, close and
 //!   abort of Figures 22 and 23, validation of the peer's cursors).
+//! - [`stream`]: the engine and the API, [`SmcStream`] / [`SmcListener`] mirroring
+//!   `std::net::TcpStream` / `TcpListener` over a RoCE device, with [`Mode`] = SMC-R or
+//!   fallback and its reason.
 //!
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts A, C4, C5, D1, D2, E.
 #![deny(unsafe_code)]
@@ -16,4 +19,7 @@
 
 pub mod clc_machine;
 pub mod conn;
+pub mod stream;
 pub mod wire;
+
+pub use stream::{Mode, SmcConfig, SmcListener, SmcStream};
