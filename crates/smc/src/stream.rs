@@ -374,12 +374,23 @@ fn progress_loop(sh: Arc<Shared>, tcp: TcpStream, close_timeout: Duration) {
         }
         if g.tcp_reset {
             let _ = tcp.shutdown(Shutdown::Both);
+        } else if tcp_was_reset(&tcp) {
+            // SMC-ABT-4: an RST on the TCP path starts the abnormal close.
+            g.conn.on_tcp_reset();
+            sh.drive(&mut g);
         }
         sh.cv.notify_all();
     }
     // SMC-CLS-1: the RDMA side is done; now the TCP connection closes.
     let _ = tcp.shutdown(Shutdown::Both);
     sh.cv.notify_all();
+}
+
+/// Whether an RST arrived on the TCP path (a nonblocking peek; the TCP connection carries
+/// no application octets while SMC-R is on, so nothing is consumed or lost).
+fn tcp_was_reset(tcp: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(tcp.peek(&mut b), Err(e) if e.kind() == io::ErrorKind::ConnectionReset)
 }
 
 /// The SMC-R part of a stream.
@@ -575,6 +586,8 @@ impl SmcStream {
                     dropped: AtomicBool::new(false),
                 });
                 let t2 = tcp.try_clone()?;
+                // The progress thread peeks at it for an RST; the application never reads it.
+                t2.set_nonblocking(true)?;
                 let sh2 = Arc::clone(&sh);
                 let close_timeout = cfg.close_timeout;
                 let thread = std::thread::Builder::new()

@@ -181,3 +181,88 @@ fn client_without_proposal_is_plain_tcp_both_sides() {
     assert_eq!(mode, Mode::Fallback(FallbackReason::PeerNoSmc));
     assert_eq!(&got, b"hello");
 }
+
+fn smc_pair(server_addr: &str, client_dev: &str, cfg: SmcConfig) -> (SmcStream, SmcStream) {
+    let (da, db) = (device(server_addr), device(client_dev));
+    let listener = SmcListener::bind_with(format!("{server_addr}:0"), &da, cfg.clone()).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = thread::spawn(move || listener.accept().unwrap().0);
+    let c = SmcStream::connect_with(addr, &db, &cfg).unwrap();
+    let s = server.join().unwrap();
+    assert_eq!((c.mode(), s.mode()), (Mode::SmcR, Mode::SmcR));
+    (c, s)
+}
+
+// SMC-CLS-3 over the transport: the application drops the stream with data still queued;
+// the progress thread sends all of it, then C; the reader gets every octet, then EOF.
+#[test]
+fn drop_with_queued_data_delivers_all_then_eof() {
+    let cfg = SmcConfig {
+        prefix_len: 8,
+        rmbe_len: 16 * 1024,
+        send_buf: 64 * 1024,
+        ..SmcConfig::default()
+    };
+    let (mut c, mut s) = smc_pair("127.115.4.1", "127.115.4.2", cfg);
+    let data = pattern(4, 1 << 20);
+    let d2 = data.clone();
+    let writer = thread::spawn(move || {
+        c.write_all(&d2).unwrap();
+        // Up to 64 KiB are still queued here (the reader is slower than the writer).
+        drop(c);
+    });
+    thread::sleep(Duration::from_millis(100));
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    writer.join().unwrap();
+    assert_eq!(got.len(), data.len());
+    assert!(got == data, "octets differ");
+}
+
+// SMC-CLS-2 / SMC-ABT-1 / SMC-ABT-3 over the transport: closing with unread data aborts;
+// the peer's reads and writes then fail with ConnectionReset.
+#[test]
+fn drop_with_unread_data_resets_the_peer() {
+    let cfg = SmcConfig {
+        prefix_len: 8,
+        ..SmcConfig::default()
+    };
+    let (mut c, s) = smc_pair("127.115.5.1", "127.115.5.2", cfg);
+    c.write_all(b"0123456789").unwrap();
+    let t0 = Instant::now();
+    while s.readable() < 10 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "data never arrived");
+        thread::sleep(Duration::from_millis(5));
+    }
+    drop(s);
+    let mut b = [0u8; 4];
+    let e = c.read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert_eq!(c.write(b"x").unwrap_err().kind(), std::io::ErrorKind::ConnectionReset);
+}
+
+// Nonblocking mode: WouldBlock instead of waiting, as TcpStream.
+#[test]
+fn nonblocking_read_would_block() {
+    let cfg = SmcConfig {
+        prefix_len: 8,
+        ..SmcConfig::default()
+    };
+    let (mut c, mut s) = smc_pair("127.115.6.1", "127.115.6.2", cfg);
+    s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 8];
+    assert_eq!(s.read(&mut b).unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+    c.write_all(b"ping").unwrap();
+    let t0 = Instant::now();
+    let n = loop {
+        match s.read(&mut b) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(t0.elapsed() < Duration::from_secs(10));
+                thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(&b[..n], b"ping");
+}
