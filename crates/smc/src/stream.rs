@@ -18,7 +18,7 @@
 //! "peer did not indicate SMC", with every octet left for the application.
 
 use crate::clc_machine::{ClcMachine, FallbackReason, LinkParams, LocalCaps, NeedLink, Outcome};
-use crate::conn::{AbortReason, Action, CloseState, Conn, ConnParams};
+use crate::conn::{AbortReason, Action, CloseState, Conn, ConnError, ConnParams};
 use crate::wire::cdc::{CDC_LEN, Cdc};
 use crate::wire::clc::{AcceptConfirm, Diagnosis, EYECATCHER_SMCR, HOSTNAME_LEN, PeerId};
 use crate::wire::cursor::{EyecatcherMode, Rmbe};
@@ -771,15 +771,8 @@ impl Read for SmcStream {
     }
 }
 
-impl Write for SmcStream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let s = match &self.kind {
-            Kind::Tcp => return self.tcp.write(buf),
-            Kind::Smc(s) => s,
-        };
-        if buf.is_empty() {
-            return Ok(0);
-        }
+impl SmcStream {
+    fn smc_write(s: &SmcSide, buf: &[u8], urgent: bool) -> io::Result<usize> {
         let mut g = s.sh.lock();
         loop {
             if g.conn.abort_reason().is_some() || g.link_error.is_some() {
@@ -791,6 +784,8 @@ impl Write for SmcStream {
                 let ring = g.conn.params().send_buf as usize;
                 let off = (g.accepted % ring as u64) as usize;
                 let first = n.min(ring - off);
+                // Octets beyond the accepted ones are not in use: copying before the machine
+                // accepts them is harmless if it does not.
                 let copy = |o: usize, d: &[u8]| {
                     s.sh.link
                         .sndbuf
@@ -801,16 +796,21 @@ impl Write for SmcStream {
                 if first < n {
                     copy(0, &buf[first..n])?;
                 }
-                let took = g
-                    .conn
-                    .write(n as u64)
-                    .map_err(|e| io_err(io::ErrorKind::BrokenPipe, e))?;
-                debug_assert_eq!(took, n as u64);
-                g.accepted += took;
-                s.sh.drive(&mut g);
-                return Ok(took as usize);
-            }
-            if let Err(e) = g.conn.write(0) {
+                let r = if urgent {
+                    g.conn.write_urgent(n as u64)
+                } else {
+                    g.conn.write(n as u64)
+                };
+                match r {
+                    Ok(took) => {
+                        g.accepted += took;
+                        s.sh.drive(&mut g);
+                        return Ok(took as usize);
+                    }
+                    Err(ConnError::UrgentOutstanding) => {}
+                    Err(e) => return Err(io_err(io::ErrorKind::BrokenPipe, e)),
+                }
+            } else if let Err(e) = g.conn.write(0) {
                 return Err(io_err(io::ErrorKind::BrokenPipe, e));
             }
             if g.nonblocking {
@@ -821,6 +821,42 @@ impl Write for SmcStream {
                     .wait_timeout(g, Duration::from_millis(200))
                     .map(|r| r.0)
                     .unwrap_or_else(|p| p.into_inner().0);
+        }
+    }
+
+    /// Sends `buf` as urgent data (`send(MSG_OOB)`): the last octet accepted is the urgent
+    /// mark (A2.9; TCP-like, as Linux). Waits while earlier urgent data is unacknowledged.
+    /// On a fallback connection this is a plain write (std sockets have no MSG_OOB).
+    pub fn send_urgent(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &self.kind {
+            Kind::Tcp => self.tcp.write(buf),
+            Kind::Smc(_) if buf.is_empty() => Ok(0),
+            Kind::Smc(s) => Self::smc_write(s, buf, true),
+        }
+    }
+
+    /// Urgent data announced by the peer and not yet read past: `Some(n)` = the urgent octet
+    /// is the `n`-th octet to read (`Some(0)` when announced but not yet written, A4.5).
+    pub fn urgent_mark(&self) -> Option<usize> {
+        match &self.kind {
+            Kind::Tcp => None,
+            Kind::Smc(s) => {
+                let g = s.sh.lock();
+                match g.conn.bytes_to_urgent_mark() {
+                    Some(n) => Some(n as usize),
+                    None => g.conn.urgent_pending().then_some(0),
+                }
+            }
+        }
+    }
+}
+
+impl Write for SmcStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &self.kind {
+            Kind::Tcp => self.tcp.write(buf),
+            Kind::Smc(_) if buf.is_empty() => Ok(0),
+            Kind::Smc(s) => Self::smc_write(s, buf, false),
         }
     }
 

@@ -266,3 +266,29 @@ fn nonblocking_read_would_block() {
     };
     assert_eq!(&b[..n], b"ping");
 }
+
+// A2.9 / A4.5 over the transport: the reader learns where the urgent octet is; the stream
+// stays byte-exact around it.
+#[test]
+fn urgent_data_mark() {
+    let cfg = SmcConfig {
+        prefix_len: 8,
+        ..SmcConfig::default()
+    };
+    let (mut c, mut s) = smc_pair("127.115.8.1", "127.115.8.2", cfg);
+    c.write_all(&[b'a'; 1000]).unwrap();
+    assert_eq!(c.send_urgent(b"!").unwrap(), 1);
+    c.write_all(&[b'b'; 100]).unwrap();
+    let t0 = Instant::now();
+    while s.urgent_mark().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no urgent indication");
+        thread::sleep(Duration::from_millis(2));
+    }
+    let mark = s.urgent_mark().unwrap();
+    assert!(mark == 1001 || mark == 0, "mark {mark}");
+    let mut got = vec![0u8; 1101];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(got[1000], b'!');
+    assert!(got[..1000].iter().all(|&b| b == b'a') && got[1001..].iter().all(|&b| b == b'b'));
+    assert_eq!(s.urgent_mark(), None, "read past the mark");
+}
