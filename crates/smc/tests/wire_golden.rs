@@ -2,14 +2,17 @@
 //! `shared/lab/results/smc-r-2vm-612-br0.pcap`: SMC-Rv2 between two Linux 6.12 VMs over rxe,
 //! captured on br0; decode in `smc-r-2vm-612-tshark.txt`, lab README "SMC-R in the lab").
 //!
-//! Every CLC frame (6 Proposal, 8 Accept, 10 Confirm) parses to the field values tshark
-//! shows, and emitting the parsed value gives the captured octets back. The SYN and SYN-ACK
-//! carry the TCP option. Requirements: smcr-ipoibcm.md A1.2-A1.7, A2.1 (SMC-OPT-5), A2.2
-//! (SMC-CLC-1), C5.
+//! Every CLC frame (6 Proposal, 8 Accept, 10 Confirm) and every LLC frame (11, 13 CONFIRM
+//! LINK v2; 15, 17 ADD LINK v2; 80, 81, 84, 85 DELETE RKEY v2) parses to the field values
+//! tshark shows (or, for the v2 LLC forms tshark 4.0.17 marks malformed, peers file §5.3.13,
+//! to the values read by hand from the hex in smc-r-2vm-612-tshark.txt), and emitting the
+//! parsed value gives the captured octets back. The SYN and SYN-ACK carry the TCP option.
+//! Requirements: smcr-ipoibcm.md A1.2-A1.8, A2.1 (SMC-OPT-5), A2.2 (SMC-CLC-1), C5.
 
 use etherparse::{NetSlice, SlicedPacket, TransportSlice};
 use pcap_file::pcap::PcapReader;
 use smc::wire::clc::{ClcMessage, Diagnosis, PeerId, SmcType};
+use smc::wire::llc::{self, LlcBody, LlcMessage, LlcVersion};
 use smc::wire::tcp_option;
 
 const CAPTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/smc-r-2vm-612-br0.pcap");
@@ -222,4 +225,71 @@ fn machine_emits_the_captured_v2_handshake_byte_for_byte() {
     assert_eq!(cf, payload(10), "Confirm");
     s.on_bytes(&cf);
     assert!(matches!(s.outcome(), Outcome::Proceed(x) if x.qpn == 0x11));
+}
+
+/// The LLC message inside a captured RoCEv2 SEND ONLY (BTH 12 octets, ICRC 4).
+fn llc_of(no: usize) -> (Vec<u8>, LlcMessage) {
+    let p = payload(no);
+    assert_eq!(p[0], 0x04, "frame {no}: RC SEND ONLY");
+    let w = p[12..p.len() - 4].to_vec();
+    let m = LlcMessage::parse(&w).unwrap_or_else(|e| panic!("frame {no}: {e}"));
+    assert_eq!(m.version, LlcVersion::V2, "frame {no}");
+    assert_eq!(m.to_vec().unwrap(), w, "frame {no}: emit differs");
+    (w, m)
+}
+
+#[test]
+fn confirm_link_v2_frames_11_13_a1_8() {
+    let (w, m) = llc_of(11);
+    assert_eq!(&w[..4], &[0x21, 0x2c, 0x00, 0x03], "v2 type, little-endian length 44");
+    assert!(!m.reply);
+    let LlcBody::ConfirmLink(c) = m.body else { panic!() };
+    assert_eq!(c.flags, llc::CONFIRM_LINK_NO_RMBE_EYECATCHER);
+    assert_eq!(c.mac, [0x52, 0x54, 0x00, 0x77, 0x00, 0x02]);
+    assert_eq!(c.gid, ip([192, 168, 77, 2]));
+    assert_eq!((c.qpn, c.link_num, c.link_uid), (0x13, 1, [0, 0, 3, 1]));
+    assert_eq!((c.max_links, c.max_conns), (2, 255));
+    let (_, m) = llc_of(13);
+    assert!(m.reply);
+    let LlcBody::ConfirmLink(c) = m.body else { panic!() };
+    assert_eq!((c.qpn, c.link_num, c.link_uid, c.flags), (0x11, 1, [0, 0, 1, 1], 0x03));
+    assert_eq!(c.gid, ip([192, 168, 77, 3]));
+}
+
+#[test]
+fn add_link_v2_frames_15_17_a1_8_e_1() {
+    let (w, m) = llc_of(15);
+    assert_eq!(w.len(), 88);
+    assert_eq!(&w[..4], &[0x22, 0x58, 0x00, 0x00], "length 88, little-endian");
+    assert!(!m.reply);
+    let LlcBody::AddLink(a) = m.body else { panic!() };
+    assert!(!a.reject);
+    assert_eq!(a.mac, [0x52, 0x54, 0x00, 0x77, 0x00, 0x02]);
+    assert_eq!(a.gid, ip([192, 168, 77, 2]), "Linux layout: GID at 12 (E-1)");
+    assert_eq!((a.qpn, a.link_num, a.qp_mtu, a.psn), (0x14, 2, 3, 0x53f30e));
+    let x = a.v2_ext.unwrap();
+    assert!(x.v2_direct);
+    assert_eq!(x.client_target_gid, ip([192, 168, 77, 2]));
+    assert_eq!(x.rtokens.len(), 1, "count 01 00: little-endian");
+    assert_eq!((x.rtokens[0].ref_rkey, x.rtokens[0].new_rkey), (0x7ff, 0x9d5));
+    assert_eq!(x.rtokens[0].new_vaddr, 0xff25_e247_ff5b_0000);
+    // The client rejects (single RNIC): reply + Z, no room for the reason in v2.
+    let (w, m) = llc_of(17);
+    assert_eq!(&w[..4], &[0x22, 0x2c, 0x00, 0xc0]);
+    assert!(m.reply);
+    let LlcBody::AddLink(a) = m.body else { panic!() };
+    assert!(a.reject && a.v2_ext.is_none());
+    assert_eq!(a.reject_reason, 0);
+}
+
+#[test]
+fn delete_rkey_v2_frames_80_85_a1_8() {
+    for (no, reply, rkey) in [(80, false, 0x395), (81, false, 0x7ff), (84, true, 0), (85, true, 0)] {
+        let (_, m) = llc_of(no);
+        assert_eq!(m.reply, reply, "frame {no}");
+        let LlcBody::DeleteRkey(d) = m.body else {
+            panic!("frame {no}")
+        };
+        assert_eq!((d.negative, d.err_mask, d.rkeys), (false, 0, vec![rkey]), "frame {no}");
+    }
 }
