@@ -7,7 +7,8 @@
 //! those values (A1.11: the server is in INIT at Accept, the client RTR before Confirm and RTS
 //! after it, the server RTR/RTS on Confirm). Data goes by RDMA Write into the peer's RMB
 //! element followed by a CDC Send ([`crate::conn`] decides what and when); a per-connection
-//! progress thread takes the completions. Link-group reuse, CONFIRM LINK / LLC and the
+//! progress thread takes the completions; first contact ends with CONFIRM LINK on the QP.
+//! Link-group reuse, the rest of LLC and the
 //! second link are later work (see docs/smc.md).
 //!
 //! Indication of SMC (the TCP option cannot be put on std sockets' SYN): a [`SmcStream`]
@@ -19,9 +20,10 @@
 
 use crate::clc_machine::{ClcMachine, FallbackReason, LinkParams, LocalCaps, NeedLink, Outcome};
 use crate::conn::{AbortReason, Action, CloseState, Conn, ConnError, ConnParams};
-use crate::wire::cdc::{CDC_LEN, Cdc};
+use crate::wire::cdc::{CDC_LEN, CDC_TYPE, Cdc};
 use crate::wire::clc::{AcceptConfirm, Diagnosis, EYECATCHER_SMCR, HOSTNAME_LEN, PeerId};
 use crate::wire::cursor::{EyecatcherMode, Rmbe};
+use crate::wire::llc::{CONFIRM_LINK_NO_RMBE_EYECATCHER, ConfirmLink, LlcBody, LlcMessage, TestLink};
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -84,6 +86,12 @@ const RQ_DEPTH: u32 = 512;
 const SLOT: usize = 64;
 const WR_WRITE: u64 = 1 << 62;
 const WR_CDC: u64 = 1 << 61;
+const WR_SETUP: u64 = 1 << 60;
+const WR_LLC: u64 = 1 << 59;
+/// First-contact LLC wait (Linux: 5 s, SMC-TMR-S1).
+const CONFIRM_LINK_WAIT: Duration = Duration::from_secs(5);
+
+static NEXT_LINK_UID: AtomicU32 = AtomicU32::new(1);
 
 static NEXT_TOKEN: AtomicU32 = AtomicU32::new(1);
 
@@ -177,6 +185,105 @@ impl Link {
             rmb_vaddr: self.rmb.addr(),
             psn: self.psn,
         }
+    }
+
+    /// Posts a 44-octet control message (CDC or LLC) from send slot `slot`.
+    fn post_ctrl(&self, slot: u32, bytes: &[u8; CDC_LEN], wr_id: u64) -> Result<(), verbs::Error> {
+        let off = (slot % SQ_DEPTH) as usize * SLOT;
+        let _ = self.ctrl.write(off, bytes);
+        self.qp.post_send_one(SendWr::new(
+            wr_id,
+            WrOpcode::Send,
+            vec![self.ctrl.sge(off, CDC_LEN as u32)],
+        ))
+    }
+
+    /// Our CONFIRM LINK (A.3.1): Linux's no-eyecatcher flags, one link (we run no ADD LINK).
+    fn confirm_link(&self, gid: [u8; 16], mac: [u8; 6]) -> ConfirmLink {
+        let uid = NEXT_LINK_UID.fetch_add(1, Ordering::Relaxed).to_be_bytes();
+        ConfirmLink {
+            flags: CONFIRM_LINK_NO_RMBE_EYECATCHER,
+            mac,
+            gid,
+            qpn: self.qp.qp_num(),
+            link_num: 1,
+            link_uid: uid,
+            max_links: 1,
+            max_conns: 255,
+        }
+    }
+
+    /// The first-contact CONFIRM LINK exchange on the new QP (A4.2, §3.5.1.5): the server
+    /// sends the request once in RTS, the client answers with R set. Returns the peer's
+    /// CONFIRM LINK and any CDCs that arrived behind it (kept for the connection machine).
+    fn confirm_link_exchange(
+        &self,
+        server: bool,
+        ours: &ConfirmLink,
+        timeout: Duration,
+    ) -> io::Result<(ConfirmLink, Vec<[u8; CDC_LEN]>)> {
+        let mut bytes = [0u8; CDC_LEN];
+        let send = |b: &mut [u8; CDC_LEN], reply: bool| -> io::Result<()> {
+            let mut m = LlcMessage::request(LlcBody::ConfirmLink(ours.clone()));
+            m.reply = reply;
+            m.emit(b).map_err(|e| io_err(io::ErrorKind::Other, e))?;
+            self.post_ctrl(SQ_DEPTH - 1, b, WR_SETUP).map_err(verbs_err)
+        };
+        if server {
+            send(&mut bytes, false)?;
+        }
+        let deadline = Instant::now() + timeout;
+        let (mut peer, mut sent_done, mut early) = (None, !server, Vec::new());
+        while peer.is_none() || !sent_done {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io_err(io::ErrorKind::TimedOut, "CONFIRM LINK timed out"));
+            }
+            let Some(wc) = self.cq.wait(Some(left)) else { continue };
+            if wc.status != WcStatus::Success {
+                return Err(io_err(
+                    io::ErrorKind::ConnectionAborted,
+                    format!("CONFIRM LINK: {:?}", wc.status),
+                ));
+            }
+            if wc.opcode != WcOpcode::Recv {
+                sent_done = true;
+                continue;
+            }
+            let off = (SQ_DEPTH as usize + wc.wr_id as usize) * SLOT;
+            let mut b = [0u8; CDC_LEN];
+            let _ = self.ctrl.read(off, &mut b);
+            let rwr = RecvWr {
+                wr_id: wc.wr_id,
+                sg_list: vec![self.ctrl.sge(off, SLOT as u32)],
+            };
+            self.qp.post_recv(&[rwr]).map_err(verbs_err)?;
+            if b[0] == CDC_TYPE {
+                early.push(b);
+                continue;
+            }
+            match LlcMessage::parse(&b[..(wc.byte_len as usize).min(CDC_LEN)]) {
+                Ok(LlcMessage {
+                    body: LlcBody::ConfirmLink(c),
+                    reply,
+                    ..
+                }) if reply == server => {
+                    // A2.15: the link's peer is the one the CLC named.
+                    if c.flags & CONFIRM_LINK_NO_RMBE_EYECATCHER != CONFIRM_LINK_NO_RMBE_EYECATCHER {
+                        return Err(io_err(io::ErrorKind::InvalidData, "peer uses RMBE eyecatchers"));
+                    }
+                    if !server {
+                        send(&mut bytes, true)?;
+                    }
+                    peer = Some(c);
+                }
+                Ok(m) => tracing::warn!(?m, "unexpected LLC during CONFIRM LINK, ignored"),
+                Err(e) => return Err(io_err(io::ErrorKind::InvalidData, format!("LLC: {e}"))),
+            }
+        }
+        // peer is Some here.
+        peer.map(|p| (p, early))
+            .ok_or_else(|| io_err(io::ErrorKind::Other, "CONFIRM LINK"))
     }
 
     /// RTR then RTS towards the peer described by its Accept/Confirm (A1.11 values).
@@ -276,11 +383,9 @@ impl Shared {
                     if g.sq_outstanding >= SQ_DEPTH {
                         return;
                     }
-                    let slot = (g.cdc_slot % SQ_DEPTH) as usize * SLOT;
+                    let slot = g.cdc_slot;
                     g.cdc_slot = g.cdc_slot.wrapping_add(1);
-                    let _ = self.link.ctrl.write(slot, &m.to_bytes());
-                    let wr = SendWr::new(WR_CDC, WrOpcode::Send, vec![self.link.ctrl.sge(slot, CDC_LEN as u32)]);
-                    if let Err(e) = self.link.qp.post_send_one(wr) {
+                    if let Err(e) = self.link.post_ctrl(slot, &m.to_bytes(), WR_CDC) {
                         self.link_failed(g, format!("post CDC: {e}"));
                         return;
                     }
@@ -306,6 +411,39 @@ impl Shared {
         self.cv.notify_all();
     }
 
+    /// LLC messages after link setup: TEST LINK is answered at once with the same user
+    /// data (SMC-KA-2); DELETE LINK of our only link resets the connection; others (no ADD
+    /// LINK or RKEY handling yet) are logged and ignored.
+    fn on_llc(&self, g: &mut Inner, b: &[u8; CDC_LEN]) {
+        match LlcMessage::parse(b) {
+            Ok(LlcMessage {
+                body: LlcBody::TestLink(TestLink { user_data }),
+                reply: false,
+                ..
+            }) => {
+                let mut out = [0u8; CDC_LEN];
+                let m = LlcMessage::request(LlcBody::TestLink(TestLink { user_data })).into_reply();
+                if m.emit(&mut out).is_ok() && g.sq_outstanding < SQ_DEPTH {
+                    let slot = g.cdc_slot;
+                    g.cdc_slot = g.cdc_slot.wrapping_add(1);
+                    if let Err(e) = self.link.post_ctrl(slot, &out, WR_LLC) {
+                        self.link_failed(g, format!("post TEST LINK reply: {e}"));
+                        return;
+                    }
+                    g.sq_outstanding += 1;
+                }
+            }
+            Ok(LlcMessage {
+                body: LlcBody::DeleteLink(d),
+                ..
+            }) => {
+                self.link_failed(g, format!("peer deleted the link (reason {:#010x})", d.reason));
+            }
+            Ok(m) => tracing::debug!(?m, "LLC message not handled yet, ignored"),
+            Err(e) => tracing::warn!(error = %e, "bad LLC message, ignored"),
+        }
+    }
+
     fn on_completion(&self, g: &mut Inner, wc: &WorkCompletion) {
         if wc.status != WcStatus::Success {
             if g.link_error.is_none() {
@@ -318,11 +456,17 @@ impl Shared {
                 let slot = (SQ_DEPTH as usize + wc.wr_id as usize) * SLOT;
                 let mut b = [0u8; CDC_LEN];
                 let ok = wc.byte_len as usize >= CDC_LEN && self.link.ctrl.read(slot, &mut b).is_ok();
-                match ok.then(|| Cdc::parse(&b)) {
-                    Some(Ok(m)) => {
-                        g.conn.on_cdc(&m);
+                if !ok {
+                    tracing::warn!(len = wc.byte_len, "short message on the link, dropped");
+                } else if b[0] == CDC_TYPE {
+                    match Cdc::parse(&b) {
+                        Ok(m) => {
+                            g.conn.on_cdc(&m);
+                        }
+                        Err(e) => tracing::warn!(error = %e, "bad CDC, dropped"),
                     }
-                    _ => tracing::warn!(len = wc.byte_len, "not a CDC message on the link, dropped"),
+                } else {
+                    self.on_llc(g, &b);
                 }
                 let rwr = RecvWr {
                     wr_id: wc.wr_id,
@@ -332,6 +476,7 @@ impl Shared {
                     self.link_failed(g, format!("post recv: {e}"));
                 }
             }
+            _ if wc.wr_id & WR_SETUP != 0 => {} // the client's CONFIRM LINK reply, not counted
             _ => {
                 g.sq_outstanding = g.sq_outstanding.saturating_sub(1);
                 if wc.wr_id & WR_WRITE != 0 {
@@ -512,6 +657,7 @@ impl SmcStream {
     pub fn connect_with<A: ToSocketAddrs>(addr: A, dev: &Device, cfg: &SmcConfig) -> io::Result<Self> {
         let mut tcp = TcpStream::connect(addr)?;
         let caps = local_caps(dev, &tcp, cfg)?;
+        let me = (caps.gid, caps.mac);
         let mut m = ClcMachine::client(caps, cfg.propose);
         let token = new_token();
         let mtu = device_mtu(dev);
@@ -532,7 +678,8 @@ impl SmcStream {
             };
             match made {
                 Ok(mut l) => {
-                    // A1.11: client INIT → RTR before Confirm; RTS right after (no LLC yet).
+                    // A1.11: client INIT → RTR before Confirm; RTS right after, then it waits
+                    // for the server's CONFIRM LINK.
                     if let Err(e) = l.connect(acc, mtu) {
                         tracing::warn!(error = %e, "client QP to RTR/RTS failed, declining");
                         let _ = m.decline(Diagnosis::ERR_READY_LINK, false);
@@ -549,18 +696,59 @@ impl SmcStream {
             }
             Ok(())
         })?;
-        Self::finish(tcp, m, link, token, cfg)
+        Self::finish(tcp, m, link, token, cfg, false, me)
     }
 
-    fn finish(tcp: TcpStream, mut m: ClcMachine, link: Option<Link>, token: u32, cfg: &SmcConfig) -> io::Result<Self> {
+    fn finish(
+        mut tcp: TcpStream,
+        mut m: ClcMachine,
+        link: Option<Link>,
+        token: u32,
+        cfg: &SmcConfig,
+        server: bool,
+        me: ([u8; 16], [u8; 6]),
+    ) -> io::Result<Self> {
         tcp.set_read_timeout(None)?;
+        let mut early = Vec::new();
+        if let (Outcome::Proceed(peer), Some(l)) = (m.outcome().clone(), link.as_ref()) {
+            // First contact: CONFIRM LINK on the new QP, before the point of no return (a
+            // failure here still Declines, C.2/C.3).
+            let ours = l.confirm_link(me.0, me.1);
+            let res = l
+                .confirm_link_exchange(server, &ours, CONFIRM_LINK_WAIT)
+                .and_then(|(c, e)| {
+                    if c.qpn != peer.qpn & 0x00FF_FFFF || c.gid != peer.gid {
+                        Err(io_err(
+                            io::ErrorKind::InvalidData,
+                            "CONFIRM LINK names another QP or GID than the CLC",
+                        ))
+                    } else {
+                        Ok(e)
+                    }
+                });
+            match res {
+                Ok(e) => early = e,
+                Err(e) => {
+                    tracing::warn!(error = %e, "CONFIRM LINK failed, declining");
+                    let d = if e.kind() == io::ErrorKind::TimedOut {
+                        Diagnosis::TIMEOUT_CONFIRM_LINK
+                    } else {
+                        Diagnosis::RMBE_EYECATCHER
+                    };
+                    let _ = m.decline(d, false);
+                    let out = m.take_output();
+                    tcp.write_all(&out)?;
+                }
+            }
+        }
         match m.outcome().clone() {
             Outcome::Proceed(peer) => {
                 let Some(link) = link else {
                     return Err(io_err(io::ErrorKind::Other, "CLC proceeded without a link"));
                 };
                 m.point_of_no_return();
-                let mode = EyecatcherMode::None; // Linux mode (E-6); CONFIRM LINK would signal it
+                // Linux mode (E-6): both CONFIRM LINKs carried the no-eyecatcher flags.
+                let mode = EyecatcherMode::None;
                 let params = ConnParams {
                     local_token: token,
                     peer_token: peer.rmbe_alert_token,
@@ -585,6 +773,15 @@ impl SmcStream {
                     link,
                     dropped: AtomicBool::new(false),
                 });
+                {
+                    let mut g = sh.lock();
+                    for b in &early {
+                        if let Ok(c) = Cdc::parse(b) {
+                            g.conn.on_cdc(&c);
+                        }
+                    }
+                    sh.drive(&mut g);
+                }
                 let t2 = tcp.try_clone()?;
                 // The progress thread peeks at it for an RST; the application never reads it.
                 t2.set_nonblocking(true)?;
@@ -933,6 +1130,7 @@ impl SmcListener {
         let cfg = &self.cfg;
         let indicated = client_indicates_smc(&tcp, cfg.indication_wait)?;
         let caps = local_caps(&self.dev, &tcp, cfg)?;
+        let me = (caps.gid, caps.mac);
         let mut m = ClcMachine::server(caps, indicated);
         let token = new_token();
         let mtu = device_mtu(&self.dev);
@@ -969,7 +1167,7 @@ impl SmcListener {
                 tracing::warn!(error = %e, "server QP to RTR/RTS failed, declined");
             }
         }
-        Ok((SmcStream::finish(tcp, m, link, token, cfg)?, peer))
+        Ok((SmcStream::finish(tcp, m, link, token, cfg, true, me)?, peer))
     }
 
     /// An iterator over accepted connections, as `TcpListener::incoming`.

@@ -122,14 +122,24 @@ fn tshark_decodes_our_clc_and_cdc_frames() {
     for what in ["Proposal", "Accept", "Confirm"] {
         assert!(clc.iter().any(|l| l.contains(what)), "no CLC {what} in {clc:?}");
     }
-    // Every 44-octet RC SEND ONLY (UDP length 8 + BTH 12 + 44 + ICRC 4) is an SMC-R CDC.
+    // CONFIRM LINK request (server) and reply (client), v1 LLC, on the new QP.
+    let cl = tshark(
+        "smc.confirm.link.sender.qp.number",
+        &["smc.confirm.link.response", "smc.confirm.link.flags"],
+    );
+    assert_eq!(cl.len(), 2, "CONFIRM LINK frames: {cl:?}");
+    // Every other 44-octet RC SEND ONLY (UDP length 8 + BTH 12 + 44 + ICRC 4) is an SMC-R CDC.
     let sends = tshark("infiniband.bth.opcode == 4 && udp.length == 68", &[]).len();
     let cdcs = tshark(
         "smc.rmbe.ctrl.seqno",
         &["smc.rmbe.ctrl.seqno", "smc.rmbe.ctrl.peer.closed.conn"],
     );
     assert!(cdcs.len() >= 4, "CDCs: {cdcs:?}");
-    assert_eq!(cdcs.len(), sends, "every CDC SEND decodes as SMC-R");
+    assert_eq!(
+        cdcs.len() + cl.len(),
+        sends,
+        "every 44-octet SEND decodes as SMC-R CDC or LLC"
+    );
     // Both sides closed: a CDC with C from each.
     let closed = cdcs
         .iter()
