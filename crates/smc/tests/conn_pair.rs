@@ -704,3 +704,52 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    // A2.15: a rogue peer's arbitrary CDCs (any token, sequence, cursors, flags) mixed with
+    // local calls never panic the machine; whatever it accepted keeps the invariants
+    // (unread ≤ C, our writes never pass the window the peer reported).
+    #[test]
+    fn arbitrary_cdcs_never_panic(
+        rfc in any::<bool>(),
+        len in 5u32..3_000,
+        steps in proptest::collection::vec(
+            (0u8..8, any::<u16>(), any::<u16>(), 0u32..3_100, any::<u16>(), 0u32..3_100, any::<u8>(), any::<u8>(), any::<bool>()),
+            1..80,
+        ),
+    ) {
+        let mode = if rfc { EyecatcherMode::Rfc } else { EyecatcherMode::None };
+        let e = Rmbe::new(len, mode).unwrap();
+        let mut c = Conn::new(ConnParams { local_token: TOKEN_B, peer_token: TOKEN_A, local_rmbe: e, peer_rmbe: e, send_buf: 5_000 });
+        for (op, seq, pw, pc, cw, cc, pf, cf, good_token) in steps {
+            match op {
+                0 => { let _ = c.write(u64::from(pc)); }
+                1 => { let n = c.readable().min(u64::from(pc)); let _ = c.consume(n); }
+                2 => { let _ = c.write_urgent(u64::from(pc % 50)); }
+                3 => c.writes_completed(u64::from(pc)),
+                4 if pf == 0 => c.close(),
+                4 if pf == 1 => { let _ = c.shutdown_write(); }
+                4 if pf == 2 => c.on_timeout(),
+                _ => {
+                    let m = Cdc {
+                        seq,
+                        token: if good_token { TOKEN_B } else { u32::from(pw) },
+                        prod: Cursor::new(pw, pc),
+                        cons: Cursor::new(cw, cc),
+                        prod_flags: Pf::from_bits_truncate(pf),
+                        conn_flags: Cs::from_bits_truncate(cf),
+                    };
+                    let _ = c.on_cdc(&m);
+                }
+            }
+            while let Some(a) = c.poll_action() {
+                if let Action::RdmaWrite { remote_off, len: l, .. } = a {
+                    prop_assert!(remote_off >= e.base() && remote_off + l <= e.len());
+                }
+            }
+            prop_assert!(c.readable() <= u64::from(e.capacity()));
+            prop_assert!(e.check(c.producer()).is_ok() && e.check(c.consumer()).is_ok());
+        }
+    }
+}
