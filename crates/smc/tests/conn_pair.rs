@@ -709,7 +709,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
     // A2.15: a rogue peer's arbitrary CDCs (any token, sequence, cursors, flags) mixed with
     // local calls never panic the machine; whatever it accepted keeps the invariants
-    // (unread ≤ C, our writes never pass the window the peer reported).
+    // (unread ≤ C, cursors inside the data area, every RDMA Write inside the peer's element).
     #[test]
     fn arbitrary_cdcs_never_panic(
         rfc in any::<bool>(),
