@@ -292,3 +292,55 @@ fn urgent_data_mark() {
     assert!(got[..1000].iter().all(|&b| b == b'a') && got[1001..].iter().all(|&b| b == b'b'));
     assert_eq!(s.urgent_mark(), None, "read past the mark");
 }
+
+fn stream_secs<S: Read + Write + Send + 'static>(mut a: S, mut b: S, total: usize) -> f64 {
+    let chunk = vec![0x5au8; 1 << 20];
+    let t0 = Instant::now();
+    let reader = thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        while got < total {
+            let n = b.read(&mut buf).unwrap();
+            assert!(n > 0);
+            got += n;
+        }
+        b
+    });
+    let mut sent = 0;
+    while sent < total {
+        a.write_all(&chunk).unwrap();
+        sent += chunk.len();
+    }
+    let _b = reader.join().unwrap();
+    t0.elapsed().as_secs_f64()
+}
+
+// Not a CI gate (timing): 1 MiB writes streaming, SmcStream over soft RoCEv2 vs plain TCP on
+// loopback, measured in one run. `cargo test -p smc --release --test stream_roce -- --ignored
+// --nocapture streaming_ratio`.
+#[test]
+#[ignore]
+fn streaming_ratio_vs_tcp() {
+    const TOTAL: usize = 256 << 20;
+    let cfg = SmcConfig {
+        prefix_len: 8,
+        rmbe_len: 512 * 1024,
+        send_buf: 1 << 20,
+        ..SmcConfig::default()
+    };
+    let (c, s) = smc_pair("127.115.9.1", "127.115.9.2", cfg);
+    let smc = stream_secs(c, s, TOTAL);
+    let l = std::net::TcpListener::bind("127.115.9.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = thread::spawn(move || l.accept().unwrap().0);
+    let c = TcpStream::connect(addr).unwrap();
+    let s = t.join().unwrap();
+    let tcp = stream_secs(c, s, TOTAL);
+    let mib = (TOTAL >> 20) as f64;
+    eprintln!(
+        "256 MiB in 1 MiB writes: SMC-R {:.0} MiB/s, TCP {:.0} MiB/s, ratio {:.3}x TCP",
+        mib / smc,
+        mib / tcp,
+        tcp / smc
+    );
+}
