@@ -22,4 +22,4 @@ pub mod conn;
 pub mod stream;
 pub mod wire;
 
-pub use stream::{Mode, SmcConfig, SmcListener, SmcStream};
+pub use stream::{Mode, SmcConfig, SmcListener, SmcStream, live_links};

@@ -92,6 +92,13 @@ const WR_LLC: u64 = 1 << 59;
 const CONFIRM_LINK_WAIT: Duration = Duration::from_secs(5);
 
 static NEXT_LINK_UID: AtomicU32 = AtomicU32::new(1);
+static LIVE_LINKS: AtomicU32 = AtomicU32::new(0);
+
+/// Links (each one QP, one PD and three MRs: RMB, send ring, control slots) alive in this
+/// process: what a leak check counts (the seed of `smc stat`).
+pub fn live_links() -> u32 {
+    LIVE_LINKS.load(Ordering::Acquire)
+}
 
 static NEXT_TOKEN: AtomicU32 = AtomicU32::new(1);
 
@@ -162,6 +169,7 @@ impl Link {
             })
             .collect();
         qp.post_recv(&recvs).map_err(verbs_err)?;
+        LIVE_LINKS.fetch_add(1, Ordering::AcqRel);
         Ok(Self {
             qp,
             cq,
@@ -320,6 +328,12 @@ impl Link {
             rkey: peer.rmb_rkey,
         };
         Ok(())
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        LIVE_LINKS.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
