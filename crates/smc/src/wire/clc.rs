@@ -571,6 +571,11 @@ impl Proposal {
         let ip_present = h.version == 1 || typev1 != SmcType::None;
         let ip = if ip_present {
             let at = FIXED_PROPOSAL_LEN + n;
+            if smcd.is_some() && n < SMCD_AREA_LEN {
+                return Err(ClcError::BadOffset {
+                    what: "IP area (overlaps the SMC-D area)",
+                });
+            }
             let a = b
                 .get(at..at + 8)
                 .filter(|_| at + 8 <= end)
@@ -602,8 +607,17 @@ impl Proposal {
         } else {
             None
         };
+        let ip_end = match &ip {
+            Some(a) => FIXED_PROPOSAL_LEN + n + a.wire_len(),
+            None => FIXED_PROPOSAL_LEN + SMCD_AREA_LEN,
+        };
         let v2_ext = if h.version >= 2 && v2_ext_offset != 0 {
             let at = 52 + v2_ext_offset;
+            if at < ip_end {
+                return Err(ClcError::BadOffset {
+                    what: "v2 extension (overlaps the IP area)",
+                });
+            }
             let e = b
                 .get(at..at + V2_EXT_FIXED_LEN)
                 .filter(|_| at + V2_EXT_FIXED_LEN <= end)
@@ -623,7 +637,7 @@ impl Proposal {
             let dext_off = usize::from(be16(&e[6..8]));
             let smcd_v2_ext = if dext_off != 0 {
                 let d = at + 8 + dext_off;
-                if d > end {
+                if d > end || d < eids_end {
                     return Err(ClcError::BadOffset {
                         what: "SMC-Dv2 extension",
                     });
@@ -915,11 +929,17 @@ impl AcceptConfirm {
         let v2 = if h.version >= 2 {
             let mut at = 64 + EID_LEN + 8;
             let first_contact = h.flags & 0x08 != 0;
-            let fce = if first_contact && at + FCE_LEN <= end {
+            if first_contact && at + FCE_LEN > end {
+                return Err(h.bad_length());
+            }
+            let fce = if first_contact {
                 let f = &b[at..at + FCE_LEN];
                 let release = f[1] & 0x0f;
                 at += FCE_LEN;
-                let v2x = if release >= 1 && at + FCE_V2X_LEN <= end {
+                if release >= 1 && at + FCE_V2X_LEN > end {
+                    return Err(h.bad_length());
+                }
+                let v2x = if release >= 1 {
                     let x = &b[at..at + FCE_V2X_LEN];
                     at += FCE_V2X_LEN;
                     Some(FceV2x {
@@ -1800,7 +1820,10 @@ mod tests {
             w.push((ver << 4) | flags);
             w.extend_from_slice(&body);
             w.extend_from_slice(&EYECATCHER_SMCR);
-            let _ = ClcMessage::parse(&w);
+            if let Ok(m) = ClcMessage::parse(&w) {
+                let again = m.to_vec().unwrap();
+                prop_assert_eq!(ClcMessage::parse(&again).unwrap(), m);
+            }
         }
     }
 }

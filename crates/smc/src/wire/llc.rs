@@ -1061,7 +1061,10 @@ mod tests {
 
         #[test]
         fn garbage_never_panics_smc_inv_11(b in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = LlcMessage::parse(&b);
+            if let Ok(m) = LlcMessage::parse(&b) {
+                let again = m.to_vec().unwrap();
+                prop_assert_eq!(LlcMessage::parse(&again).unwrap(), m);
+            }
         }
     }
 }
