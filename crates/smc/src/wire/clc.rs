@@ -24,7 +24,7 @@
 //!   send Linux's 92-octet v1 form: N = 40 and a zeroed 40-octet SMC-D area (peers file
 //!   §5.3.7). Linux's v2 form always has the 40-octet SMC-D area at offset 40, whose octets
 //!   10..12 give the offset of the v2 extension (counted from the end of that field); when
-//!   v1 is not offered (`typev1` = 3 "none", as the lab's Linux 6.12 client sends it) N = 0
+//!   v1 is not offered (`typev1` = 2 "none", as the lab's Linux 6.12 client sends it) N = 0
 //!   and there is no IP area at all (lab capture frame 6, 156 octets). The v2 extension:
 //!   EID count, ISM GID count, release/SEID flags, offset of the SMC-Dv2 extension, the
 //!   RoCEv2 GID, max connections, max links, feature mask, 12 reserved, then 32-octet EIDs
@@ -467,7 +467,8 @@ pub struct Proposal {
     pub version: u8,
     /// v2 header: SMC type offered for v2 (bits 0x0C); zero in v1.
     pub typev2: SmcType,
-    /// v2 header: SMC type offered for v1 (bits 0x03); zero (SMC-R) in v1.
+    /// SMC type offered for v1 (bits 0x03; Linux sets them in v1 Proposals too: 0 = SMC-R,
+    /// 1 = SMC-D, 3 = both).
     pub typev1: SmcType,
     /// Client peer ID.
     pub peer_id: PeerId,
@@ -522,13 +523,10 @@ impl Proposal {
         }
     }
 
-    /// Whether the Proposal offers v1 SMC-R (v1 message, or v2 with typev1 R/both).
+    /// Whether the Proposal offers v1 SMC-R: typev1 R or both (a v1 Proposal from Linux
+    /// that offers only SMC-D has typev1 = 1), and an IP area.
     pub fn offers_v1_r(&self) -> bool {
-        if self.version == 1 {
-            true
-        } else {
-            self.typev1.offers_r() && self.ip.is_some()
-        }
+        self.typev1.offers_r() && self.ip.is_some()
     }
 
     /// Whether the Proposal offers v2 SMC-R with a v2 extension.
@@ -664,7 +662,7 @@ impl Proposal {
             eyecatcher: h.eyecatcher,
             version: h.version,
             typev2: if h.version >= 2 { typev2 } else { SmcType::R },
-            typev1: if h.version >= 2 { typev1 } else { SmcType::R },
+            typev1,
             peer_id: PeerId(b[8..16].try_into().unwrap_or_default()),
             gid: b[16..32].try_into().unwrap_or_default(),
             mac: b[32..38].try_into().unwrap_or_default(),
@@ -696,7 +694,7 @@ impl Proposal {
         let flags = if self.version >= 2 {
             (self.typev2.bits() << 2) | self.typev1.bits()
         } else {
-            0
+            self.typev1.bits()
         };
         emit_header(b, self.eyecatcher, ClcType::Proposal, self.version, flags)?;
         b[8..16].copy_from_slice(&self.peer_id.0);
