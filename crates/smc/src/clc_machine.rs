@@ -219,6 +219,8 @@ pub struct ClcMachine {
     chosen_version: u8,
     eid: Option<[u8; EID_LEN]>,
     peer_caps: Option<(u8, u8)>,
+    /// Server: the (max conns, max links) our v2 first-contact Accept announced.
+    accepted_caps: Option<(u8, u8)>,
 }
 
 impl ClcMachine {
@@ -264,6 +266,7 @@ impl ClcMachine {
             chosen_version: 1,
             eid: None,
             peer_caps: None,
+            accepted_caps: None,
         }
     }
 
@@ -429,6 +432,8 @@ impl ClcMachine {
                     self.decline_and_fall_back(Diagnosis::CONFIG_ERROR, false);
                 } else if c.version != self.chosen_version {
                     self.decline_and_fall_back(Diagnosis::VERSION_MISMATCH, false);
+                } else if let Some(d) = self.confirm_caps_mismatch(&c) {
+                    self.decline_and_fall_back(d, false);
                 } else {
                     self.state = State::Done {
                         first_contact,
@@ -438,6 +443,20 @@ impl ClcMachine {
                 }
             }
             (_, _, m) => self.finish_reset(ResetReason::Unexpected(m.ty())),
+        }
+    }
+
+    /// Linux's rule (`smc_clc_v2x_features_confirm_check`): a v2 first-contact Confirm
+    /// echoes the max connections / max links our Accept announced.
+    fn confirm_caps_mismatch(&self, c: &AcceptConfirm) -> Option<Diagnosis> {
+        let (conns, links) = self.accepted_caps?;
+        let x = c.v2.as_ref()?.fce.as_ref()?.v2x?;
+        if x.max_conns != conns {
+            Some(Diagnosis::MAX_CONN_ERR)
+        } else if x.max_links != links {
+            Some(Diagnosis::MAX_LINK_ERR)
+        } else {
+            None
         }
     }
 
@@ -584,6 +603,11 @@ impl ClcMachine {
             return Err(MachineError::WrongState("accept"));
         }
         let a = self.build(params, first_contact, false);
+        self.accepted_caps =
+            a.v2.as_ref()
+                .and_then(|v| v.fce.as_ref())
+                .and_then(|f| f.v2x)
+                .map(|x| (x.max_conns, x.max_links));
         self.send(&ClcMessage::Accept(a));
         self.state = State::WaitConfirm {
             first_contact,

@@ -482,3 +482,32 @@ fn client_without_anything_to_offer_does_not_propose() {
     assert_eq!(c.outcome(), &Outcome::Fallback(FallbackReason::Disabled));
     assert!(c.take_output().is_empty());
 }
+
+/// Linux's v2x rule: the client's Confirm echoes the negotiated max connections / links of
+/// the Accept (min of both sides); a Confirm with other values is declined.
+#[test]
+fn v2_confirm_must_echo_negotiated_limits() {
+    let mut cc = caps(3, false, true);
+    cc.max_conns = 16;
+    let mut c = ClcMachine::client(cc, true);
+    let mut s = ClcMachine::server(caps(2, false, true), true);
+    pipe(&mut c, &mut s);
+    s.accept(&params(1), true).unwrap();
+    let a = pipe(&mut s, &mut c);
+    let ClcMessage::Accept(acc) = msg(&a) else { panic!() };
+    let x = acc.v2.unwrap().fce.unwrap().v2x.unwrap();
+    assert_eq!((x.max_conns, x.max_links), (16, 2), "min of both sides");
+    c.confirm(&params(2)).unwrap();
+    let mut cf = c.take_output();
+    let ClcMessage::Confirm(conf) = msg(&cf) else { panic!() };
+    assert_eq!(conf.v2.unwrap().fce.unwrap().v2x.unwrap().max_conns, 16);
+    // A forged Confirm announcing 255 connections.
+    let off = 64 + EID_LEN + 8 + 4 + HOSTNAME_LEN;
+    assert_eq!(cf[off], 16);
+    cf[off] = 255;
+    s.on_bytes(&cf);
+    assert_eq!(
+        s.outcome(),
+        &Outcome::Fallback(FallbackReason::Declined(Diagnosis::MAX_CONN_ERR))
+    );
+}

@@ -24,7 +24,7 @@
 //!   send Linux's 92-octet v1 form: N = 40 and a zeroed 40-octet SMC-D area (peers file
 //!   §5.3.7). Linux's v2 form always has the 40-octet SMC-D area at offset 40, whose octets
 //!   10..12 give the offset of the v2 extension (counted from the end of that field); when
-//!   v1 is not offered (`typev1` = 3 "none", as the lab's Linux 6.12 client sends it) N = 0
+//!   v1 is not offered (`typev1` = 2 "none", as the lab's Linux 6.12 client sends it) N = 0
 //!   and there is no IP area at all (lab capture frame 6, 156 octets). The v2 extension:
 //!   EID count, ISM GID count, release/SEID flags, offset of the SMC-Dv2 extension, the
 //!   RoCEv2 GID, max connections, max links, feature mask, 12 reserved, then 32-octet EIDs
@@ -467,7 +467,8 @@ pub struct Proposal {
     pub version: u8,
     /// v2 header: SMC type offered for v2 (bits 0x0C); zero in v1.
     pub typev2: SmcType,
-    /// v2 header: SMC type offered for v1 (bits 0x03); zero (SMC-R) in v1.
+    /// SMC type offered for v1 (bits 0x03; Linux sets them in v1 Proposals too: 0 = SMC-R,
+    /// 1 = SMC-D, 3 = both).
     pub typev1: SmcType,
     /// Client peer ID.
     pub peer_id: PeerId,
@@ -522,13 +523,10 @@ impl Proposal {
         }
     }
 
-    /// Whether the Proposal offers v1 SMC-R (v1 message, or v2 with typev1 R/both).
+    /// Whether the Proposal offers v1 SMC-R: typev1 R or both (a v1 Proposal from Linux
+    /// that offers only SMC-D has typev1 = 1), and an IP area.
     pub fn offers_v1_r(&self) -> bool {
-        if self.version == 1 {
-            true
-        } else {
-            self.typev1.offers_r() && self.ip.is_some()
-        }
+        self.typev1.offers_r() && self.ip.is_some()
     }
 
     /// Whether the Proposal offers v2 SMC-R with a v2 extension.
@@ -571,6 +569,11 @@ impl Proposal {
         let ip_present = h.version == 1 || typev1 != SmcType::None;
         let ip = if ip_present {
             let at = FIXED_PROPOSAL_LEN + n;
+            if smcd.is_some() && n < SMCD_AREA_LEN {
+                return Err(ClcError::BadOffset {
+                    what: "IP area (overlaps the SMC-D area)",
+                });
+            }
             let a = b
                 .get(at..at + 8)
                 .filter(|_| at + 8 <= end)
@@ -602,8 +605,17 @@ impl Proposal {
         } else {
             None
         };
+        let ip_end = match &ip {
+            Some(a) => FIXED_PROPOSAL_LEN + n + a.wire_len(),
+            None => FIXED_PROPOSAL_LEN + SMCD_AREA_LEN,
+        };
         let v2_ext = if h.version >= 2 && v2_ext_offset != 0 {
             let at = 52 + v2_ext_offset;
+            if at < ip_end {
+                return Err(ClcError::BadOffset {
+                    what: "v2 extension (overlaps the IP area)",
+                });
+            }
             let e = b
                 .get(at..at + V2_EXT_FIXED_LEN)
                 .filter(|_| at + V2_EXT_FIXED_LEN <= end)
@@ -623,7 +635,7 @@ impl Proposal {
             let dext_off = usize::from(be16(&e[6..8]));
             let smcd_v2_ext = if dext_off != 0 {
                 let d = at + 8 + dext_off;
-                if d > end {
+                if d > end || d < eids_end {
                     return Err(ClcError::BadOffset {
                         what: "SMC-Dv2 extension",
                     });
@@ -650,7 +662,7 @@ impl Proposal {
             eyecatcher: h.eyecatcher,
             version: h.version,
             typev2: if h.version >= 2 { typev2 } else { SmcType::R },
-            typev1: if h.version >= 2 { typev1 } else { SmcType::R },
+            typev1,
             peer_id: PeerId(b[8..16].try_into().unwrap_or_default()),
             gid: b[16..32].try_into().unwrap_or_default(),
             mac: b[32..38].try_into().unwrap_or_default(),
@@ -682,7 +694,7 @@ impl Proposal {
         let flags = if self.version >= 2 {
             (self.typev2.bits() << 2) | self.typev1.bits()
         } else {
-            0
+            self.typev1.bits()
         };
         emit_header(b, self.eyecatcher, ClcType::Proposal, self.version, flags)?;
         b[8..16].copy_from_slice(&self.peer_id.0);
@@ -915,11 +927,17 @@ impl AcceptConfirm {
         let v2 = if h.version >= 2 {
             let mut at = 64 + EID_LEN + 8;
             let first_contact = h.flags & 0x08 != 0;
-            let fce = if first_contact && at + FCE_LEN <= end {
+            if first_contact && at + FCE_LEN > end {
+                return Err(h.bad_length());
+            }
+            let fce = if first_contact {
                 let f = &b[at..at + FCE_LEN];
                 let release = f[1] & 0x0f;
                 at += FCE_LEN;
-                let v2x = if release >= 1 && at + FCE_V2X_LEN <= end {
+                if release >= 1 && at + FCE_V2X_LEN > end {
+                    return Err(h.bad_length());
+                }
+                let v2x = if release >= 1 {
                     let x = &b[at..at + FCE_V2X_LEN];
                     at += FCE_V2X_LEN;
                     Some(FceV2x {
@@ -1800,7 +1818,10 @@ mod tests {
             w.push((ver << 4) | flags);
             w.extend_from_slice(&body);
             w.extend_from_slice(&EYECATCHER_SMCR);
-            let _ = ClcMessage::parse(&w);
+            if let Ok(m) = ClcMessage::parse(&w) {
+                let again = m.to_vec().unwrap();
+                prop_assert_eq!(ClcMessage::parse(&again).unwrap(), m);
+            }
         }
     }
 }

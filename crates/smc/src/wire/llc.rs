@@ -47,6 +47,8 @@ pub mod opcode {
     pub const ADD_LINK: u8 = 0x02;
     pub const ADD_LINK_CONT: u8 = 0x03;
     pub const DELETE_LINK: u8 = 0x04;
+    /// Linux SMC-Rv2 only (0x25): the client asks the server to add a link.
+    pub const REQ_ADD_LINK: u8 = 0x05;
     pub const CONFIRM_RKEY: u8 = 0x06;
     pub const TEST_LINK: u8 = 0x07;
     pub const CONFIRM_RKEY_CONT: u8 = 0x08;
@@ -123,7 +125,7 @@ fn known(t: u8) -> Option<(LlcVersion, u8)> {
         ),
         LlcVersion::V2 => matches!(
             op,
-            CONFIRM_LINK | ADD_LINK | DELETE_LINK | CONFIRM_RKEY | TEST_LINK | DELETE_RKEY
+            CONFIRM_LINK | ADD_LINK | DELETE_LINK | REQ_ADD_LINK | CONFIRM_RKEY | TEST_LINK | DELETE_RKEY
         ),
     };
     ok.then_some((v, op))
@@ -331,6 +333,14 @@ pub struct DeleteRkey {
     pub rkeys: Vec<u32>,
 }
 
+/// REQUEST ADD LINK (Linux SMC-Rv2 only, type 0x25: 20 reserved octets, GID count, 3
+/// reserved, the client's GIDs).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct RequestAddLink {
+    /// The requester's RoCEv2 GIDs.
+    pub gids: Vec<[u8; 16]>,
+}
+
 /// TEST LINK (A.3.8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct TestLink {
@@ -349,6 +359,8 @@ pub enum LlcBody {
     AddLinkCont(AddLinkCont),
     /// DELETE LINK.
     DeleteLink(DeleteLink),
+    /// REQUEST ADD LINK (v2 only).
+    RequestAddLink(RequestAddLink),
     /// CONFIRM RKEY.
     ConfirmRkey(ConfirmRkey),
     /// CONFIRM RKEY CONTINUATION.
@@ -367,6 +379,7 @@ impl LlcBody {
             Self::AddLink(_) => opcode::ADD_LINK,
             Self::AddLinkCont(_) => opcode::ADD_LINK_CONT,
             Self::DeleteLink(_) => opcode::DELETE_LINK,
+            Self::RequestAddLink(_) => opcode::REQ_ADD_LINK,
             Self::ConfirmRkey(_) => opcode::CONFIRM_RKEY,
             Self::ConfirmRkeyCont(_) => opcode::CONFIRM_RKEY_CONT,
             Self::DeleteRkey(_) => opcode::DELETE_RKEY,
@@ -552,6 +565,20 @@ impl LlcMessage {
             opcode::TEST_LINK => LlcBody::TestLink(TestLink {
                 user_data: arr(&b[4..20]),
             }),
+            opcode::REQ_ADD_LINK => {
+                let n = usize::from(b[24]);
+                let gend = 28 + 16 * n;
+                if gend > len {
+                    return Err(LlcError::BadCount {
+                        what: "REQUEST ADD LINK GID",
+                        count: n,
+                    });
+                }
+                ext = b[gend.max(LLC_LEN)..].to_vec();
+                LlcBody::RequestAddLink(RequestAddLink {
+                    gids: b[28..gend].chunks_exact(16).map(arr).collect(),
+                })
+            }
             _ => return Err(LlcError::UnknownMandatory(t)),
         };
         Ok(Self {
@@ -567,6 +594,7 @@ impl LlcMessage {
         let extra = match &self.body {
             LlcBody::AddLink(AddLink { v2_ext: Some(x), .. }) => 28 + 16 * x.rtokens.len(),
             LlcBody::DeleteRkey(d) if self.version == LlcVersion::V2 => (8 + 4 * d.rkeys.len()).saturating_sub(LLC_LEN),
+            LlcBody::RequestAddLink(r) => (28 + 16 * r.gids.len()).saturating_sub(LLC_LEN),
             _ => 0,
         };
         LLC_LEN + extra + self.ext.len()
@@ -725,6 +753,18 @@ impl LlcMessage {
                 ext_at = (8 + 4 * d.rkeys.len()).max(LLC_LEN);
             }
             LlcBody::TestLink(t) => b[4..20].copy_from_slice(&t.user_data),
+            LlcBody::RequestAddLink(r) => {
+                if !v2 || r.gids.len() > 255 {
+                    return Err(LlcEmitError::Unrepresentable(
+                        "REQUEST ADD LINK is v2 only, at most 255 GIDs",
+                    ));
+                }
+                b[24] = r.gids.len() as u8;
+                for (i, g) in r.gids.iter().enumerate() {
+                    b[28 + 16 * i..44 + 16 * i].copy_from_slice(g);
+                }
+                ext_at = (28 + 16 * r.gids.len()).max(LLC_LEN);
+            }
         }
         b[3] = flags;
         b[ext_at..ext_at + self.ext.len()].copy_from_slice(&self.ext);
@@ -801,7 +841,8 @@ mod tests {
         assert_eq!(classify(0x01), Class::Llc);
         assert_eq!(classify(0x21), Class::Llc);
         assert_eq!(classify(0xFE), Class::Cdc);
-        assert_eq!(classify(0x05), Class::UnknownMandatory);
+        assert_eq!(classify(0x05), Class::UnknownMandatory, "0x05 is unused in v1");
+        assert_eq!(classify(0x25), Class::Llc, "v2 REQUEST ADD LINK");
         assert_eq!(classify(0x23), Class::UnknownMandatory, "no v2 ADD LINK CONT");
         assert_eq!(classify(0x45), Class::UnknownMandatory);
         assert_eq!(classify(0x85), Class::UnknownOptional);
@@ -1035,8 +1076,10 @@ mod tests {
                 })
             });
         let tl = any::<[u8; 16]>().prop_map(|user_data| LlcBody::TestLink(TestLink { user_data }));
+        let ral = proptest::collection::vec(any::<[u8; 16]>(), 0..4)
+            .prop_map(|gids| LlcBody::RequestAddLink(RequestAddLink { gids }));
         if v2 {
-            prop_oneof![cl, al, dl, cr, dr, tl].boxed()
+            prop_oneof![cl, al, dl, ral, cr, dr, tl].boxed()
         } else {
             prop_oneof![cl, al, alc, dl, cr, crc, dr, tl].boxed()
         }
@@ -1061,7 +1104,10 @@ mod tests {
 
         #[test]
         fn garbage_never_panics_smc_inv_11(b in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = LlcMessage::parse(&b);
+            if let Ok(m) = LlcMessage::parse(&b) {
+                let again = m.to_vec().unwrap();
+                prop_assert_eq!(LlcMessage::parse(&again).unwrap(), m);
+            }
         }
     }
 }
