@@ -110,9 +110,14 @@ fn new_token() -> u32 {
     (n.wrapping_mul(0x85EB_CA6B) ^ salt) | 1
 }
 
+/// An initial PSN that differs between links and runs (not a security measure: RC PSNs are
+/// not secret).
 fn random_psn() -> u32 {
-    let t = Instant::now().elapsed().as_nanos() as u32 ^ new_token();
-    t & 0x00FF_FFFF
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    (t ^ new_token()) & 0x00FF_FFFF
 }
 
 fn rmbe_size_code(len: u32) -> Option<u8> {
@@ -506,8 +511,8 @@ fn progress_loop(sh: Arc<Shared>, tcp: TcpStream, close_timeout: Duration) {
     loop {
         let first = sh.link.cq.wait(Some(Duration::from_millis(50)));
         let mut g = sh.lock();
-        if let Some(wc) = first {
-            sh.on_completion(&mut g, &wc);
+        if let Some(wc) = &first {
+            sh.on_completion(&mut g, wc);
             buf.clear();
             while let Some(wc) = sh.link.cq.poll_one() {
                 buf.push(wc);
@@ -533,7 +538,7 @@ fn progress_loop(sh: Arc<Shared>, tcp: TcpStream, close_timeout: Duration) {
         }
         if g.tcp_reset {
             let _ = tcp.shutdown(Shutdown::Both);
-        } else if tcp_was_reset(&tcp) {
+        } else if first.is_none() && tcp_was_reset(&tcp) {
             // SMC-ABT-4: an RST on the TCP path starts the abnormal close.
             g.conn.on_tcp_reset();
             sh.drive(&mut g);
