@@ -4,9 +4,10 @@
 //!   connection: its reads fail, and a CDC with A comes back (SMC-CDC-12, Figure 23);
 //! - an RDMA Write past the end of the RMB element the client gave fails with a remote
 //!   access error at the rogue (the provider enforces the MR bounds, D2), and the
-//!   connection's data is untouched.
+//!   connection's data is untouched;
+//! - a CDC with a foreign alert token changes nothing (SMC-CDC-11).
 //!
-//! Addresses 127.115.11.x and 127.115.12.x.
+//! Addresses 127.115.11.x, 127.115.12.x, 127.115.13.x.
 
 use smc::clc_machine::{ClcMachine, LinkParams, LocalCaps, NeedLink, Outcome};
 use smc::wire::cdc::{Cdc, ConnStateFlags};
@@ -262,5 +263,55 @@ fn write_outside_the_element_is_refused() {
         }
     };
     assert_eq!(status, WcStatus::RemAccessErr);
+    drop(r.tcp);
+}
+
+// SMC-CDC-11 / A2.15 "another connection's alert token": a CDC with a token that is not the
+// connection's changes nothing; the connection goes on with the next honest CDC.
+#[test]
+fn foreign_token_is_ignored_and_the_connection_goes_on() {
+    let (mut c, r, _d) = pair(13);
+    let rkey = r.confirm.rmb_rkey;
+    let base = r.confirm.rmb_vaddr;
+    r.mr.write(100, b"abcdefgh").unwrap();
+    r.qp.post_send_one(SendWr::new(
+        2,
+        WrOpcode::RdmaWrite {
+            remote: RemoteAddr { addr: base, rkey },
+        },
+        vec![r.mr.sge(100, 8)],
+    ))
+    .unwrap();
+    let token = r.confirm.rmbe_alert_token;
+    let foreign = Cdc {
+        seq: 1,
+        token: token ^ 0x8000_0000,
+        prod: Cursor::new(0, 8),
+        ..Cdc::default()
+    };
+    r.mr.write(0, &foreign.to_bytes()).unwrap();
+    r.qp.post_send_one(SendWr::new(3, WrOpcode::Send, vec![r.mr.sge(0, 44)]))
+        .unwrap();
+    // Wait until the client has certainly processed it (its ACK came back), then check.
+    let mut acked = 0;
+    while acked < 2 {
+        let wc = r.cq.wait(Some(T)).expect("completion");
+        assert_eq!(wc.status, WcStatus::Success);
+        acked += 1;
+    }
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(c.readable(), 0, "a foreign token moved nothing");
+    let honest = Cdc {
+        seq: 2,
+        token,
+        prod: Cursor::new(0, 8),
+        ..Cdc::default()
+    };
+    r.mr.write(44, &honest.to_bytes()).unwrap();
+    r.qp.post_send_one(SendWr::new(4, WrOpcode::Send, vec![r.mr.sge(44, 44)]))
+        .unwrap();
+    let mut b = [0u8; 8];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"abcdefgh");
     drop(r.tcp);
 }
