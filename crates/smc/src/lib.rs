@@ -13,4 +13,5 @@
 #![warn(missing_docs)]
 
 pub mod clc_machine;
+pub mod sockops;
 pub mod wire;
