@@ -7,7 +7,9 @@
 //! process moved into the cgroup (a socket belongs to the cgroup of the task that created
 //! it; the process moves back right after). tcpdump captures the SYNs; tshark must show
 //! `fe 06 e2 d4 c3 d9` exactly where expected, no malformed frame; `peer_offered_smc`
-//! must read what each side saw.
+//! must read what each side saw. Then the program is dropped (detached: a later connection
+//! in the cgroup is bare) and a second one attached in `SynAck::Always` mode (SMC-OPT-2's
+//! MAY: the SYN-ACK carries the option though the SYN did not).
 //!
 //! Skips (passes, printing why) when not root, without a cgroup v2 mount, without
 //! tcpdump/tshark, or when the kernel refuses the program for lack of support.
@@ -18,14 +20,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use smc::sockops::{Error, Guard, SmcOption};
+use smc::sockops::{Error, Guard, SmcOption, SynAck};
 
 const IP: &str = "127.0.83.1";
 const P_BOTH: u16 = 41831; // in the port list: both ends in the cgroup
 const P_OTHER: u16 = 41832; // not in the list: both ends in the cgroup
 const P_OUT_SERVER: u16 = 41833; // in the list: client in, server outside
 const P_OUT_CLIENT: u16 = 41834; // in the list: server in, client outside
-const P_NONE: u16 = 41835; // in the list: both outside
+const P_NONE: u16 = 41835; // in the list: both outside (and both inside after detach)
+const P_ALWAYS: u16 = 41836; // second program, SynAck::Always: server in, client outside
 
 fn cgroup2_mount() -> Option<PathBuf> {
     let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
@@ -96,7 +99,7 @@ fn start_tcpdump(file: &Path) -> Child {
         .args(["-i", "lo", "-n", "-U", "--immediate-mode", "-w"])
         .arg(file)
         .arg(format!(
-            "host {IP} and tcp[tcpflags] & tcp-syn != 0 and portrange {P_BOTH}-{P_NONE}"
+            "host {IP} and tcp[tcpflags] & tcp-syn != 0 and portrange {P_BOTH}-{P_ALWAYS}"
         ))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -176,7 +179,7 @@ fn count_malformed(file: &Path) -> usize {
 const SMC_OPT: &str = "fe06e2d4c3d9";
 
 #[test]
-fn smc_option_on_kernel_syn_and_synack_a1_2_a2_1() {
+fn smc_option_on_kernel_syn_and_synack_a1_2_smc_opt_1_2() {
     if !is_root() {
         eprintln!("skipped: needs root (CAP_BPF + CAP_NET_ADMIN, cgroup writes)");
         return;
@@ -208,6 +211,11 @@ fn smc_option_on_kernel_syn_and_synack_a1_2_a2_1() {
     let out_server = connect(&cg, &g, P_OUT_SERVER, false, true);
     let out_client = connect(&cg, &g, P_OUT_CLIENT, true, false);
     let none = connect(&cg, &g, P_NONE, false, false);
+    // Detach on drop, then the SMC-OPT-2 "MAY" mode: SYN-ACK without a SYN option.
+    drop(g);
+    let g = SmcOption::attach_with(&cg.dir, &[P_ALWAYS], SynAck::Always).expect("attach_with");
+    let detached = connect(&cg, &g, P_NONE, true, true);
+    let always = connect(&cg, &g, P_ALWAYS, true, false);
 
     std::thread::sleep(Duration::from_millis(300));
     let _ = Command::new("kill").arg("-INT").arg(td.id().to_string()).status();
@@ -219,29 +227,30 @@ fn smc_option_on_kernel_syn_and_synack_a1_2_a2_1() {
     assert_eq!(out_server, (Some(false), None), "server outside: one-sided");
     assert_eq!(out_client, (None, Some(false)), "client outside: one-sided");
     assert_eq!(none, (None, None), "both outside the cgroup");
+    assert_eq!(detached, (None, None), "first program detached on drop");
+    assert_eq!(always, (None, Some(false)), "Always mode, client outside");
 
     let syns = tshark_syns(&pcap);
-    eprintln!("SYNs seen by tshark (sport, dport, ack, options): {syns:#?}");
+    eprintln!("SYNs seen by tshark (sport, dport, ack, options): {syns:?}");
     let opt = |sport: u16, dport: u16, ack: bool| -> bool {
-        let s = syns
-            .iter()
-            .find(|s| s.0 == sport && s.1 == dport && s.2 == ack)
-            .unwrap_or_else(|| panic!("no SYN{} {sport}->{dport} in {syns:?}", if ack { "-ACK" } else { "" }));
+        let s = syns.iter().find(|s| s.0 == sport && s.1 == dport && s.2 == ack);
+        let s = s.unwrap_or_else(|| panic!("no SYN (ack {ack}) {sport}->{dport}: {syns:?}"));
         s.3.contains(SMC_OPT)
     };
-    let server_side =
-        |p: u16| -> Vec<(u16, bool)> { syns.iter().filter(|s| s.1 == p && !s.2).map(|s| (s.0, s.2)).collect() };
-    let client_port = |p: u16| server_side(p)[0].0;
-    for (p, syn, synack) in [
-        (P_BOTH, true, true),
-        (P_OTHER, false, false),
-        (P_OUT_SERVER, true, false),
-        (P_OUT_CLIENT, false, false),
-        (P_NONE, false, false),
+    for (p, syn, synack, pairs) in [
+        (P_BOTH, true, true, 1),
+        (P_OTHER, false, false, 1),
+        (P_OUT_SERVER, true, false, 1),
+        (P_OUT_CLIENT, false, false, 1),
+        (P_NONE, false, false, 2), // outside, then inside after detach
+        (P_ALWAYS, false, true, 1),
     ] {
-        let cp = client_port(p);
-        assert_eq!(opt(cp, p, false), syn, "SYN to {p}: {syns:?}");
-        assert_eq!(opt(p, cp, true), synack, "SYN-ACK from {p}: {syns:?}");
+        let clients: Vec<u16> = syns.iter().filter(|s| s.1 == p && !s.2).map(|s| s.0).collect();
+        assert_eq!(clients.len(), pairs, "SYNs to {p}: {syns:?}");
+        for cp in clients {
+            assert_eq!(opt(cp, p, false), syn, "SYN to {p}: {syns:?}");
+            assert_eq!(opt(p, cp, true), synack, "SYN-ACK from {p}: {syns:?}");
+        }
     }
     assert_eq!(count_malformed(&pcap), 0, "tshark: malformed or warning frames");
     drop(g);

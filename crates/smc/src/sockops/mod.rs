@@ -20,6 +20,8 @@ pub mod asm;
 pub mod program;
 mod sys;
 
+pub use program::SynAck;
+
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -84,6 +86,13 @@ impl SmcOption {
     /// connections to or listening on `ports` (empty: every port). Detached when the
     /// returned [`Guard`] drops.
     pub fn attach(cgroup: impl AsRef<Path>, ports: &[u16]) -> Result<Guard, Error> {
+        Self::attach_with(cgroup, ports, SynAck::Conditional)
+    }
+
+    /// [`SmcOption::attach`] choosing when a listener's SYN-ACK carries the option:
+    /// [`SynAck::Conditional`] (only when the SYN did; Linux's behaviour) or
+    /// [`SynAck::Always`] (requirements SMC-OPT-2).
+    pub fn attach_with(cgroup: impl AsRef<Path>, ports: &[u16], synack: SynAck) -> Result<Guard, Error> {
         let cgroup = cgroup.as_ref();
         if ports.len() > program::MAX_PORTS {
             return Err(Error::TooManyPorts(ports.len()));
@@ -97,7 +106,7 @@ impl SmcOption {
             .map_err(|e| Error::from_io("open of the cgroup directory", e))?
             .into();
         let map = sys::map_create_lru(8, 4, RESULT_ENTRIES).map_err(|e| Error::from_io("bpf(BPF_MAP_CREATE)", e))?;
-        let insns = program::build(map.as_raw_fd(), ports)
+        let insns = program::build(map.as_raw_fd(), ports, synack)
             .map_err(|_| Error::KernelTooOld("internal: unplaced label".into()))?;
         let prog = match sys::prog_load_sock_ops(&insns) {
             Ok(p) => p,
@@ -116,7 +125,7 @@ impl SmcOption {
             }
         };
         sys::prog_attach(&cg_fd, &prog).map_err(|e| Error::from_io("bpf(BPF_PROG_ATTACH)", e))?;
-        tracing::debug!(cgroup = %cgroup.display(), ?ports, "SMC-R TCP option program attached");
+        tracing::debug!(cgroup = %cgroup.display(), ?ports, ?synack, "SMC-R TCP option program attached");
         Ok(Guard {
             cgroup: cg_fd,
             prog,

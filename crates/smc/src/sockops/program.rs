@@ -7,8 +7,9 @@
 //!   options can be read once the connection is established) and `WRITE_HDR_OPT_CB_FLAG`
 //!   (request sockets and children inherit it).
 //! - `HDR_OPT_LEN_CB` / `WRITE_HDR_OPT_CB`: on an outgoing SYN, reserve and write the
-//!   6-octet option `FE 06 E2 D4 C3 D9`; on a SYN-ACK only when the received SYN carried it
-//!   (as Linux net/smc does: a server offers SMC-R only to a client that offered it).
+//!   6-octet option `FE 06 E2 D4 C3 D9`; on a SYN-ACK, in [`SynAck::Conditional`] mode only
+//!   when the received SYN carried it (as Linux net/smc does, SMC-OPT-2's SHOULD), in
+//!   [`SynAck::Always`] mode on every SYN-ACK of a chosen listener (SMC-OPT-2's MAY).
 //! - `ACTIVE_ESTABLISHED_CB` (SYN-ACK received) / `PASSIVE_ESTABLISHED_CB` (the saved SYN):
 //!   for sockets carrying the flag, look for the option and record 1 (found) or 0 in an LRU
 //!   hash keyed by the socket cookie (`SO_COOKIE`), then clear the callback flags so no
@@ -58,6 +59,16 @@ const KEY: i16 = -16;
 const VAL: i16 = -20;
 const OPTVAL: i16 = -24;
 
+/// When a listener's SYN-ACK carries the option (requirements SMC-OPT-2).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SynAck {
+    /// Only when the client's SYN carried it (Linux's behaviour; RFC 7609's SHOULD).
+    #[default]
+    Conditional,
+    /// On every SYN-ACK (RFC 7609's MAY).
+    Always,
+}
+
 /// Most ports the program compares against (a compare-and-jump each).
 pub const MAX_PORTS: usize = 64;
 
@@ -83,7 +94,8 @@ fn port_filter(a: &mut Asm, ports: &[u16], matched: super::asm::Label) {
 
 /// Builds the program for `map_fd` (the LRU hash: u64 cookie -> u32) and `ports` (empty:
 /// every port). `ports` longer than [`MAX_PORTS`] is the caller's error (checked there).
-pub fn build(map_fd: i32, ports: &[u16]) -> Result<Vec<Insn>, Unplaced> {
+/// `synack` chooses when a SYN-ACK carries the option.
+pub fn build(map_fd: i32, ports: &[u16], synack: SynAck) -> Result<Vec<Insn>, Unplaced> {
     let mut a = Asm::new();
     let done = a.label();
     let connect = a.label();
@@ -138,8 +150,8 @@ pub fn build(map_fd: i32, ports: &[u16]) -> Result<Vec<Insn>, Unplaced> {
     a.call(FN_SETSOCKOPT);
     a.ja(set_flag);
 
-    // Shared by LEN and WRITE: only SYN or SYN-ACK; a SYN-ACK only if the SYN offered SMC-R.
-    // Leaves the decision in control flow: falls through to `go` or jumps to `done`.
+    // Shared by LEN and WRITE: only SYN or SYN-ACK; in Conditional mode a SYN-ACK only if
+    // the SYN offered SMC-R (no unreachable code in Always mode: the verifier rejects it).
     for (at, is_write) in [(len, false), (write, true)] {
         let go = a.label();
         a.place(at);
@@ -148,18 +160,20 @@ pub fn build(map_fd: i32, ports: &[u16]) -> Result<Vec<Insn>, Unplaced> {
         a.jump_imm(Cond::Set, 2, TCPHDR_SYN, syn);
         a.ja(done);
         a.place(syn);
-        let synack = a.label();
-        a.jump_imm(Cond::Set, 2, TCPHDR_ACK, synack);
-        a.ja(go);
-        a.place(synack);
-        option_to_stack(&mut a);
-        a.mov(1, 6);
-        a.mov(2, R10);
-        a.add_imm(2, i32::from(BUF));
-        a.mov_imm(3, 8);
-        a.mov_imm(4, LOAD_HDR_OPT_TCP_SYN);
-        a.call(FN_LOAD_HDR_OPT);
-        a.jump_imm(Cond::Sle, 0, 0, done);
+        if synack == SynAck::Conditional {
+            let synack_l = a.label();
+            a.jump_imm(Cond::Set, 2, TCPHDR_ACK, synack_l);
+            a.ja(go);
+            a.place(synack_l);
+            option_to_stack(&mut a);
+            a.mov(1, 6);
+            a.mov(2, R10);
+            a.add_imm(2, i32::from(BUF));
+            a.mov_imm(3, 8);
+            a.mov_imm(4, LOAD_HDR_OPT_TCP_SYN);
+            a.call(FN_LOAD_HDR_OPT);
+            a.jump_imm(Cond::Sle, 0, 0, done);
+        }
         a.place(go);
         a.mov(1, 6);
         if is_write {
@@ -222,7 +236,7 @@ mod tests {
 
     #[test]
     fn builds_and_stores_the_smc_option_octets() {
-        let p = build(3, &[]).unwrap();
+        let p = build(3, &[], SynAck::Conditional).unwrap();
         // The two stores of the option: FE 06 E2 D4 | C3 D9 00 00 (requirements A1.2).
         let lo = p.iter().find(|i| i.code == 0x62 && i.off == BUF).unwrap();
         let hi = p.iter().find(|i| i.code == 0x62 && i.off == BUF + 4).unwrap();
@@ -236,10 +250,33 @@ mod tests {
 
     #[test]
     fn port_list_adds_one_compare_per_port_twice() {
-        let all = build(3, &[]).unwrap().len();
-        let two = build(3, &[80, 443]).unwrap();
+        let all = build(3, &[], SynAck::Conditional).unwrap().len();
+        let two = build(3, &[80, 443], SynAck::Conditional).unwrap();
         assert!(two.len() > all);
         let cmp_443 = two.iter().filter(|i| i.code == 0x15 && i.imm == 443).count();
         assert_eq!(cmp_443, 2, "connect and listen each compare the port");
+    }
+
+    #[test]
+    fn always_mode_skips_the_syn_lookup_before_a_synack() {
+        let cond = build(3, &[], SynAck::Conditional).unwrap();
+        let always = build(3, &[], SynAck::Always).unwrap();
+        let syn_loads = |p: &[Insn]| {
+            p.windows(2)
+                .filter(|w| {
+                    w[0] == Insn {
+                        code: 0xb7,
+                        dst: 4,
+                        src: 0,
+                        off: 0,
+                        imm: 1,
+                    } && w[1].imm == FN_LOAD_HDR_OPT
+                })
+                .count()
+        };
+        // Conditional: LEN, WRITE and PASSIVE_ESTABLISHED read the SYN; Always: only the
+        // latter (the verifier rejects unreachable code, so the others are not emitted).
+        assert_eq!(syn_loads(&cond), 3);
+        assert_eq!(syn_loads(&always), 1);
     }
 }
