@@ -9,7 +9,8 @@
 //! `fe 06 e2 d4 c3 d9` exactly where expected, no malformed frame; `peer_offered_smc`
 //! must read what each side saw. Then the program is dropped (detached: a later connection
 //! in the cgroup is bare) and a second one attached in `SynAck::Always` mode (SMC-OPT-2's
-//! MAY: the SYN-ACK carries the option though the SYN did not).
+//! MAY: the SYN-ACK carries the option though the SYN did not), then a third with no port
+//! list (every port).
 //!
 //! Skips (passes, printing why) when not root, without a cgroup v2 mount, without
 //! tcpdump/tshark, or when the kernel refuses the program for lack of support.
@@ -29,6 +30,7 @@ const P_OUT_SERVER: u16 = 41833; // in the list: client in, server outside
 const P_OUT_CLIENT: u16 = 41834; // in the list: server in, client outside
 const P_NONE: u16 = 41835; // in the list: both outside (and both inside after detach)
 const P_ALWAYS: u16 = 41836; // second program, SynAck::Always: server in, client outside
+const P_ANY: u16 = 41837; // third program, no port list (every port): both ends in
 
 fn cgroup2_mount() -> Option<PathBuf> {
     let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
@@ -99,7 +101,7 @@ fn start_tcpdump(file: &Path) -> Child {
         .args(["-i", "lo", "-n", "-U", "--immediate-mode", "-w"])
         .arg(file)
         .arg(format!(
-            "host {IP} and tcp[tcpflags] & tcp-syn != 0 and portrange {P_BOTH}-{P_ALWAYS}"
+            "host {IP} and tcp[tcpflags] & tcp-syn != 0 and portrange {P_BOTH}-{P_ANY}"
         ))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -216,6 +218,9 @@ fn smc_option_on_kernel_syn_and_synack_a1_2_smc_opt_1_2() {
     let g = SmcOption::attach_with(&cg.dir, &[P_ALWAYS], SynAck::Always).expect("attach_with");
     let detached = connect(&cg, &g, P_NONE, true, true);
     let always = connect(&cg, &g, P_ALWAYS, true, false);
+    drop(g);
+    let g = SmcOption::attach(&cg.dir, &[]).expect("attach for every port");
+    let any = connect(&cg, &g, P_ANY, true, true);
 
     std::thread::sleep(Duration::from_millis(300));
     let _ = Command::new("kill").arg("-INT").arg(td.id().to_string()).status();
@@ -229,6 +234,7 @@ fn smc_option_on_kernel_syn_and_synack_a1_2_smc_opt_1_2() {
     assert_eq!(none, (None, None), "both outside the cgroup");
     assert_eq!(detached, (None, None), "first program detached on drop");
     assert_eq!(always, (None, Some(false)), "Always mode, client outside");
+    assert_eq!(any, (Some(true), Some(true)), "empty port list: every port");
 
     let syns = tshark_syns(&pcap);
     eprintln!("SYNs seen by tshark (sport, dport, ack, options): {syns:?}");
@@ -244,6 +250,7 @@ fn smc_option_on_kernel_syn_and_synack_a1_2_smc_opt_1_2() {
         (P_OUT_CLIENT, false, false, 1),
         (P_NONE, false, false, 2), // outside, then inside after detach
         (P_ALWAYS, false, true, 1),
+        (P_ANY, true, true, 1),
     ] {
         let clients: Vec<u16> = syns.iter().filter(|s| s.1 == p && !s.2).map(|s| s.0).collect();
         assert_eq!(clients.len(), pairs, "SYNs to {p}: {syns:?}");
@@ -270,4 +277,45 @@ fn attach_to_a_non_cgroup2_directory_is_a_typed_error() {
         SmcOption::attach(std::env::temp_dir(), &[1; 65]),
         Err(Error::TooManyPorts(65))
     ));
+}
+
+/// Without capabilities (root with an empty bounding set, via `setpriv`), attach fails with
+/// `Error::Permission` naming the privileges, so a caller can fall back to plain TCP.
+#[test]
+fn without_capabilities_attach_is_a_permission_error() {
+    let Some(mount) = cgroup2_mount() else {
+        eprintln!("skipped: no cgroup v2 mount");
+        return;
+    };
+    if std::env::var_os("SMCBPF_NOCAPS_CHILD").is_some() {
+        match SmcOption::attach(&mount, &[]) {
+            Err(e @ Error::Permission { .. }) => {
+                assert!(e.to_string().contains("CAP_BPF and CAP_NET_ADMIN"), "{e}");
+                println!("NOCAPS-PERMISSION-OK");
+            }
+            other => panic!("expected Error::Permission, got {other:?}"),
+        }
+        return;
+    }
+    if !is_root() || !have("setpriv") {
+        eprintln!("skipped: needs root and setpriv to run a capability-less child");
+        return;
+    }
+    let out = Command::new("setpriv")
+        .args(["--bounding-set=-all", "--inh-caps=-all", "--"])
+        .arg(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "without_capabilities_attach_is_a_permission_error",
+            "--nocapture",
+        ])
+        .env("SMCBPF_NOCAPS_CHILD", "1")
+        .output()
+        .expect("setpriv");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("NOCAPS-PERMISSION-OK"),
+        "child: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -77,6 +77,18 @@ impl Error {
     }
 }
 
+/// Loads a sock_ops program, mapping the failure to what the caller can act on.
+fn load(insns: &[asm::Insn]) -> Result<OwnedFd, Error> {
+    sys::prog_load_sock_ops(insns).map_err(|(e, log)| match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) if log.is_empty() => Error::Permission {
+            what: "bpf(BPF_PROG_LOAD)",
+        },
+        // An unknown helper: the kernel predates the header-option API (5.10).
+        Some(libc::EINVAL) if log.contains("invalid func") || log.contains("unknown func") => Error::KernelTooOld(log),
+        _ => Error::Verifier { err: e, log },
+    })
+}
+
 /// Entry point: `SmcOption::attach(cgroup, ports)`.
 #[derive(Debug)]
 pub struct SmcOption;
@@ -108,22 +120,7 @@ impl SmcOption {
         let map = sys::map_create_lru(8, 4, RESULT_ENTRIES).map_err(|e| Error::from_io("bpf(BPF_MAP_CREATE)", e))?;
         let insns = program::build(map.as_raw_fd(), ports, synack)
             .map_err(|_| Error::KernelTooOld("internal: unplaced label".into()))?;
-        let prog = match sys::prog_load_sock_ops(&insns) {
-            Ok(p) => p,
-            Err((e, log)) => {
-                return Err(match e.raw_os_error() {
-                    Some(libc::EPERM) | Some(libc::EACCES) if log.is_empty() => Error::Permission {
-                        what: "bpf(BPF_PROG_LOAD)",
-                    },
-                    // An unknown helper or context field: the kernel predates the
-                    // header-option API (5.10).
-                    Some(libc::EINVAL) if log.contains("invalid func") || log.contains("unknown func") => {
-                        Error::KernelTooOld(log)
-                    }
-                    _ => Error::Verifier { err: e, log },
-                });
-            }
-        };
+        let prog = load(&insns)?;
         sys::prog_attach(&cg_fd, &prog).map_err(|e| Error::from_io("bpf(BPF_PROG_ATTACH)", e))?;
         tracing::debug!(cgroup = %cgroup.display(), ?ports, ?synack, "SMC-R TCP option program attached");
         Ok(Guard {
@@ -170,6 +167,58 @@ impl Drop for Guard {
     fn drop(&mut self) {
         if let Err(e) = sys::prog_detach(&self.cgroup, &self.prog) {
             tracing::warn!(error = %e, cgroup = %self.path.display(), "detaching the SMC-R option program failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_root() -> bool {
+        std::fs::read_to_string("/proc/self/status")
+            .map(|s| {
+                s.lines()
+                    .any(|l| l.starts_with("CapEff:") && !l.ends_with("0000000000000000"))
+            })
+            .unwrap_or(false)
+    }
+
+    #[test]
+    fn a_rejected_program_surfaces_the_verifier_log() {
+        if !is_root() {
+            eprintln!("skipped: bpf() needs CAP_BPF + CAP_NET_ADMIN");
+            return;
+        }
+        // `exit` without setting r0: the verifier refuses ("R0 !read_ok").
+        let mut a = asm::Asm::new();
+        a.exit();
+        match load(&a.finish().unwrap()) {
+            Err(Error::Verifier { log, .. }) => assert!(log.contains("R0"), "log: {log}"),
+            other => panic!("expected a verifier error, got {other:?}"),
+        }
+        // And an unknown helper id reads as "kernel too old".
+        let mut a = asm::Asm::new();
+        a.call(100_000);
+        a.mov_imm(0, 1);
+        a.exit();
+        assert!(matches!(load(&a.finish().unwrap()), Err(Error::KernelTooOld(_))));
+    }
+
+    #[test]
+    fn the_generated_program_passes_the_verifier_in_both_modes() {
+        if !is_root() {
+            eprintln!("skipped: bpf() needs CAP_BPF + CAP_NET_ADMIN");
+            return;
+        }
+        let map = sys::map_create_lru(8, 4, 16).expect("map");
+        for mode in [SynAck::Conditional, SynAck::Always] {
+            for ports in [&[][..], &[1, 2, 65535][..]] {
+                let p = program::build(map.as_raw_fd(), ports, mode).unwrap();
+                if let Err(e) = load(&p) {
+                    panic!("{mode:?} {ports:?}: {e}");
+                }
+            }
         }
     }
 }

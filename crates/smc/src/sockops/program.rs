@@ -15,7 +15,7 @@
 //!   hash keyed by the socket cookie (`SO_COOKIE`), then clear the callback flags so no
 //!   later segment pays for a callback.
 
-use super::asm::{Asm, Cond, Insn, R10, Unplaced};
+use super::asm::{Asm, Cond, Insn, Label, R10, Unplaced};
 use crate::wire::tcp_option::OPTION;
 
 // Offsets in `struct bpf_sock_ops` (checked against linux/bpf.h of 6.x; stable uapi).
@@ -80,9 +80,9 @@ fn option_to_stack(a: &mut Asm) {
     a.st_w(R10, BUF + 4, hi as i32);
 }
 
-/// Jumps to `matched` when r2 is one of `ports` (or always when `ports` is empty); falls
-/// through otherwise.
-fn port_filter(a: &mut Asm, ports: &[u16], matched: super::asm::Label) {
+/// Jumps to `matched` when r2 is one of `ports` (always when `ports` is empty), else to
+/// `other`. (No fall-through: the verifier rejects unreachable instructions.)
+fn port_filter(a: &mut Asm, ports: &[u16], matched: Label, other: Label) {
     if ports.is_empty() {
         a.ja(matched);
         return;
@@ -90,6 +90,7 @@ fn port_filter(a: &mut Asm, ports: &[u16], matched: super::asm::Label) {
     for p in ports {
         a.jump_imm(Cond::Eq, 2, i32::from(*p), matched);
     }
+    a.ja(other);
 }
 
 /// Builds the program for `map_fd` (the LRU hash: u64 cookie -> u32) and `ports` (empty:
@@ -124,8 +125,7 @@ pub fn build(map_fd: i32, ports: &[u16], synack: SynAck) -> Result<Vec<Insn>, Un
     a.place(connect);
     a.ldx_w(2, 6, OFF_REMOTE_PORT);
     a.be32(2);
-    port_filter(&mut a, ports, set_flag);
-    a.ja(done);
+    port_filter(&mut a, ports, set_flag, done);
 
     a.place(set_flag);
     a.mov(1, 6);
@@ -137,8 +137,7 @@ pub fn build(map_fd: i32, ports: &[u16], synack: SynAck) -> Result<Vec<Insn>, Un
     // Listen: local_port is in host order.
     a.place(listen);
     a.ldx_w(2, 6, OFF_LOCAL_PORT);
-    port_filter(&mut a, ports, listen_match);
-    a.ja(done);
+    port_filter(&mut a, ports, listen_match, done);
     a.place(listen_match);
     a.st_w(R10, OPTVAL, 1);
     a.mov(1, 6);
