@@ -9,6 +9,7 @@
 //!    option the guest goes on to CLC: the first octets it sends are a CLC message (eyecatcher
 //!    `E2 D4 C3 D9`; a Decline 0x03030000 "no SMC device" in the unconfigured guest), not
 //!    the plain-TCP fallback it takes when the SYN-ACK lacks the option.
+//!
 //! tcpdump on br0 (in the lab namespace) + tshark: all four SYN / SYN-ACK carry
 //! `fe 06 e2 d4 c3 d9`, no malformed frame. No RDMA link is ever set up (we never send a
 //! Proposal), so the 6.1 rxe hang of the lab README "SMC-R in the lab" cannot happen. The
