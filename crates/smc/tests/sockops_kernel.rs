@@ -180,8 +180,14 @@ fn count_malformed(file: &Path) -> usize {
 
 const SMC_OPT: &str = "fe06e2d4c3d9";
 
+/// The kernel test moves the whole process into its cgroup for a moment; tests that spawn
+/// children hold this too, so no child is born inside the cgroup (and keeps it from being
+/// removed).
+static PROCESS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn smc_option_on_kernel_syn_and_synack_a1_2_smc_opt_1_2() {
+    let _one = PROCESS.lock().unwrap_or_else(|e| e.into_inner());
     if !is_root() {
         eprintln!("skipped: needs root (CAP_BPF + CAP_NET_ADMIN, cgroup writes)");
         return;
@@ -301,6 +307,7 @@ fn without_capabilities_attach_is_a_permission_error() {
         eprintln!("skipped: needs root and setpriv to run a capability-less child");
         return;
     }
+    let _one = PROCESS.lock().unwrap_or_else(|e| e.into_inner());
     let out = Command::new("setpriv")
         .args(["--bounding-set=-all", "--inh-caps=-all", "--"])
         .arg(std::env::current_exe().unwrap())
