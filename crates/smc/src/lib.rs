@@ -19,6 +19,7 @@
 
 pub mod clc_machine;
 pub mod conn;
+pub mod sockops;
 pub mod stream;
 pub mod wire;
 
