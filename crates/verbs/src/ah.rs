@@ -31,9 +31,13 @@ impl Gid {
             None => IpAddr::V6(v6),
         }
     }
-    /// Whether this is a multicast GID (first octet 0xff).
+    /// Whether this is a multicast GID: first octet 0xff, or (RoCEv2) an IPv4-mapped IPv4
+    /// multicast address (`::ffff:224.0.0.0/100`).
     pub fn is_multicast(self) -> bool {
         self.0[0] == 0xff
+            || Ipv6Addr::from(self.0)
+                .to_ipv4_mapped()
+                .is_some_and(|a| a.is_multicast())
     }
 }
 

@@ -86,8 +86,7 @@ mod tests {
         let h = synth_ipv4([192, 168, 77, 1], [192, 168, 77, 2], 12 + 8 + 64 + 4, 64, 0);
         // total length 20 + 8 + 88 = 116 = 0x74
         let want_hdr: [u8; 20] = [
-            0x45, 0x00, 0x00, 0x74, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x1f, 0x25, 192, 168, 77, 1, 192, 168,
-            77, 2,
+            0x45, 0x00, 0x00, 0x74, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x1f, 0x25, 192, 168, 77, 1, 192, 168, 77, 2,
         ];
         // The checksum is the one's complement of the sum of the other nine words:
         // 4500+0074+0000+4000+4011+c0a8+4d01+c0a8+4d02 = 0x2e0d8 -> 0xe0da -> !0xe0da = 0x1f25.

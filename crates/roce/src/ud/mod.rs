@@ -323,7 +323,14 @@ impl UdQp {
             let r = self
                 .cfg
                 .mem
-                .check(s.lkey, self.cfg.pd, self.cfg.qpn, s.addr, u64::from(s.length), Access::LOCAL_READ)
+                .check(
+                    s.lkey,
+                    self.cfg.pd,
+                    self.cfg.qpn,
+                    s.addr,
+                    u64::from(s.length),
+                    Access::LOCAL_READ,
+                )
                 .map_err(|error| WrError::LocalProtection { lkey: s.lkey, error })?;
             pieces.push(Piece {
                 buf: r.buffer,

@@ -2,8 +2,10 @@
 //! `../shared/requirements/smcr-ipoibcm.md` C2 (40-octet GRH before every UD payload) and
 //! D3 (DETH on the wire); IBA §9.8 (UD), §10.2.5 (Q_Key high bit).
 
-use verbs::{Access, AhAttr, Gid, MemoryRegion, QpAttr, QpState, RecvWr, SendWr, Sge, UdDest, WcFlags, WcOpcode,
-    WcStatus, WrError, WrOpcode};
+use verbs::{
+    Access, AhAttr, Gid, MemoryRegion, QpAttr, QpState, RecvWr, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
+    WrError, WrOpcode,
+};
 
 use super::grh::{GRH_LEN, from_ipv4, synth_ipv4};
 use super::*;
@@ -34,10 +36,9 @@ fn side(qpn: u32) -> Side {
 }
 
 fn dest(s: &Side, qpn: u32, qkey: u32) -> UdDest {
-    let ah = s
-        .pd
-        .create_ah(&AhAttr::to_gid(Gid::from_ip("192.168.77.2".parse().unwrap())))
-        .unwrap();
+    let ah =
+        s.pd.create_ah(&AhAttr::to_gid(Gid::from_ip("192.168.77.2".parse().unwrap())))
+            .unwrap();
     UdDest {
         ah,
         remote_qpn: qpn,
@@ -107,7 +108,10 @@ fn ud_send_packet_golden() {
     ];
     assert_eq!(&buf[..tx.len], want);
     let wc = a.qp.poll_completion().unwrap();
-    assert_eq!((wc.wr_id, wc.status, wc.opcode, wc.byte_len), (7, WcStatus::Success, WcOpcode::Send, 5));
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+        (7, WcStatus::Success, WcOpcode::Send, 5)
+    );
     // The PSN wraps at 2^24.
     assert_eq!(a.qp.sq_psn(), Psn::new(0xff_ffff));
 }
@@ -170,7 +174,10 @@ fn oversize_refused_at_post() {
     let w = WrOpcode::RdmaWrite {
         remote: verbs::RemoteAddr { addr: 0, rkey: 0 },
     };
-    assert!(matches!(send(&mut a, 3, b"x", d, w), Err(UdError::Wr(WrError::Opcode(_)))));
+    assert!(matches!(
+        send(&mut a, 3, b"x", d, w),
+        Err(UdError::Wr(WrError::Opcode(_)))
+    ));
     assert!(!a.qp.sends.is_empty());
 }
 
@@ -224,7 +231,10 @@ fn error_flushes_and_reset_empties() {
     assert!(w.iter().all(|c| c.status == WcStatus::WrFlushErr));
     a.qp.modify(&QpAttr::state(QpState::Reset)).unwrap();
     assert!(matches!(
-        a.qp.post_recv(&RecvWr { wr_id: 1, sg_list: vec![] }),
+        a.qp.post_recv(&RecvWr {
+            wr_id: 1,
+            sg_list: vec![]
+        }),
         Err(UdError::State(QpState::Reset, _))
     ));
 }
