@@ -400,7 +400,9 @@ mod netns {
             }
             let ok = ip(&["netns", "add", NS_A])
                 && ip(&["netns", "add", NS_B])
-                && ip(&["link", "add", "s8udvA", "netns", NS_A, "type", "veth", "peer", "name", "s8udvB", "netns", NS_B])
+                && ip(&[
+                    "link", "add", "s8udvA", "netns", NS_A, "type", "veth", "peer", "name", "s8udvB", "netns", NS_B,
+                ])
                 && ip(&["-n", NS_A, "addr", "add", "10.77.14.1/24", "dev", "s8udvA"])
                 && ip(&["-n", NS_B, "addr", "add", "10.77.14.2/24", "dev", "s8udvB"])
                 && ip(&["-n", NS_B, "addr", "add", "10.77.14.3/24", "dev", "s8udvB"])
@@ -468,7 +470,10 @@ mod netns {
             a.qp.post_send(&[w]).unwrap();
             assert_eq!(wait(&a.cq).status, WcStatus::Success);
             let r = wait(&b.cq);
-            assert_eq!((r.status, r.imm_data, r.src_qp), (WcStatus::Success, Some(len), a.qp.qp_num()));
+            assert_eq!(
+                (r.status, r.imm_data, r.src_qp),
+                (WcStatus::Success, Some(len), a.qp.qp_num())
+            );
             let mut got = vec![0u8; 40 + len as usize];
             b.mr.read((r.wr_id * SLOT) as usize, &mut got).unwrap();
             assert_eq!(&got[40..], &pattern[..len as usize], "size {len}");
@@ -479,7 +484,11 @@ mod netns {
                 // Echo back from B to A through an AH made from the GRH.
                 let ah = b.pd.create_ah_from_wc(&r, &got[..40], 1).unwrap();
                 b.mr.write(2 << 20, &len.to_be_bytes()).unwrap();
-                let back = UdDest { ah, remote_qpn: r.src_qp, remote_qkey: QKEY };
+                let back = UdDest {
+                    ah,
+                    remote_qpn: r.src_qp,
+                    remote_qkey: QKEY,
+                };
                 b.qp.post_send(&[send_wr(&b, 1, 0, 4, back)]).unwrap();
                 assert_eq!(wait(&b.cq).opcode, WcOpcode::Send);
                 let e = wait(&a.cq);
@@ -512,7 +521,10 @@ mod netns {
         };
         for n in 0..50u32 {
             sender.mr.write(2 << 20, &n.to_be_bytes()).unwrap();
-            sender.qp.post_send(&[send_wr(&sender, u64::from(n), 0, 4, to.clone())]).unwrap();
+            sender
+                .qp
+                .post_send(&[send_wr(&sender, u64::from(n), 0, 4, to.clone())])
+                .unwrap();
             assert_eq!(wait(&sender.cq).status, WcStatus::Success);
             for s in [&a, &b, &b2] {
                 let r = wait(&s.cq);

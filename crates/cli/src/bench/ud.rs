@@ -140,11 +140,10 @@ fn ud_rate(sdev: &Device, rdev: &Device, args: &Args, size: u64) -> Result<UdRes
     };
     let all: Vec<RecvWr> = (0..u64::from(RQ)).map(recv).collect();
     rqp.post_recv(&all)?;
-    let received = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
-    let rx = {
-        let (received, stop, rqp) = (received.clone(), stop.clone(), rqp.clone());
-        std::thread::Builder::new().name("bench-ud-rx".into()).spawn(move || -> Result<()> {
+    let received = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|sc| -> Result<UdResult> {
+        let rx = sc.spawn(|| -> Result<()> {
             let mut wcs = Vec::with_capacity(256);
             while !stop.load(Ordering::Relaxed) {
                 wcs.clear();
@@ -157,11 +156,46 @@ fn ud_rate(sdev: &Device, rdev: &Device, args: &Args, size: u64) -> Result<UdRes
                 rqp.post_recv(&again)?;
             }
             Ok(())
-        })?
-    };
+        });
+        let r = send_loop(&spd, &scq, &sqp, &smr, rdev, rqp.qp_num(), args, size, depth);
+        // Let the last datagrams land before counting.
+        std::thread::sleep(Duration::from_millis(100));
+        stop.store(true, Ordering::Relaxed);
+        rx.join().map_err(|_| anyhow!("the UD receiver thread panicked"))??;
+        let (sent, secs) = r?;
+        let received = received.load(Ordering::Relaxed);
+        Ok(UdResult {
+            test: "ud_send_rate",
+            size,
+            secs,
+            sent,
+            received,
+            sent_mpps: sent as f64 / secs / 1e6,
+            received_mpps: received as f64 / secs / 1e6,
+            received_mb_per_s: received as f64 * size as f64 / secs / (1 << 20) as f64,
+            udp_sent_mpps: None,
+            udp_received_mpps: None,
+            ratio: None,
+        })
+    })
+}
+
+/// The sender: `depth` Sends per post until the time or count is up; (sent, seconds).
+#[allow(clippy::too_many_arguments)]
+fn send_loop(
+    spd: &ProtectionDomain,
+    scq: &CompletionQueue,
+    sqp: &QueuePair,
+    smr: &MemoryRegion,
+    rdev: &Device,
+    rqpn: u32,
+    args: &Args,
+    size: u64,
+    depth: u32,
+) -> Result<(u64, f64)> {
     let to = UdDest {
         ah: spd.create_ah(&AhAttr::to_gid(rdev.query_gid(1, 0)?))?,
-        remote_qpn: rqp.qp_num(),
+        remote_qpn: rqpn,
         remote_qkey: QKEY,
     };
     let cq_mod = (depth / 4).clamp(1, 64);
@@ -206,25 +240,7 @@ fn ud_rate(sdev: &Device, rdev: &Device, args: &Args, size: u64) -> Result<UdRes
             }
         }
     }
-    let secs = start.elapsed().as_secs_f64();
-    // Let the last datagrams land before counting.
-    std::thread::sleep(Duration::from_millis(100));
-    stop.store(true, Ordering::Relaxed);
-    rx.join().map_err(|_| anyhow!("the UD receiver thread panicked"))??;
-    let received = received.load(Ordering::Relaxed);
-    Ok(UdResult {
-        test: "ud_send_rate",
-        size,
-        secs,
-        sent,
-        received,
-        sent_mpps: sent as f64 / secs / 1e6,
-        received_mpps: received as f64 / secs / 1e6,
-        received_mb_per_s: received as f64 * size as f64 / secs / (1 << 20) as f64,
-        udp_sent_mpps: None,
-        udp_received_mpps: None,
-        ratio: None,
-    })
+    Ok((sent, start.elapsed().as_secs_f64()))
 }
 
 /// The baseline: `send_to` of `size`-octet datagrams from one UDP socket to another on

@@ -201,5 +201,9 @@ pub(crate) fn setns_net(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: `fd` is a live descriptor for the borrow; setns only changes the calling
     // thread's namespace, which the caller confines to a thread of its own.
     let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
-    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
