@@ -158,8 +158,7 @@ fn ud_rate(sdev: &Device, rdev: &Device, args: &Args, size: u64) -> Result<UdRes
             Ok(())
         });
         let r = send_loop(&spd, &scq, &sqp, &smr, rdev, rqp.qp_num(), args, size, depth);
-        // Let the last datagrams land before counting.
-        std::thread::sleep(Duration::from_millis(100));
+        settle(&received, r.as_ref().map_or(0, |r| r.0));
         stop.store(true, Ordering::Relaxed);
         rx.join().map_err(|_| anyhow!("the UD receiver thread panicked"))??;
         let (sent, secs) = r?;
@@ -243,6 +242,30 @@ fn send_loop(
     Ok((sent, start.elapsed().as_secs_f64()))
 }
 
+/// Waits until the receiver has counted `sent` messages or its count stopped moving for
+/// 200 ms (the rest were lost; 2 s while nothing came): on a busy machine the receiving
+/// threads may run late.
+fn settle(received: &AtomicU64, sent: u64) {
+    let mut last = u64::MAX;
+    let mut still = 0;
+    loop {
+        let now = received.load(Ordering::Relaxed);
+        if still >= if now == 0 { 100 } else { 10 } {
+            return;
+        }
+        if now >= sent {
+            return;
+        }
+        if now == last {
+            still += 1;
+        } else {
+            still = 0;
+            last = now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The baseline: `send_to` of `size`-octet datagrams from one UDP socket to another on
 /// loopback, a thread receiving; (sent, received) in millions per second.
 fn udp_rate(here: IpAddr, args: &Args, size: u64) -> Result<(f64, f64)> {
@@ -251,17 +274,16 @@ fn udp_rate(here: IpAddr, args: &Args, size: u64) -> Result<(f64, f64)> {
     let to = r.local_addr()?;
     let s = UdpSocket::bind(SocketAddr::new(here, 0))?;
     let stop = Arc::new(AtomicBool::new(false));
+    let received = Arc::new(AtomicU64::new(0));
     let rx = {
-        let stop = stop.clone();
+        let (stop, received) = (stop.clone(), received.clone());
         std::thread::Builder::new().name("bench-udp-rx".into()).spawn(move || {
             let mut buf = vec![0u8; 65536];
-            let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 if r.recv(&mut buf).is_ok() {
-                    n += 1;
+                    received.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            n
         })?
     };
     let msg = vec![0x5au8; size as usize];
@@ -276,8 +298,9 @@ fn udp_rate(here: IpAddr, args: &Args, size: u64) -> Result<(f64, f64)> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    std::thread::sleep(Duration::from_millis(100));
+    settle(&received, sent);
     stop.store(true, Ordering::Relaxed);
-    let received = rx.join().map_err(|_| anyhow!("the UDP receiver thread panicked"))?;
+    rx.join().map_err(|_| anyhow!("the UDP receiver thread panicked"))?;
+    let received = received.load(Ordering::Relaxed);
     Ok((sent as f64 / secs / 1e6, received as f64 / secs / 1e6))
 }
