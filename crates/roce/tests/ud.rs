@@ -340,7 +340,7 @@ fn multicast_loops_back_to_the_senders_own_qps() {
         remote_qkey: QKEY,
     };
     a.qp.post_send(&[send_wr(&a, 9, 0, 4, to)]).unwrap();
-    let mut got = vec![wait(&a.cq), wait(&a.cq)];
+    let mut got = [wait(&a.cq), wait(&a.cq)];
     got.sort_by_key(|w| w.opcode == WcOpcode::Recv);
     assert_eq!(got[0].opcode, WcOpcode::Send);
     assert_eq!((got[1].opcode, got[1].src_qp), (WcOpcode::Recv, a.qp.qp_num()));

@@ -290,7 +290,7 @@ fn udp_rate(here: IpAddr, args: &Args, size: u64) -> Result<(f64, f64)> {
     let (dur, iters) = until(args);
     let start = Instant::now();
     let mut sent = 0u64;
-    while sent < iters && !dur.is_some_and(|d| start.elapsed() >= d) {
+    while sent < iters && dur.is_none_or(|d| start.elapsed() < d) {
         for _ in 0..64 {
             if s.send_to(&msg, to).is_ok() {
                 sent += 1;
