@@ -3,7 +3,7 @@
 //! veth pair ([`netns`]). Requirements: ../shared/requirements/smcr-ipoibcm.md
 //! C2 (UD receive buffers start with the 40-octet GRH; multicast groups, QPN 0xFFFFFF) and
 //! D3 (UD over RoCEv2 with DETH; broadcast/multicast over UDP 4791); IBA §9.8 (UD), §10.2.5
-//! (Q_Key), §10.5.2.4 (multicast QPN).
+//! (Q_Key); multicast datagrams carry destination QPN 0xFFFFFF.
 
 use std::time::{Duration, Instant};
 
@@ -271,7 +271,7 @@ fn oversize_refused_at_post_time() {
     assert_eq!(a.qp.state(), QpState::Rts);
 }
 
-/// C2/D3, IBA §10.5.2.4: three QPs attached to a group on two devices each get each
+/// C2/D3: three QPs attached to a group on two devices each get each
 /// datagram once; a detached QP gets none; the group is left when its last QP detaches.
 /// The sender is a third device, not attached.
 #[test]

@@ -33,6 +33,11 @@ use crate::wire::Packet;
 /// Datagrams sent with one `sendmmsg` at most.
 const BATCH: usize = 32;
 
+thread_local! {
+    /// The datagrams of one batch, built by `poll_transmit` in this thread.
+    static TX_BATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 pub(crate) struct UdInner {
     pub(crate) core: UdQp,
     /// The multicast groups this QP is attached to.
@@ -148,8 +153,17 @@ impl UdShared {
 
     /// Sends every datagram the core has ready and delivers its completions.
     fn service(&self, g: &mut UdInner) -> bool {
+        if g.core.has_transmit() {
+            TX_BATCH.with_borrow_mut(|buf| self.transmit(g, buf));
+        }
+        self.deliver(g)
+    }
+
+    fn transmit(&self, g: &mut UdInner, buf: &mut Vec<u8>) {
         let need = g.core.max_packet_len();
-        let mut buf = vec![0u8; BATCH * need];
+        if buf.len() < BATCH * need {
+            buf.resize(BATCH * need, 0);
+        }
         let local = self.dev.local.ip();
         while g.core.has_transmit() {
             let mut lens = [0usize; BATCH];
@@ -189,7 +203,6 @@ impl UdShared {
                 i = j;
             }
         }
-        self.deliver(g)
     }
 }
 

@@ -43,7 +43,7 @@ use verbs::{
 use crate::rc::{Piece, ScatterError, Source, scatter};
 use crate::wire::{Bth, DEFAULT_PKEY, Deth, ExtHeaders, ImmDt, Opcode, Packet, Psn};
 
-/// The destination QPN of a multicast send (IBA §10.5.2.4: the permissive QPN).
+/// The destination QPN of a multicast send (0xFFFFFF, as IPoIB's multicast LLA carries it).
 pub const MCAST_QPN: u32 = 0x00ff_ffff;
 
 /// An address handle of a RoCEv2 device: its address vector, nothing resolved (the
