@@ -382,47 +382,51 @@ mod netns {
         Command::new("ip").args(args).status().is_ok_and(|s| s.success())
     }
 
-    /// The namespaces and the veth pair; deleted on drop.
-    struct Lab;
+    /// Two namespaces joined by a veth pair (`<a>v`/`<b>v`) with these addresses; deleted on
+    /// drop.
+    struct Lab([&'static str; 2]);
 
     impl Lab {
-        fn up() -> Option<Lab> {
+        fn up(ns: [&'static str; 2], addrs_a: &[&str], addrs_b: &[&str]) -> Option<Lab> {
             // SAFETY: geteuid has no preconditions.
             if unsafe { libc::geteuid() } != 0 {
                 eprintln!("skipped: the two-namespace UD tests need root (ip netns, veth)");
                 return None;
             }
-            for ns in [NS_A, NS_B] {
+            for n in ns {
                 let _ = Command::new("ip")
-                    .args(["netns", "del", ns])
+                    .args(["netns", "del", n])
                     .stderr(std::process::Stdio::null())
                     .status();
             }
-            let ok = ip(&["netns", "add", NS_A])
-                && ip(&["netns", "add", NS_B])
+            let (va, vb) = (format!("{}v", ns[0]), format!("{}v", ns[1]));
+            let mut ok = ip(&["netns", "add", ns[0]])
+                && ip(&["netns", "add", ns[1]])
                 && ip(&[
-                    "link", "add", "s8udvA", "netns", NS_A, "type", "veth", "peer", "name", "s8udvB", "netns", NS_B,
-                ])
-                && ip(&["-n", NS_A, "addr", "add", "10.77.14.1/24", "dev", "s8udvA"])
-                && ip(&["-n", NS_B, "addr", "add", "10.77.14.2/24", "dev", "s8udvB"])
-                && ip(&["-n", NS_B, "addr", "add", "10.77.14.3/24", "dev", "s8udvB"])
-                && ip(&["-n", NS_A, "link", "set", "s8udvA", "up"])
-                && ip(&["-n", NS_B, "link", "set", "s8udvB", "up"])
-                && ip(&["-n", NS_A, "link", "set", "lo", "up"])
-                && ip(&["-n", NS_B, "link", "set", "lo", "up"]);
+                    "link", "add", &va, "netns", ns[0], "type", "veth", "peer", "name", &vb, "netns", ns[1],
+                ]);
+            for (n, dev, addrs) in [(ns[0], &va, addrs_a), (ns[1], &vb, addrs_b)] {
+                for a in addrs {
+                    // IPv6 addresses without duplicate address detection, usable at once.
+                    let nodad: &[&str] = if a.contains(':') { &["nodad"] } else { &[] };
+                    ok = ok && ip(&[&["-n", n, "addr", "add", a, "dev", dev][..], nodad].concat());
+                }
+                ok = ok && ip(&["-n", n, "link", "set", dev, "up"]) && ip(&["-n", n, "link", "set", "lo", "up"]);
+            }
+            let lab = Lab(ns);
             if !ok {
                 eprintln!("skipped: could not create the namespaces and veth pair");
-                drop(Lab);
                 return None;
             }
-            Some(Lab)
+            Some(lab)
         }
     }
 
     impl Drop for Lab {
         fn drop(&mut self) {
-            let _ = Command::new("ip").args(["netns", "del", NS_A]).status();
-            let _ = Command::new("ip").args(["netns", "del", NS_B]).status();
+            for n in self.0 {
+                let _ = Command::new("ip").args(["netns", "del", n]).status();
+            }
         }
     }
 
@@ -449,7 +453,9 @@ mod netns {
     /// so the namespaces are made once.
     #[test]
     fn two_namespaces_unicast_sizes_and_multicast() {
-        let Some(_lab) = Lab::up() else { return };
+        let Some(_lab) = Lab::up([NS_A, NS_B], &["10.77.14.1/24"], &["10.77.14.2/24", "10.77.14.3/24"]) else {
+            return;
+        };
         let a = side_in(NS_A, "10.77.14.1");
         let b = side_in(NS_B, "10.77.14.2");
         let b2 = side_in(NS_B, "10.77.14.3");
@@ -540,5 +546,78 @@ mod netns {
         for s in [&a, &b, &b2, &gone, &sender] {
             assert!(s.cq.poll_one().is_none(), "no duplicates; nothing for the detached QP");
         }
+    }
+
+    /// D3 on an IPv6 underlay: IPv6 devices in two namespaces; unicast ping-pong (the GRH is
+    /// the IPv6 header) and multicast to IPoIB's broadcast MGID `ff12:401b:ffff::ffff:ffff`,
+    /// which is an IPv6 link-local multicast address used as is.
+    #[test]
+    fn two_namespaces_ipv6_unicast_and_ipoib_broadcast_group() {
+        let Some(_lab) = Lab::up(["s8ud6A", "s8ud6B"], &["fd77:14::1/64"], &["fd77:14::2/64"]) else {
+            return;
+        };
+        let a = side_in("s8ud6A", "fd77:14::1");
+        let b = side_in("s8ud6B", "fd77:14::2");
+        assert_eq!(
+            b.dev.query_gid(1, 0).unwrap(),
+            Gid::from_ip("fd77:14::2".parse().unwrap())
+        );
+        for i in 0..8 {
+            post_recv(&a, i);
+            post_recv(&b, i);
+        }
+        a.mr.write(2 << 20, b"ping").unwrap();
+        a.qp.post_send(&[send_wr(&a, 1, 0, 4, dest(&a, &b, QKEY))]).unwrap();
+        wait(&a.cq);
+        let r = wait(&b.cq);
+        assert_eq!((r.status, r.byte_len, r.src_qp), (WcStatus::Success, 44, a.qp.qp_num()));
+        let mut got = [0u8; 44];
+        b.mr.read((r.wr_id * SLOT) as usize, &mut got).unwrap();
+        assert_eq!(got[0] >> 4, 6, "an IPv6 header");
+        assert_eq!(&got[40..], b"ping");
+        let grh = Grh::parse(&got[..40]).unwrap();
+        assert!(!grh.ipv4);
+        assert_eq!(grh.sgid, a.dev.query_gid(1, 0).unwrap());
+        assert_eq!(grh.dgid, b.dev.query_gid(1, 0).unwrap());
+        let ah = b.pd.create_ah_from_wc(&r, &got[..40], 1).unwrap();
+        b.mr.write(2 << 20, b"pong").unwrap();
+        let back = UdDest {
+            ah,
+            remote_qpn: r.src_qp,
+            remote_qkey: QKEY,
+        };
+        b.qp.post_send(&[send_wr(&b, 2, 0, 4, back)]).unwrap();
+        wait(&b.cq);
+        let e = wait(&a.cq);
+        assert_eq!((e.status, e.src_qp), (WcStatus::Success, b.qp.qp_num()));
+        post_recv(&b, r.wr_id);
+        post_recv(&a, e.wr_id);
+
+        let bcast = Gid("ff12:401b:ffff::ffff:ffff"
+            .parse::<std::net::Ipv6Addr>()
+            .unwrap()
+            .octets());
+        b.qp.attach_mcast(&bcast, 0).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let to = UdDest {
+            ah: a.pd.create_ah(&AhAttr::to_gid(bcast)).unwrap(),
+            remote_qpn: 0xff_ffff,
+            remote_qkey: QKEY,
+        };
+        for n in 0..10u32 {
+            a.mr.write(2 << 20, &n.to_be_bytes()).unwrap();
+            a.qp.post_send(&[send_wr(&a, 10 + u64::from(n), 0, 4, to.clone())])
+                .unwrap();
+            wait(&a.cq);
+            let r = wait(&b.cq);
+            assert_eq!((r.status, r.src_qp), (WcStatus::Success, a.qp.qp_num()));
+            let mut got = [0u8; 44];
+            b.mr.read((r.wr_id * SLOT) as usize, &mut got).unwrap();
+            assert_eq!(&got[40..], &n.to_be_bytes());
+            assert_eq!(Grh::parse(&got[..40]).unwrap().dgid, bcast);
+            post_recv(&b, r.wr_id);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(b.cq.poll_one().is_none() && a.cq.poll_one().is_none());
     }
 }

@@ -652,10 +652,15 @@ impl RoceProvider {
             let _ = s.set_recv_buffer_size(RCVBUF);
         }
         sys::set_pmtudisc_do(s.as_fd(), cfg.addr.is_ipv6())?;
-        if let IpAddr::V4(a) = cfg.addr {
-            // Multicast UD sends leave from the device's interface (loopback copies to the
-            // host's other devices: IP_MULTICAST_LOOP, on by default).
-            s.set_multicast_if_v4(&a)?;
+        // Multicast UD sends leave from the device's interface (loopback copies to the
+        // host's other devices: IP_MULTICAST_LOOP, on by default).
+        match cfg.addr {
+            IpAddr::V4(a) => s.set_multicast_if_v4(&a)?,
+            IpAddr::V6(a) => {
+                if let Ok(idx) = sys::ifindex_of_v6(a) {
+                    s.set_multicast_if_v6(idx)?;
+                }
+            }
         }
         s.bind(&local.into())?;
         let raw = match (cfg.addr, cfg.icrc_rx) {

@@ -390,10 +390,14 @@ impl DevInner {
                 s.bind(&SocketAddr::new(addr, crate::wire::ROCEV2_UDP_PORT).into())?;
                 s.join_multicast_v4(&g, &ifa)?;
             }
-            (IpAddr::V6(g), IpAddr::V6(_)) => {
+            (IpAddr::V6(g), IpAddr::V6(ifa)) => {
+                // The device's interface: link-local-scope groups (IPoIB's ff12:...) need it
+                // to bind and join.
+                let idx = super::sys::ifindex_of_v6(ifa).unwrap_or(0);
                 s.set_only_v6(true)?;
-                s.bind(&SocketAddr::new(addr, crate::wire::ROCEV2_UDP_PORT).into())?;
-                s.join_multicast_v6(&g, 0)?;
+                let at = std::net::SocketAddrV6::new(g, crate::wire::ROCEV2_UDP_PORT, 0, idx);
+                s.bind(&SocketAddr::V6(at).into())?;
+                s.join_multicast_v6(&g, idx)?;
             }
             _ => return Err(std::io::Error::other("group and device address families differ")),
         }
