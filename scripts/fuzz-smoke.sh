@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Runs every fuzz target for a few seconds (a smoke run, not a campaign).
 # Every target in fuzz/Cargo.toml runs (`cargo fuzz list`): the iWARP decoders and QP core, the
-# rpcrdma decoders, the RoCEv2 wire decoders (roce_packet, roce_headers), the SMC-R CLC/LLC
-# decoders and CLC handshake machine (smc_clc, smc_llc, smc_clc_machine), and the SMC-R CDC
-# decoder with cursors (smc_cdc) and connection machine (smc_conn). Seeds in fuzz/seeds/<target>.
+# rpcrdma decoders, the RoCEv2 wire decoders and RC/UD cores, the SMC-R and IPoIB decoders and
+# machines. Seeds in fuzz/seeds/<target>.
 # cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"

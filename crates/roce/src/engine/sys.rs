@@ -194,3 +194,52 @@ pub(crate) fn set_rcvbuf_force(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<(
         bytes.min(i32::MAX as usize) as libc::c_int,
     )
 }
+
+/// `setns(fd, CLONE_NEWNET)`: moves the calling thread into the network namespace `fd`
+/// names (a device's multicast sockets are made in the namespace the device was opened in).
+pub(crate) fn setns_net(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: `fd` is a live descriptor for the borrow; setns only changes the calling
+    // thread's namespace, which the caller confines to a thread of its own.
+    let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The index of the interface that has IPv6 address `addr` (`getifaddrs(3)`), for joining
+/// and binding link-local-scope multicast groups on the device's interface.
+pub(crate) fn ifindex_of_v6(addr: std::net::Ipv6Addr) -> io::Result<u32> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut found = None;
+    let mut p = list;
+    while !p.is_null() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*p };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points at a sockaddr; its family field is always there.
+            let fam = unsafe { (*ifa.ifa_addr).sa_family };
+            if libc::c_int::from(fam) == libc::AF_INET6 {
+                // SAFETY: an AF_INET6 sockaddr of getifaddrs is a sockaddr_in6.
+                let a = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+                if std::net::Ipv6Addr::from(a.sin6_addr.s6_addr) == addr {
+                    // SAFETY: ifa_name is the NUL-terminated interface name of this node.
+                    let idx = unsafe { libc::if_nametoindex(ifa.ifa_name) };
+                    if idx != 0 {
+                        found = Some(idx);
+                        break;
+                    }
+                }
+            }
+        }
+        p = ifa.ifa_next;
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface has {addr}")))
+}
