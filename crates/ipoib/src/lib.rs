@@ -6,4 +6,5 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod link;
 pub mod wire;
