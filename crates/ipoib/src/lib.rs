@@ -7,4 +7,5 @@
 #![warn(missing_docs)]
 
 pub mod link;
+pub mod node;
 pub mod wire;
