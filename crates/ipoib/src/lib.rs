@@ -6,6 +6,8 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod daemon;
 pub mod link;
 pub mod node;
+pub mod tun;
 pub mod wire;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 use verbs::{
     Access, AddressHandle, AhAttr, CompletionQueue, Device, Gid, MemoryRegion, ProtectionDomain, QpAttr, QpInit,
-    QpState, QpType, QueuePair, RecvWr, SendWr, WcOpcode, WcStatus, WrOpcode,
+    QpState, QpType, QueuePair, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WrOpcode,
 };
 
 use crate::link::{Action, Link, LinkConfig, Mode, UdDest};
@@ -28,12 +28,18 @@ pub const IPOIB_QKEY: u32 = 0x0000_0b1b;
 /// Octets of the GRH area in front of every UD receive.
 pub const GRH_LEN: usize = 40;
 
-const RECV_SLOTS: usize = 64;
+const RECV_SLOTS: usize = 256;
 const SEND_SLOTS: usize = 64;
+/// One send in this many asks for a completion (the others are unsignaled), so a burst of
+/// sends cannot overflow the CQ between two polls.
+const SIGNAL_EVERY: usize = 16;
 
 /// A node could not be set up or a verbs call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    /// The UD QP went to the error state (a CQ overflow, say): the node must be reopened.
+    #[error("the UD QP is in the error state")]
+    QpError,
     /// A verbs call failed.
     #[error("{what}: {source}")]
     Verbs {
@@ -83,7 +89,7 @@ impl Node {
         let ib_mtu = port.active_mtu.bytes() as usize;
         let slot = GRH_LEN + ib_mtu;
         let pd = v("alloc_pd", dev.alloc_pd())?;
-        let cq = v("create_cq", dev.create_cq(4 * (RECV_SLOTS + SEND_SLOTS)))?;
+        let cq = v("create_cq", dev.create_cq(2 * (RECV_SLOTS + SEND_SLOTS)))?;
         let mut init = QpInit::new(QpType::Ud, &cq);
         init.cap.max_send_wr = SEND_SLOTS as u32;
         init.cap.max_recv_wr = RECV_SLOTS as u32;
@@ -178,7 +184,10 @@ impl Node {
                     self.link.on_ud_recv(now, &msg);
                 }
             }
-            if i < RECV_SLOTS && wc.status != WcStatus::WrFlushErr {
+            if wc.status == WcStatus::WrFlushErr {
+                return Err(NodeError::QpError);
+            }
+            if i < RECV_SLOTS {
                 self.post_recv(i)?;
             }
         }
@@ -220,11 +229,17 @@ impl Node {
                     self.mr
                         .write(i * self.slot, &payload)
                         .map_err(|_| NodeError::OutOfBounds)?;
+                    let flags = if self.next_send % SIGNAL_EVERY == 0 {
+                        SendFlags::SIGNALED
+                    } else {
+                        SendFlags::empty()
+                    };
                     let wr = SendWr::new(
                         i as u64,
                         WrOpcode::Send,
                         vec![self.mr.sge(i * self.slot, payload.len() as u32)],
                     )
+                    .flags(flags)
                     .ud(verbs::UdDest {
                         ah,
                         remote_qpn: qpn,

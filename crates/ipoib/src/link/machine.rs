@@ -311,7 +311,8 @@ impl Link {
         std::mem::take(&mut self.out)
     }
 
-    /// Joins the broadcast group, all-nodes and our solicited-node groups.
+    /// Joins the broadcast group, all-nodes and our solicited-node groups, and announces
+    /// our IPv4 addresses (gratuitous ARP).
     pub fn start(&mut self) {
         let (p, s) = (self.cfg.pkey, self.cfg.scope);
         self.out.push(Action::Join(Mgid::broadcast(p, s)));
@@ -323,6 +324,25 @@ impl Link {
         groups.sort();
         groups.dedup();
         self.out.extend(groups.into_iter().map(Action::Join));
+        // Gratuitous ARP for each IPv4 address: neighbours that knew an earlier instance of
+        // this interface (another QPN after a restart) update at once.
+        for (a, _) in self.cfg.ipv4.clone() {
+            let arp = ArpPacket {
+                op: ArpOp::Request,
+                sender_hw: self.me,
+                sender_ip: a,
+                target_hw: LinkAddr {
+                    flags: 0,
+                    qpn: 0,
+                    gid: [0; 16],
+                },
+                target_ip: a,
+            };
+            self.out.push(Action::UdSend {
+                dest: UdDest::Multicast(Mgid::broadcast(p, s)),
+                payload: EncapHeader::encapsulate(EtherType::Arp, &arp.to_bytes()),
+            });
+        }
     }
 
     /// Interface down: every connection is torn down (IPCM-S1).
