@@ -86,8 +86,17 @@ fn ipoib_datagram_mode_between_two_namespaces() {
     for i in 0..2 {
         let log = std::fs::File::create(std::env::temp_dir().join(format!("ipoib-netns-{id}-{i}.log"))).unwrap();
         let child = Command::new("ip")
-            .args(["netns", "exec", &ns[i], BIN, "ipoib", "up", "--dev", "ib0", "--mode", "datagram"])
-            .args(["--underlay", &veth[i], "--pkey", "0x8003", "--addr", &format!("10.119.0.{}/24", i + 1)])
+            .args([
+                "netns", "exec", &ns[i], BIN, "ipoib", "up", "--dev", "ib0", "--mode", "datagram",
+            ])
+            .args([
+                "--underlay",
+                &veth[i],
+                "--pkey",
+                "0x8003",
+                "--addr",
+                &format!("10.119.0.{}/24", i + 1),
+            ])
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -112,7 +121,10 @@ fn ipoib_datagram_mode_between_two_namespaces() {
     // IPv4: the first echo waits in the neighbour queue for the ARP answer
     let out = must(&format!("ip netns exec {} busybox ping -c 3 -W 3 10.119.0.2", ns[0]));
     assert!(out.contains("3 packets received"), "{out}");
-    let out = must(&format!("ip netns exec {} busybox ping -c 2 -W 3 -s 2016 10.119.0.1", ns[1]));
+    let out = must(&format!(
+        "ip netns exec {} busybox ping -c 2 -W 3 -s 2016 10.119.0.1",
+        ns[1]
+    ));
     assert!(out.contains("2 packets received"), "{out}");
     // IPv6 to B's RFC 4391 link-local address (fe80::/64 + GUID with the u/l bit)
     let v6 = must(&format!("ip -n {} -6 addr show dev ib0", ns[1]));

@@ -229,7 +229,7 @@ impl Node {
                     self.mr
                         .write(i * self.slot, &payload)
                         .map_err(|_| NodeError::OutOfBounds)?;
-                    let flags = if self.next_send % SIGNAL_EVERY == 0 {
+                    let flags = if self.next_send.is_multiple_of(SIGNAL_EVERY) {
                         SendFlags::SIGNALED
                     } else {
                         SendFlags::empty()
