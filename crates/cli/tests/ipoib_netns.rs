@@ -2,7 +2,9 @@
 //! veth pair: the daemons run the IPoIB link over RoCEv2 UD on the veth addresses, the
 //! kernel sees a NOARP TUN `ib0`. Pings over IPv4 (first packet waits for ARP over the
 //! broadcast group), IPv6 to the RFC 4391 link-local address (NS/NA), the 2,044 MTU edge,
-//! and `show neigh`. Skips with a reason when not root or without ip(8)/busybox ping.
+//! and `show neigh`; with tcpdump and tshark, every captured frame decodes as RoCEv2 +
+//! IPoIB + ARP/IP, none malformed. Skips with a reason when not root or without
+//! ip(8)/busybox ping.
 //! Addresses: underlay 10.118.0.0/24, IPoIB 10.119.0.0/24 (unique to this file).
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` IPCM-1, IPCM-5, C2, D3.
 
@@ -83,6 +85,20 @@ fn ipoib_datagram_mode_between_two_namespaces() {
             k = i + 1
         ));
     }
+    // Capture the RoCEv2 traffic on A's veth when tcpdump and tshark are there.
+    let pcap = std::env::temp_dir().join(format!("ipoib-netns-{id}.pcap"));
+    if have("tcpdump") && have("tshark") {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &ns[0], "tcpdump", "-i", &veth[0], "-U", "-w"])
+            .arg(&pcap)
+            .args(["udp", "port", "4791"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn tcpdump");
+        lab.daemons.push(child);
+        std::thread::sleep(Duration::from_millis(500));
+    }
     for i in 0..2 {
         let log = std::fs::File::create(std::env::temp_dir().join(format!("ipoib-netns-{id}-{i}.log"))).unwrap();
         let child = Command::new("ip")
@@ -149,5 +165,35 @@ fn ipoib_datagram_mode_between_two_namespaces() {
     }
     for c in &mut lab.daemons {
         assert!(c.try_wait().unwrap().is_none(), "a daemon exited");
+    }
+    // tshark decodes every frame as RoCEv2 (infiniband) + IPoIB + ARP / IPv4 / IPv6, none
+    // malformed.
+    if pcap.exists() {
+        std::thread::sleep(Duration::from_millis(300));
+        let p = pcap.display();
+        let protos = must(&format!(
+            "tshark -r {p} -d udp.port==4791,infiniband -T fields -e frame.protocols 2>/dev/null"
+        ));
+        let frames: Vec<&str> = protos.lines().collect();
+        assert!(
+            frames
+                .iter()
+                .all(|f| f.starts_with("eth:ethertype:ip:udp:infiniband:ethertype:")),
+            "{protos}"
+        );
+        assert!(frames.iter().filter(|f| f.ends_with(":arp")).count() >= 2, "{protos}");
+        assert!(
+            frames.iter().filter(|f| f.contains(":ip:icmp")).count() >= 6,
+            "{protos}"
+        );
+        assert!(
+            frames.iter().filter(|f| f.contains(":ipv6:icmpv6")).count() >= 4,
+            "{protos}"
+        );
+        let bad = must(&format!(
+            "tshark -r {p} -d udp.port==4791,infiniband -Y '_ws.malformed || _ws.expert.severity >= warning' 2>/dev/null"
+        ));
+        assert!(bad.trim().is_empty(), "malformed or warned frames: {bad}");
+        let _ = std::fs::remove_file(&pcap);
     }
 }
