@@ -4,7 +4,8 @@
 //!   RoCEv2 device on the underlay interface's IPv4 address, creates the TUN device, gives
 //!   it the RFC 4391 link-local address (and `--addr`s), and runs the IPoIB link daemon
 //!   (`ipoib::daemon`) in the foreground until killed.
-//! - `show neigh|conn [--dev ib0]`: the running daemon's neighbour table / connections in
+//! - `show neigh|conn|counters [--dev ib0]`: the running daemon's neighbour table /
+//!   connections / UD counters in
 //!   this network namespace (from its status file, refreshed every second).
 //!
 //! Connected mode (RFC 4755) is built and tested in the link machine, but the RoCE device's
@@ -45,6 +46,8 @@ enum ShowWhat {
     Neigh,
     /// RC connections (like the kernel's ipoib debugfs).
     Conn,
+    /// The RoCE device's UD counters (sent, received, dropped and why).
+    Counters,
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -167,6 +170,7 @@ fn show(what: ShowWhat, dev: &str) -> Result<()> {
     let prefix = match what {
         ShowWhat::Neigh => "neigh ",
         ShowWhat::Conn => "conn ",
+        ShowWhat::Counters => "counters ",
     };
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix(prefix) {

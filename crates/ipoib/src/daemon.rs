@@ -119,15 +119,16 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
         }
         if last_status.elapsed() >= Duration::from_secs(1) {
             last_status = Instant::now();
-            let _ = std::fs::write(&path, status_text(&node));
+            let _ = std::fs::write(&path, status_text(&node, device));
         }
     }
     let _ = std::fs::remove_file(&path);
     Ok(())
 }
 
-/// `show neigh` and `show conn` as text (the status file's content).
-pub fn status_text(node: &Node) -> String {
+/// `show neigh` and `show conn` as text (the status file's content), and the device's UD
+/// counters (`show counters`).
+pub fn status_text(node: &Node, device: &verbs::Device) -> String {
     let now = node.now();
     let l = node.link();
     let mut s = format!("lla {} mode datagram ud_mtu {}\n", l.local_addr(), l.config().ud_mtu);
@@ -138,6 +139,9 @@ pub fn status_text(node: &Node) -> String {
             "neigh {} lladdr {} {} mtu {} via {} queued {}\n",
             n.ip, lla, n.state, n.mtu, via, n.queued
         );
+    }
+    for c in device.hw_counters().into_iter().filter(|c| c.name.starts_with("ud_")) {
+        s += &format!("counters {} {}\n", c.name, c.value);
     }
     for c in l.connections(now) {
         s += &format!(

@@ -28,7 +28,7 @@ pub const IPOIB_QKEY: u32 = 0x0000_0b1b;
 /// Octets of the GRH area in front of every UD receive.
 pub const GRH_LEN: usize = 40;
 
-const RECV_SLOTS: usize = 256;
+const RECV_SLOTS: usize = 1024;
 const SEND_SLOTS: usize = 64;
 /// One send in this many asks for a completion (the others are unsignaled), so a burst of
 /// sends cannot overflow the CQ between two polls.
