@@ -40,6 +40,7 @@ mod bench;
 mod demo;
 mod devices;
 mod fdlimit;
+mod ipoib_cmd;
 mod net;
 mod nfs;
 mod perftest;
@@ -93,6 +94,9 @@ enum Cmd {
     /// run: setup rate, memory and descriptors per connection, idle CPU, and how fairly a few
     /// active connections share the bandwidth (Jain's index).
     Scale(scale::Args),
+    /// IPoIB (RFC 4391 datagram mode): an IP interface (TUN) whose link is the RoCEv2
+    /// fabric; `up` runs the link daemon, `show neigh|conn` prints its state.
+    Ipoib(ipoib_cmd::Args),
     /// Print a shell completion script: `softrdma completions bash > /etc/bash_completion.d/softrdma`.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -157,6 +161,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Nfs(args) => nfs::run(args),
         Cmd::Perftest(args) => perftest::run(args),
         Cmd::Scale(args) => scale::run(args),
+        Cmd::Ipoib(args) => ipoib_cmd::run(args),
         Cmd::Completions { shell } => completions(shell),
         Cmd::Man { dir } => man_pages(&dir),
     };

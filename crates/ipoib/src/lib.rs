@@ -5,3 +5,9 @@
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts B, C1, C2, D3.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+
+pub mod daemon;
+pub mod link;
+pub mod node;
+pub mod tun;
+pub mod wire;

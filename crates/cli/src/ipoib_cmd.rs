@@ -1,0 +1,181 @@
+//! `softrdma ipoib`: an IP interface whose link is the RDMA fabric (issue 16).
+//!
+//! - `up --dev ib0 --mode datagram --underlay IF [--pkey 0xffff] [--addr A/P]...`: opens a
+//!   RoCEv2 device on the underlay interface's IPv4 address, creates the TUN device, gives
+//!   it the RFC 4391 link-local address (and `--addr`s), and runs the IPoIB link daemon
+//!   (`ipoib::daemon`) in the foreground until killed.
+//! - `show neigh|conn|counters [--dev ib0]`: the running daemon's neighbour table /
+//!   connections / UD counters in
+//!   this network namespace (from its status file, refreshed every second).
+//!
+//! Connected mode (RFC 4755) is built and tested in the link machine, but the RoCE device's
+//! CM offers only rdma_cm service IDs today; `--mode connected` says so and stops.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args as ClapArgs, Subcommand, ValueEnum};
+use verbs::{DeviceFactory, DeviceOptions};
+
+/// `softrdma ipoib ...`.
+#[derive(ClapArgs)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: IpoibCmd,
+}
+
+#[derive(Subcommand)]
+enum IpoibCmd {
+    /// Bring an IPoIB interface up and run its link daemon in the foreground.
+    Up(UpArgs),
+    /// Print the running daemon's neighbour table or connections.
+    Show {
+        /// What to print.
+        what: ShowWhat,
+        /// The IPoIB interface.
+        #[arg(long, default_value = "ib0")]
+        dev: String,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ShowWhat {
+    /// IP → IPoIB link address, state, MTU (like `ip neigh`).
+    Neigh,
+    /// RC connections (like the kernel's ipoib debugfs).
+    Conn,
+    /// The RoCE device's UD counters (sent, received, dropped and why).
+    Counters,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum ModeArg {
+    /// RFC 4391 only: UD queue pairs.
+    Datagram,
+    /// RFC 4755: RC connections to connected-mode peers (not wired to a device yet).
+    Connected,
+}
+
+#[derive(ClapArgs)]
+struct UpArgs {
+    /// Name of the TUN interface to create.
+    #[arg(long, default_value = "ib0")]
+    dev: String,
+    /// datagram or connected.
+    #[arg(long, value_enum, default_value = "datagram")]
+    mode: ModeArg,
+    /// The network interface the RoCEv2 traffic runs on (its first IPv4 address is the
+    /// device's GID).
+    #[arg(long)]
+    underlay: String,
+    /// Partition key (the full-membership bit is always set in the MGIDs).
+    #[arg(long, default_value = "0xffff", value_parser = parse_pkey)]
+    pkey: u16,
+    /// An address for the interface, A/P (IPv4 or IPv6); repeatable.
+    #[arg(long = "addr")]
+    addrs: Vec<String>,
+}
+
+fn parse_pkey(s: &str) -> std::result::Result<u16, String> {
+    let t = s.trim_start_matches("0x").trim_start_matches("0X");
+    u16::from_str_radix(t, 16).map_err(|e| format!("P_Key {s}: {e}"))
+}
+
+/// The first IPv4 address of `ifname` (from `ip -4 -o addr show dev IF`).
+fn underlay_ipv4(ifname: &str) -> Result<Ipv4Addr> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "dev", ifname])
+        .output()
+        .context("running ip(8)")?;
+    if !out.status.success() {
+        bail!(
+            "ip addr show dev {ifname}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut words = text.split_whitespace();
+    while let Some(w) = words.next() {
+        if w == "inet"
+            && let Some(a) = words.next()
+        {
+            return a
+                .split('/')
+                .next()
+                .unwrap_or("")
+                .parse()
+                .with_context(|| format!("address {a} of {ifname}"));
+        }
+    }
+    bail!("{ifname} has no IPv4 address")
+}
+
+/// Runs `softrdma ipoib`.
+pub fn run(args: Args) -> Result<()> {
+    match args.cmd {
+        IpoibCmd::Up(a) => up(a),
+        IpoibCmd::Show { what, dev } => show(what, &dev),
+    }
+}
+
+fn up(a: UpArgs) -> Result<()> {
+    if a.mode == ModeArg::Connected {
+        bail!(
+            "--mode connected: the link machine does RFC 4755, but the RoCE device's CM has no \
+             listener for IPoIB-CM service IDs yet; use --mode datagram"
+        );
+    }
+    let mut ipv4 = Vec::new();
+    let mut ipv6 = Vec::new();
+    for s in &a.addrs {
+        let (addr, plen) = s.split_once('/').with_context(|| format!("--addr {s}: want A/P"))?;
+        let plen: u8 = plen.parse().with_context(|| format!("--addr {s}: prefix length"))?;
+        match addr.parse::<IpAddr>().with_context(|| format!("--addr {s}"))? {
+            IpAddr::V4(v4) if plen <= 32 => ipv4.push((v4, plen)),
+            IpAddr::V6(v6) if plen == 64 => ipv6.push(v6),
+            _ => bail!("--addr {s}: IPv4 with a prefix ≤ 32, or IPv6 /64"),
+        }
+    }
+    let local = underlay_ipv4(&a.underlay)?;
+    // A 2,048-octet IB MTU gives the RFC 4391 UD MTU of 2,044 (the underlay fragments the
+    // RoCEv2 datagrams if its own MTU is smaller).
+    let opts = DeviceOptions::new()
+        .with("addr", local.to_string())
+        .with("mtu", "2048")
+        .with("name", format!("rxe_{}", a.dev));
+    let device = roce::RoceFactory
+        .open(&opts)
+        .with_context(|| format!("opening a RoCEv2 device on {local}"))?;
+    let cfg = ipoib::daemon::DaemonConfig {
+        dev: a.dev,
+        pkey: a.pkey,
+        ipv4,
+        ipv6: ipv6.into_iter().collect::<Vec<Ipv6Addr>>(),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    ipoib::daemon::run(&device, &cfg, stop)?;
+    Ok(())
+}
+
+fn show(what: ShowWhat, dev: &str) -> Result<()> {
+    let path = ipoib::daemon::status_path(dev);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "no IPoIB daemon for {dev} in this network namespace ({})",
+            path.display()
+        )
+    })?;
+    let prefix = match what {
+        ShowWhat::Neigh => "neigh ",
+        ShowWhat::Conn => "conn ",
+        ShowWhat::Counters => "counters ",
+    };
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix(prefix) {
+            println!("{rest}");
+        }
+    }
+    Ok(())
+}
