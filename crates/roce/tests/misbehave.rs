@@ -318,7 +318,11 @@ fn wrong_p_key_is_dropped_silently_iba_9_6_1_1() {
         p.send((bth, ext), b"evil", None);
         p.expect_silence();
         p.untouched();
-        assert_eq!(p.dev.hw_counter("misdirected_pkts"), Some(n as u64 + 1), "P_Key {key:#x}");
+        assert_eq!(
+            p.dev.hw_counter("misdirected_pkts"),
+            Some(n as u64 + 1),
+            "P_Key {key:#x}"
+        );
     }
     p.send(
         req(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN, reth(&p.mr, 0, 4)),

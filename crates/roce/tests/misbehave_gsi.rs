@@ -96,7 +96,11 @@ fn wrong_q_key_on_qp1_is_dropped_counted_and_never_reaches_the_cm_c3() {
         sock.send_to(&req(bad, 0xffff), to).unwrap();
         // The CM answers a REQ within a millisecond on loopback; 300 ms of silence is no
         // answer (and the CM's REJ, had it seen the REQ, would come at once).
-        assert_eq!(answer(&sock, Duration::from_millis(300)), None, "Q_Key {bad:#x} answered");
+        assert_eq!(
+            answer(&sock, Duration::from_millis(300)),
+            None,
+            "Q_Key {bad:#x} answered"
+        );
         assert_eq!(malformed(), n as u64 + 1, "Q_Key {bad:#x} counted");
     }
 

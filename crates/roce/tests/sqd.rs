@@ -125,14 +125,16 @@ fn rts_sqd_drains_begun_messages_raises_sq_drained_and_resumes_c3_d1() {
     assert_eq!((wc.wr_id, wc.status, wc.byte_len), (10, WcStatus::Success, 4));
     assert_eq!(
         a.dev.get_async_event(Some(T)),
-        Some(AsyncEvent::SqDrained {
-            qp_num: a.qp.qp_num()
-        })
+        Some(AsyncEvent::SqDrained { qp_num: a.qp.qp_num() })
     );
     assert!(a.dev.get_async_event(Some(QUIET)).is_none(), "SqDrained once");
     // The Write waited.
     assert!(a.cq.poll_one().is_none(), "a WR posted in SQD completed");
-    assert_eq!(b.mr.to_vec(4096, 27).unwrap(), vec![0; 27], "a WR posted in SQD was sent");
+    assert_eq!(
+        b.mr.to_vec(4096, 27).unwrap(),
+        vec![0; 27],
+        "a WR posted in SQD was sent"
+    );
 
     // query_qp: the state and the address vector of the RTR move.
     let q = a.qp.query_qp();
@@ -163,7 +165,10 @@ fn rts_sqd_drains_begun_messages_raises_sq_drained_and_resumes_c3_d1() {
     // SQD -> RTS: the Write goes.
     a.qp.modify_qp(&QpAttr::state(QpState::Rts)).unwrap();
     let wc = a.cq.wait(Some(T)).expect("the Write completes after SQD -> RTS");
-    assert_eq!((wc.wr_id, wc.status, wc.opcode), (2, WcStatus::Success, WcOpcode::RdmaWrite));
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode),
+        (2, WcStatus::Success, WcOpcode::RdmaWrite)
+    );
     assert_eq!(b.mr.to_vec(4096, 27).unwrap(), b"written in SQD, sent in RTS");
 }
 
@@ -190,7 +195,10 @@ fn sqd_without_notify_raises_nothing_and_keeps_receiving_c3() {
     let wc = a.cq.wait(Some(T)).expect("A receives in SQD");
     assert_eq!((wc.wr_id, wc.status, wc.byte_len), (20, WcStatus::Success, 14));
     assert_eq!(a.mr.to_vec(0, 14).unwrap(), b"to a QP in SQD");
-    assert!(a.dev.get_async_event(Some(QUIET)).is_none(), "no SqDrained without notify");
+    assert!(
+        a.dev.get_async_event(Some(QUIET)).is_none(),
+        "no SqDrained without notify"
+    );
     // Drained at once: SQD -> SQD is allowed right away.
     let mut change = QpAttr::state(QpState::Sqd);
     change.retry_cnt = Some(3);
@@ -207,8 +215,6 @@ fn idle_qp_to_sqd_with_notify_is_drained_at_once_c3() {
     to_sqd(&a, true);
     assert_eq!(
         a.dev.get_async_event(Some(T)),
-        Some(AsyncEvent::SqDrained {
-            qp_num: a.qp.qp_num()
-        })
+        Some(AsyncEvent::SqDrained { qp_num: a.qp.qp_num() })
     );
 }

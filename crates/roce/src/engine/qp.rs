@@ -8,9 +8,7 @@ use std::time::Instant;
 
 use verbs::cq::Progress;
 use verbs::provider::{AsyncEventSink, CqProviderExt, QpCreate, QpOps};
-use verbs::{
-    AhAttr, AsyncEvent, CompletionQueue, Error, QpAttr, QpState, RecvWr, Result, SendWr, WcOpcode, WcStatus,
-};
+use verbs::{AhAttr, AsyncEvent, CompletionQueue, Error, QpAttr, QpState, RecvWr, Result, SendWr, WcOpcode, WcStatus};
 
 use super::DevInner;
 use crate::rc::{RcConfig, RcError, RcQp};

@@ -406,7 +406,10 @@ impl RcQp {
             || a.min_rnr_timer.is_some()
             || a.path_mtu.is_some();
         if self.state == QpState::Sqd && a.qp_state == Some(QpState::Sqd) && changes && !self.sq_drained() {
-            return Err(RcError::State(QpState::Sqd, "SQD -> SQD before the send queue is drained"));
+            return Err(RcError::State(
+                QpState::Sqd,
+                "SQD -> SQD before the send queue is drained",
+            ));
         }
         let mut n = self.attr;
         if let Some(v) = a.dest_qp_num {
