@@ -42,10 +42,12 @@ die() { echo "lab-rxe-path: $*" >&2; exit 1; }
 vm() { (cd "$LAB" && ./vm.sh exec -t 60 -); }
 
 guest_ok() {
-  echo "for n in /sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/*; do \
+  local out
+  out=$(echo "for n in /sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/*; do \
           [ \"\$(cat \$n 2>/dev/null)\" = eth0.$VID ] && \
           grep -q 'ffff:c0a8:4e02' /sys/class/infiniband/rxe0/ports/1/gids/\${n##*/} && echo rxe-path-ok; done; true" \
-    | vm | grep -q rxe-path-ok
+    | vm) || return 1
+  [[ $out == *rxe-path-ok* ]]
 }
 host_ok() {
   ip -n $NS -br addr show dev br0 | grep -q "$HOST/24" &&
@@ -58,7 +60,10 @@ case "${1:-up}" in
   *) die "usage: $0 [up|check]" ;;
 esac
 
-if ! guest_ok; then
+if guest_ok; then
+  was_up=1
+else
+  was_up=0
   kdir=$(ls -d "$STATE"/kernel/*/lib/modules/*/kernel 2>/dev/null | head -1)
   [ -n "$kdir" ] || die "no kernel module tree under $STATE/kernel (run the lab's setup.sh)"
   mkdir -p "$SHARE/lib"
@@ -91,5 +96,6 @@ EOF
 fi
 ip -n $NS addr replace $HOST/24 dev br0
 ip -n $NS neigh replace $GUEST lladdr $MAC dev br0 nud permanent
-for _ in $(seq 50); do guest_ok && exit 0; sleep 0.1; done
+[ $was_up = 1 ] && exit 0
+for _ in $(seq 20); do guest_ok && exit 0; sleep 0.2; done
 die "rxe0 has no GID for $GUEST on eth0.$VID"
