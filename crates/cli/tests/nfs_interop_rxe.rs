@@ -39,7 +39,10 @@ fn bring_up() -> Result<PathBuf, String> {
         ));
     }
     let (_, cm) = vm_exec(&dir, "rdma res show cm_id", 20);
-    if !cm.lines().any(|l| l.contains("rxe0/") && l.contains("LISTEN") && l.contains(":20049")) {
+    if !cm
+        .lines()
+        .any(|l| l.contains("rxe0/") && l.contains("LISTEN") && l.contains(":20049"))
+    {
         return Err(format!("nfsd does not listen on rxe0:20049: {cm}"));
     }
     Ok(dir)
@@ -70,8 +73,11 @@ fn sha256(path: &str) -> String {
 /// WRITE against nfsd over rxe, hashes checked on both ends.
 #[test]
 fn nfs_over_rxe_stat_ls_read_write() {
-    let Some(lab): Option<Lab> = acquire("nfs_over_rxe_stat_ls_read_write", "kernel NFS/RDMA over rxe lab", bring_up)
-    else {
+    let Some(lab): Option<Lab> = acquire(
+        "nfs_over_rxe_stat_ls_read_write",
+        "kernel NFS/RDMA over rxe lab",
+        bring_up,
+    ) else {
         return;
     };
     lab.kernel_check_init();
@@ -94,7 +100,9 @@ fn nfs_over_rxe_stat_ls_read_write() {
     assert_eq!(sha256(&got), DATA_SHA);
 
     let put = format!("{dir}/put.bin");
-    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..8u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
     std::fs::write(&put, &data).unwrap();
     let name = format!("/scratch/rxe-{}.bin", std::process::id());
     let (ok, s) = nfs(&["put", &put, &target(&name), "--wsize", "1M"]);
