@@ -209,6 +209,12 @@ fn addr_in_use(e: &verbs::Error) -> bool {
     matches!(e, verbs::Error::Io(io) if io.kind() == std::io::ErrorKind::AddrInUse)
 }
 
+/// The transport of the device `args` chooses (perftest's `send_rcredit` is iWARP-only).
+pub fn transport_of(args: &DeviceArgs) -> Result<verbs::Transport> {
+    let reg = registry();
+    Ok(factory(&reg, args)?.info().transport)
+}
+
 /// Opens the device `args` chooses, with `flags`, for a device at `at`.
 pub fn open(args: &DeviceArgs, flags: &[Flag], at: Endpoint) -> Result<Device> {
     let reg = registry();

@@ -7,8 +7,9 @@
 //!
 //! Guest routing: rdma_cm in the guest binds 192.168.77.2 to siw0 while siw0 exists (lab
 //! README "RoCEv2 from the host"), so the guest server listens on the wildcard address
-//! (its cm_ids on rxe0 get our REQ), and for the guest client siw0 is deleted for the case
-//! and added back afterwards (rxe0 re-added after it, the lab's order).
+//! (its cm_ids on rxe0 get our REQ), and the guest client connects to 192.168.78.1 over the
+//! guest's eth0.78, an address only rxe0 has a GID for (`scripts/lab-rxe-path.sh`, docs/roce.md
+//! "Reaching the guest's rxe0 without deleting siw0"); siw0 stays.
 //!
 //! Gate and skips as in `interop_siw.rs`: `SOFTRDMA_INTEROP=0` skips, `require` turns a
 //! skip into a failure; the lab must be built and rxe0 active.
@@ -18,15 +19,17 @@
 mod child;
 #[path = "common/lab.rs"]
 mod lab_common;
+#[path = "common/rxe_path.rs"]
+mod rxe_path;
 
 use lab_common::{Lab, NS, acquire, bring_up_siw, exit_of, next_port, vm_exec};
+use rxe_path::{HOST_RXE_IP, rxe_path_up};
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
-const HOST_IP: &str = "192.168.77.1";
 const GUEST_IP: &str = "192.168.77.2";
 
 /// The lab with rxe0 active (and siw0, which the other interop files need).
@@ -41,6 +44,9 @@ fn bring_up_rxe() -> Result<PathBuf, String> {
 
 fn lab(test: &str) -> Option<Lab> {
     let lab = acquire(test, "kernel rxe interop lab", bring_up_rxe)?;
+    if let Err(why) = rxe_path_up(&lab.dir) {
+        panic!("{test}: the lab is up but its path to rxe0 is not: {why}");
+    }
     lab.kernel_check_init();
     Some(lab)
 }
@@ -109,10 +115,11 @@ struct OurServer {
     port: u16,
 }
 
-fn our_server(args: &[&str]) -> OurServer {
+/// Our `softrdma rping -s --provider roce` in the namespace, on `bind`.
+fn our_server(bind: &str, args: &[&str]) -> OurServer {
     let port = port();
     let mut child = Command::new("ip")
-        .args(["netns", "exec", NS, BIN, "rping", "-s", "-d", "-v", "-a", HOST_IP, "-p"])
+        .args(["netns", "exec", NS, BIN, "rping", "-s", "-d", "-v", "-a", bind, "-p"])
         .arg(port.to_string())
         .args(["--provider", "roce", "--timeout", "60"])
         .args(args)
@@ -188,32 +195,15 @@ fn host_client_case(lab: &Lab, count: usize, size: usize) {
     assert_eq!(guest.count("server ping data: "), count, "guest:\n{}", guest.log);
 }
 
-/// Runs `f` with siw0 removed from the guest, then puts siw0 and rxe0 back as the lab has
-/// them (siw0 first).
-fn without_siw<T>(lab: &Lab, f: impl FnOnce() -> T) -> T {
-    let (rc, out) = lab.exec("rdma link delete siw0", 20);
-    assert_eq!(rc, 0, "rdma link delete siw0: {out}");
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    let (rc, out) = lab.exec(
-        "rdma link delete rxe0; rdma link add siw0 type siw netdev eth0 && rdma link add rxe0 type rxe netdev eth0; \
-         rdma link show",
-        30,
-    );
-    assert_eq!(rc, 0, "restoring siw0/rxe0: {out}");
-    match r {
-        Ok(v) => v,
-        Err(p) => std::panic::resume_unwind(p),
-    }
-}
-
-/// The kernel's `rping -c` over rxe0 against our server.
+/// The kernel's `rping -c` over rxe0 (to 192.168.78.1, so that rdma_cm binds it to rxe0)
+/// against our server there.
 fn guest_client_case(lab: &Lab, count: usize, size: usize) {
     let s = size.to_string();
-    let srv = our_server(&["-S", &s]);
+    let srv = our_server(HOST_RXE_IP, &["-S", &s]);
     let port = srv.port;
     let secs = 30 + count as u64 / 20;
     let script = format!(
-        "timeout {secs} rping -c -a {HOST_IP} -p {port} -v -V -C {count} -S {size} >/tmp/xc-{port}.log 2>/tmp/xc-{port}.err; \
+        "timeout {secs} rping -c -a {HOST_RXE_IP} -p {port} -v -V -C {count} -S {size} >/tmp/xc-{port}.log 2>/tmp/xc-{port}.err; \
          echo exit=$? >>/tmp/xc-{port}.err; cat /tmp/xc-{port}.log; echo '@@stderr'; cat /tmp/xc-{port}.err"
     );
     let (_, log) = lab.exec(&script, secs + 30);
@@ -244,24 +234,23 @@ fn host_client_vs_kernel_server_over_rxe() {
     host_client_case(&lab, 10, 65535);
 }
 
-/// C1, C3: the kernel's rping client over rxe against our rping server.
-///
-/// Not in CI: it must delete the guest's siw0 (rdma_cm would bind the client to it), and in
-/// the second CI run of 27 Nov 2026 `rdma link delete siw0` hung in the guest kernel right
-/// after the perftest interop file had used siw0, which leaves the lab unusable for every
-/// later interop test. Passed 4 times by hand and in one CI run; run it with `--ignored`.
+/// C1, C3: the kernel's rping client over rxe against our rping server, 120 pings of 64
+/// octets, then 26, 4096 and 65535. The guest keeps siw0: its client reaches rxe0 through
+/// eth0.78 (it was `#[ignore]`d while it had to delete siw0, which can hang the 6.1 guest).
 #[test]
-#[ignore = "deletes the guest's siw0, which can hang the lab kernel after siw use; run by hand"]
 fn kernel_client_vs_host_server_over_rxe() {
     let Some(lab) = lab("kernel_client_vs_host_server_over_rxe") else {
         return;
     };
-    without_siw(&lab, || {
-        guest_client_case(&lab, 120, 64);
-        guest_client_case(&lab, 20, 26);
-        guest_client_case(&lab, 20, 4096);
-        guest_client_case(&lab, 10, 65535);
-    });
+    let (rc, before) = lab.exec("rdma link show", 20);
+    assert_eq!(rc, 0, "{before}");
+    guest_client_case(&lab, 120, 64);
+    guest_client_case(&lab, 20, 26);
+    guest_client_case(&lab, 20, 4096);
+    guest_client_case(&lab, 10, 65535);
+    let (_, after) = lab.exec("rdma link show", 20);
+    assert_eq!(before, after, "the guest's RDMA links changed");
+    assert!(after.contains("siw0/1 state ACTIVE"), "{after}");
 }
 
 /// C1.6: a REQ for a port nobody listens on in the guest: rxe's CM answers REJ 8, and our

@@ -8,8 +8,8 @@
 //! error" (§9.9.3.1). Requirement: C3 of ../shared/requirements/smcr-ipoibcm.md (RC
 //! transport, NAK codes, ICRC); issue 13 "what must hold" 3.
 //!
-//! Not here: a wrong Q_Key (only UD and the GSI QP1 check Q_Keys: the IB CM's tests) and a
-//! REQ for a service nobody listens on (REJ 8: the CM's tests).
+//! Not here: a wrong Q_Key (only UD and the GSI QP1 check Q_Keys: `misbehave_gsi.rs`) and a
+//! REQ for a service nobody listens on (REJ 8: the CM's tests and `misbehave_gsi.rs`).
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -306,14 +306,24 @@ fn bad_icrc_is_dropped_silently_and_counted_a17() {
     assert_eq!(p.mr.to_vec(0, 4).unwrap(), b"fine");
 }
 
+/// C3, IBA §9.6.1.1 / §10.9: P_Keys of other partitions (0x1234 limited, 0x8001 full
+/// member) never reach the QP (P_Key 0xffff): dropped silently, counted as
+/// `misdirected_pkts`; the QP stays in RTS and takes the next good packet at the same PSN.
 #[test]
 fn wrong_p_key_is_dropped_silently_iba_9_6_1_1() {
     let p = peer(10);
-    let (mut bth, ext) = req(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN, reth(&p.mr, 0, 4));
-    bth.p_key = 0x1234;
-    p.send((bth, ext), b"evil", None);
-    p.expect_silence();
-    p.untouched();
+    for (n, key) in [0x1234u16, 0x8001].into_iter().enumerate() {
+        let (mut bth, ext) = req(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN, reth(&p.mr, 0, 4));
+        bth.p_key = key;
+        p.send((bth, ext), b"evil", None);
+        p.expect_silence();
+        p.untouched();
+        assert_eq!(
+            p.dev.hw_counter("misdirected_pkts"),
+            Some(n as u64 + 1),
+            "P_Key {key:#x}"
+        );
+    }
     p.send(
         req(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN, reth(&p.mr, 0, 4)),
         b"fine",

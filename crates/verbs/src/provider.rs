@@ -69,6 +69,28 @@ pub struct QpCreate {
     /// (an iWARP Terminate, a closed stream). Events pushed here also raise
     /// the device's asynchronous events (`QpFatal`, `CommEstablished`).
     pub events: Arc<EventQueue<CmEvent>>,
+    /// The device's asynchronous events, for the ones a QP raises by itself
+    /// (`IBV_EVENT_SQ_DRAINED` when a move to SQD has drained its send queue).
+    pub async_events: AsyncEventSink,
+}
+
+/// Where a provider raises a device's asynchronous events ([`Device::get_async_event`]
+/// reads them); bounded like every async event queue
+/// ([`crate::async_event::MAX_PENDING_ASYNC_EVENTS`]).
+#[derive(Clone)]
+pub struct AsyncEventSink(pub(crate) Arc<EventQueue<AsyncEvent>>);
+
+impl AsyncEventSink {
+    /// Raises `ev`.
+    pub fn raise(&self, ev: AsyncEvent) {
+        crate::async_event::push_bounded(&self.0, ev)
+    }
+}
+
+impl std::fmt::Debug for AsyncEventSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AsyncEventSink")
+    }
 }
 
 /// A provider's queue pair. Created in RESET by [`Provider::create_qp`];

@@ -100,6 +100,7 @@ impl ProtectionDomain {
             srq: init.srq.as_ref().map(|s| s.ops.clone()),
             attr: init.cap.clone(),
             events: events.clone(),
+            async_events: crate::provider::AsyncEventSink(dev.inner.async_events.clone()),
         })?;
         route.bind(ops.qp_num());
         Ok(QueuePair {

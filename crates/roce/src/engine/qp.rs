@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use verbs::cq::Progress;
-use verbs::provider::{CqProviderExt, QpCreate, QpOps};
-use verbs::{CompletionQueue, Error, QpAttr, QpState, RecvWr, Result, SendWr, WcOpcode, WcStatus};
+use verbs::provider::{AsyncEventSink, CqProviderExt, QpCreate, QpOps};
+use verbs::{AhAttr, AsyncEvent, CompletionQueue, Error, QpAttr, QpState, RecvWr, Result, SendWr, WcOpcode, WcStatus};
 
 use super::DevInner;
 use crate::rc::{RcConfig, RcError, RcQp};
@@ -25,6 +25,8 @@ thread_local! {
 pub(crate) struct QpInner {
     core: RcQp,
     dest: Option<SocketAddr>,
+    /// The address vector of the last move that gave one (RTR, or SQD -> SQD), for `query_qp`.
+    ah: Option<AhAttr>,
     /// The earliest timer this QP has queued on the device (none: none queued).
     armed: Option<Instant>,
 }
@@ -37,6 +39,8 @@ pub(crate) struct QpShared {
     recv_cq: CompletionQueue,
     /// The QP's connection events (the IB CM reports through [`crate::gsi::GsiPort::qp_events`]).
     pub(crate) events: Arc<verbs::notify::EventQueue<verbs::CmEvent>>,
+    /// The device's asynchronous events (SQ drained).
+    async_events: AsyncEventSink,
 }
 
 /// The RoCEv2 provider's QP as the verbs layer holds it.
@@ -63,11 +67,13 @@ impl QpShared {
             inner: Mutex::new(QpInner {
                 core,
                 dest: None,
+                ah: None,
                 armed: None,
             }),
             send_cq: req.send_cq.clone(),
             recv_cq: req.recv_cq.clone(),
             events: req.events.clone(),
+            async_events: req.async_events.clone(),
         });
         dev.qps.write().unwrap().insert(qpn, Arc::downgrade(&q));
         let w: Weak<dyn Progress> = Arc::downgrade(&q) as Weak<dyn Progress>;
@@ -158,6 +164,10 @@ impl QpShared {
                 g.core.set_error();
             }
         }
+        if g.core.take_sq_drained_event() {
+            any = true;
+            self.async_events.raise(AsyncEvent::SqDrained { qp_num: self.qpn });
+        }
         if let Some(t) = g.core.poll_timeout()
             && g.armed.is_none_or(|a| t < a)
         {
@@ -242,9 +252,11 @@ impl QpOps for RoceQp {
         g.core.modify(&a).map_err(rc_err)?;
         if let Some(ah) = &attr.ah_attr {
             g.dest = Some(SocketAddr::new(ah.dgid.to_ip(), crate::wire::ROCEV2_UDP_PORT));
+            g.ah = Some(*ah);
         }
         if attr.qp_state == Some(QpState::Reset) {
             g.dest = None;
+            g.ah = None;
         }
         self.0.service(&mut g, Instant::now());
         Ok(())
@@ -265,6 +277,7 @@ impl QpOps for RoceQp {
             max_dest_rd_atomic: Some(a.max_dest_rd_atomic),
             min_rnr_timer: Some(a.min_rnr_timer.0),
             dest_qp_num: Some(a.dest_qpn),
+            ah_attr: g.ah,
             ..QpAttr::default()
         }
     }

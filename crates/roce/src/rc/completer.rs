@@ -70,7 +70,7 @@ impl RcQp {
                     Syndrome::RnrNak { timer } => {
                         self.confirm_before(now, psn);
                         self.stats.rnr_naks_received += 1;
-                        if self.state != QpState::Rts {
+                        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
                             return;
                         }
                         if self.attr.rnr_retry != 7 {
@@ -90,7 +90,7 @@ impl RcQp {
                     Syndrome::Nak(NakCode::PsnSequenceError) => {
                         self.stats.seq_naks_received += 1;
                         let progressed = self.confirm_before(now, psn);
-                        if self.state != QpState::Rts {
+                        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
                             return;
                         }
                         let at = self.req.una;
@@ -115,7 +115,7 @@ impl RcQp {
                             NakCode::RemoteOperationalError => WcStatus::RemOpErr,
                             _ => WcStatus::BadRespErr,
                         };
-                        if self.state == QpState::Rts {
+                        if matches!(self.state, QpState::Rts | QpState::Sqd) {
                             self.fail_head(status);
                         }
                     }
@@ -317,7 +317,7 @@ impl RcQp {
 
     /// The local ACK timer or the RNR wait ran out (IBTA vol. 1 §9.7.6, §9.7.6).
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.state != QpState::Rts {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return;
         }
         if let Some(t) = self.req.rnr_until

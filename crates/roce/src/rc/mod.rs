@@ -316,6 +316,8 @@ pub struct RcQp {
     pub(crate) stats: RcStats,
     /// Scratch for payload octets of the packet being built.
     pub(crate) scratch: Vec<u8>,
+    /// The move to SQD asked for `IBV_EVENT_SQ_DRAINED` and it has not been reported yet.
+    pub(crate) sqd_notify: bool,
 }
 
 impl RcQp {
@@ -331,6 +333,7 @@ impl RcQp {
             completions: VecDeque::new(),
             stats: RcStats::default(),
             scratch: Vec::new(),
+            sqd_notify: false,
         }
     }
 
@@ -342,6 +345,22 @@ impl RcQp {
     /// The QP state (RESET, INIT, RTR, RTS, SQD, SQE or ERR).
     pub fn state(&self) -> QpState {
         self.state
+    }
+
+    /// In SQD with every message begun before the drain acknowledged or completed: the send
+    /// queue is drained (WQEs posted but never started wait for the move back to RTS).
+    pub fn sq_drained(&self) -> bool {
+        self.state == QpState::Sqd && self.req.sq.iter().all(|w| !w.started || w.status.is_some())
+    }
+
+    /// Once per move to SQD with `en_sqd_async_notify`: true when the send queue has just
+    /// become drained, so that the caller raises `IBV_EVENT_SQ_DRAINED`.
+    pub fn take_sq_drained_event(&mut self) -> bool {
+        if self.sqd_notify && self.sq_drained() {
+            self.sqd_notify = false;
+            return true;
+        }
+        false
     }
 
     /// The attributes set by `modify`.
@@ -376,6 +395,22 @@ impl RcQp {
     /// transition is checked by the verbs layer (`verbs::qp_attr`); here ERR flushes and
     /// RESET clears.
     pub fn modify(&mut self, a: &QpAttr) -> Result<(), RcError> {
+        // SQD -> SQD changes the path and transport attributes only once the messages begun
+        // before the drain are done (IBTA vol. 1 §10.3.1, "SQ Drain"): not in mid-message.
+        let changes = a.ah_attr.is_some()
+            || a.timeout.is_some()
+            || a.retry_cnt.is_some()
+            || a.rnr_retry.is_some()
+            || a.max_rd_atomic.is_some()
+            || a.max_dest_rd_atomic.is_some()
+            || a.min_rnr_timer.is_some()
+            || a.path_mtu.is_some();
+        if self.state == QpState::Sqd && a.qp_state == Some(QpState::Sqd) && changes && !self.sq_drained() {
+            return Err(RcError::State(
+                QpState::Sqd,
+                "SQD -> SQD before the send queue is drained",
+            ));
+        }
         let mut n = self.attr;
         if let Some(v) = a.dest_qp_num {
             n.dest_qpn = v & Psn::MASK;
@@ -434,15 +469,28 @@ impl RcQp {
                 let cfg = self.cfg.clone();
                 *self = RcQp::new(cfg);
             }
-            Some(s) => self.state = s,
+            Some(QpState::Sqd) => {
+                // RTS -> SQD starts the drain (IBTA vol. 1 §10.3.1, "SQ Drain"): no new WQE
+                // starts; the messages already begun finish (retransmissions included).
+                // SQD -> SQD changes attributes and keeps a pending notification.
+                if self.state != QpState::Sqd {
+                    self.sqd_notify = a.en_sqd_async_notify.unwrap_or(false);
+                }
+                self.state = QpState::Sqd;
+            }
+            Some(s) => {
+                self.state = s;
+                self.sqd_notify = false;
+            }
             None => {}
         }
         Ok(())
     }
 
     /// A packet from the peer, parsed by [`crate::wire::Packet::parse`] and with its ICRC
-    /// checked by the engine. Packets for another QP, with another P_Key or not of the RC
-    /// transport are dropped and counted (IBTA vol. 1 §9.6.1); requests go to the responder,
+    /// checked by the engine. Packets for another QP, with a P_Key that does not match ours
+    /// ([`crate::wire::pkey_match`]) or not of the RC transport are dropped and counted
+    /// (IBTA vol. 1 §9.6.1, header validation); requests go to the responder,
     /// responses to the completer.
     pub fn handle_packet(&mut self, now: Instant, pkt: &Packet<'_>) {
         let Some(info) = pkt.info() else {
@@ -450,7 +498,7 @@ impl RcQp {
             return;
         };
         if pkt.bth.dest_qp != self.cfg.qpn
-            || pkt.bth.p_key != self.cfg.p_key
+            || !crate::wire::pkey_match(pkt.bth.p_key, self.cfg.p_key)
             || info.transport != crate::wire::Transport::Rc
         {
             self.stats.misdirected_dropped += 1;

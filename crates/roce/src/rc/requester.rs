@@ -434,10 +434,14 @@ impl RcQp {
 
     /// The next request packet, if the window, the Read/atomic limit, a fence or an RNR wait
     /// allow one.
+    ///
+    /// In SQD only the WQEs already started go on (their remaining packets and
+    /// retransmissions); the next unstarted one waits for RTS (IBTA vol. 1 §10.3.1).
     pub(crate) fn next_request(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        if self.state != QpState::Rts || self.req.rnr_until.is_some() {
+        if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_until.is_some() {
             return None;
         }
+        let draining = self.state == QpState::Sqd;
         loop {
             let i = self.req.cur;
             let w = self.req.sq.get(i)?;
@@ -445,6 +449,9 @@ impl RcQp {
                 self.req.cur += 1;
                 self.req.cur_pkt = 0;
                 continue;
+            }
+            if draining && !w.started {
+                return None;
             }
             if w.kind == WqeKind::Local {
                 // Local operations wait for earlier WQEs to be sent (ordering); a fence

@@ -961,12 +961,13 @@ fn ack_carries_msn_and_credits_ibta_9_7_7() {
 
 #[test]
 fn misdirected_packets_are_dropped_and_counted_ibta_9_6() {
-    // IBTA vol. 1 §9.6.1 (destination QP), §9.6.1 (P_Key); issue 13 "wrong P_Key".
+    // IBTA vol. 1 §9.6.1 (header validation: destination QP, P_Key), §10.9 (P_Key
+    // matching); C3; issue 13 "wrong P_Key".
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
     post_recvs(&mut t.s, &t.recv.clone(), 1, 1024, 0);
     let mut bth = Bth::new(Opcode::RC_SEND_ONLY, QPN_A, e);
-    bth.p_key = 0x7fff;
+    bth.p_key = 0x8001;
     t.feed(bth, ExtHeaders::default(), b"x");
     let bth = Bth::new(Opcode::RC_SEND_ONLY, QPN_A + 1, e);
     t.feed(bth, ExtHeaders::default(), b"x");
@@ -981,6 +982,21 @@ fn misdirected_packets_are_dropped_and_counted_ibta_9_6() {
     );
     assert!(t.out().is_empty());
     assert_eq!(t.s.qp.stats().misdirected_dropped, 3);
+}
+
+#[test]
+fn a_limited_member_p_key_of_the_same_partition_is_accepted_ibta_10_9() {
+    // IBTA vol. 1 §10.9: 0x7fff (limited member of the default partition) matches our 0xffff
+    // (full member), as rxe's `pkey_match` has it; C3.
+    let mut t = Scripted::new(PairConfig::default());
+    let e = t.epsn();
+    post_recvs(&mut t.s, &t.recv.clone(), 1, 1024, 0);
+    let mut bth = Bth::new(Opcode::RC_SEND_ONLY, QPN_A, e);
+    bth.p_key = 0x7fff;
+    bth.ack_req = true;
+    t.feed(bth, ExtHeaders::default(), b"x");
+    assert_eq!(t.s.qp.stats().misdirected_dropped, 0);
+    assert!(!t.out().is_empty(), "the Send is ACKed");
 }
 
 // ---- the completer against a scripted responder ---------------------------------------------

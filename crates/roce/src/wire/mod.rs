@@ -44,6 +44,14 @@ pub const GSI_QKEY: u32 = 0x8001_0000;
 /// The default partition key, full membership (IBTA vol. 1 §10.9).
 pub const DEFAULT_PKEY: u16 = 0xffff;
 
+/// Whether a packet's P_Key `a` is accepted by a QP whose P_Key is `b` (IBTA vol. 1 §10.9,
+/// partition key matching): the same 15-bit partition, and at least one of the two a full
+/// member (bit 15). Two limited members of a partition cannot talk; 0x7fff reaches a QP
+/// holding 0xffff. rxe's receive check is the same (`pkey_match`).
+pub fn pkey_match(a: u16, b: u16) -> bool {
+    a & 0x7fff == b & 0x7fff && (a | b) & 0x8000 != 0
+}
+
 /// A header or packet is shorter than its fixed layout (peer input).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 #[error("{what} needs {need} octets, {have} present")]
@@ -99,5 +107,20 @@ pub(crate) mod be {
     }
     pub fn put_u64(b: &mut [u8], at: usize, v: u64) {
         b[at..at + 8].copy_from_slice(&v.to_be_bytes());
+    }
+}
+
+#[cfg(test)]
+mod pkey_tests {
+    use super::pkey_match;
+
+    #[test]
+    fn p_key_matching_ibta_10_9() {
+        assert!(pkey_match(0xffff, 0xffff));
+        assert!(pkey_match(0x7fff, 0xffff), "limited to full");
+        assert!(pkey_match(0xffff, 0x7fff), "full to limited");
+        assert!(!pkey_match(0x7fff, 0x7fff), "two limited members");
+        assert!(!pkey_match(0x8001, 0xffff), "another partition");
+        assert!(!pkey_match(0x1234, 0xffff));
     }
 }
