@@ -31,9 +31,14 @@ impl Gid {
             None => IpAddr::V6(v6),
         }
     }
-    /// Whether this is a multicast GID (first octet 0xff).
+    /// Whether this is a multicast GID: first octet 0xff, or the IPv4-mapped form of an
+    /// IPv4 multicast address (224.0.0.0/4), which RoCEv2 uses as the MGID of an IPv4
+    /// group (Linux `rdma_is_multicast_addr`).
     pub fn is_multicast(self) -> bool {
-        self.0[0] == 0xff
+        match Ipv6Addr::from(self.0).to_ipv4_mapped() {
+            Some(v4) => v4.is_multicast(),
+            None => self.0[0] == 0xff,
+        }
     }
 }
 
