@@ -49,6 +49,7 @@ mod providers;
 mod report;
 mod rpc;
 mod rping;
+mod udaddy;
 mod scale;
 mod sigpipe;
 mod units;
@@ -82,6 +83,9 @@ enum Cmd {
     Info(devices::InfoArgs),
     /// librdmacm's rping (RDMA Read/Write ping-pong), compatible with Linux's `rping`.
     Rping(rping::RpingArgs),
+    /// librdmacm's udaddy (rdma_cm UDP port space: SIDR, then UD datagrams both ways),
+    /// compatible with Linux's `udaddy` over rxe (RoCEv2 provider).
+    Udaddy(udaddy::UdaddyArgs),
     /// ONC RPC over TCP and RPC-over-RDMA: serve, call and benchmark the demo program.
     Rpc(rpc::Args),
     /// NFSv3 client over RPC-over-RDMA or TCP: ls, stat, get, put, rm, and probe (how a server answers chunk errors) on SERVER:/export/path.
@@ -153,6 +157,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Devices(args) => devices::run_devices(args),
         Cmd::Info(args) => devices::run_info(args),
         Cmd::Rping(args) => rping::run(args),
+        Cmd::Udaddy(args) => udaddy::run(args),
         Cmd::Rpc(args) => rpc::run(args),
         Cmd::Nfs(args) => nfs::run(args),
         Cmd::Perftest(args) => perftest::run(args),
