@@ -31,14 +31,13 @@ impl Gid {
             None => IpAddr::V6(v6),
         }
     }
-    /// Whether this is a multicast GID: first octet 0xff, or the IPv4-mapped form of an
-    /// IPv4 multicast address (224.0.0.0/4), which RoCEv2 uses as the MGID of an IPv4
-    /// group (Linux `rdma_is_multicast_addr`).
+    /// Whether this is a multicast GID: first octet 0xff, or (RoCEv2) an IPv4-mapped IPv4
+    /// multicast address (`::ffff:224.0.0.0/100`).
     pub fn is_multicast(self) -> bool {
-        match Ipv6Addr::from(self.0).to_ipv4_mapped() {
-            Some(v4) => v4.is_multicast(),
-            None => self.0[0] == 0xff,
-        }
+        self.0[0] == 0xff
+            || Ipv6Addr::from(self.0)
+                .to_ipv4_mapped()
+                .is_some_and(|a| a.is_multicast())
     }
 }
 
@@ -142,5 +141,97 @@ impl Eq for AddressHandle {}
 impl std::fmt::Debug for AddressHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "AddressHandle({:?})", self.ops.attr())
+    }
+}
+
+/// The 40-octet GRH area at the front of a UD receive buffer (`struct ibv_grh`), as a
+/// RoCEv2 provider fills it from the IP header the datagram came in: an IPv6 header as
+/// is, or 20 zero octets followed by the IPv4 header (Linux rxe's `rdma_network_hdr`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grh {
+    /// The sender's address as a GID (IPv4 as IPv4-mapped).
+    pub sgid: Gid,
+    /// The destination address as a GID (a multicast group for multicast).
+    pub dgid: Gid,
+    /// IPv6 traffic class / IPv4 TOS.
+    pub traffic_class: u8,
+    /// IPv6 flow label (0 for IPv4).
+    pub flow_label: u32,
+    /// IPv6 hop limit / IPv4 TTL.
+    pub hop_limit: u8,
+    /// Whether the area held an IPv4 header.
+    pub ipv4: bool,
+}
+
+/// The IPv4 header checksum (RFC 791) over `h`, whose checksum field is included.
+fn ipv4_csum(h: &[u8]) -> u16 {
+    let mut s: u32 = h.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+    while s > 0xffff {
+        s = (s & 0xffff) + (s >> 16);
+    }
+    !(s as u16)
+}
+
+impl Grh {
+    /// Octets of the GRH area.
+    pub const LEN: usize = 40;
+
+    /// Reads the GRH area the way rdma-core's `ibv_init_ah_from_wc` does for RoCE: an IPv4
+    /// header (version 4, IHL 5, good checksum) in the last 20 octets makes it IPv4;
+    /// otherwise an IPv6 header (version 6) at the front. `None` if neither.
+    pub fn parse(b: &[u8]) -> Option<Grh> {
+        let b: &[u8; 40] = b.get(..Self::LEN)?.try_into().ok()?;
+        let v4 = &b[20..40];
+        if v4[0] == 0x45 && ipv4_csum(v4) == 0 {
+            let s = Ipv4Addr::new(v4[12], v4[13], v4[14], v4[15]);
+            let d = Ipv4Addr::new(v4[16], v4[17], v4[18], v4[19]);
+            return Some(Grh {
+                sgid: Gid::from_ipv4(s),
+                dgid: Gid::from_ipv4(d),
+                traffic_class: v4[1],
+                flow_label: 0,
+                hop_limit: v4[8],
+                ipv4: true,
+            });
+        }
+        if b[0] >> 4 == 6 {
+            let w = u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+            let mut sgid = [0u8; 16];
+            let mut dgid = [0u8; 16];
+            sgid.copy_from_slice(&b[8..24]);
+            dgid.copy_from_slice(&b[24..40]);
+            return Some(Grh {
+                sgid: Gid(sgid),
+                dgid: Gid(dgid),
+                traffic_class: (w >> 20) as u8,
+                flow_label: w & 0xf_ffff,
+                hop_limit: b[7],
+                ipv4: false,
+            });
+        }
+        None
+    }
+}
+
+impl AhAttr {
+    /// The address vector back to the sender of a UD receive (`ibv_init_ah_from_wc`):
+    /// `grh` is the first 40 octets of the receive buffer of a completion with
+    /// [`WcFlags::GRH`](crate::WcFlags::GRH); `sgid_index` is our GID matching its
+    /// destination (the caller looks it up; 0 on a one-GID port). Hop limit 0xff and the
+    /// traffic class and flow label of the received header, as rdma-core sets them.
+    pub fn from_wc(wc: &crate::WorkCompletion, grh: &[u8], sgid_index: u8, port_num: u8) -> Option<AhAttr> {
+        if !wc.wc_flags.contains(crate::WcFlags::GRH) {
+            return None;
+        }
+        let g = Grh::parse(grh)?;
+        Some(AhAttr {
+            dgid: g.sgid,
+            sgid_index,
+            flow_label: g.flow_label,
+            hop_limit: 0xff,
+            traffic_class: g.traffic_class,
+            sl: wc.sl,
+            port_num,
+        })
     }
 }

@@ -173,6 +173,10 @@ pub enum InvalidArg {
     /// Multicast attach/detach with a GID that is not a multicast GID.
     #[error("{0} is not a multicast GID")]
     NotMulticast(Gid),
+    /// `create_ah_from_wc` of a completion without a readable GRH (no `WcFlags::GRH`, or
+    /// the 40 octets hold neither an IPv4 nor an IPv6 header).
+    #[error("the completion has no GRH to build an address handle from")]
+    NoGrh,
     /// The connection manager connects RC QPs only.
     #[error("the connection manager connects RC QPs, not {0:?}")]
     CmQpType(QpType),

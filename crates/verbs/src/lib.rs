@@ -87,7 +87,7 @@ pub mod qp_attr;
 pub mod registry;
 pub mod types;
 
-pub use ah::AddressHandle;
+pub use ah::{AddressHandle, Grh};
 pub use async_event::AsyncEvent;
 pub use cm::{
     CmEvent, ConnInfo, ConnectRequest, ErrorDetail, Listener, PortSpace, ProviderDetail, QpOptions, RDMA_UDP_QKEY,

@@ -14,7 +14,7 @@ use crate::error::{InvalidArg, Result};
 use crate::notify::EventQueue;
 use crate::provider::{QpCreate, QpOps, SrqInitAttr, SrqOps};
 use crate::qp_attr::{AhAttr, Gid, QpAttr, QpType, check_modify};
-use crate::types::{QpInitAttr, QpState, RecvWr, SendWr};
+use crate::types::{QpInitAttr, QpState, RecvWr, SendWr, WorkCompletion};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -118,6 +118,29 @@ impl ProtectionDomain {
     pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
         let ops = self.device().provider().create_ah(self.id(), attr)?;
         Ok(AddressHandle::new(ops, self.id()))
+    }
+
+    /// Creates an address handle back to the sender of a UD receive
+    /// (`ibv_create_ah_from_wc`): `grh` is the first 40 octets of the receive buffer of
+    /// `wc`. Our GID index is the one that matches the GRH's destination (0 for a
+    /// multicast destination), as rdma-core looks it up.
+    pub fn create_ah_from_wc(&self, wc: &WorkCompletion, grh: &[u8], port_num: u8) -> Result<AddressHandle> {
+        let g = crate::ah::Grh::parse(grh).ok_or(InvalidArg::NoGrh)?;
+        let mut sgid_index = 0u8;
+        if !g.dgid.is_multicast() {
+            for i in 0..=u8::MAX {
+                match self.device().query_gid(port_num, u32::from(i)) {
+                    Ok(gid) if gid == g.dgid => {
+                        sgid_index = i;
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+            }
+        }
+        let attr = AhAttr::from_wc(wc, grh, sgid_index, port_num).ok_or(InvalidArg::NoGrh)?;
+        self.create_ah(&attr)
     }
 
     /// Creates a shared receive queue (`ibv_create_srq`).

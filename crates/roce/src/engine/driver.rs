@@ -13,11 +13,14 @@ use super::DevInner;
 
 const SOCKET: Token = Token(0);
 pub(super) const WAKER: Token = Token(1);
+/// The tokens of multicast group sockets count from here.
+pub(super) const FIRST_GROUP: usize = 2;
 
 /// Registers the device's socket with `poll` and starts the thread.
 pub(super) fn start(poll: Poll, dev: &Arc<DevInner>) -> std::io::Result<()> {
     poll.registry()
         .register(&mut SourceFd(&dev.rx_fd()), SOCKET, Interest::READABLE)?;
+    let _ = dev.registry.set(poll.registry().try_clone()?);
     let weak = Arc::downgrade(dev);
     std::thread::Builder::new()
         .name(format!("{}-progress", dev.cfg.name))

@@ -30,13 +30,14 @@ pub mod impair;
 mod qp;
 #[allow(unsafe_code)]
 mod sys;
+mod ud;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Instant;
 
@@ -46,6 +47,7 @@ use verbs::{DeviceAttr, Error, Gid, InvalidArg, Mtu, PortAttr, QpType, Result};
 use crate::gsi::{GsiHandler, GsiPort};
 use crate::wire::{Bth, Deth, ExtHeaders, Opcode, Packet, Psn, icrc};
 pub use qp::RoceQp;
+pub use ud::{RoceUdQp, mcast_ip};
 
 /// What a RoCEv2 device is opened with (the registry's text options, parsed by
 /// [`crate::RoceFactory`]).
@@ -171,6 +173,15 @@ pub(crate) struct DevInner {
     pub last_poll: AtomicU64,
     /// The RC counters of QPs already destroyed.
     pub retired: Mutex<crate::rc::RcStats>,
+    /// The UD QPs.
+    pub(crate) ud_qps: RwLock<HashMap<u32, Weak<ud::UdShared>>>,
+    /// The UD counters of QPs already destroyed.
+    pub(crate) ud_retired: Mutex<crate::ud::UdStats>,
+    /// The multicast groups joined, by MGID.
+    pub(crate) mcast: Mutex<HashMap<Gid, ud::Group>>,
+    /// The progress thread's epoll, for registering group sockets (set when it starts).
+    pub(crate) registry: std::sync::OnceLock<mio::Registry>,
+    next_group_token: AtomicUsize,
     impair: Option<Mutex<impair::Impair>>,
     epoch: Instant,
 }
@@ -286,7 +297,7 @@ impl DevInner {
                         if self.raw.is_some() {
                             self.on_ip_datagram(now, &buf[..n], &mut touched);
                         } else {
-                            self.on_datagram(now, from, None, &buf[..n], &mut touched);
+                            self.on_datagram(now, from, self.local.ip(), None, &buf[..n], &mut touched);
                         }
                         n_batch += 1;
                         // Let ACKs and responses out now and then during a long burst.
@@ -306,6 +317,7 @@ impl DevInner {
                     }
                 }
             }
+            any |= self.drain_groups(&mut buf, now);
             drop(buf);
             for q in touched {
                 q.service_locked();
@@ -336,21 +348,25 @@ impl DevInner {
         let src = Ipv4Addr::new(d[12], d[13], d[14], d[15]);
         let sport = u16::from_be_bytes([d[IP], d[IP + 1]]);
         let from = SocketAddr::new(IpAddr::V4(src), sport);
+        let dst = Ipv4Addr::new(d[16], d[17], d[18], d[19]);
         self.on_datagram(
             now,
             from,
+            IpAddr::V4(dst),
             Some((&d[..IP], &d[IP..IP + UDP])),
             &d[IP + UDP..IP + udp_len],
             touched,
         );
     }
 
-    /// One RoCEv2 packet (a UDP payload) from `from`; `headers` are the IP and UDP headers
-    /// it arrived in when the raw socket gave them.
-    fn on_datagram(
+    /// One RoCEv2 packet (a UDP payload) from `from` to `dst` (our address or a multicast
+    /// group); `headers` are the IP and UDP headers it arrived in when the raw socket gave
+    /// them.
+    pub(crate) fn on_datagram(
         &self,
         now: Instant,
         from: SocketAddr,
+        dst: IpAddr,
         headers: Option<(&[u8], &[u8])>,
         pkt: &[u8],
         touched: &mut Vec<Arc<qp::QpShared>>,
@@ -358,7 +374,7 @@ impl DevInner {
         self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
         let ok = match headers {
             Some((ip, udp)) => icrc::verify(ip, udp, pkt).is_ok(),
-            None => icrc_check(from.ip(), self.local.ip(), from.port(), self.local.port(), pkt).is_ok(),
+            None => icrc_check(from.ip(), dst, from.port(), crate::wire::ROCEV2_UDP_PORT, pkt).is_ok(),
         };
         if !ok {
             self.counters.icrc_err.fetch_add(1, Ordering::Relaxed);
@@ -375,6 +391,24 @@ impl DevInner {
         let dqp = p.bth.dest_qp;
         if dqp == 1 {
             self.on_gsi(from, &p);
+            return;
+        }
+        if p.ext.deth.is_some() {
+            // UD: one QP, or every QP attached to the group the datagram came to.
+            let targets: Vec<Arc<ud::UdShared>> = if dqp == crate::ud::MCAST_QPN {
+                let m = self.mcast.lock().unwrap();
+                m.values()
+                    .filter(|g| g.addr == dst)
+                    .flat_map(|g| g.members.iter().filter_map(|&q| self.ud_qp(q)))
+                    .collect()
+            } else {
+                self.ud_qp(dqp).into_iter().collect()
+            };
+            if targets.is_empty() {
+                self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.on_ud_packet(from, dst, headers.map(|h| h.0), pkt.len(), &p, &targets);
+            }
             return;
         }
         match self.qp(dqp) {
@@ -506,7 +540,11 @@ impl DevInner {
     fn alloc_qpn(&self) -> u32 {
         loop {
             let q = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
-            if q > 1 && !self.qps.read().unwrap().contains_key(&q) {
+            if q > 1
+                && q != crate::ud::MCAST_QPN
+                && !self.qps.read().unwrap().contains_key(&q)
+                && !self.ud_qps.read().unwrap().contains_key(&q)
+            {
                 return q;
             }
         }
@@ -611,6 +649,11 @@ impl RoceProvider {
             let _ = s.set_recv_buffer_size(RCVBUF);
         }
         sys::set_pmtudisc_do(s.as_fd(), cfg.addr.is_ipv6())?;
+        if let IpAddr::V4(a) = cfg.addr {
+            // Multicast UD sends leave from the device's interface (loopback copies to the
+            // host's other devices: IP_MULTICAST_LOOP, on by default).
+            s.set_multicast_if_v4(&a)?;
+        }
         s.bind(&local.into())?;
         let raw = match (cfg.addr, cfg.icrc_rx) {
             (IpAddr::V4(a), IcrcRx::Auto | IcrcRx::Raw) => match raw_socket(a) {
@@ -657,6 +700,11 @@ impl RoceProvider {
             counters: DevCounters::default(),
             last_poll: AtomicU64::new(0),
             retired: Mutex::new(crate::rc::RcStats::default()),
+            ud_qps: RwLock::new(HashMap::new()),
+            ud_retired: Mutex::new(crate::ud::UdStats::default()),
+            mcast: Mutex::new(HashMap::new()),
+            registry: std::sync::OnceLock::new(),
+            next_group_token: AtomicUsize::new(0),
             impair: cfg_impair.map(|c| Mutex::new(impair::Impair::new(c))),
             epoch: Instant::now(),
         });
@@ -732,6 +780,18 @@ impl Provider for RoceProvider {
             ("unknown_qp_pkts", ld(&c.unknown_qp)),
             ("misdirected_pkts", rc.misdirected_dropped),
         ];
+        let ud = self.ud_totals();
+        v.extend([
+            ("ud_sent_pkts", ud.sent),
+            ("ud_rcvd_pkts", ud.received),
+            ("ud_qkey_dropped", ud.qkey_dropped),
+            ("ud_pkey_dropped", ud.pkey_dropped),
+            ("ud_rq_empty_dropped", ud.rq_empty_dropped),
+            ("ud_state_dropped", ud.state_dropped),
+            ("ud_opcode_dropped", ud.opcode_dropped),
+            ("ud_len_err", ud.len_errors),
+            ("mcast_groups", self.inner.mcast.lock().unwrap().len() as u64),
+        ]);
         if let Some(im) = &self.inner.impair {
             let s = im.lock().unwrap().stats;
             v.extend([
@@ -752,6 +812,31 @@ impl Provider for RoceProvider {
         }
     }
 
+    fn create_ah(&self, _pd_id: u32, attr: &verbs::AhAttr) -> Result<Arc<dyn verbs::ah::AhOps>> {
+        if attr.sgid_index != 0 {
+            return Err(InvalidArg::GidIndex(u32::from(attr.sgid_index)).into());
+        }
+        Ok(Arc::new(crate::ud::UdAh(*attr)))
+    }
+
+    fn attach_mcast(&self, qp: &dyn QpOps, gid: &Gid, _lid: u16) -> Result<()> {
+        let q = self.ud_of(qp)?;
+        self.inner.mcast_join(*gid, q.0.qpn)?;
+        q.0.inner.lock().unwrap().groups.insert(*gid);
+        Ok(())
+    }
+
+    fn detach_mcast(&self, qp: &dyn QpOps, gid: &Gid, _lid: u16) -> Result<()> {
+        let q = self.ud_of(qp)?;
+        q.0.inner.lock().unwrap().groups.remove(gid);
+        if self.inner.mcast_leave(*gid, q.0.qpn) {
+            Ok(())
+        } else {
+            // ibv_detach_mcast of a group the QP is not attached to: EINVAL.
+            Err(InvalidArg::NotMulticast(*gid).into())
+        }
+    }
+
     fn query_gid(&self, _port_num: u8, index: u32) -> Result<Gid> {
         match index {
             0 => Ok(Gid::from_ip(self.inner.cfg.addr)),
@@ -760,15 +845,46 @@ impl Provider for RoceProvider {
     }
 
     fn create_qp(&self, req: QpCreate) -> Result<Arc<dyn QpOps>> {
+        if req.qp_type == QpType::Ud {
+            let qpn = self.inner.alloc_qpn();
+            return Ok(Arc::new(RoceUdQp(ud::UdShared::new(self.inner.clone(), qpn, req))));
+        }
         if req.qp_type != QpType::Rc {
             return Err(Error::NotSupported(format!(
-                "{:?} QPs (the RoCEv2 provider has RC; UD comes next)",
+                "{:?} QPs (the RoCEv2 provider has RC and UD)",
                 req.qp_type
             )));
         }
         let qpn = self.inner.alloc_qpn();
         let q = qp::QpShared::new(self.inner.clone(), qpn, req);
         Ok(Arc::new(RoceQp(q)))
+    }
+}
+
+impl RoceProvider {
+    fn ud_of<'a>(&self, qp: &'a dyn QpOps) -> Result<&'a RoceUdQp> {
+        let q = qp.as_any().downcast_ref::<RoceUdQp>().ok_or(InvalidArg::OtherDevice)?;
+        if !Arc::ptr_eq(&q.0.dev, &self.inner) {
+            return Err(InvalidArg::OtherDevice.into());
+        }
+        Ok(q)
+    }
+
+    /// The UD counters summed over every UD QP the device has had.
+    fn ud_totals(&self) -> crate::ud::UdStats {
+        let mut t = self.inner.ud_retired.lock().unwrap().clone();
+        let qps: Vec<_> = self
+            .inner
+            .ud_qps
+            .read()
+            .unwrap()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for q in qps {
+            t.add(&q.stats());
+        }
+        t
     }
 }
 

@@ -48,6 +48,9 @@ impl Provider for NoTransport {
     fn create_qp(&self, _req: QpCreate) -> Result<Arc<dyn QpOps>> {
         Err(Error::NotSupported("in-memory test device".into()))
     }
+    fn create_ah(&self, _pd_id: u32, attr: &verbs::AhAttr) -> Result<Arc<dyn verbs::ah::AhOps>> {
+        Ok(Arc::new(crate::ud::UdAh(*attr)))
+    }
 }
 
 /// A device whose memory table the cores share, with no transport.
