@@ -49,8 +49,8 @@ pub struct UdaddyArgs {
     /// Message size in bytes (at most the path MTU).
     #[arg(short = 'S', default_value_t = 100)]
     pub size: usize,
-    /// Port (in RDMA_PS_UDP).
-    #[arg(short = 'p', default_value_t = 7174)]
+    /// Port in RDMA_PS_UDP (udaddy's is fixed at 7174; its -p is the port space).
+    #[arg(long, default_value_t = 7174)]
     pub port: u16,
     /// Seconds any one step may take (resolution, each datagram).
     #[arg(long, default_value_t = 10)]
@@ -98,6 +98,8 @@ impl Node {
         let mr = pd
             .reg_mr(slot * (a.count as usize + 1), Access::LOCAL_WRITE)
             .context("failed to reg MR")?;
+        // rdma_create_qp: a UD QP is in RTS (RDMA_UDP_QKEY) before receives are posted.
+        qp.prepare_ud_cm()?;
         let n = Node { pd, cq, qp, mr, slot };
         let pattern: Vec<u8> = (0..a.size).map(|i| (i % 251) as u8).collect();
         n.mr.write(n.send_off(a), &pattern)
@@ -176,18 +178,21 @@ impl Node {
         }
         Ok(got)
     }
-    /// udaddy's `create_reply_ah`: the sender's GID from the GRH area of the receive, its
-    /// QPN from the immediate data, our own Q_Key.
+    /// udaddy's `create_reply_ah`: an AH from the completion and the GRH area of the receive
+    /// (`ibv_create_ah_from_wc`), the sender's QPN from the immediate data, our own Q_Key.
     fn reply_dest(&self, wc: &WorkCompletion) -> Result<UdDest> {
         let slot = (wc.wr_id & 0xffff_ffff) as usize;
         let mut grh = [0u8; GRH_LEN];
         self.mr
             .read(slot * self.slot, &mut grh)
             .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        let mut sgid = [0u8; 16];
-        sgid.copy_from_slice(&grh[8..24]);
-        let ah = self.pd.create_ah(&AhAttr::to_gid(Gid(sgid)))?;
-        let remote_qpn = wc.imm_data.context("udaddy: the first message carries no immediate (QPN)")?;
+        let ah = self
+            .pd
+            .create_ah_from_wc(wc, &grh, 1)
+            .context("udaddy: failure creating the reply address handle")?;
+        let remote_qpn = wc
+            .imm_data
+            .context("udaddy: the first message carries no immediate (QPN)")?;
         Ok(UdDest {
             ah,
             remote_qpn,

@@ -343,6 +343,14 @@ impl QueuePair {
 }
 
 impl QueuePair {
+    /// Moves this UD QP from RESET to RTS with Q_Key [`RDMA_UDP_QKEY`], as `rdma_create_qp`
+    /// does for a UD ID, so receives can be posted before [`connect_ud`](Self::connect_ud)
+    /// or [`ConnectRequest::accept_ud`] (which do it themselves otherwise). Nothing to do
+    /// in RTS; `InvalidArgument` for another QP type.
+    pub fn prepare_ud_cm(&self) -> Result<()> {
+        prepare_ud(self)
+    }
+
     /// Resolves the UD QP listening on `addr` in the UDP port space (`rdma_connect` on a
     /// UD ID: SIDR on RoCE) with `private_data` for the listener, and returns where to
     /// send: its QPN, Q_Key and address vector (`RDMA_CM_EVENT_ESTABLISHED`'s `ud`
