@@ -1,6 +1,9 @@
 //! SIDR (IBTA vol. 1 §12.11: service ID resolution for UD) in the sans-I/O CM: the two MADs
 //! against golden vectors built from the spec layout (tables 119 and 120, the positions
-//! Linux names in `include/rdma/ibta_vol1_c12.h`), the exchange between two [`Cm`]s with the
+//! Linux names in `include/rdma/ibta_vol1_c12.h`) and against the lab capture of Linux 6.1's
+//! `udaddy -s 192.168.78.1` over rxe0 talking to our `softrdma udaddy` server
+//! (`testdata/lab-udaddy-frame01-sidr-req.mad`, Linux's SIDR_REQ, and `...frame02-sidr-rep.mad`,
+//! our answer, cut out of the frames: the 256 octets after BTH + DETH), the exchange between two [`Cm`]s with the
 //! statuses, retries and timeouts, and tshark's view of the MADs.
 //!
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` C1.1 (MAD header), C1.2 (attribute
@@ -99,6 +102,60 @@ fn sidr_rep_golden_vector() {
     assert_eq!(r.private_data.len(), SIDR_REP_PDATA);
     assert_eq!(&r.private_data[..2], b"ok");
     assert_eq!(mad.emit().unwrap(), bytes);
+}
+
+fn testdata(name: &str) -> Vec<u8> {
+    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join(name)).unwrap()
+}
+
+/// Linux 6.1 rdma_cm's real SIDR_REQ (udaddy client on rxe0, 192.168.78.2, to port 7174 of
+/// 192.168.78.1): the fields where the spec and our codec put them, the rdma_cm header in the
+/// private data, and back byte for byte. Our machine delivers it to a listener.
+#[test]
+fn linux_sidr_req_from_the_lab() {
+    let bytes = testdata("lab-udaddy-frame01-sidr-req.mad");
+    let mad = Mad::parse(&bytes).unwrap();
+    assert_eq!(mad.hdr.tid, 0x0000_0002_86df_fde2);
+    let CmMsg::SidrReq(r) = &mad.msg else {
+        panic!("not a SIDR_REQ: {mad:?}")
+    };
+    assert_eq!(r.request_id, 0xe2fd_df86);
+    assert_eq!(r.pkey, 0xffff);
+    assert_eq!(r.service_id, service_id(PortSpace::Udp, 7174));
+    let h = CmaHdr::parse(&r.private_data).unwrap();
+    assert_eq!(h.src, "192.168.78.2:54165".parse::<SocketAddr>().unwrap());
+    assert_eq!(h.dst, "192.168.78.1".parse::<std::net::IpAddr>().unwrap());
+    assert!(r.private_data[36..].iter().all(|&b| b == 0), "udaddy sends no data of its own");
+    assert_eq!(&mad.emit().unwrap()[..], &bytes[..]);
+
+    let linux = Gid::from_ipv4([192, 168, 78, 2].into());
+    let mut b = Cm::new(cfg(0xb, Gid::from_ipv4([192, 168, 78, 1].into())));
+    b.listen(service_id(PortSpace::Udp, 7174)).unwrap();
+    b.handle_mad(Instant::now(), &bytes, linux).unwrap();
+    let req = request(&mut b);
+    assert_eq!(req.cma, Some(h));
+    b.sidr_reply(Instant::now(), req.id, SidrStatus::Valid, 0x81c011, RDMA_UDP_QKEY, &[])
+        .unwrap();
+    let (to, rep) = b.poll_transmit().unwrap();
+    assert_eq!(to, linux);
+    // What we sent in the lab (the same QPN): byte for byte what the machine emits.
+    assert_eq!(&rep.emit().unwrap()[..], &testdata("lab-udaddy-frame02-sidr-rep.mad")[..]);
+}
+
+/// Our SIDR_REP in the same capture, which Linux accepted (its udaddy went on to send): the
+/// TID and request ID echoed, status 0, QPN, the service ID, RDMA_UDP_QKEY.
+#[test]
+fn our_sidr_rep_in_the_lab() {
+    let bytes = testdata("lab-udaddy-frame02-sidr-rep.mad");
+    let mad = Mad::parse(&bytes).unwrap();
+    assert_eq!(mad.hdr.tid, 0x0000_0002_86df_fde2);
+    let CmMsg::SidrRep(r) = &mad.msg else {
+        panic!("not a SIDR_REP: {mad:?}")
+    };
+    assert_eq!(r.request_id, 0xe2fd_df86);
+    assert_eq!(SidrStatus::from(r.status), SidrStatus::Valid);
+    assert_eq!((r.qpn, r.qkey, r.service_id), (0x81c011, RDMA_UDP_QKEY, 0x0111_1c06));
+    assert!(r.additional_info.is_empty());
 }
 
 /// Bad input gets an error, never a panic: an additional-information length above 72, a
@@ -450,6 +507,9 @@ fn tshark_decodes_sidr_mads() {
         return;
     }
     let mut mads = vec![golden_sidr_req(), golden_sidr_rep()];
+    for f in ["lab-udaddy-frame01-sidr-req.mad", "lab-udaddy-frame02-sidr-rep.mad"] {
+        mads.push(testdata(f).try_into().unwrap());
+    }
     let mut p = Pair::new();
     p.a.sidr_request(p.now, gid(2), SID + 5, b"x").unwrap();
     p.pump(|_, _| false);
@@ -461,7 +521,7 @@ fn tshark_decodes_sidr_mads() {
         .emit()
         .unwrap()
     }));
-    assert_eq!(mads.len(), 4);
+    assert_eq!(mads.len(), 6);
     let frame = |mad: &[u8], psn: u32| {
         let bth = Bth::new(Opcode::UD_SEND_ONLY, 1, Psn::new(psn));
         let ext = ExtHeaders {
