@@ -158,6 +158,40 @@ fn our_sidr_rep_in_the_lab() {
     assert!(r.additional_info.is_empty());
 }
 
+/// The other direction in the lab (`testdata/lab-udaddy2-*`: our `softrdma udaddy -s
+/// 192.168.78.2` against Linux's udaddy server on rxe0): Linux accepted our SIDR_REQ and
+/// answered with a SIDR_REP that our machine matches: the TID and request ID echoed, status
+/// 0, its UD QP 0x4b, RDMA_UDP_QKEY, no private data of its own; and back byte for byte.
+#[test]
+fn linux_sidr_rep_from_the_lab() {
+    let req = Mad::parse(&testdata("lab-udaddy2-frame01-sidr-req.mad")).unwrap();
+    let CmMsg::SidrReq(ours) = &req.msg else { panic!() };
+    assert_eq!(ours.service_id, 0x0111_1c06);
+    let bytes = testdata("lab-udaddy2-frame02-sidr-rep.mad");
+    let mad = Mad::parse(&bytes).unwrap();
+    assert_eq!(mad.hdr.tid, req.hdr.tid, "Linux echoes our TID");
+    let CmMsg::SidrRep(r) = &mad.msg else {
+        panic!("not a SIDR_REP: {mad:?}")
+    };
+    assert_eq!(r.request_id, ours.request_id);
+    assert_eq!(SidrStatus::from(r.status), SidrStatus::Valid);
+    assert_eq!((r.qpn, r.qkey, r.service_id), (0x4b, RDMA_UDP_QKEY, 0x0111_1c06));
+    assert!(r.additional_info.is_empty() && r.private_data.iter().all(|&b| b == 0));
+    assert_eq!(&mad.emit().unwrap()[..], &bytes[..]);
+    // Fed to a machine that sent that request ID, it resolves it.
+    let mut a = Cm::new(cfg(0xa, gid(1)));
+    let id = a.sidr_request(Instant::now(), gid(2), SID, &[]).unwrap();
+    let mut rep = r.clone();
+    rep.request_id = id.0;
+    let m = Mad {
+        hdr: mad.hdr,
+        msg: CmMsg::SidrRep(rep),
+    };
+    a.handle_mad(Instant::now(), &m.emit().unwrap(), gid(2)).unwrap();
+    let (rid, got) = reply(&mut a);
+    assert_eq!((rid, got.qpn), (id, 0x4b));
+}
+
 /// Bad input gets an error, never a panic: an additional-information length above 72, a
 /// QPN above 24 bits, private data too long.
 #[test]
@@ -507,7 +541,12 @@ fn tshark_decodes_sidr_mads() {
         return;
     }
     let mut mads = vec![golden_sidr_req(), golden_sidr_rep()];
-    for f in ["lab-udaddy-frame01-sidr-req.mad", "lab-udaddy-frame02-sidr-rep.mad"] {
+    for f in [
+        "lab-udaddy-frame01-sidr-req.mad",
+        "lab-udaddy-frame02-sidr-rep.mad",
+        "lab-udaddy2-frame01-sidr-req.mad",
+        "lab-udaddy2-frame02-sidr-rep.mad",
+    ] {
         mads.push(testdata(f).try_into().unwrap());
     }
     let mut p = Pair::new();
@@ -521,7 +560,7 @@ fn tshark_decodes_sidr_mads() {
         .emit()
         .unwrap()
     }));
-    assert_eq!(mads.len(), 6);
+    assert_eq!(mads.len(), 8);
     let frame = |mad: &[u8], psn: u32| {
         let bth = Bth::new(Opcode::UD_SEND_ONLY, 1, Psn::new(psn));
         let ext = ExtHeaders {
