@@ -49,6 +49,7 @@ mod providers;
 mod report;
 mod rpc;
 mod rping;
+mod mckey;
 mod udaddy;
 mod scale;
 mod sigpipe;
@@ -86,6 +87,9 @@ enum Cmd {
     /// librdmacm's udaddy (rdma_cm UDP port space: SIDR, then UD datagrams both ways),
     /// compatible with Linux's `udaddy` over rxe (RoCEv2 provider).
     Udaddy(udaddy::UdaddyArgs),
+    /// librdmacm's mckey (rdma_cm multicast join, UD datagrams through the group),
+    /// compatible with Linux's `mckey` over rxe (RoCEv2 provider).
+    Mckey(mckey::MckeyArgs),
     /// ONC RPC over TCP and RPC-over-RDMA: serve, call and benchmark the demo program.
     Rpc(rpc::Args),
     /// NFSv3 client over RPC-over-RDMA or TCP: ls, stat, get, put, rm, and probe (how a server answers chunk errors) on SERVER:/export/path.
@@ -158,6 +162,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Info(args) => devices::run_info(args),
         Cmd::Rping(args) => rping::run(args),
         Cmd::Udaddy(args) => udaddy::run(args),
+        Cmd::Mckey(args) => mckey::run(args),
         Cmd::Rpc(args) => rpc::run(args),
         Cmd::Nfs(args) => nfs::run(args),
         Cmd::Perftest(args) => perftest::run(args),
