@@ -1,4 +1,4 @@
-//! `softrdma udaddy` against itself on loopback (issue 14): SIDR over QP1 resolves the
+//! `softrdma udaddy` and `softrdma mckey` against themselves on loopback (issue 14): SIDR over QP1 resolves the
 //! server's UD QP (rdma_cm's UDP port space), then datagrams with immediate data both ways;
 //! the server replies to the GRH's source and the immediate's QPN (`ibv_create_ah_from_wc`).
 //! Two processes, two RoCE devices on unique 127.93.x addresses. Requirement IDs:
@@ -69,4 +69,29 @@ fn udaddy_client_without_server_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("UNREACHABLE") && err.contains("service ID not supported"), "{err}");
+}
+
+/// `softrdma mckey`: a receiver joined to 239.93.4.1 gets the 10 datagrams a sender joined
+/// to the same group sends (rdma_cm-style join: MGID ::ffff:239.93.4.1, QPN 0xFFFFFF).
+#[test]
+fn mckey_sender_to_receiver() {
+    let rx = Command::new(BIN)
+        .args(["mckey", "--provider", "roce", "-m", "239.93.4.1", "-b", "127.93.4.1", "--timeout", "10"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let tx = Command::new(BIN)
+        .args(["mckey", "--provider", "roce", "-m", "239.93.4.1", "-b", "127.93.4.2", "-s"])
+        .args(["--delay-ms", "200"])
+        .output()
+        .unwrap();
+    let rx = rx.wait_with_output().unwrap();
+    let r = format!("{}{}", String::from_utf8_lossy(&rx.stdout), String::from_utf8_lossy(&rx.stderr));
+    let t = format!("{}{}", String::from_utf8_lossy(&tx.stdout), String::from_utf8_lossy(&tx.stderr));
+    assert!(tx.status.success(), "sender:\n{t}");
+    assert!(rx.status.success(), "receiver:\n{r}\nsender:\n{t}");
+    assert!(r.contains("mckey: joined dgid: ::ffff:239.93.4.1"), "{r}");
+    assert!(r.lines().any(|l| l == "data transfers complete"), "{r}");
 }
