@@ -40,6 +40,7 @@ mod bench;
 mod demo;
 mod devices;
 mod fdlimit;
+mod mckey;
 mod net;
 mod nfs;
 mod perftest;
@@ -49,10 +50,9 @@ mod providers;
 mod report;
 mod rpc;
 mod rping;
-mod mckey;
-mod udaddy;
 mod scale;
 mod sigpipe;
+mod udaddy;
 mod units;
 
 #[derive(Parser)]

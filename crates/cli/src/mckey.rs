@@ -96,7 +96,9 @@ pub fn run(a: MckeyArgs) -> Result<()> {
         std::net::Ipv6Addr::from(p.ah_attr.dgid.0),
         p.ah_attr.sl
     );
-    let ah = pd.create_ah(&p.ah_attr).context("mckey: failure creating address handle")?;
+    let ah = pd
+        .create_ah(&p.ah_attr)
+        .context("mckey: failure creating address handle")?;
     if a.count > 0 {
         if a.sender {
             std::thread::sleep(Duration::from_millis(a.delay_ms));
@@ -107,9 +109,7 @@ pub fn run(a: MckeyArgs) -> Result<()> {
             for i in 0..a.count {
                 let wr = SendWr::new(
                     u64::from(i),
-                    WrOpcode::SendWithImm {
-                        imm_data: qp.qp_num(),
-                    },
+                    WrOpcode::SendWithImm { imm_data: qp.qp_num() },
                     vec![mr.sge(off, a.size as u32)],
                 )
                 .ud(UdDest {

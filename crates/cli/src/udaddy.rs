@@ -223,7 +223,10 @@ pub fn run(a: UdaddyArgs) -> Result<()> {
                 .qp
                 .connect_ud(dest, &[], step)
                 .with_context(|| format!("udaddy: event: RDMA_CM_EVENT_UNREACHABLE ({dest})"))?;
-            let ah = node.pd.create_ah(&p.ah_attr).context("udaddy: failure creating address handle")?;
+            let ah = node
+                .pd
+                .create_ah(&p.ah_attr)
+                .context("udaddy: failure creating address handle")?;
             let to = UdDest {
                 ah,
                 remote_qpn: p.qp_num,

@@ -92,11 +92,18 @@ fn lab(test: &str) -> Option<Lab> {
 /// The udaddy lines both programs print on success.
 fn check_udaddy(log: &str, client: bool, who: &str) {
     let want: &[&str] = if client {
-        &["udaddy: starting client", "udaddy: connecting", "initiating data transfers"]
+        &[
+            "udaddy: starting client",
+            "udaddy: connecting",
+            "initiating data transfers",
+        ]
     } else {
         &["udaddy: starting server", "receiving data transfers", "sending replies"]
     };
-    for w in want.iter().chain(&["data transfers complete", "test complete", "return status 0"]) {
+    for w in want
+        .iter()
+        .chain(&["data transfers complete", "test complete", "return status 0"])
+    {
         assert!(log.lines().any(|l| l.trim() == *w), "{who}: no '{w}' line:\n{log}");
     }
 }
@@ -208,7 +215,11 @@ fn our_udaddy_client_vs_kernel_server() {
 /// The mckey lines of a run that went through.
 fn check_mckey(log: &str, sender: bool, group: &str, who: &str) {
     let joined = format!("mckey: joined dgid: ::ffff:{group} mlid 0x0 sl 0");
-    let first = if sender { "initiating data transfers" } else { "receiving data transfers" };
+    let first = if sender {
+        "initiating data transfers"
+    } else {
+        "receiving data transfers"
+    };
     for w in [joined.as_str(), first, "data transfers complete", "return status 0"] {
         assert!(log.lines().any(|l| l.trim() == w), "{who}: no '{w}' line:\n{log}");
     }

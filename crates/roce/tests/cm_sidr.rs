@@ -105,7 +105,12 @@ fn sidr_rep_golden_vector() {
 }
 
 fn testdata(name: &str) -> Vec<u8> {
-    std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata").join(name)).unwrap()
+    std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("testdata")
+            .join(name),
+    )
+    .unwrap()
 }
 
 /// Linux 6.1 rdma_cm's real SIDR_REQ (udaddy client on rxe0, 192.168.78.2, to port 7174 of
@@ -125,7 +130,10 @@ fn linux_sidr_req_from_the_lab() {
     let h = CmaHdr::parse(&r.private_data).unwrap();
     assert_eq!(h.src, "192.168.78.2:54165".parse::<SocketAddr>().unwrap());
     assert_eq!(h.dst, "192.168.78.1".parse::<std::net::IpAddr>().unwrap());
-    assert!(r.private_data[36..].iter().all(|&b| b == 0), "udaddy sends no data of its own");
+    assert!(
+        r.private_data[36..].iter().all(|&b| b == 0),
+        "udaddy sends no data of its own"
+    );
     assert_eq!(&mad.emit().unwrap()[..], &bytes[..]);
 
     let linux = Gid::from_ipv4([192, 168, 78, 2].into());
@@ -139,7 +147,10 @@ fn linux_sidr_req_from_the_lab() {
     let (to, rep) = b.poll_transmit().unwrap();
     assert_eq!(to, linux);
     // What we sent in the lab (the same QPN): byte for byte what the machine emits.
-    assert_eq!(&rep.emit().unwrap()[..], &testdata("lab-udaddy-frame02-sidr-rep.mad")[..]);
+    assert_eq!(
+        &rep.emit().unwrap()[..],
+        &testdata("lab-udaddy-frame02-sidr-rep.mad")[..]
+    );
 }
 
 /// Our SIDR_REP in the same capture, which Linux accepted (its udaddy went on to send): the

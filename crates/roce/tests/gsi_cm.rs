@@ -15,9 +15,9 @@ use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use roce::cm::mad::SidrStatus;
 use roce::cm::mad::{CmMsg, Mad, RejReason};
 use roce::gsi::{GsiHandler, GsiPort};
-use roce::cm::mad::SidrStatus;
 use roce::gsi_cm::{GsiCm, GsiCmConfig, Rejection, SidrRefusal};
 use verbs::cm::backend::CmBackend;
 use verbs::notify::EventQueue;
@@ -678,7 +678,11 @@ fn udp_port_space_resolves_the_listeners_qp() {
     let (addr, a_ip) = (l.local_addr(), a.ip);
     let t = std::thread::spawn(move || {
         let cq = dev.create_cq(16).unwrap();
-        let q = dev.alloc_pd().unwrap().create_qp(verbs::QpInit::new(QpType::Ud, &cq)).unwrap();
+        let q = dev
+            .alloc_pd()
+            .unwrap()
+            .create_qp(verbs::QpInit::new(QpType::Ud, &cq))
+            .unwrap();
         let r = q.connect_ud(addr, b"hello ud", T);
         (q, r)
     });
@@ -721,7 +725,9 @@ fn udp_port_space_statuses() {
     l.get_request(Some(T)).unwrap().reject(b"not you").unwrap();
     let e = t.join().unwrap().unwrap_err();
     assert_eq!(sidr_status(&e), SidrStatus::Rejected);
-    let Error::Rejected { private_data, .. } = &e else { unreachable!() };
+    let Error::Rejected { private_data, .. } = &e else {
+        unreachable!()
+    };
     assert_eq!(&private_data[..7], b"not you");
 
     let qa = ud_qp(&a);
@@ -732,8 +738,13 @@ fn udp_port_space_statuses() {
     // An RC connect to the UDP listener's port: its REQ is for RDMA_PS_TCP, REJ 8.
     let pd = a.dev.alloc_pd().unwrap();
     let e = pd.connect(addr, opts(&a.dev), T).unwrap_err();
-    let Error::Rejected { detail: Some(d), .. } = &e else { panic!("{e:?}") };
-    assert_eq!(d.downcast_ref::<Rejection>().unwrap().reason, RejReason::InvalidServiceId);
+    let Error::Rejected { detail: Some(d), .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        d.downcast_ref::<Rejection>().unwrap().reason,
+        RejReason::InvalidServiceId
+    );
 }
 
 /// C1.7: the first SIDR_REQ is lost; its retry resolves. A listener that never answers
@@ -775,7 +786,10 @@ fn udp_port_space_misuse() {
     // Private data beyond the 180 octets after the rdma_cm header.
     let e = ud_qp(&a).connect_ud(addr, &[0; 181], T).unwrap_err();
     assert!(
-        matches!(e, Error::InvalidArgument(verbs::InvalidArg::PrivateDataTooLong { len: 181, max: 180 })),
+        matches!(
+            e,
+            Error::InvalidArgument(verbs::InvalidArg::PrivateDataTooLong { len: 181, max: 180 })
+        ),
         "{e:?}"
     );
     // An RC accept of a UDP request, and a UD answer too long, leave it answerable.
