@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every fuzz target for a few seconds (a smoke run, not a campaign).
 # Every target in fuzz/Cargo.toml runs (`cargo fuzz list`): the iWARP decoders and QP core, the
-# rpcrdma decoders, and the RoCEv2 wire decoders (roce_packet, roce_headers). Seeds in fuzz/seeds/<target>.
+# rpcrdma decoders, the RoCEv2 wire decoders (roce_packet, roce_headers), the RC core (roce_rc) and
+# the DETH + UD receive path (roce_ud). Seeds in fuzz/seeds/<target>.
 # cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"

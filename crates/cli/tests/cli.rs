@@ -139,6 +139,52 @@ fn bench_each_op_json() {
     }
 }
 
+/// Issue 14: UD Send message rate on one QP, 64 B and MTU by default, next to a plain UDP
+/// socket sending the same sizes (`--baseline udp`) in the same run.
+#[test]
+fn bench_ud_send_rate_with_udp_baseline() {
+    let out = ok(&[
+        "bench",
+        "send",
+        "--ud",
+        "--provider",
+        "roce",
+        "--loopback",
+        "127.77.151.1",
+        "--iters",
+        "2000",
+        "--baseline",
+        "udp",
+        "--json",
+    ]);
+    let v = json_lines(&out);
+    assert_eq!(v.len(), 2, "{out}");
+    for (r, size) in v.iter().zip([64u64, 1024]) {
+        assert_eq!(r["test"], "ud_send_rate");
+        assert_eq!(r["size"], size);
+        assert!(r["sent"].as_u64().unwrap() >= 2000, "{r}");
+        assert!(r["received"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["sent_mpps"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["udp_sent_mpps"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    // A UD message is at most the MTU.
+    let out = run(&[
+        "bench",
+        "send",
+        "--ud",
+        "--provider",
+        "roce",
+        "--loopback",
+        "127.77.151.1",
+        "--size",
+        "2K",
+    ]);
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(e.contains("at most the MTU"), "{e}");
+}
+
 #[test]
 fn bench_sweep_crc_and_qps() {
     let out = ok(&[

@@ -51,6 +51,7 @@ use verbs::*;
 
 mod server;
 mod tcp;
+mod ud;
 mod udp;
 
 use crate::procstat::cpu_secs;
@@ -93,6 +94,7 @@ Examples:
   softrdma bench read --size 1M --qps 4 --crc on
   softrdma bench send --lat --size 8 --baseline tcp           # p50/p99/p99.9 against a TCP ping-pong
   softrdma bench atomic --depth 16 --json
+  softrdma bench send --ud --provider roce --baseline udp      # UD Send message rate, 64 B and MTU
   softrdma bench --listen 0.0.0.0:18515                       # server on one host (serves one session)
   softrdma bench write --connect 10.0.0.1:18515 --size 1M     # client on another
 ";
@@ -189,6 +191,11 @@ pub struct Args {
     /// ping-pong of the same size, the baseline for RoCEv2, which runs over UDP).
     #[arg(long, value_parser = ["tcp", "udp"])]
     baseline: Option<String>,
+    /// With `send`: UD Send message rate of one UD QP (RoCEv2), both ends in this process;
+    /// `--baseline udp` adds a plain UDP socket sending the same sizes [default sizes: 64
+    /// and the MTU].
+    #[arg(long)]
+    ud: bool,
     /// One JSON object per result on stdout instead of the table.
     #[arg(long)]
     json: bool,
@@ -482,6 +489,12 @@ fn qp_attr(send: u32, recv: u32) -> QpInitAttr {
 pub fn run(args: Args) -> Result<()> {
     use crate::providers::{Endpoint, Flag};
     let flags: Vec<Flag> = Flag::crc(args.crc.as_deref()).into_iter().collect();
+    if args.ud {
+        if args.op != Some(Op::Send) {
+            bail!("--ud measures UD Sends: use `softrdma bench send --ud`");
+        }
+        return ud::run(&args, &flags);
+    }
     if args.baseline.as_deref() == Some("udp") && !args.lat {
         bail!(
             "--baseline udp is a latency baseline (a busy-polling UDP ping-pong): add --lat, or use \

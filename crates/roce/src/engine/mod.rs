@@ -182,6 +182,9 @@ pub(crate) struct DevInner {
     /// The progress thread's epoll, for registering group sockets (set when it starts).
     pub(crate) registry: std::sync::OnceLock<mio::Registry>,
     next_group_token: AtomicUsize,
+    /// The network namespace the device was opened in (`/proc/thread-self/ns/net`), where
+    /// its multicast sockets are made whichever thread attaches.
+    pub(crate) netns: Option<std::fs::File>,
     impair: Option<Mutex<impair::Impair>>,
     epoch: Instant,
 }
@@ -705,6 +708,7 @@ impl RoceProvider {
             mcast: Mutex::new(HashMap::new()),
             registry: std::sync::OnceLock::new(),
             next_group_token: AtomicUsize::new(0),
+            netns: std::fs::File::open("/proc/thread-self/ns/net").ok(),
             impair: cfg_impair.map(|c| Mutex::new(impair::Impair::new(c))),
             epoch: Instant::now(),
         });

@@ -194,3 +194,16 @@ pub(crate) fn set_rcvbuf_force(fd: BorrowedFd<'_>, bytes: usize) -> io::Result<(
         bytes.min(i32::MAX as usize) as libc::c_int,
     )
 }
+
+/// `setns(fd, CLONE_NEWNET)`: moves the calling thread into the network namespace `fd`
+/// names (a device's multicast sockets are made in the namespace the device was opened in).
+pub(crate) fn setns_net(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: `fd` is a live descriptor for the borrow; setns only changes the calling
+    // thread's namespace, which the caller confines to a thread of its own.
+    let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -346,7 +346,26 @@ impl DevInner {
         was
     }
 
+    /// A socket for group `addr`, made in the device's network namespace (a thread of its
+    /// own enters it when the caller's thread is in another one).
     fn group_socket(&self, addr: IpAddr) -> std::io::Result<UdpSocket> {
+        use std::os::unix::fs::MetadataExt;
+        let here = std::fs::metadata("/proc/thread-self/ns/net").ok();
+        let theirs = self.netns.as_ref().and_then(|f| f.metadata().ok());
+        match (here, theirs, &self.netns) {
+            (Some(h), Some(t), Some(f)) if (h.dev(), h.ino()) != (t.dev(), t.ino()) => std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    super::sys::setns_net(f.as_fd())?;
+                    self.group_socket_here(addr)
+                })
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("group socket thread panicked")))
+            }),
+            _ => self.group_socket_here(addr),
+        }
+    }
+
+    fn group_socket_here(&self, addr: IpAddr) -> std::io::Result<UdpSocket> {
         let s = socket2::Socket::new(
             socket2::Domain::for_address(SocketAddr::new(addr, 0)),
             socket2::Type::DGRAM,

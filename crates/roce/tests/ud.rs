@@ -1,5 +1,6 @@
-//! UD queue pairs and multicast on our RoCEv2 provider, devices on loopback addresses
-//! (127.77.14x.y, unique to this file). Requirements: ../shared/requirements/smcr-ipoibcm.md
+//! UD queue pairs and multicast on our RoCEv2 provider: devices on loopback addresses
+//! (127.77.14x.y, unique to this file) and, as root, in two network namespaces joined by a
+//! veth pair ([`netns`]). Requirements: ../shared/requirements/smcr-ipoibcm.md
 //! C2 (UD receive buffers start with the 40-octet GRH; multicast groups, QPN 0xFFFFFF) and
 //! D3 (UD over RoCEv2 with DETH; broadcast/multicast over UDP 4791); IBA §9.8 (UD), §10.2.5
 //! (Q_Key), §10.5.2.4 (multicast QPN).
@@ -339,7 +340,7 @@ fn multicast_loops_back_to_the_senders_own_qps() {
         remote_qkey: QKEY,
     };
     a.qp.post_send(&[send_wr(&a, 9, 0, 4, to)]).unwrap();
-    let mut got = vec![wait(&a.cq), wait(&a.cq)];
+    let mut got = [wait(&a.cq), wait(&a.cq)];
     got.sort_by_key(|w| w.opcode == WcOpcode::Recv);
     assert_eq!(got[0].opcode, WcOpcode::Send);
     assert_eq!((got[1].opcode, got[1].src_qp), (WcOpcode::Recv, a.qp.qp_num()));
@@ -364,4 +365,180 @@ fn mcast_argument_checks() {
     assert!(matches!(ip, std::net::IpAddr::V4(v) if v.octets()[0] == 239));
     a.qp.attach_mcast(&bcast, 0).unwrap();
     a.qp.detach_mcast(&bcast, 0).unwrap();
+}
+
+/// Two network namespaces joined by a veth pair, each with RoCEv2 devices on its end
+/// (10.77.14.0/24, names `s8udA`/`s8udB`, unique to this file). Needs root (`ip netns`);
+/// skips with the reason otherwise.
+mod netns {
+    use super::*;
+    use std::os::fd::AsRawFd;
+    use std::process::Command;
+
+    const NS_A: &str = "s8udA";
+    const NS_B: &str = "s8udB";
+
+    fn ip(args: &[&str]) -> bool {
+        Command::new("ip").args(args).status().is_ok_and(|s| s.success())
+    }
+
+    /// The namespaces and the veth pair; deleted on drop.
+    struct Lab;
+
+    impl Lab {
+        fn up() -> Option<Lab> {
+            // SAFETY: geteuid has no preconditions.
+            if unsafe { libc::geteuid() } != 0 {
+                eprintln!("skipped: the two-namespace UD tests need root (ip netns, veth)");
+                return None;
+            }
+            for ns in [NS_A, NS_B] {
+                let _ = Command::new("ip")
+                    .args(["netns", "del", ns])
+                    .stderr(std::process::Stdio::null())
+                    .status();
+            }
+            let ok = ip(&["netns", "add", NS_A])
+                && ip(&["netns", "add", NS_B])
+                && ip(&[
+                    "link", "add", "s8udvA", "netns", NS_A, "type", "veth", "peer", "name", "s8udvB", "netns", NS_B,
+                ])
+                && ip(&["-n", NS_A, "addr", "add", "10.77.14.1/24", "dev", "s8udvA"])
+                && ip(&["-n", NS_B, "addr", "add", "10.77.14.2/24", "dev", "s8udvB"])
+                && ip(&["-n", NS_B, "addr", "add", "10.77.14.3/24", "dev", "s8udvB"])
+                && ip(&["-n", NS_A, "link", "set", "s8udvA", "up"])
+                && ip(&["-n", NS_B, "link", "set", "s8udvB", "up"])
+                && ip(&["-n", NS_A, "link", "set", "lo", "up"])
+                && ip(&["-n", NS_B, "link", "set", "lo", "up"]);
+            if !ok {
+                eprintln!("skipped: could not create the namespaces and veth pair");
+                drop(Lab);
+                return None;
+            }
+            Some(Lab)
+        }
+    }
+
+    impl Drop for Lab {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", NS_A]).status();
+            let _ = Command::new("ip").args(["netns", "del", NS_B]).status();
+        }
+    }
+
+    /// Opens a device on `addr` inside namespace `ns` (its sockets live there; the verbs
+    /// calls work from any thread).
+    fn side_in(ns: &str, addr: &str) -> Side {
+        let path = format!("/var/run/netns/{ns}");
+        let addr = addr.to_string();
+        std::thread::spawn(move || {
+            let f = std::fs::File::open(&path).expect("namespace file");
+            // SAFETY: `f` is an open namespace file; setns changes only this thread's
+            // network namespace, and the thread ends after opening the device.
+            let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
+            // veth takes a moment to come up (DAD is IPv6 only; IPv4 binds at once).
+            side(&addr)
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// Issue 14 "what must hold": ping-pong, every size up to the MTU and multicast to
+    /// three member QPs in two namespaces (one more detached), over a veth pair. One test
+    /// so the namespaces are made once.
+    #[test]
+    fn two_namespaces_unicast_sizes_and_multicast() {
+        let Some(_lab) = Lab::up() else { return };
+        let a = side_in(NS_A, "10.77.14.1");
+        let b = side_in(NS_B, "10.77.14.2");
+        let b2 = side_in(NS_B, "10.77.14.3");
+
+        // Unicast: every size 0..=MTU from A to B, and each echoed back with an AH from
+        // the WC (sizes, contents, source QPN and GRH checked).
+        let mtu = b.dev.query_port(1).unwrap().active_mtu.bytes();
+        let pattern: Vec<u8> = (0..2048u32).map(|i| (i * 5 + 1) as u8).collect();
+        a.mr.write(2 << 20, &pattern).unwrap();
+        for i in 0..64 {
+            post_recv(&a, i);
+            post_recv(&b, i);
+        }
+        let to_b = dest(&a, &b, QKEY);
+        for len in 0..=mtu {
+            let mut w = send_wr(&a, u64::from(len), 0, len, to_b.clone());
+            w.opcode = WrOpcode::SendWithImm { imm_data: len };
+            a.qp.post_send(&[w]).unwrap();
+            assert_eq!(wait(&a.cq).status, WcStatus::Success);
+            let r = wait(&b.cq);
+            assert_eq!(
+                (r.status, r.imm_data, r.src_qp),
+                (WcStatus::Success, Some(len), a.qp.qp_num())
+            );
+            let mut got = vec![0u8; 40 + len as usize];
+            b.mr.read((r.wr_id * SLOT) as usize, &mut got).unwrap();
+            assert_eq!(&got[40..], &pattern[..len as usize], "size {len}");
+            let grh = Grh::parse(&got[..40]).unwrap();
+            assert_eq!(grh.sgid, a.dev.query_gid(1, 0).unwrap());
+            post_recv(&b, r.wr_id);
+            if len % 97 == 0 {
+                // Echo back from B to A through an AH made from the GRH.
+                let ah = b.pd.create_ah_from_wc(&r, &got[..40], 1).unwrap();
+                b.mr.write(2 << 20, &len.to_be_bytes()).unwrap();
+                let back = UdDest {
+                    ah,
+                    remote_qpn: r.src_qp,
+                    remote_qkey: QKEY,
+                };
+                b.qp.post_send(&[send_wr(&b, 1, 0, 4, back)]).unwrap();
+                assert_eq!(wait(&b.cq).opcode, WcOpcode::Send);
+                let e = wait(&a.cq);
+                let mut got = [0u8; 4];
+                a.mr.read((e.wr_id * SLOT + 40) as usize, &mut got).unwrap();
+                assert_eq!(u32::from_be_bytes(got), len);
+                post_recv(&a, e.wr_id);
+            }
+        }
+
+        // Multicast: members a (namespace A, also the sender's device), b and b2
+        // (namespace B); a fourth QP on b attaches and detaches.
+        let g = Gid::from_ip("239.77.14.1".parse().unwrap());
+        let gone = ud_side(b.dev.clone());
+        let sender = ud_side(a.dev.clone());
+        for s in [&a, &b, &b2, &gone] {
+            s.qp.attach_mcast(&g, 0).unwrap();
+        }
+        for i in 0..64 {
+            post_recv(&b2, i);
+            post_recv(&gone, i);
+        }
+        gone.qp.detach_mcast(&g, 0).unwrap();
+        // IGMP joins over veth need no router; give the reports a moment anyway.
+        std::thread::sleep(Duration::from_millis(100));
+        let to = UdDest {
+            ah: sender.pd.create_ah(&AhAttr::to_gid(g)).unwrap(),
+            remote_qpn: 0xff_ffff,
+            remote_qkey: QKEY,
+        };
+        for n in 0..50u32 {
+            sender.mr.write(2 << 20, &n.to_be_bytes()).unwrap();
+            sender
+                .qp
+                .post_send(&[send_wr(&sender, u64::from(n), 0, 4, to.clone())])
+                .unwrap();
+            assert_eq!(wait(&sender.cq).status, WcStatus::Success);
+            for s in [&a, &b, &b2] {
+                let r = wait(&s.cq);
+                assert_eq!((r.status, r.src_qp), (WcStatus::Success, sender.qp.qp_num()));
+                let mut got = [0u8; 44];
+                s.mr.read((r.wr_id * SLOT) as usize, &mut got).unwrap();
+                assert_eq!(&got[40..], &n.to_be_bytes(), "datagram {n} once, in order");
+                assert_eq!(Grh::parse(&got[..40]).unwrap().dgid, g);
+                post_recv(s, r.wr_id);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        for s in [&a, &b, &b2, &gone, &sender] {
+            assert!(s.cq.poll_one().is_none(), "no duplicates; nothing for the detached QP");
+        }
+    }
 }
