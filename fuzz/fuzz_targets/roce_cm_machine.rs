@@ -3,18 +3,22 @@
 //! deliver or drop or duplicate the next MAD either side sends, inject arbitrary octets as a
 //! MAD (raw, or with a valid CM header and attribute), advance the clock and run the timers,
 //! and every application command (connect, accept, reject, mra, rtu, disconnect,
-//! notify_established) on arbitrary IDs. Checks: nothing panics; every MAD a CM sends emits
+//! notify_established) on arbitrary IDs, and SIDR (sidr_request to a listened or unknown
+//! service ID, sidr_reply with any status, sidr_cancel). Checks: nothing panics; every MAD a CM sends emits
 //! and parses back to the same octets; after `handle_timeout(now)` no timer is due at `now`; the
-//! number of connections stays bounded by what was created.
+//! number of connections stays bounded by what was created; SIDR state stays within its
+//! bounds (pending requests ≤ those made, received ones ≤ the machine's caps).
 #![no_main]
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
 use roce::cm::mad::{MAD_LEN, Mad};
-use roce::cm::{AcceptParams, Cm, CmConfig, CmEvent, CmId, ConnectParams, RejReason};
+use roce::cm::machine::{MAX_SIDR_ANSWERED, MAX_SIDR_PENDING};
+use roce::cm::{AcceptParams, Cm, CmConfig, CmEvent, CmId, ConnectParams, RejReason, SidrId, SidrStatus};
 use verbs::{Gid, Mtu};
 
 const SID: u64 = 0x0106_1c06;
+const UDP_SID: u64 = 0x0111_1c06;
 
 fn gid(last: u8) -> Gid {
     Gid::from_ipv4(std::net::Ipv4Addr::new(10, 0, 0, last))
@@ -35,6 +39,7 @@ struct Side {
     gid: Gid,
     out: Vec<Mad>,
     ids: Vec<CmId>,
+    sidr: Vec<SidrId>,
 }
 
 impl Side {
@@ -49,6 +54,11 @@ impl Side {
         }
         while let Some(e) = self.cm.poll_event() {
             let id = match e {
+                CmEvent::SidrRequest(r) => {
+                    self.sidr.push(r.id);
+                    continue;
+                }
+                CmEvent::SidrReply { .. } | CmEvent::SidrTimedOut { .. } => continue,
                 CmEvent::ConnectRequest(r) => r.id,
                 CmEvent::ConnectReply { id, .. }
                 | CmEvent::Established { id, .. }
@@ -73,15 +83,19 @@ fuzz_target!(|data: &[u8]| {
             gid: gid(1),
             out: vec![],
             ids: vec![],
+            sidr: vec![],
         },
         Side {
             cm: Cm::new(config(0xb, gid(2), seed ^ 1)),
             gid: gid(2),
             out: vec![],
             ids: vec![],
+            sidr: vec![],
         },
     ];
     s[1].cm.listen(SID).unwrap();
+    s[1].cm.listen(UDP_SID).unwrap();
+    let mut sidr_made = 0usize;
     let mut created = 0usize;
     let mut i = 1;
     while i + 1 < data.len() && i < 4096 {
@@ -96,7 +110,7 @@ fuzz_target!(|data: &[u8]| {
                 ids[usize::from(arg) % ids.len()]
             }
         };
-        match (op >> 1) % 12 {
+        match (op >> 1) % 15 {
             // Deliver (or with arg bits: drop, duplicate) the oldest MAD `who` sent.
             0 => {
                 if !s[who].out.is_empty() {
@@ -114,7 +128,7 @@ fuzz_target!(|data: &[u8]| {
                 let len = usize::from(arg).min(data.len() - i);
                 let mut buf = data[i..i + len].to_vec();
                 i += len;
-                if (op >> 1) % 12 == 2 {
+                if (op >> 1) % 15 == 2 {
                     buf.resize(MAD_LEN, 0);
                     buf[..4].copy_from_slice(&[1, 7, 2, 3]);
                     buf[16] = 0;
@@ -193,6 +207,27 @@ fuzz_target!(|data: &[u8]| {
                 let id = pick(&s[who].ids);
                 let _ = s[who].cm.notify_established(now, id);
             }
+            12 => {
+                let sid = if arg & 1 == 0 { UDP_SID } else { u64::from(arg) };
+                let pd = vec![arg; usize::from(arg)];
+                if s[who].cm.sidr_request(now, s[other].gid, sid, &pd).is_ok() {
+                    sidr_made += 1;
+                }
+            }
+            13 => {
+                let id = if s[who].sidr.is_empty() {
+                    SidrId(u32::from(arg))
+                } else {
+                    s[who].sidr[usize::from(arg) % s[who].sidr.len()]
+                };
+                let pd = vec![arg; usize::from(arg)];
+                let _ = s[who]
+                    .cm
+                    .sidr_reply(now, id, SidrStatus::from(arg % 7), u32::from(arg) << 16, 0x0123_4567, &pd);
+            }
+            14 => {
+                let _ = s[who].cm.sidr_cancel(SidrId(u32::from(arg)));
+            }
             _ => {
                 if arg & 1 == 0 {
                     let _ = s[who].cm.listen(u64::from(arg));
@@ -207,5 +242,9 @@ fuzz_target!(|data: &[u8]| {
         // Connections come from connect() or from REQs delivered; neither side can hold more
         // than every REQ and connect seen so far.
         assert!(s[0].cm.connections() + s[1].cm.connections() <= created + i);
+        for side in &s {
+            assert!(side.cm.sidr_pending() <= sidr_made);
+            assert!(side.cm.sidr_received() <= MAX_SIDR_PENDING + MAX_SIDR_ANSWERED);
+        }
     }
 });

@@ -41,6 +41,7 @@ mod demo;
 mod devices;
 mod fdlimit;
 mod ipoib_cmd;
+mod mckey;
 mod net;
 mod nfs;
 mod perftest;
@@ -52,6 +53,7 @@ mod rpc;
 mod rping;
 mod scale;
 mod sigpipe;
+mod udaddy;
 mod units;
 
 #[derive(Parser)]
@@ -83,6 +85,12 @@ enum Cmd {
     Info(devices::InfoArgs),
     /// librdmacm's rping (RDMA Read/Write ping-pong), compatible with Linux's `rping`.
     Rping(rping::RpingArgs),
+    /// librdmacm's udaddy (rdma_cm UDP port space: SIDR, then UD datagrams both ways),
+    /// compatible with Linux's `udaddy` over rxe (RoCEv2 provider).
+    Udaddy(udaddy::UdaddyArgs),
+    /// librdmacm's mckey (rdma_cm multicast join, UD datagrams through the group),
+    /// compatible with Linux's `mckey` over rxe (RoCEv2 provider).
+    Mckey(mckey::MckeyArgs),
     /// ONC RPC over TCP and RPC-over-RDMA: serve, call and benchmark the demo program.
     Rpc(rpc::Args),
     /// NFSv3 client over RPC-over-RDMA or TCP: ls, stat, get, put, rm, and probe (how a server answers chunk errors) on SERVER:/export/path.
@@ -157,6 +165,8 @@ fn main() -> std::process::ExitCode {
         Cmd::Devices(args) => devices::run_devices(args),
         Cmd::Info(args) => devices::run_info(args),
         Cmd::Rping(args) => rping::run(args),
+        Cmd::Udaddy(args) => udaddy::run(args),
+        Cmd::Mckey(args) => mckey::run(args),
         Cmd::Rpc(args) => rpc::run(args),
         Cmd::Nfs(args) => nfs::run(args),
         Cmd::Perftest(args) => perftest::run(args),

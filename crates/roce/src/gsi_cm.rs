@@ -34,6 +34,26 @@
 //!   then a DREQ; the peer's QP goes to ERR and gets `Disconnected`, and so does ours when
 //!   the DREP (or the DREQ's timeout) comes.
 //!
+//! # The UDP port space and multicast (issue 14)
+//!
+//! - `listen_in(addr, Udp)`: the service ID of the port in RDMA_PS_UDP (`0x0111 << 16 |
+//!   port`). A SIDR_REQ for it becomes a request whose `port_space()` is `Udp`;
+//!   `accept_ud` answers with a SIDR_REP of status 0, the UD QP's number and the Q_Key
+//!   [`verbs::RDMA_UDP_QKEY`]; `reject` with status 2 (rejected) and the private data
+//!   (≤ 136); dropping it unanswered with status 2. A SIDR_REQ for a port nobody listens on
+//!   gets status 1 (service ID not supported) from the IB CM, one whose rdma_cm header names
+//!   another address status 2 (rdma_cm finds no listener and the IB CM rejects).
+//! - `resolve_ud(addr)` (`QueuePair::connect_ud`): a SIDR_REQ with the rdma_cm header and
+//!   the application's private data (≤ 180), sent again every CM response timeout up to the
+//!   max CM retries. A SIDR_REP with status 0 and Q_Key `RDMA_UDP_QKEY` gives the listener's
+//!   QPN, Q_Key and an address vector to its GID; another status ends in `Rejected` whose
+//!   detail is a [`SidrRefusal`] (librdmacm: `RDMA_CM_EVENT_UNREACHABLE`, ECONNREFUSED), a
+//!   different Q_Key in `Protocol` (Linux: UNREACHABLE, EINVAL), silence in `Timeout`.
+//! - `multicast_group(ip)` (`QueuePair::join_multicast`): no SA on RoCEv2, so no MADs; the
+//!   MGID is [`crate::cm::cma::iboe_mgid`] of the address, the Q_Key `RDMA_UDP_QKEY`, the
+//!   remote QPN 0xFFFFFF, as Linux's `cma_iboe_join_multicast` reports them; the verbs
+//!   then attach the QP (the engine joins the IP group on its socket).
+//!
 //! The IB CM carries fixed-size private data: a REQ delivers 56 octets to the listener, a
 //! REP 196 and a REJ 148, the application's bytes followed by zeros, as librdmacm reports
 //! them on InfiniBand and RoCE.
@@ -54,11 +74,14 @@ use verbs::cm::RouteOptions;
 use verbs::cm::backend::{CmBackend, ConnRequestOps, ListenerOps};
 use verbs::notify::EventQueue;
 use verbs::provider::QpOps;
-use verbs::{ConnInfo, ConnParam, Error, ErrorDetail, Gid, InvalidArg, Mtu, QpAttr, QpState, Result};
+use verbs::{
+    AhAttr, ConnInfo, ConnParam, Error, ErrorDetail, Gid, InvalidArg, Mtu, QpAttr, QpState, RDMA_UDP_QKEY, Result,
+    UdParam,
+};
 
-use crate::cm::cma::{CMA_HDR_LEN, CmaError, PortSpace, parse_service_id, service_id};
-use crate::cm::machine::{AcceptParams, Cm, CmConfig, CmEvent, CmId, ConnectParams, QpParams};
-use crate::cm::mad::{Mad, RejReason, Rep};
+use crate::cm::cma::{CMA_HDR_LEN, CmaError, CmaHdr, PortSpace, iboe_mgid, parse_service_id, service_id};
+use crate::cm::machine::{AcceptParams, Cm, CmConfig, CmEvent, CmId, ConnectParams, QpParams, SidrId};
+use crate::cm::mad::{Mad, RejReason, Rep, SidrRep, SidrStatus};
 use crate::gsi::{GsiHandler, GsiPort};
 
 /// Settings of a device's connection manager.
@@ -128,6 +151,27 @@ impl fmt::Display for Rejection {
     }
 }
 
+/// Why a UD listener was not resolved: the SIDR_REP's status (1: nobody listens on the port,
+/// 2: the listener rejected), as the detail of [`verbs::Error::Rejected`] from
+/// `QueuePair::connect_ud` (downcast with [`ErrorDetail::downcast_ref`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SidrRefusal {
+    /// The SIDR_REP's status.
+    pub status: SidrStatus,
+}
+
+impl fmt::Display for SidrRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unreachable: {}", self.status)
+    }
+}
+
+/// What the CM tells a waiting `connect_ud`.
+enum SidrOutcome {
+    Reply(Box<SidrRep>),
+    TimedOut,
+}
+
 /// What the CM tells a waiting `connect`.
 enum Outcome {
     Reply {
@@ -156,6 +200,10 @@ struct Shared {
     cm: Cm,
     /// Listening port → the listener's request queue.
     listeners: HashMap<u16, Arc<EventQueue<Box<dyn ConnRequestOps>>>>,
+    /// Listening port in the UDP port space → the listener's request queue.
+    udp_listeners: HashMap<u16, Arc<EventQueue<Box<dyn ConnRequestOps>>>>,
+    /// Our SIDR_REQs → where `connect_ud` waits.
+    sidr_waiters: HashMap<SidrId, Sender<SidrOutcome>>,
     conns: HashMap<CmId, Conn>,
     /// Local QPN → connection, for `disconnect`.
     by_qpn: HashMap<u32, CmId>,
@@ -168,6 +216,7 @@ enum Action {
     Send(Gid, Mad),
     Deliver(Arc<EventQueue<Box<dyn ConnRequestOps>>>, Box<dyn ConnRequestOps>),
     Wake(Sender<Outcome>, Outcome),
+    WakeSidr(Sender<SidrOutcome>, SidrOutcome),
     /// Move the QP to ERR (if it is not there) and report the event.
     Down(Arc<dyn QpOps>, Option<verbs::CmEvent>),
     Event(u32, verbs::CmEvent),
@@ -206,6 +255,8 @@ impl GsiCm {
             s: Mutex::new(Shared {
                 cm: Cm::new(cfg.cm.clone()),
                 listeners: HashMap::new(),
+                udp_listeners: HashMap::new(),
+                sidr_waiters: HashMap::new(),
                 conns: HashMap::new(),
                 by_qpn: HashMap::new(),
                 rng,
@@ -363,6 +414,7 @@ impl Inner {
                 let req = RoceConnRequest {
                     cm: Some(self.clone()),
                     id: cr.id,
+                    sidr: None,
                     peer,
                     local,
                     private_data: pdata,
@@ -444,6 +496,52 @@ impl Inner {
                 }
             }
             CmEvent::TimeWaitExit { id } => forget(s, id),
+            CmEvent::SidrRequest(r) => {
+                let now = Instant::now();
+                let port = match parse_service_id(r.req.service_id) {
+                    Some((PortSpace::Udp, p)) => Some(p),
+                    _ => None,
+                };
+                let Some(queue) = port.and_then(|p| s.udp_listeners.get(&p)).cloned() else {
+                    // Listened in the IB CM but not (or no longer) ours in the UDP space.
+                    let _ = s.cm.sidr_reply(now, r.id, SidrStatus::Unsupported, 0, 0, &[]);
+                    return;
+                };
+                let port = port.unwrap_or(0);
+                let (peer, local, pdata) = match r.cma {
+                    Some(h) if h.dst == self.local_ip => (
+                        h.src,
+                        SocketAddr::new(h.dst, port),
+                        r.req.private_data.get(CMA_HDR_LEN..).unwrap_or(&[]).to_vec(),
+                    ),
+                    _ => {
+                        // rdma_cm finds no listener for a header naming another address (or
+                        // none): the IB CM rejects the SIDR_REQ.
+                        let _ = s.cm.sidr_reply(now, r.id, SidrStatus::Rejected, 0, 0, &[]);
+                        return;
+                    }
+                };
+                let req = RoceConnRequest {
+                    cm: Some(self.clone()),
+                    id: CmId(0),
+                    sidr: Some(r.id),
+                    peer,
+                    local,
+                    private_data: pdata,
+                    param: ConnParam::default(),
+                };
+                acts.push(Action::Deliver(queue, Box::new(req)));
+            }
+            CmEvent::SidrReply { id, rep } => {
+                if let Some(w) = s.sidr_waiters.remove(&id) {
+                    acts.push(Action::WakeSidr(w, SidrOutcome::Reply(rep)));
+                }
+            }
+            CmEvent::SidrTimedOut { id } => {
+                if let Some(w) = s.sidr_waiters.remove(&id) {
+                    acts.push(Action::WakeSidr(w, SidrOutcome::TimedOut));
+                }
+            }
         }
     }
 
@@ -461,6 +559,9 @@ impl Inner {
                 },
                 Action::Deliver(q, req) => q.push(req),
                 Action::Wake(w, o) => {
+                    let _ = w.send(o);
+                }
+                Action::WakeSidr(w, o) => {
                     let _ = w.send(o);
                 }
                 Action::Down(qp, ev) => {
@@ -540,28 +641,37 @@ impl CmBackend for GsiCm {
         addr: SocketAddr,
         requests: Arc<EventQueue<Box<dyn ConnRequestOps>>>,
     ) -> Result<Box<dyn ListenerOps>> {
-        let inner = &self.inner;
-        if !addr.ip().is_unspecified() && addr.ip() != inner.local_ip {
-            return Err(Error::Io(std::io::ErrorKind::AddrNotAvailable.into()));
+        self.listen_ps(addr, PortSpace::Tcp, requests)
+    }
+
+    fn listen_in(
+        &self,
+        addr: SocketAddr,
+        ps: verbs::PortSpace,
+        requests: Arc<EventQueue<Box<dyn ConnRequestOps>>>,
+    ) -> Result<Box<dyn ListenerOps>> {
+        let ps = match ps {
+            verbs::PortSpace::Tcp => PortSpace::Tcp,
+            verbs::PortSpace::Udp => PortSpace::Udp,
+        };
+        self.listen_ps(addr, ps, requests)
+    }
+
+    fn resolve_ud(&self, addr: SocketAddr, private_data: &[u8], timeout: Duration) -> Result<UdParam> {
+        self.sidr_resolve(addr, private_data, timeout)
+    }
+
+    fn multicast_group(&self, group: IpAddr) -> Result<UdParam> {
+        let mgid = iboe_mgid(group).ok_or(InvalidArg::ConnParam("not an IP multicast address"))?;
+        if group.is_ipv4() != self.inner.local_ip.is_ipv4() {
+            return Err(InvalidArg::ConnParam("the group is not of the device's IP version").into());
         }
-        let port = inner.with(|s| -> Result<u16> {
-            let port = if addr.port() != 0 {
-                addr.port()
-            } else {
-                // rdma_cm's ephemeral range, as `cma_alloc_any_port` draws it.
-                (0..1000)
-                    .map(|_| s.rng.random_range(32768..=60999u16))
-                    .find(|p| !s.listeners.contains_key(p))
-                    .ok_or_else(|| Error::OutOfResources("free rdma_cm ports".into()))?
-            };
-            s.cm.listen(service_id(PortSpace::Tcp, port)).map_err(cm_err)?;
-            s.listeners.insert(port, requests);
-            Ok(port)
-        })?;
-        Ok(Box::new(RoceListener {
-            inner: inner.clone(),
-            addr: SocketAddr::new(addr.ip(), port),
-        }))
+        Ok(UdParam {
+            ah_attr: AhAttr::to_gid(mgid),
+            qp_num: 0x00ff_ffff,
+            qkey: RDMA_UDP_QKEY,
+            private_data: Vec::new(),
+        })
     }
 
     fn connect(&self, qp: &Arc<dyn QpOps>, addr: SocketAddr, param: &ConnParam, timeout: Duration) -> Result<ConnInfo> {
@@ -606,6 +716,100 @@ impl CmBackend for GsiCm {
                 forget(s, id);
             }
         });
+    }
+}
+
+impl GsiCm {
+    fn listen_ps(
+        &self,
+        addr: SocketAddr,
+        ps: PortSpace,
+        requests: Arc<EventQueue<Box<dyn ConnRequestOps>>>,
+    ) -> Result<Box<dyn ListenerOps>> {
+        let inner = &self.inner;
+        if !addr.ip().is_unspecified() && addr.ip() != inner.local_ip {
+            return Err(Error::Io(std::io::ErrorKind::AddrNotAvailable.into()));
+        }
+        let port = inner.with(|s| -> Result<u16> {
+            let taken = |s: &Shared, p: &u16| match ps {
+                PortSpace::Udp => s.udp_listeners.contains_key(p),
+                _ => s.listeners.contains_key(p),
+            };
+            let port = if addr.port() != 0 {
+                addr.port()
+            } else {
+                // rdma_cm's ephemeral range, as `cma_alloc_any_port` draws it.
+                let mut found = None;
+                for _ in 0..1000 {
+                    let p = s.rng.random_range(32768..=60999u16);
+                    if !taken(s, &p) {
+                        found = Some(p);
+                        break;
+                    }
+                }
+                found.ok_or_else(|| Error::OutOfResources("free rdma_cm ports".into()))?
+            };
+            s.cm.listen(service_id(ps, port)).map_err(cm_err)?;
+            match ps {
+                PortSpace::Udp => s.udp_listeners.insert(port, requests),
+                _ => s.listeners.insert(port, requests),
+            };
+            Ok(port)
+        })?;
+        Ok(Box::new(RoceListener {
+            inner: inner.clone(),
+            addr: SocketAddr::new(addr.ip(), port),
+            ps,
+        }))
+    }
+
+    /// SIDR for `QueuePair::connect_ud` (see the module docs).
+    fn sidr_resolve(&self, addr: SocketAddr, private_data: &[u8], timeout: Duration) -> Result<UdParam> {
+        let inner = &self.inner;
+        if addr.ip().is_unspecified() || addr.port() == 0 {
+            return Err(InvalidArg::ConnParam("connect needs a destination address and port").into());
+        }
+        let (tx, rx) = channel::<SidrOutcome>();
+        let id = inner.with(|s| -> Result<SidrId> {
+            let src = SocketAddr::new(inner.local_ip, s.rng.random_range(32768..=60999u16));
+            let pdata = CmaHdr { src, dst: addr.ip() }
+                .sidr_private_data(private_data)
+                .map_err(cma_err)?;
+            let to = Gid::from_ip(addr.ip());
+            let id =
+                s.cm.sidr_request(Instant::now(), to, service_id(PortSpace::Udp, addr.port()), &pdata)
+                    .map_err(cm_err)?;
+            s.sidr_waiters.insert(id, tx);
+            Ok(id)
+        })?;
+        let outcome = rx.recv_timeout(timeout).unwrap_or(SidrOutcome::TimedOut);
+        inner.with(|s| {
+            s.cm.sidr_cancel(id);
+            s.sidr_waiters.remove(&id);
+        });
+        let rep = match outcome {
+            SidrOutcome::Reply(rep) => rep,
+            SidrOutcome::TimedOut => return Err(Error::Timeout),
+        };
+        let status = SidrStatus::from(rep.status);
+        if status != SidrStatus::Valid {
+            return Err(Error::Rejected {
+                private_data: rep.private_data,
+                detail: Some(ErrorDetail::new(SidrRefusal { status })),
+            });
+        }
+        if rep.qkey != RDMA_UDP_QKEY {
+            return Err(Error::Protocol(format!(
+                "SIDR_REP Q_Key {:#010x} is not rdma_cm's UDP Q_Key {RDMA_UDP_QKEY:#010x}",
+                rep.qkey
+            )));
+        }
+        Ok(UdParam {
+            ah_attr: AhAttr::to_gid(Gid::from_ip(addr.ip())),
+            qp_num: rep.qpn,
+            qkey: rep.qkey,
+            private_data: rep.private_data,
+        })
     }
 }
 
@@ -692,6 +896,7 @@ impl GsiCm {
 struct RoceListener {
     inner: Arc<Inner>,
     addr: SocketAddr,
+    ps: PortSpace,
 }
 
 impl ListenerOps for RoceListener {
@@ -702,18 +907,24 @@ impl ListenerOps for RoceListener {
 
 impl Drop for RoceListener {
     fn drop(&mut self) {
-        let port = self.addr.port();
+        let (port, ps) = (self.addr.port(), self.ps);
         self.inner.with(|s| {
-            s.cm.unlisten(service_id(PortSpace::Tcp, port));
-            s.listeners.remove(&port);
+            s.cm.unlisten(service_id(ps, port));
+            match ps {
+                PortSpace::Udp => s.udp_listeners.remove(&port),
+                _ => s.listeners.remove(&port),
+            };
         });
     }
 }
 
-/// A REQ waiting for the application; dropping it unanswered rejects it.
+/// A REQ (or, in the UDP port space, a SIDR_REQ) waiting for the application; dropping it
+/// unanswered rejects it.
 struct RoceConnRequest {
     cm: Option<Arc<Inner>>,
     id: CmId,
+    /// A SIDR_REQ's handle: this is a UDP-port-space request.
+    sidr: Option<SidrId>,
     peer: SocketAddr,
     local: SocketAddr,
     private_data: Vec<u8>,
@@ -734,7 +945,39 @@ impl ConnRequestOps for RoceConnRequest {
         self.param.clone()
     }
 
+    fn port_space(&self) -> verbs::PortSpace {
+        match self.sidr {
+            Some(_) => verbs::PortSpace::Udp,
+            None => verbs::PortSpace::Tcp,
+        }
+    }
+
+    fn accept_ud(mut self: Box<Self>, qp: &Arc<dyn QpOps>, private_data: &[u8]) -> Result<()> {
+        let Some(sidr) = self.sidr else {
+            return Err(InvalidArg::ConnParam("accept_ud on a request of the TCP port space").into());
+        };
+        let inner = self.cm.take().ok_or(Error::Closed)?;
+        let r = inner.with(|s| {
+            s.cm.sidr_reply(
+                Instant::now(),
+                sidr,
+                SidrStatus::Valid,
+                qp.qp_num(),
+                RDMA_UDP_QKEY,
+                private_data,
+            )
+        });
+        if matches!(r, Err(crate::cm::CmError::TooLong { .. })) {
+            // Still unanswered: the request stays ours (dropping it rejects it).
+            self.cm = Some(inner);
+        }
+        r.map_err(cm_err)
+    }
+
     fn accept(mut self: Box<Self>, qp: &Arc<dyn QpOps>, param: &ConnParam) -> Result<ConnInfo> {
+        if self.sidr.is_some() {
+            return Err(InvalidArg::ConnParam("a UDP-port-space request is answered with accept_ud").into());
+        }
         let inner = self.cm.take().ok_or(Error::Closed)?;
         let id = self.id;
         let qpn = qp.qp_num();
@@ -804,6 +1047,15 @@ impl ConnRequestOps for RoceConnRequest {
 
     fn reject(mut self: Box<Self>, private_data: &[u8]) -> Result<()> {
         let inner = self.cm.take().ok_or(Error::Closed)?;
+        if let Some(sidr) = self.sidr {
+            let r = inner.with(|s| {
+                s.cm.sidr_reply(Instant::now(), sidr, SidrStatus::Rejected, 0, 0, private_data)
+            });
+            if matches!(r, Err(crate::cm::CmError::TooLong { .. })) {
+                self.cm = Some(inner);
+            }
+            return r.map_err(cm_err);
+        }
         let id = self.id;
         inner.with(|s| {
             let r =
@@ -819,6 +1071,12 @@ impl ConnRequestOps for RoceConnRequest {
 impl Drop for RoceConnRequest {
     fn drop(&mut self) {
         if let Some(inner) = self.cm.take() {
+            if let Some(sidr) = self.sidr {
+                inner.with(|s| {
+                    let _ = s.cm.sidr_reply(Instant::now(), sidr, SidrStatus::Rejected, 0, 0, &[]);
+                });
+                return;
+            }
             let id = self.id;
             inner.with(|s| {
                 let _ = s.cm.reject(Instant::now(), id, RejReason::ConsumerDefined, &[], &[]);

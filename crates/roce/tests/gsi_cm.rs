@@ -15,15 +15,17 @@ use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use roce::cm::mad::SidrStatus;
 use roce::cm::mad::{CmMsg, Mad, RejReason};
 use roce::gsi::{GsiHandler, GsiPort};
-use roce::gsi_cm::{GsiCm, GsiCmConfig, Rejection};
+use roce::gsi_cm::{GsiCm, GsiCmConfig, Rejection, SidrRefusal};
 use verbs::cm::backend::CmBackend;
 use verbs::notify::EventQueue;
 use verbs::provider::{Provider, QpCreate, QpOps};
 use verbs::qp_attr::check_modify;
 use verbs::{
-    CmEvent, Device, DeviceAttr, Error, Gid, QpAttr, QpOptions, QpState, QpType, QueuePair, RecvWr, Result, SendWr,
+    CmEvent, Device, DeviceAttr, Error, Gid, PortSpace, QpAttr, QpOptions, QpState, QpType, QueuePair, RDMA_UDP_QKEY,
+    RecvWr, Result, SendWr,
 };
 
 /// Decides, per MAD (parsed) and sender, to lose it.
@@ -84,10 +86,13 @@ struct FakeDev {
     handler: Mutex<Option<Weak<dyn GsiHandler>>>,
     qps: Mutex<HashMap<u32, Arc<FakeQp>>>,
     next_qpn: AtomicU32,
+    /// Multicast attachments: (QPN, MGID, attached?) in order.
+    mcast: Mutex<Vec<(u32, Gid, bool)>>,
 }
 
 struct FakeQp {
     qpn: u32,
+    qp_type: QpType,
     state: Mutex<QpState>,
     /// Every modify_qp, in order.
     log: Mutex<Vec<QpAttr>>,
@@ -110,7 +115,7 @@ impl QpOps for FakeQp {
     fn modify_qp(&self, attr: &QpAttr) -> Result<()> {
         let mut st = self.state.lock().unwrap();
         // The CM must only ask for what the IBTA allows.
-        check_modify(QpType::Rc, *st, attr)?;
+        check_modify(self.qp_type, *st, attr)?;
         if let Some(s) = attr.qp_state {
             *st = s;
         }
@@ -164,10 +169,19 @@ impl Provider for FakeDev {
             atomic_cap: true,
         }
     }
+    fn attach_mcast(&self, qp: &dyn QpOps, gid: &Gid, _lid: u16) -> Result<()> {
+        self.mcast.lock().unwrap().push((qp.qp_num(), *gid, true));
+        Ok(())
+    }
+    fn detach_mcast(&self, qp: &dyn QpOps, gid: &Gid, _lid: u16) -> Result<()> {
+        self.mcast.lock().unwrap().push((qp.qp_num(), *gid, false));
+        Ok(())
+    }
     fn create_qp(&self, req: QpCreate) -> Result<Arc<dyn QpOps>> {
         let qpn = self.next_qpn.fetch_add(1, Ordering::Relaxed);
         let qp = Arc::new(FakeQp {
             qpn,
+            qp_type: req.qp_type,
             state: Mutex::new(QpState::Reset),
             log: Mutex::new(Vec::new()),
             events: req.events,
@@ -211,6 +225,7 @@ fn node(wire: &Arc<Wire>, ip: Ipv4Addr, guid: u64) -> Node {
         handler: Mutex::new(None),
         qps: Mutex::new(HashMap::new()),
         next_qpn: AtomicU32::new(17),
+        mcast: Mutex::new(Vec::new()),
     });
     wire.devs.lock().unwrap().push((gid, Arc::downgrade(&fake)));
     let cm = GsiCm::new(fake.clone() as Arc<dyn GsiPort>, fast_cfg(guid)).unwrap();
@@ -621,4 +636,207 @@ fn connect_that_gives_up_withdraws_its_req() {
     }
     assert!(req.accept(&b.dev.alloc_pd().unwrap(), opts(&b.dev)).is_err());
     assert_eq!(a.cm.connections(), 0);
+}
+
+// ---- the UDP port space (SIDR) and multicast: issue 14 -----------------------------------
+
+fn ud_qp(n: &Node) -> QueuePair {
+    let cq = n.dev.create_cq(16).unwrap();
+    n.dev
+        .alloc_pd()
+        .unwrap()
+        .create_qp(verbs::QpInit::new(QpType::Ud, &cq))
+        .unwrap()
+}
+
+/// The UD QP went RESET → INIT (Q_Key RDMA_UDP_QKEY) → RTR → RTS, as rdma_create_qp does.
+fn assert_ud_rts(n: &Node, q: &QueuePair) {
+    assert_eq!(q.state(), QpState::Rts);
+    let log = n.qp(q).log.lock().unwrap().clone();
+    let states: Vec<_> = log.iter().map(|a| a.qp_state).collect();
+    assert_eq!(states, [Some(QpState::Init), Some(QpState::Rtr), Some(QpState::Rts)]);
+    assert_eq!(log[0].qkey, Some(RDMA_UDP_QKEY));
+}
+
+fn sidr_status(e: &Error) -> SidrStatus {
+    let Error::Rejected { detail: Some(d), .. } = e else {
+        panic!("expected a SIDR refusal, got {e:?}")
+    };
+    d.downcast_ref::<SidrRefusal>().expect("a SidrRefusal detail").status
+}
+
+/// D3, issue 14: rdma_cm's UDP port space over SIDR: the listener sees the request with
+/// the requester's address and private data (180 octets after the rdma_cm header) and
+/// answers with its UD QP; the requester gets that QPN, RDMA_UDP_QKEY, an address vector to
+/// the listener and its private data (136 octets). Both UD QPs are in RTS.
+#[test]
+fn udp_port_space_resolves_the_listeners_qp() {
+    let (_w, a, b) = pair(40);
+    let l = b.dev.listen_in(SocketAddr::new(b.ip, 7540), PortSpace::Udp).unwrap();
+    assert_eq!(l.local_addr(), SocketAddr::new(b.ip, 7540));
+    let dev = a.dev.clone();
+    let (addr, a_ip) = (l.local_addr(), a.ip);
+    let t = std::thread::spawn(move || {
+        let cq = dev.create_cq(16).unwrap();
+        let q = dev
+            .alloc_pd()
+            .unwrap()
+            .create_qp(verbs::QpInit::new(QpType::Ud, &cq))
+            .unwrap();
+        let r = q.connect_ud(addr, b"hello ud", T);
+        (q, r)
+    });
+    let req = l.get_request(Some(T)).expect("the SIDR_REQ reaches the listener");
+    assert_eq!(req.port_space(), PortSpace::Udp);
+    assert_eq!(req.peer_addr().ip(), a_ip);
+    assert_eq!(req.local_addr(), addr);
+    assert_eq!(req.private_data().len(), 180);
+    assert_eq!(&req.private_data()[..8], b"hello ud");
+    let qb = ud_qp(&b);
+    req.accept_ud(&qb, b"welcome").unwrap();
+    let (qa, r) = t.join().unwrap();
+    let p = r.unwrap();
+    assert_eq!(p.qp_num, qb.qp_num());
+    assert_eq!(p.qkey, RDMA_UDP_QKEY);
+    assert_eq!(p.ah_attr.dgid, Gid::from_ip(b.ip));
+    assert_eq!(p.private_data.len(), 136);
+    assert_eq!(&p.private_data[..7], b"welcome");
+    assert_ud_rts(&a, &qa);
+    assert_ud_rts(&b, &qb);
+    assert!(!qa.is_connected(), "a UD QP is not bound to a connection");
+}
+
+/// SIDR_REP statuses: 1 for a port nobody listens on in the UDP space (a TCP listener on
+/// the same port does not count), 2 when the listener rejects (with its private data) or
+/// drops the request; `Rejected` with ECONNREFUSED as librdmacm's UNREACHABLE.
+#[test]
+fn udp_port_space_statuses() {
+    let (_w, a, b) = pair(41);
+    let _tcp = b.dev.listen(SocketAddr::new(b.ip, 7541)).unwrap();
+    let qa = ud_qp(&a);
+    let e = qa.connect_ud(SocketAddr::new(b.ip, 7541), &[], T).unwrap_err();
+    assert_eq!(sidr_status(&e), SidrStatus::Unsupported);
+    assert_eq!(e.errno(), libc_econnrefused());
+    assert!(e.to_string().contains("service ID not supported"), "{e}");
+
+    let l = b.dev.listen_in(SocketAddr::new(b.ip, 7542), PortSpace::Udp).unwrap();
+    let addr = l.local_addr();
+    let t = std::thread::spawn(move || qa.connect_ud(addr, &[], T));
+    l.get_request(Some(T)).unwrap().reject(b"not you").unwrap();
+    let e = t.join().unwrap().unwrap_err();
+    assert_eq!(sidr_status(&e), SidrStatus::Rejected);
+    let Error::Rejected { private_data, .. } = &e else {
+        unreachable!()
+    };
+    assert_eq!(&private_data[..7], b"not you");
+
+    let qa = ud_qp(&a);
+    let t = std::thread::spawn(move || qa.connect_ud(addr, &[], T));
+    drop(l.get_request(Some(T)).unwrap());
+    assert_eq!(sidr_status(&t.join().unwrap().unwrap_err()), SidrStatus::Rejected);
+
+    // An RC connect to the UDP listener's port: its REQ is for RDMA_PS_TCP, REJ 8.
+    let pd = a.dev.alloc_pd().unwrap();
+    let e = pd.connect(addr, opts(&a.dev), T).unwrap_err();
+    let Error::Rejected { detail: Some(d), .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        d.downcast_ref::<Rejection>().unwrap().reason,
+        RejReason::InvalidServiceId
+    );
+}
+
+/// C1.7: the first SIDR_REQ is lost; its retry resolves. A listener that never answers
+/// (every SIDR_REP lost) ends in Timeout after the retries, and nothing stays pending.
+#[test]
+fn udp_port_space_lost_request_and_timeout() {
+    let (w, a, b) = pair(42);
+    let lost = Arc::new(AtomicU32::new(0));
+    let l2 = lost.clone();
+    w.drop_rule(move |_, m| matches!(m.msg, CmMsg::SidrReq(_)) && l2.fetch_add(1, Ordering::Relaxed) == 0);
+    let l = b.dev.listen_in(SocketAddr::new(b.ip, 7543), PortSpace::Udp).unwrap();
+    let addr = l.local_addr();
+    let qa = ud_qp(&a);
+    let t = std::thread::spawn(move || qa.connect_ud(addr, &[], T));
+    let qb = ud_qp(&b);
+    l.get_request(Some(T)).unwrap().accept_ud(&qb, &[]).unwrap();
+    assert_eq!(t.join().unwrap().unwrap().qp_num, qb.qp_num());
+    assert_eq!(w.dropped.load(Ordering::Relaxed), 1);
+    assert!(a.cm.stats().retransmits >= 1);
+
+    w.drop_rule(|_, m| matches!(m.msg, CmMsg::SidrReq(_)));
+    let retransmits = a.cm.stats().retransmits;
+    let e = ud_qp(&a).connect_ud(addr, &[], T).unwrap_err();
+    assert!(matches!(e, Error::Timeout), "{e:?}");
+    assert_eq!(a.cm.stats().retransmits - retransmits, 5, "max CM retries");
+    assert!(l.get_request(Some(Duration::from_millis(50))).is_err());
+}
+
+/// The wrong QP type or answer is refused with a typed error, nothing sent.
+#[test]
+fn udp_port_space_misuse() {
+    let (_w, a, b) = pair(43);
+    let l = b.dev.listen_in(SocketAddr::new(b.ip, 7544), PortSpace::Udp).unwrap();
+    let addr = l.local_addr();
+    // connect_ud on an RC QP.
+    let pd = a.dev.alloc_pd().unwrap();
+    let rc = pd.create_qp(opts(&a.dev).qp_init()).unwrap();
+    assert!(matches!(rc.connect_ud(addr, &[], T), Err(Error::InvalidArgument(_))));
+    // Private data beyond the 180 octets after the rdma_cm header.
+    let e = ud_qp(&a).connect_ud(addr, &[0; 181], T).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::InvalidArgument(verbs::InvalidArg::PrivateDataTooLong { len: 181, max: 180 })
+        ),
+        "{e:?}"
+    );
+    // An RC accept of a UDP request, and a UD answer too long, leave it answerable.
+    let qa = ud_qp(&a);
+    let t = std::thread::spawn(move || qa.connect_ud(addr, &[], T));
+    let req = l.get_request(Some(T)).unwrap();
+    let qb = ud_qp(&b);
+    req.accept_ud(&qb, &[0; 137]).unwrap_err();
+    // (accept_ud consumed the request: the refusal above was local, so the request was
+    // rejected when it dropped; the requester sees status 2.)
+    assert_eq!(sidr_status(&t.join().unwrap().unwrap_err()), SidrStatus::Rejected);
+    let qa = ud_qp(&a);
+    let t = std::thread::spawn(move || qa.connect_ud(addr, &[], T));
+    let req = l.get_request(Some(T)).unwrap();
+    assert!(req.accept(&b.dev.alloc_pd().unwrap(), opts(&b.dev)).is_err());
+    assert_eq!(sidr_status(&t.join().unwrap().unwrap_err()), SidrStatus::Rejected);
+}
+
+/// Issue 14 multicast join in rdma_cm's style on RoCEv2 (no SA): the MGID is the group's
+/// IPv4-mapped address (`cma_iboe_set_mgid`), QPN 0xFFFFFF, Q_Key RDMA_UDP_QKEY; the QP is
+/// attached on join and detached on leave; a unicast address or an RC QP is refused.
+#[test]
+fn join_multicast_maps_the_group_and_attaches() {
+    let (_w, a, _b) = pair(44);
+    let q = ud_qp(&a);
+    let group: IpAddr = "239.1.2.3".parse().unwrap();
+    let p = q.join_multicast(group).unwrap();
+    let mgid = Gid::from_ipv4(Ipv4Addr::new(239, 1, 2, 3));
+    assert_eq!(p.ah_attr.dgid, mgid);
+    assert!(mgid.is_multicast());
+    assert_eq!((p.qp_num, p.qkey), (0x00ff_ffff, RDMA_UDP_QKEY));
+    assert_ud_rts(&a, &q);
+    q.leave_multicast(group).unwrap();
+    assert_eq!(
+        *a.fake.mcast.lock().unwrap(),
+        [(q.qp_num(), mgid, true), (q.qp_num(), mgid, false)]
+    );
+    assert!(matches!(
+        q.join_multicast("10.0.0.1".parse().unwrap()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        q.join_multicast("ff0e::1".parse().unwrap()),
+        Err(Error::InvalidArgument(_))
+    ));
+    let pd = a.dev.alloc_pd().unwrap();
+    let rc = pd.create_qp(opts(&a.dev).qp_init()).unwrap();
+    assert!(rc.join_multicast(group).is_err());
+    assert_eq!(a.fake.mcast.lock().unwrap().len(), 2);
 }

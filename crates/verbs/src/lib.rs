@@ -89,7 +89,10 @@ pub mod types;
 
 pub use ah::{AddressHandle, Grh};
 pub use async_event::AsyncEvent;
-pub use cm::{CmEvent, ConnInfo, ConnectRequest, ErrorDetail, Listener, ProviderDetail, QpOptions};
+pub use cm::{
+    CmEvent, ConnInfo, ConnectRequest, ErrorDetail, Listener, PortSpace, ProviderDetail, QpOptions, RDMA_UDP_QKEY,
+    UdParam,
+};
 pub use cq::CompletionQueue;
 pub use device::{Device, MemoryRegion, ProtectionDomain};
 pub use error::{Error, InvalidArg, Result, WrError};

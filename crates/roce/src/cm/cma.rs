@@ -13,6 +13,14 @@
 //! 20 destination address (16, same form)
 //! ```
 //!
+//! In the UDP port space (`RDMA_PS_UDP`, UD QPs) the same header starts the SIDR_REQ's
+//! private data (`cma_resolve_ib_udp`), leaving 180 octets for the application; the
+//! SIDR_REP carries only the application's (`cma_send_sidr_rep`), and its Q_Key must be
+//! `RDMA_UDP_QKEY` 0x01234567 or the requester reports the peer unreachable
+//! (`cma_sidr_rep_handler`). Multicast groups on RoCEv2 have no SA: the MGID is the IP
+//! multicast address itself, an IPv4 one in its IPv4-mapped form (`cma_iboe_set_mgid`,
+//! [`iboe_mgid`]).
+//!
 //! A listener on rdma_cm checks the version and the IP version; Linux answers a header whose
 //! destination is not the listener's address with REJ 28 (measured, `--cma-dst`).
 
@@ -26,6 +34,8 @@ pub const CMA_HDR_LEN: usize = 36;
 pub const CMA_VERSION: u8 = 0x00;
 /// Application private data that fits in a REQ after the header (92 - 36).
 pub const CMA_REQ_ULP_PDATA: usize = REQ_PDATA - CMA_HDR_LEN;
+/// Application private data that fits in a SIDR_REQ after the header (216 - 36).
+pub const CMA_SIDR_ULP_PDATA: usize = super::mad::SIDR_REQ_PDATA - CMA_HDR_LEN;
 /// The upper 48 bits of an IP-based service ID (`RDMA_IB_IP_PS_MASK`).
 pub const IP_PS_MASK: u64 = 0xFFFF_FFFF_FFFF_0000;
 
@@ -180,6 +190,29 @@ impl CmaHdr {
     }
 }
 
+impl CmaHdr {
+    /// A SIDR_REQ's private data: this header followed by the application's (≤ 180 octets).
+    pub fn sidr_private_data(&self, ulp: &[u8]) -> Result<Vec<u8>, CmaError> {
+        if ulp.len() > CMA_SIDR_ULP_PDATA {
+            return Err(CmaError::TooLong {
+                len: ulp.len(),
+                max: CMA_SIDR_ULP_PDATA,
+            });
+        }
+        let mut v = self.emit()?.to_vec();
+        v.extend_from_slice(ulp);
+        Ok(v)
+    }
+}
+
+/// The MGID of IP multicast group `group` on RoCEv2 (Linux `cma_iboe_set_mgid` with the
+/// RoCEv2 GID type): an IPv4 group (224.0.0.0/4) as its IPv4-mapped GID
+/// `::ffff:224.x.y.z`, an IPv6 group (ff00::/8) as itself. `None` if `group` is not a
+/// multicast address.
+pub fn iboe_mgid(group: IpAddr) -> Option<verbs::Gid> {
+    group.is_multicast().then(|| verbs::Gid::from_ip(group))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,5 +268,23 @@ mod tests {
             h.req_private_data(&[7; 57]),
             Err(CmaError::TooLong { len: 57, max: 56 })
         );
+        assert_eq!(h.sidr_private_data(&[7; 180]).unwrap().len(), 216);
+        assert_eq!(
+            h.sidr_private_data(&[7; 181]),
+            Err(CmaError::TooLong { len: 181, max: 180 })
+        );
+    }
+
+    /// Issue 14 "MGID <-> IP multicast address mapping as Linux does for RoCEv2".
+    #[test]
+    fn multicast_gids() {
+        let g = iboe_mgid("239.1.2.3".parse().unwrap()).unwrap();
+        assert_eq!(g.0, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 239, 1, 2, 3]);
+        assert!(g.is_multicast());
+        let g6 = iboe_mgid("ff0e::1234".parse().unwrap()).unwrap();
+        assert_eq!(g6.0[0], 0xff);
+        assert_eq!(g6.to_ip(), "ff0e::1234".parse::<IpAddr>().unwrap());
+        assert_eq!(iboe_mgid("192.168.1.1".parse().unwrap()), None);
+        assert_eq!(iboe_mgid("fe80::1".parse().unwrap()), None);
     }
 }

@@ -26,6 +26,18 @@
 //! `cm_destroy_id` does, and a [`CmEvent::TimedOut`]; DREQ ends in time-wait. An MRA stops
 //! the retransmission and waits the service timeout it announces.
 //!
+//! SIDR (IBTA §12.11, for UD; requirement D3 and issue 14): [`Cm::sidr_request`] sends a
+//! SIDR_REQ that is sent again, unchanged (same TID and request ID, as Linux's MAD layer
+//! does), every peer response timeout up to the max CM retries, then ends in
+//! [`CmEvent::SidrTimedOut`]; the SIDR_REP matched by request ID ends it in
+//! [`CmEvent::SidrReply`]. A SIDR_REQ for a service ID we listen on becomes a
+//! [`CmEvent::SidrRequest`] for [`Cm::sidr_reply`]; one for any other service ID is
+//! answered at once with status 1 (service ID not supported, Linux `cm_sidr_req_handler`).
+//! A repeat of a SIDR_REQ still waiting for the application is dropped (counted as a
+//! duplicate, as Linux does); a repeat after the answer (the SIDR_REP was lost) gets the
+//! same SIDR_REP again for the time-wait. At most [`MAX_SIDR_PENDING`] requests wait for
+//! the application; more are dropped (the requester retries).
+//!
 //! Matching (C1.7): REP/RTU/MRA/REJ/DREQ/DREP are found by their remote comm ID (our local
 //! one); a repeated REQ by (remote CA GUID, remote comm ID); a new REQ whose (CA GUID, QPN)
 //! belongs to a live connection gets REJ 10 and the old connection a DREQ (Linux, measured).
@@ -40,7 +52,8 @@ use verbs::{AhAttr, Gid, Mtu, RtrAttr, RtsAttr};
 use super::cma::{CmaError, CmaHdr};
 use super::mad::{
     CmMsg, DREQ_PDATA, Drep, Dreq, Mad, MadError, MadHeader, Mra, MsgType, Path, REJ_ARI, REJ_PDATA, REP_PDATA,
-    REQ_PDATA, RTU_PDATA, Rej, RejReason, Rep, Req, Rtu, mtu_from_code,
+    REQ_PDATA, RTU_PDATA, Rej, RejReason, Rep, Req, Rtu, SIDR_REP_PDATA, SIDR_REQ_PDATA, SidrRep, SidrReq, SidrStatus,
+    mtu_from_code,
 };
 
 /// 4.096 µs × 2^t, the IBTA time code (t is at most 31).
@@ -212,6 +225,29 @@ pub struct ConnectRequest {
     pub cma: Option<CmaHdr>,
 }
 
+/// A SIDR exchange: the request ID of the SIDR_REQ we sent (active), or our own handle of a
+/// SIDR_REQ received (passive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SidrId(pub u32);
+
+/// Requests received and not yet answered, at most (more are dropped; the requester retries).
+pub const MAX_SIDR_PENDING: usize = 1024;
+/// Answered requests remembered to answer a repeat, at most (the oldest go first).
+pub const MAX_SIDR_ANSWERED: usize = 4096;
+
+/// A SIDR_REQ delivered to a listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidrRequest {
+    /// Our handle for the answer ([`Cm::sidr_reply`]).
+    pub id: SidrId,
+    /// Where the SIDR_REQ came from (the SIDR_REP goes there).
+    pub from: Gid,
+    /// The SIDR_REQ as received (request ID, P_Key, service ID, 216 octets of private data).
+    pub req: SidrReq,
+    /// The rdma_cm header at the start of its private data, if it has a valid one.
+    pub cma: Option<CmaHdr>,
+}
+
 /// Events for the application and the provider, drained with [`Cm::poll_event`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmEvent {
@@ -265,6 +301,20 @@ pub enum CmEvent {
         /// The connection.
         id: CmId,
     },
+    /// Passive: a SIDR_REQ for a service we listen on. Answer with [`Cm::sidr_reply`].
+    SidrRequest(Box<SidrRequest>),
+    /// Active: the SIDR_REP to our SIDR_REQ (any status; 0 is a resolved QPN and Q_Key).
+    SidrReply {
+        /// The request.
+        id: SidrId,
+        /// The SIDR_REP as received.
+        rep: Box<SidrRep>,
+    },
+    /// Active: no SIDR_REP after all retries.
+    SidrTimedOut {
+        /// The request.
+        id: SidrId,
+    },
 }
 
 /// Application command errors.
@@ -291,6 +341,9 @@ pub enum CmError {
         /// Octets the field holds.
         max: usize,
     },
+    /// No SIDR exchange has this ID (never existed, answered already, or timed out).
+    #[error("no SIDR request {0:?}")]
+    UnknownSidr(SidrId),
     /// Another listener has this ServiceID.
     #[error("service ID {0:#018x} already has a listener")]
     AlreadyListening(u64),
@@ -362,6 +415,26 @@ struct Conn {
     min_rnr_timer: u8,
 }
 
+/// A SIDR_REQ we sent, waiting for its SIDR_REP.
+#[derive(Debug)]
+struct SidrOut {
+    peer: Gid,
+    mad: Mad,
+    timer: Instant,
+    retries: u8,
+}
+
+/// A SIDR_REQ we received: waiting for the application (`answer` empty), or answered and
+/// remembered until `expires` to answer a repeat.
+#[derive(Debug)]
+struct SidrIn {
+    peer: Gid,
+    request_id: u32,
+    tid: u64,
+    service_id: u64,
+    answer: Option<(Mad, Instant)>,
+}
+
 /// The CM of one port.
 #[derive(Debug)]
 pub struct Cm {
@@ -375,6 +448,14 @@ pub struct Cm {
     by_remote: HashMap<(u64, u32), u32>,
     /// (remote CA GUID, remote QPN) → local comm ID of live connections (stale check).
     by_qpn: HashMap<(u64, u32), u32>,
+    /// Our SIDR_REQs by request ID.
+    sidr_out: HashMap<u32, SidrOut>,
+    /// SIDR_REQs received, by our handle.
+    sidr_in: HashMap<u32, SidrIn>,
+    /// (sender, request ID) → our handle, for repeated SIDR_REQs.
+    sidr_by_remote: HashMap<(Gid, u32), u32>,
+    /// Answered handles in the order they were answered (expiry and the bound).
+    sidr_answered: VecDeque<u32>,
     tx: VecDeque<(Gid, Mad)>,
     events: VecDeque<CmEvent>,
     stats: CmStats,
@@ -406,6 +487,10 @@ impl Cm {
             conns: HashMap::new(),
             by_remote: HashMap::new(),
             by_qpn: HashMap::new(),
+            sidr_out: HashMap::new(),
+            sidr_in: HashMap::new(),
+            sidr_by_remote: HashMap::new(),
+            sidr_answered: VecDeque::new(),
             tx: VecDeque::new(),
             events: VecDeque::new(),
             stats: CmStats::default(),
@@ -446,7 +531,24 @@ impl Cm {
 
     /// The earliest time [`Cm::handle_timeout`] has work.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.conns.values().filter_map(|c| c.timer).min()
+        let conns = self.conns.values().filter_map(|c| c.timer);
+        let out = self.sidr_out.values().map(|o| o.timer);
+        let answered = self
+            .sidr_answered
+            .front()
+            .and_then(|h| self.sidr_in.get(h))
+            .and_then(|i| i.answer.as_ref().map(|a| a.1));
+        conns.chain(out).chain(answered).min()
+    }
+
+    /// SIDR_REQs sent and not yet answered or timed out.
+    pub fn sidr_pending(&self) -> usize {
+        self.sidr_out.len()
+    }
+
+    /// SIDR_REQs received: waiting for the application, and answered ones remembered.
+    pub fn sidr_received(&self) -> usize {
+        self.sidr_in.len()
     }
 
     // ---- commands -----------------------------------------------------------------------
@@ -749,6 +851,94 @@ impl Cm {
         Ok(())
     }
 
+    /// Active SIDR: sends a SIDR_REQ for `service_id` to `to` with `private_data` (≤ 216
+    /// octets; for an rdma_cm peer the `cma_hdr` first, [`CmaHdr::req_private_data`] style).
+    /// The answer comes as [`CmEvent::SidrReply`] or [`CmEvent::SidrTimedOut`].
+    pub fn sidr_request(
+        &mut self,
+        now: Instant,
+        to: Gid,
+        service_id: u64,
+        private_data: &[u8],
+    ) -> Result<SidrId, CmError> {
+        check_len("SIDR_REQ private data", private_data, SIDR_REQ_PDATA)?;
+        let id = loop {
+            let id: u32 = self.rng.random();
+            if id != 0 && !self.sidr_out.contains_key(&id) && !self.conns.contains_key(&id) {
+                break id;
+            }
+        };
+        let mad = Mad {
+            hdr: MadHeader::with_tid(self.new_tid()),
+            msg: CmMsg::SidrReq(SidrReq {
+                request_id: id,
+                pkey: self.cfg.pkey,
+                service_id,
+                private_data: private_data.to_vec(),
+            }),
+        };
+        mad.emit()?;
+        let timer = now + self.timeout(self.cfg.cm_response_timeout);
+        self.sidr_out.insert(
+            id,
+            SidrOut {
+                peer: to,
+                mad: mad.clone(),
+                timer,
+                retries: 0,
+            },
+        );
+        self.tx.push_back((to, mad));
+        Ok(SidrId(id))
+    }
+
+    /// Active SIDR: forgets a request (no event follows). Returns whether it was pending.
+    pub fn sidr_cancel(&mut self, id: SidrId) -> bool {
+        self.sidr_out.remove(&id.0).is_some()
+    }
+
+    /// Passive SIDR: answers a [`CmEvent::SidrRequest`] with a SIDR_REP of `status`, our UD
+    /// QP's number and Q_Key (meaningful with [`SidrStatus::Valid`]; 0 otherwise, as Linux
+    /// sends them) and `private_data` (≤ 136 octets).
+    pub fn sidr_reply(
+        &mut self,
+        now: Instant,
+        id: SidrId,
+        status: SidrStatus,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        check_len("SIDR_REP private data", private_data, SIDR_REP_PDATA)?;
+        let expires = now + self.cfg.time_wait;
+        let i = self.sidr_in.get_mut(&id.0).ok_or(CmError::UnknownSidr(id))?;
+        if i.answer.is_some() {
+            return Err(CmError::UnknownSidr(id));
+        }
+        let mad = Mad {
+            hdr: MadHeader::with_tid(i.tid),
+            msg: CmMsg::SidrRep(SidrRep {
+                request_id: i.request_id,
+                status: status.into(),
+                qpn,
+                service_id: i.service_id,
+                qkey,
+                additional_info: Vec::new(),
+                private_data: private_data.to_vec(),
+            }),
+        };
+        mad.emit()?;
+        i.answer = Some((mad.clone(), expires));
+        self.tx.push_back((i.peer, mad));
+        self.sidr_answered.push_back(id.0);
+        while self.sidr_answered.len() > MAX_SIDR_ANSWERED {
+            if let Some(old) = self.sidr_answered.pop_front() {
+                self.forget_sidr_in(old);
+            }
+        }
+        Ok(())
+    }
+
     // ---- input --------------------------------------------------------------------------
 
     /// A MAD that arrived on QP1 from `from` (the sender's GID). Returns an error (and counts
@@ -771,8 +961,8 @@ impl Cm {
             CmMsg::Rej(rej) => self.on_rej(now, rej),
             CmMsg::Dreq(dreq) => self.on_dreq(now, tid, dreq, from),
             CmMsg::Drep(drep) => self.on_drep(now, drep),
-            // UD service ID resolution is the next issue's.
-            CmMsg::SidrReq(_) | CmMsg::SidrRep(_) => self.stats.dropped += 1,
+            CmMsg::SidrReq(req) => self.on_sidr_req(tid, req, from),
+            CmMsg::SidrRep(rep) => self.on_sidr_rep(rep),
         }
         Ok(())
     }
@@ -787,6 +977,37 @@ impl Cm {
             .collect();
         for id in due {
             self.on_timer(now, id);
+        }
+        let due: Vec<u32> = self
+            .sidr_out
+            .iter()
+            .filter(|(_, o)| o.timer <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            let retry = self.timeout(self.cfg.cm_response_timeout);
+            let max = self.cfg.max_cm_retries;
+            let Some(o) = self.sidr_out.get_mut(&id) else { continue };
+            if o.retries < max {
+                o.retries += 1;
+                o.timer = now + retry;
+                self.stats.retransmits += 1;
+                self.tx.push_back((o.peer, o.mad.clone()));
+            } else {
+                self.sidr_out.remove(&id);
+                self.events.push_back(CmEvent::SidrTimedOut { id: SidrId(id) });
+            }
+        }
+        while let Some(&h) = self.sidr_answered.front() {
+            let expired = self
+                .sidr_in
+                .get(&h)
+                .is_none_or(|i| i.answer.as_ref().is_none_or(|a| a.1 <= now));
+            if !expired {
+                break;
+            }
+            self.sidr_answered.pop_front();
+            self.forget_sidr_in(h);
         }
     }
 
@@ -946,6 +1167,82 @@ impl Cm {
             req,
             cma,
         })));
+    }
+
+    fn forget_sidr_in(&mut self, h: u32) {
+        if let Some(i) = self.sidr_in.remove(&h)
+            && self.sidr_by_remote.get(&(i.peer, i.request_id)) == Some(&h)
+        {
+            self.sidr_by_remote.remove(&(i.peer, i.request_id));
+        }
+    }
+
+    fn on_sidr_req(&mut self, tid: u64, req: SidrReq, from: Gid) {
+        if let Some(&h) = self.sidr_by_remote.get(&(from, req.request_id)) {
+            self.stats.duplicates += 1;
+            // Answered: the SIDR_REP was lost, send it again; not answered yet: drop.
+            if let Some((mad, _)) = self.sidr_in.get(&h).and_then(|i| i.answer.as_ref()) {
+                self.tx.push_back((from, mad.clone()));
+            }
+            return;
+        }
+        if !self.listeners.contains(&req.service_id) {
+            // cm_sidr_req_handler: no listener, IB_SIDR_UNSUPPORTED; nothing is kept.
+            self.send(
+                from,
+                tid,
+                CmMsg::SidrRep(SidrRep {
+                    request_id: req.request_id,
+                    status: SidrStatus::Unsupported.into(),
+                    qpn: 0,
+                    service_id: req.service_id,
+                    qkey: 0,
+                    additional_info: Vec::new(),
+                    private_data: Vec::new(),
+                }),
+            );
+            return;
+        }
+        if self.sidr_in.len().saturating_sub(self.sidr_answered.len()) >= MAX_SIDR_PENDING {
+            self.stats.dropped += 1;
+            return;
+        }
+        let h = loop {
+            let h: u32 = self.rng.random();
+            if h != 0 && !self.sidr_in.contains_key(&h) {
+                break h;
+            }
+        };
+        self.sidr_by_remote.insert((from, req.request_id), h);
+        self.sidr_in.insert(
+            h,
+            SidrIn {
+                peer: from,
+                request_id: req.request_id,
+                tid,
+                service_id: req.service_id,
+                answer: None,
+            },
+        );
+        let cma = CmaHdr::parse(&req.private_data).ok();
+        self.events.push_back(CmEvent::SidrRequest(Box::new(SidrRequest {
+            id: SidrId(h),
+            from,
+            req,
+            cma,
+        })));
+    }
+
+    fn on_sidr_rep(&mut self, rep: SidrRep) {
+        // cm_sidr_rep_handler: matched by request ID, in the SIDR_REQ_SENT state only.
+        if self.sidr_out.remove(&rep.request_id).is_none() {
+            self.stats.dropped += 1;
+            return;
+        }
+        self.events.push_back(CmEvent::SidrReply {
+            id: SidrId(rep.request_id),
+            rep: Box::new(rep),
+        });
     }
 
     fn on_rep(&mut self, _now: Instant, rep: Rep) {

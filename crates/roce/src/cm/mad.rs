@@ -573,6 +573,68 @@ pub struct Drep {
     pub private_data: Vec<u8>,
 }
 
+/// The status of a SIDR_REP (IBTA table 120; Linux `enum ib_cm_sidr_status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SidrStatus {
+    /// 0: the QPN and Q_Key are valid.
+    Valid,
+    /// 1: nobody serves the service ID.
+    Unsupported,
+    /// 2: the service refused the request (rdma_cm's `rdma_reject` on a UD ID).
+    Rejected,
+    /// 3: no QP available.
+    NoQp,
+    /// 4: redirect (the ClassPortInfo says where).
+    Redirect,
+    /// 5: unsupported CM class version.
+    UnsupportedVersion,
+    /// Any other value, kept.
+    Unknown(u8),
+}
+
+impl From<u8> for SidrStatus {
+    fn from(v: u8) -> SidrStatus {
+        match v {
+            0 => SidrStatus::Valid,
+            1 => SidrStatus::Unsupported,
+            2 => SidrStatus::Rejected,
+            3 => SidrStatus::NoQp,
+            4 => SidrStatus::Redirect,
+            5 => SidrStatus::UnsupportedVersion,
+            v => SidrStatus::Unknown(v),
+        }
+    }
+}
+
+impl From<SidrStatus> for u8 {
+    fn from(s: SidrStatus) -> u8 {
+        match s {
+            SidrStatus::Valid => 0,
+            SidrStatus::Unsupported => 1,
+            SidrStatus::Rejected => 2,
+            SidrStatus::NoQp => 3,
+            SidrStatus::Redirect => 4,
+            SidrStatus::UnsupportedVersion => 5,
+            SidrStatus::Unknown(v) => v,
+        }
+    }
+}
+
+impl fmt::Display for SidrStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self {
+            SidrStatus::Valid => "valid",
+            SidrStatus::Unsupported => "service ID not supported",
+            SidrStatus::Rejected => "rejected",
+            SidrStatus::NoQp => "no QP",
+            SidrStatus::Redirect => "redirect",
+            SidrStatus::UnsupportedVersion => "unsupported class version",
+            SidrStatus::Unknown(_) => "unknown status",
+        };
+        write!(f, "SIDR_REP status {} ({what})", u8::from(*self))
+    }
+}
+
 /// Service ID resolution request (IBTA table 119), for UD.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidrReq {
@@ -591,7 +653,8 @@ pub struct SidrReq {
 pub struct SidrRep {
     /// Request ID of the SIDR_REQ answered.
     pub request_id: u32,
-    /// 0 valid, 1 service ID not supported, 2 rejected, 3 no QP, 4 redirect, 5 class version.
+    /// 0 valid, 1 service ID not supported, 2 rejected, 3 no QP, 4 redirect, 5 class version
+    /// ([`SidrStatus`]; kept as the octet so that any value round-trips).
     pub status: u8,
     /// 24 bits.
     pub qpn: u32,

@@ -23,6 +23,7 @@ pub mod mad;
 
 pub use cma::{CmaHdr, PortSpace, service_id};
 pub use machine::{
-    AcceptParams, Cm, CmConfig, CmError, CmEvent, CmId, CmStats, ConnectParams, ConnectRequest, QpParams, State,
+    AcceptParams, Cm, CmConfig, CmError, CmEvent, CmId, CmStats, ConnectParams, ConnectRequest, QpParams, SidrId,
+    SidrRequest, State,
 };
-pub use mad::{AttrId, CmMsg, Mad, MadError, MadHeader, MsgType, RejReason};
+pub use mad::{AttrId, CmMsg, Mad, MadError, MadHeader, MsgType, RejReason, SidrStatus};

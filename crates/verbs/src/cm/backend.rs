@@ -9,13 +9,13 @@
 //! `rdma_resolve_addr` takes them); nothing here assumes TCP: an IB CM
 //! backend maps the port to a service ID.
 
-use crate::cm::RouteOptions;
-use crate::cm::event::ConnInfo;
+use crate::cm::event::{ConnInfo, UdParam};
+use crate::cm::{PortSpace, RouteOptions};
 use crate::error::{Error, Result};
 use crate::notify::EventQueue;
 use crate::provider::QpOps;
 use crate::types::ConnParam;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +34,19 @@ pub trait ConnRequestOps: Send {
     fn accept(self: Box<Self>, qp: &Arc<dyn QpOps>, param: &ConnParam) -> Result<ConnInfo>;
     /// Refuses the connection with `private_data` for the initiator (`rdma_reject`).
     fn reject(self: Box<Self>, private_data: &[u8]) -> Result<()>;
+    /// The port space the request arrived in ([`PortSpace::Tcp`] unless the backend
+    /// serves others).
+    fn port_space(&self) -> PortSpace {
+        PortSpace::Tcp
+    }
+    /// Answers a UDP-port-space request (`rdma_accept` on a UD ID): tells the requester
+    /// `qp`'s number and the Q_Key [`RDMA_UDP_QKEY`](crate::cm::RDMA_UDP_QKEY), with
+    /// `private_data`. `qp` is a UD QP of this provider, in RTS.
+    fn accept_ud(self: Box<Self>, _qp: &Arc<dyn QpOps>, _private_data: &[u8]) -> Result<()> {
+        Err(Error::NotSupported(
+            "this connection manager has no UDP port space".into(),
+        ))
+    }
 }
 
 /// A provider's listener; dropping it stops listening.
@@ -71,4 +84,35 @@ pub trait CmBackend: Send + Sync {
     }
     /// Graceful disconnect of a connected QP (`rdma_disconnect`).
     fn disconnect(&self, qp: &Arc<dyn QpOps>);
+    /// Listens on `addr` in port space `ps`. The default serves [`PortSpace::Tcp`] with
+    /// [`listen`](Self::listen) and refuses the others with `NotSupported` (`EOPNOTSUPP`).
+    fn listen_in(
+        &self,
+        addr: SocketAddr,
+        ps: PortSpace,
+        requests: Arc<EventQueue<Box<dyn ConnRequestOps>>>,
+    ) -> Result<Box<dyn ListenerOps>> {
+        match ps {
+            PortSpace::Tcp => self.listen(addr, requests),
+            PortSpace::Udp => Err(Error::NotSupported(
+                "this connection manager has no UDP port space (RDMA_PS_UDP)".into(),
+            )),
+        }
+    }
+    /// Resolves the UD QP listening on `addr` in the UDP port space (rdma_cm's
+    /// `rdma_connect` on a UD ID: SIDR on InfiniBand and RoCE) with `private_data` for the
+    /// listener. The default refuses with `NotSupported`.
+    fn resolve_ud(&self, addr: SocketAddr, _private_data: &[u8], _timeout: Duration) -> Result<UdParam> {
+        Err(Error::NotSupported(format!(
+            "this connection manager cannot resolve UD peers ({addr})"
+        )))
+    }
+    /// The multicast group of IP multicast address `group` (`rdma_join_multicast`'s MGID,
+    /// Q_Key and address vector); the verbs attach the QP to it. The default refuses with
+    /// `NotSupported`.
+    fn multicast_group(&self, group: IpAddr) -> Result<UdParam> {
+        Err(Error::NotSupported(format!(
+            "this connection manager has no multicast groups ({group})"
+        )))
+    }
 }

@@ -4,6 +4,8 @@
 use std::any::Any;
 use std::fmt;
 use std::net::SocketAddr;
+
+use crate::ah::AhAttr;
 use std::sync::Arc;
 
 /// Transport-specific detail of a failure, from the provider that saw it
@@ -110,4 +112,22 @@ impl ConnInfo {
             detail: "not connected".into(),
         }
     }
+}
+
+/// What an unreliable-datagram peer or group resolved to (`rdma_ud_param`): where UD sends
+/// go. [`QueuePair::connect_ud`](crate::QueuePair::connect_ud) returns the remote QP's
+/// (rdma_cm's `RDMA_CM_EVENT_ESTABLISHED` on a UDP ID, from the SIDR_REP);
+/// [`QueuePair::join_multicast`](crate::QueuePair::join_multicast) the group's
+/// (`RDMA_CM_EVENT_MULTICAST_JOIN`: QPN 0xFFFFFF, the MGID as destination).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdParam {
+    /// The peer's address vector (its GID, or the group's MGID); make the
+    /// [`AddressHandle`](crate::AddressHandle) of the sends from it.
+    pub ah_attr: AhAttr,
+    /// The remote QP number (0xFFFFFF for a multicast group).
+    pub qp_num: u32,
+    /// The Q_Key the sends carry.
+    pub qkey: u32,
+    /// The peer's private data (the SIDR_REP's 136 octets; empty for a group).
+    pub private_data: Vec<u8>,
 }

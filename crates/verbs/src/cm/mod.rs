@@ -15,6 +15,21 @@
 //! [`ProtectionDomain::connect`] and [`ConnectRequest::accept`] do the three
 //! steps in one call (create, post the initial receives, connect/accept):
 //! what most programs want.
+//!
+//! # The UDP port space (`RDMA_PS_UDP`) and multicast
+//!
+//! Unreliable-datagram QPs use rdma_cm too, in its UDP port space: a listener
+//! made with [`Device::listen_in`]`(addr, `[`PortSpace::Udp`]`)` gets requests
+//! ([`ConnectRequest::port_space`] says `Udp`) that it answers with a UD QP
+//! ([`ConnectRequest::accept_ud`]); a client resolves the listener's QP with
+//! [`QueuePair::connect_ud`] and gets its QPN, Q_Key and address vector
+//! ([`UdParam`], what `RDMA_CM_EVENT_ESTABLISHED` carries on a UD ID). On
+//! InfiniBand and RoCE this is SIDR (IBTA §12.11). [`QueuePair::join_multicast`]
+//! joins an IP multicast group (`rdma_join_multicast`) and attaches the QP to
+//! its MGID. The QPs use rdma_cm's Q_Key [`RDMA_UDP_QKEY`]; like
+//! `rdma_create_qp`, the calls move a UD QP in RESET to RTS. A transport
+//! without datagrams (iWARP) refuses all of it with `NotSupported`
+//! (`EOPNOTSUPP`).
 
 pub mod backend;
 pub mod event;
@@ -31,7 +46,21 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use event::{CmEvent, ConnInfo, ErrorDetail, ProviderDetail};
+pub use event::{CmEvent, ConnInfo, ErrorDetail, ProviderDetail, UdParam};
+
+/// The Q_Key of rdma_cm's UDP port space (`RDMA_UDP_QKEY` in `rdma_cma.h`): the Q_Key
+/// of every UD QP and multicast group made through rdma_cm.
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+
+/// An rdma_cm port space (`enum rdma_ucm_port_space`), chosen when listening.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PortSpace {
+    /// `RDMA_PS_TCP`: reliable connections (RC QPs).
+    #[default]
+    Tcp,
+    /// `RDMA_PS_UDP`: unreliable datagrams (UD QPs), resolved by SIDR on IB and RoCE.
+    Udp,
+}
 
 fn backend(dev: &Device) -> Result<&Arc<dyn CmBackend>> {
     dev.cm_backend()
@@ -205,6 +234,17 @@ impl ConnectRequest {
     pub fn reject(self, private_data: &[u8]) -> Result<()> {
         self.ops.reject(private_data)
     }
+    /// The port space of the listener the request arrived at.
+    pub fn port_space(&self) -> PortSpace {
+        self.ops.port_space()
+    }
+    /// Answers a UDP-port-space request (`rdma_accept` on a UD ID) with `qp`'s number and
+    /// [`RDMA_UDP_QKEY`], and `private_data` for the requester. `qp` must be a UD QP; one
+    /// in RESET is moved to RTS with that Q_Key first, as `rdma_create_qp` does.
+    pub fn accept_ud(self, qp: &QueuePair, private_data: &[u8]) -> Result<()> {
+        prepare_ud(qp)?;
+        self.ops.accept_ud(qp.ops(), private_data)
+    }
 }
 
 impl Device {
@@ -213,6 +253,38 @@ impl Device {
         let requests = Arc::new(EventQueue::new());
         let ops = backend(self)?.listen(addr, requests.clone())?;
         Ok(Listener { ops, requests })
+    }
+
+    /// Listens on `addr` in port space `ps` (`rdma_create_id(ps)` + `rdma_bind_addr` +
+    /// `rdma_listen`). [`PortSpace::Tcp`] is [`listen`](Self::listen); a device whose
+    /// connection manager has no such port space refuses with `NotSupported`.
+    pub fn listen_in(&self, addr: SocketAddr, ps: PortSpace) -> Result<Listener> {
+        let requests = Arc::new(EventQueue::new());
+        let ops = backend(self)?.listen_in(addr, ps, requests.clone())?;
+        Ok(Listener { ops, requests })
+    }
+}
+
+/// Checks that `qp` is a UD QP and moves it from RESET to RTS with [`RDMA_UDP_QKEY`], as
+/// `rdma_create_qp` does for a UD ID (`cma_init_ud_qp`, then RTR and RTS).
+fn prepare_ud(qp: &QueuePair) -> Result<()> {
+    if qp.qp_type() != QpType::Ud {
+        return Err(InvalidArg::CmQpType(qp.qp_type()).into());
+    }
+    if qp.state() == QpState::Reset {
+        qp.modify_qp(&QpAttr::init_ud(1, 0, RDMA_UDP_QKEY))?;
+    }
+    if qp.state() == QpState::Init {
+        qp.modify_qp(&QpAttr::state(QpState::Rtr))?;
+    }
+    if qp.state() == QpState::Rtr {
+        let mut a = QpAttr::state(QpState::Rts);
+        a.sq_psn = Some(0);
+        qp.modify_qp(&a)?;
+    }
+    match qp.state() {
+        QpState::Rts => Ok(()),
+        s => Err(Error::InvalidState(s)),
     }
 }
 
@@ -267,6 +339,45 @@ impl QueuePair {
         };
         self.set_connected(info);
         Ok(())
+    }
+}
+
+impl QueuePair {
+    /// Moves this UD QP from RESET to RTS with Q_Key [`RDMA_UDP_QKEY`], as `rdma_create_qp`
+    /// does for a UD ID, so receives can be posted before [`connect_ud`](Self::connect_ud)
+    /// or [`ConnectRequest::accept_ud`] (which do it themselves otherwise). Nothing to do
+    /// in RTS; `InvalidArgument` for another QP type.
+    pub fn prepare_ud_cm(&self) -> Result<()> {
+        prepare_ud(self)
+    }
+
+    /// Resolves the UD QP listening on `addr` in the UDP port space (`rdma_connect` on a
+    /// UD ID: SIDR on RoCE) with `private_data` for the listener, and returns where to
+    /// send: its QPN, Q_Key and address vector (`RDMA_CM_EVENT_ESTABLISHED`'s `ud`
+    /// parameters). This QP (UD) is moved to RTS first if it is in RESET. Errors:
+    /// `Rejected` when the listener refuses or nobody listens (the SIDR_REP status in the
+    /// detail; `RDMA_CM_EVENT_UNREACHABLE`), `Timeout` when nobody answers.
+    pub fn connect_ud(&self, addr: SocketAddr, private_data: &[u8], timeout: Duration) -> Result<UdParam> {
+        prepare_ud(self)?;
+        backend(self.pd().device())?.resolve_ud(addr, private_data, timeout)
+    }
+
+    /// Joins the IP multicast group `group` (`rdma_join_multicast`): the group's MGID,
+    /// Q_Key and address vector (`RDMA_CM_EVENT_MULTICAST_JOIN`'s `ud` parameters), with
+    /// this QP (UD; moved to RTS if in RESET) attached to the MGID, as librdmacm attaches
+    /// it on the join event.
+    pub fn join_multicast(&self, group: IpAddr) -> Result<UdParam> {
+        prepare_ud(self)?;
+        let p = backend(self.pd().device())?.multicast_group(group)?;
+        self.attach_mcast(&p.ah_attr.dgid, 0)?;
+        Ok(p)
+    }
+
+    /// Leaves a group joined with [`join_multicast`](Self::join_multicast)
+    /// (`rdma_leave_multicast`): the QP is detached from its MGID.
+    pub fn leave_multicast(&self, group: IpAddr) -> Result<()> {
+        let p = backend(self.pd().device())?.multicast_group(group)?;
+        self.detach_mcast(&p.ah_attr.dgid, 0)
     }
 }
 
