@@ -12,9 +12,10 @@ SOFTRDMA_INTEROP=0 cargo test --workspace --release --all-targets --no-fail-fast
 cargo test --workspace --release --doc
 bash scripts/fuzz-smoke.sh
 
-# --- 4. interop with Linux siw, rxe, perftest and NFS/RDMA (crates/cli/tests/{interop_siw, interop_rxe,
-#        interop_perftest,nfs_interop,nfs_serve_interop}.rs, docs/interop-{siw,perftest,nfs}.md,
-#        docs/nfs-server.md) ------------------------------------------------------------------
+# --- 4. interop with Linux siw, rxe, perftest, NFS/RDMA, UD and the SMC-R TCP option
+#        (crates/cli/tests/{interop_siw,interop_rxe,interop_perftest,interop_perftest_rxe,nfs_interop,
+#        nfs_interop_rxe,nfs_serve_interop,interop_ud,interop_smc_option}.rs, docs/interop-*.md,
+#        docs/nfs-server.md, docs/roce.md, docs/smc.md) ------------------------------------------
 # SOFTRDMA_INTEROP=1 lets the suite build the lab (setup.sh) and start the VM itself; without
 # root, QEMU or the lab directory each test prints SKIPPED and passes. About 5 minutes under
 # TCG once the lab is built, plus about 4 for nfs_serve_interop (the guest kernel's NFS client
@@ -25,7 +26,8 @@ if [ "${SOFTRDMA_INTEROP:-1}" != 0 ]; then
     was_running=0
     if [ -x "$lab/vm.sh" ] && "$lab/vm.sh" exec true >/dev/null 2>&1; then was_running=1; fi
     SOFTRDMA_INTEROP="${SOFTRDMA_INTEROP:-1}" \
-        cargo test --release -p softrdma --test interop_siw --test nfs_interop --test interop_perftest \
-        --test nfs_serve_interop --test interop_rxe -- --test-threads=1
+        cargo test --release -p softrdma --no-fail-fast --test interop_siw --test nfs_interop \
+        --test interop_perftest --test nfs_serve_interop --test interop_rxe --test interop_perftest_rxe \
+        --test nfs_interop_rxe --test interop_ud --test interop_smc_option -- --test-threads=1
     if [ "$was_running" = 0 ] && [ -x "$lab/vm.sh" ]; then "$lab/vm.sh" stop || true; fi
 fi
