@@ -17,7 +17,7 @@ use std::sync::atomic::AtomicBool;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args as ClapArgs, Subcommand, ValueEnum};
-use verbs::{DeviceFactory, DeviceOptions};
+use verbs::DeviceOptions;
 
 /// `softrdma ipoib ...`.
 #[derive(ClapArgs)]
@@ -145,8 +145,10 @@ fn up(a: UpArgs) -> Result<()> {
         .with("addr", local.to_string())
         .with("mtu", "2048")
         .with("name", format!("rxe_{}", a.dev));
-    let device = roce::RoceFactory
-        .open(&opts)
+    // IPoIB is defined on the InfiniBand transport: the RoCEv2 provider, opened by its
+    // registry name like every other command's device.
+    let device = crate::providers::registry()
+        .open("roce", &opts)
         .with_context(|| format!("opening a RoCEv2 device on {local}"))?;
     let cfg = ipoib::daemon::DaemonConfig {
         dev: a.dev,
