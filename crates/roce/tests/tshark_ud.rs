@@ -132,7 +132,18 @@ fn tshark_decodes_ud_and_multicast_traffic_c2_d3() {
     let file = dir.join("ud.pcap");
     let mut dump = Dump(
         Command::new("tcpdump")
-            .args(["-i", "lo", "-U", "--immediate-mode", "-n", "-s", "0", "-w"])
+            .args([
+                "-i",
+                "lo",
+                "-U",
+                "--immediate-mode",
+                "-n",
+                "-s",
+                "8192",
+                "-B",
+                "32768",
+                "-w",
+            ])
             .arg(&file)
             .args(["udp port 4791 and net 127.138.0.0/16"])
             .stdout(Stdio::null())

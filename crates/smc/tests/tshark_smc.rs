@@ -80,7 +80,18 @@ fn tshark_decodes_our_clc_and_cdc_frames() {
     let file = dir.join("smc.pcap");
     let mut dump = Dump(
         Command::new("tcpdump")
-            .args(["-i", "lo", "-U", "--immediate-mode", "-n", "-s", "0", "-w"])
+            .args([
+                "-i",
+                "lo",
+                "-U",
+                "--immediate-mode",
+                "-n",
+                "-s",
+                "0",
+                "-B",
+                "65536",
+                "-w",
+            ])
             .arg(&file)
             .args(["net 127.115.7.0/24 and (tcp or udp port 4791)"])
             .stdout(Stdio::null())
