@@ -4,7 +4,8 @@
 //! timeout (no stall) and the device counters showing the faults and the
 //! recovery (issue 13 "what must hold" 2; C3 of
 //! ../shared/requirements/smcr-ipoibcm.md: retransmission, sequence errors,
-//! duplicates; IBA vol. 1 §9.7.5 (requester), §9.7.6 (responder)).
+//! duplicates; IBA vol. 1 §9.7.4 and §9.7.5 (responder),
+//! §9.7.6 (requester)).
 //!
 //! The volume is 64 MiB per test in CI; `CONFORMANCE_FAULT_MIB=1024` runs
 //! the full 1 GiB (docs: the measured times are in the commit log and report).

@@ -60,7 +60,8 @@ pub fn send_recv_write_read(fx: &dyn Fixture) {
     assert!(p.cq_b().poll_one().is_none());
 }
 
-/// Fetch-and-add, compare-and-swap, and Write with immediate (RFC 7306; IBA §9.4.5).
+/// Fetch-and-add, compare-and-swap, and Write with immediate (RFC 7306; IBA vol. 1
+/// §9.4, §9.4.5 unconfirmed).
 pub fn atomics_and_immediate(fx: &dyn Fixture) {
     let p = pair(fx);
     let ma = p.ea.pd.reg_mr(4096, Access::all_remote()).unwrap();

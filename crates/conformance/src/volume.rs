@@ -93,8 +93,8 @@ pub fn move_all(p: &Pair, read: bool, local: &MemoryRegion, remote: &MemoryRegio
 }
 
 /// Moves `len` bytes (1 GiB in the suite) by Writes or by Reads on `p` and
-/// compares the SHA-256 of both ends (RDMAP-WR-02, RDMAP-RD-06; IBA §9.4.3,
-/// §9.4.4). Returns how long the transfer took.
+/// compares the SHA-256 of both ends (RDMAP-WR-02, RDMAP-RD-06; IBA vol. 1
+/// §9.4, subsections unconfirmed). Returns how long the transfer took.
 pub fn hashed_transfer(p: &Pair, len: usize, read: bool) -> Duration {
     // A Write pushes local src into remote dst; a Read pulls remote src into local dst.
     let (src_pd, dst_pd) = if read {

@@ -2,9 +2,9 @@
 //! both devices impaired: drop 1 % and 10 %, reorder, duplicate, corrupt
 //! ICRC, delayed ACKs, and all at once; by Writes and by Reads, hashed, with
 //! the counters that show the faults and the recovery (C3 of
-//! ../shared/requirements/smcr-ipoibcm.md; IBA vol. 1 §9.7.5.1 (requester
-//! retransmission, local ACK timeout), §9.7.5.1.3 (PSN sequence error NAK),
-//! §9.7.6.1 (responder duplicate detection), annex A17 (ICRC)). The silent
+//! ../shared/requirements/smcr-ipoibcm.md; IBA vol. 1 §9.7.6 (requester
+//! retransmission, local ACK timeout), §9.7.5.2 (PSN sequence error NAK),
+//! §9.7.4 (responder duplicate detection), annex A17 §A17.3.3 (ICRC)). The silent
 //! peer (RETRY_EXC_ERR) and RNR cases are in crates/roce/tests/faults.rs.
 
 use conformance::faults::hashed_through_faults as through;

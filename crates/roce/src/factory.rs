@@ -102,7 +102,7 @@ impl DeviceFactory for RoceFactory {
             provider: "roce",
             device: RoceConfig::default().name,
             transport: Transport::RoceV2,
-            description: "RoCEv2 (InfiniBand RC and UD transports, IBTA vol. 1 ch. 9 and annex A17) over UDP 4791",
+            description: "RoCEv2 (InfiniBand RC and UD transports, IBA vol. 1 ch. 9 and annex A17) over UDP 4791",
             params: Self::params(),
         }
     }

@@ -1,5 +1,5 @@
-//! The seam between the RoCEv2 device's data path and the IB CM on QP1 (the GSI, IBTA vol. 1
-//! §13.5): the engine owns UDP port 4791 and sees every packet, the CM owns the MADs.
+//! The seam between the RoCEv2 device's data path and the IB CM on QP1 (the GSI, IBA vol. 1
+//! ch. 13, §13.5 unconfirmed): the engine owns UDP port 4791 and sees every packet, the CM owns the MADs.
 //!
 //! The engine demultiplexes on the BTH's destination QP. A packet for QP1 that passes its
 //! checks (ICRC, UD SEND_ONLY with a DETH, the GSI Q_Key 0x80010000, a P_Key in the device's
@@ -13,7 +13,7 @@ use std::sync::{Arc, Weak};
 use verbs::Gid;
 use verbs::notify::EventQueue;
 
-/// The GSI Q_Key (IBTA vol. 1 §13.5.1, "well-known Q_Key").
+/// The GSI Q_Key (IBA vol. 1 ch. 13, the GSI's "well-known Q_Key"; §13.5.1 unconfirmed).
 pub const GSI_QKEY: u32 = 0x8001_0000;
 
 /// What receives the MADs that arrive on QP1 (the CM).

@@ -94,7 +94,7 @@ pub struct GsiCmConfig {
     pub path_mtu: Mtu,
     /// The RNR retry count we ask the peer to use towards us (7: infinite).
     pub rnr_retry_count: u8,
-    /// Our QPs' minimum RNR NAK timer code (IBTA table 45; 12 = 0.64 ms).
+    /// Our QPs' minimum RNR NAK timer code (IBA vol. 1 release 1.3 table 45; 12 = 0.64 ms).
     pub min_rnr_timer: u8,
     /// Local ACK timeout code our REQs carry (rdma_cm on RoCE: 18 ≈ 1 s).
     pub local_ack_timeout: u8,

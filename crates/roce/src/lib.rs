@@ -1,4 +1,4 @@
-//! softrdma's RoCEv2 provider: the InfiniBand transport (IBTA vol. 1 ch. 9, RoCEv2 annex
+//! softrdma's RoCEv2 provider: the InfiniBand transport (IBA vol. 1 ch. 9, RoCEv2 annex
 //! A17) carried in UDP datagrams to port 4791, and the IB communication manager (vol. 1
 //! ch. 12) on QP1.
 //!

@@ -278,7 +278,8 @@ proptest! {
     }
 }
 
-/// The reasons the brief and the lab name, with their IBTA table 109 codes (C1.6).
+/// The reasons the brief and the lab name, with their codes (C1.6; IBA vol. 1 table 109, inferred:
+/// Linux's `ibta_vol1_c12.h` numbers REJ table 108 and REP table 110; Linux `enum ib_cm_rej_reason`).
 #[test]
 fn rej_reason_codes() {
     assert_eq!(u16::from(RejReason::NoQp), 1);

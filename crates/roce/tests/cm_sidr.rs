@@ -1,4 +1,4 @@
-//! SIDR (IBTA vol. 1 §12.11: service ID resolution for UD) in the sans-I/O CM: the two MADs
+//! SIDR (IBA vol. 1 ch. 12, §12.11 unconfirmed: service ID resolution for UD) in the sans-I/O CM: the two MADs
 //! against golden vectors built from the spec layout (tables 119 and 120, the positions
 //! Linux names in `include/rdma/ibta_vol1_c12.h`) and against the lab capture of Linux 6.1's
 //! `udaddy -s 192.168.78.1` over rxe0 talking to our `softrdma udaddy` server

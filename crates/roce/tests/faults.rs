@@ -2,8 +2,8 @@
 //! seeds: data arrives intact through loss, the retransmission counters show it, and a peer
 //! that stops answering or never posts a receive ends the requester's WRs with the IB
 //! statuses (C3 in ../shared/requirements/smcr-ipoibcm.md: "transport retry / RNR retry
-//! counts and local ACK timeout", "errors move the QP to ERROR and flush WRs"; IBTA vol. 1
-//! §9.7.5, §9.7.6). Unique 127.78.x.y addresses per test.
+//! counts and local ACK timeout", "errors move the QP to ERROR and flush WRs"; IBA vol. 1
+//! §9.7.5.2 NAKs, §9.7.6 requester retries and timeouts). Unique 127.78.x.y addresses per test.
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The RoCEv2 connection manager ([`roce::gsi_cm::GsiCm`]) at the verbs level: two devices
 //! whose QP1s are joined by an in-memory wire (a delivery thread, MADs as octets, losses
 //! chosen by the test), and whose QPs record every `modify_qp` and check it against the
-//! IBTA transition rules. Applications use `Device::listen`, `ProtectionDomain::connect`,
+//! IBA transition rules. Applications use `Device::listen`, `ProtectionDomain::connect`,
 //! `ConnectRequest::accept/reject` and `QueuePair::disconnect` as on iWARP.
 //!
 //! Requirement IDs: `../shared/requirements/smcr-ipoibcm.md` part C1 (numbered in
@@ -114,7 +114,7 @@ impl QpOps for FakeQp {
     }
     fn modify_qp(&self, attr: &QpAttr) -> Result<()> {
         let mut st = self.state.lock().unwrap();
-        // The CM must only ask for what the IBTA allows.
+        // The CM must only ask for what the IBA allows.
         check_modify(self.qp_type, *st, attr)?;
         if let Some(s) = attr.qp_state {
             *st = s;

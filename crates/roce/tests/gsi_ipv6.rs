@@ -1,5 +1,5 @@
 //! The engine's seams: QP1 MADs between two devices through `GsiPort::send_mad` and the
-//! registered `GsiHandler` (IBTA vol. 1 §13.5: UD SEND_ONLY, DETH with the GSI Q_Key
+//! registered `GsiHandler` (IBA vol. 1 ch. 13, §13.5 unconfirmed: UD SEND_ONLY, DETH with the GSI Q_Key
 //! 0x80010000 and source QP 1; C1 in ../shared/requirements/smcr-ipoibcm.md), and a device
 //! on an IPv6 address (its GID is the address; the ICRC masks TC/flow label/hop limit).
 

@@ -1,5 +1,5 @@
 //! The IPv4 ICRC on receive (issue 13, "ICRC exactly as rxe computes it"; C3 "4-byte ICRC
-//! trailer" in ../shared/requirements/smcr-ipoibcm.md; IBTA annex A17): rxe's ICRC covers
+//! trailer" in ../shared/requirements/smcr-ipoibcm.md; IBA annex A17 §A17.3.3): rxe's ICRC covers
 //! the IP Identification, and rxe sends hashed non-zero IDs. A packet built like rxe's (ID
 //! 0xece3, DF) with its correct ICRC is accepted by a device that receives through its raw
 //! socket (`icrc_rx=raw`, checked against the header received) and by one that receives

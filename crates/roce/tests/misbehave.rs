@@ -1,11 +1,11 @@
 //! A scripted misbehaving peer against a real RoCEv2 device of ours: a plain UDP socket
 //! on 127.136.n.2:4791 speaks RC with our own `wire` encoders (BTH/RETH, ICRC sealed as
 //! rxe computes it, IPv4 ID 0) to one QP of a device on 127.136.n.1, and checks what comes
-//! back: the NAK codes of IBTA vol. 1 ch. 9 (§9.7.5.2.4 AETH syndromes; §9.7.4.1 responder
-//! checks: PSN, opcode sequence, R_Key, bounds, access rights), silent drops for a bad ICRC
-//! (annex A17, counted as `icrc_err`) and a wrong P_Key (§9.6.1.1 header validation), and
-//! the responder QP left in Error after a NAK of class "invalid request" or "remote access
-//! error" (§9.9.3.1). Requirement: C3 of ../shared/requirements/smcr-ipoibcm.md (RC
+//! back: the NAK codes of IBA vol. 1 ch. 9 (§9.7.5.2 NAKs; §9.7.4.1 responder checks: PSN,
+//! opcode sequence, R_Key, bounds and access rights in §9.7.4.1.5), silent drops for a bad
+//! ICRC (annex A17 §A17.3.4, counted as `icrc_err`) and a wrong P_Key (§9.6.1 header
+//! validation), and the responder QP left in Error after a NAK of class "invalid request" or
+//! "remote access error" (§9.9; the responder-side subsection is unconfirmed). Requirement: C3 of ../shared/requirements/smcr-ipoibcm.md (RC
 //! transport, NAK codes, ICRC); issue 13 "what must hold" 3.
 //!
 //! Not here: a wrong Q_Key (only UD and the GSI QP1 check Q_Keys: `misbehave_gsi.rs`) and a
@@ -203,7 +203,7 @@ fn a_well_formed_write_is_placed_and_acked_c3() {
 }
 
 #[test]
-fn write_with_an_invalid_r_key_gets_nak_remote_access_error_c3_iba_9_7_5_2_4() {
+fn write_with_an_invalid_r_key_gets_nak_remote_access_error_c3_iba_9_7_4_1_5() {
     let p = peer(2);
     let bad = Some(Reth {
         va: p.mr.addr(),
@@ -250,7 +250,7 @@ fn read_without_remote_read_gets_nak_remote_access_error_c3() {
 }
 
 #[test]
-fn write_middle_without_first_gets_nak_invalid_request_c3_iba_9_7_4_1_2() {
+fn write_middle_without_first_gets_nak_invalid_request_c3_iba_9_7_4_1() {
     let p = peer(6);
     p.send(req(Opcode::RC_RDMA_WRITE_MIDDLE, RQ_PSN, None), &[0xee; 1024], None);
     p.expect_ack(Syndrome::Nak(NakCode::InvalidRequest), RQ_PSN);
@@ -267,14 +267,14 @@ fn send_last_without_first_gets_nak_invalid_request_c3() {
 }
 
 #[test]
-fn psn_far_ahead_gets_one_psn_sequence_error_nak_then_recovers_c3_iba_9_7_4_1_1() {
+fn psn_far_ahead_gets_one_psn_sequence_error_nak_then_recovers_c3_iba_9_7_4_1() {
     let p = peer(8);
     let far = (RQ_PSN + 0x10_0000) & Psn::MASK;
     p.send(req(Opcode::RC_RDMA_WRITE_ONLY, far, reth(&p.mr, 0, 4)), b"late", None);
     // The NAK names the PSN the responder expects.
     p.expect_ack(Syndrome::Nak(NakCode::PsnSequenceError), RQ_PSN);
     p.untouched();
-    // Only one NAK per sequence error (§9.7.5.2.2): a second stray packet is dropped.
+    // Only one NAK per sequence error (§9.7.5.2; subsection unconfirmed): a second stray packet is dropped.
     p.send(
         req(Opcode::RC_RDMA_WRITE_ONLY, far + 1, reth(&p.mr, 0, 4)),
         b"late",
@@ -306,11 +306,11 @@ fn bad_icrc_is_dropped_silently_and_counted_a17() {
     assert_eq!(p.mr.to_vec(0, 4).unwrap(), b"fine");
 }
 
-/// C3, IBA §9.6.1.1 / §10.9: P_Keys of other partitions (0x1234 limited, 0x8001 full
+/// C3, IBA vol. 1 §9.6.1 / §10.9 (unconfirmed): P_Keys of other partitions (0x1234 limited, 0x8001 full
 /// member) never reach the QP (P_Key 0xffff): dropped silently, counted as
 /// `misdirected_pkts`; the QP stays in RTS and takes the next good packet at the same PSN.
 #[test]
-fn wrong_p_key_is_dropped_silently_iba_9_6_1_1() {
+fn wrong_p_key_is_dropped_silently_iba_9_6_1() {
     let p = peer(10);
     for (n, key) in [0x1234u16, 0x8001].into_iter().enumerate() {
         let (mut bth, ext) = req(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN, reth(&p.mr, 0, 4));

@@ -2,7 +2,7 @@
 //! socket on 127.141.0.2:4791 sends CM MADs built with our own encoders (`cm::Cm`, BTH +
 //! DETH, ICRC sealed as rxe computes it, IPv4 ID 0) to a device on 127.141.0.1.
 //!
-//! A UD packet to QP1 must carry the GSI's well-known Q_Key 0x80010000 (IBTA vol. 1 ch. 13,
+//! A UD packet to QP1 must carry the GSI's well-known Q_Key 0x80010000 (IBA vol. 1 ch. 13,
 //! GSI; the Q_Key check of header validation, §9.6.1): with another Q_Key it is dropped
 //! silently and counted (`malformed_pkts`), and the CM never sees the MAD. The same REQ with
 //! the right Q_Key reaches the CM, which answers REJ 8 (invalid service ID: nobody listens
@@ -73,7 +73,7 @@ fn answer(sock: &UdpSocket, wait: Duration) -> Option<CmMsg> {
     None
 }
 
-/// C3, C1.6, IBA §9.6.1 / ch. 13: a REQ to QP1 with a wrong Q_Key is dropped without an
+/// C3, C1.6, IBA vol. 1 §9.6.1 / ch. 13: a REQ to QP1 with a wrong Q_Key is dropped without an
 /// answer and counted; the CM never sees it. With the GSI Q_Key, the same REQ gets REJ 8.
 #[test]
 fn wrong_q_key_on_qp1_is_dropped_counted_and_never_reaches_the_cm_c3() {

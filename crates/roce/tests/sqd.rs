@@ -7,7 +7,7 @@
 //! `en_sqd_async_notify` asked for it), SQD -> SQD may then change path and transport
 //! attributes (not before: mid-message), `query_qp` reports the address vector the QP was
 //! moved with, the receive side keeps working, and SQD -> RTS sends what waited.
-//! IBTA vol. 1 §10.3.1 (QP states, SQ Drain), ch. 11 (the SQ Drained affiliated event);
+//! IBA vol. 1 §10.3 (QP states, SQ Drain; §10.3.1 unconfirmed), ch. 11 (the SQ Drained affiliated event);
 //! requirements C3 and D1 of `../shared/requirements/smcr-ipoibcm.md` (explicit QP state
 //! transitions outside a CM).
 
@@ -85,7 +85,7 @@ fn write_wr(id: u64, from: &Side, to: &Side, off: usize, len: u32) -> SendWr {
     )
 }
 
-/// C3, D1, IBA §10.3.1: an RNR-NAKed Send begun before RTS -> SQD keeps the queue from
+/// C3, D1, IBA vol. 1 §10.3: an RNR-NAKed Send begun before RTS -> SQD keeps the queue from
 /// draining; a Write posted in SQD waits; the peer's receive lets the Send complete and
 /// `SqDrained` follows (once); SQD -> SQD changes attributes only then; SQD -> RTS sends the
 /// Write.
@@ -172,7 +172,7 @@ fn rts_sqd_drains_begun_messages_raises_sq_drained_and_resumes_c3_d1() {
     assert_eq!(b.mr.to_vec(4096, 27).unwrap(), b"written in SQD, sent in RTS");
 }
 
-/// C3, IBA §10.3.1: without `en_sqd_async_notify` an (immediately) drained queue raises no
+/// C3, IBA vol. 1 §10.3: without `en_sqd_async_notify` an (immediately) drained queue raises no
 /// event; the receive side of a QP in SQD keeps working (the peer's Send and Write land).
 #[test]
 fn sqd_without_notify_raises_nothing_and_keeps_receiving_c3() {
@@ -207,7 +207,7 @@ fn sqd_without_notify_raises_nothing_and_keeps_receiving_c3() {
     let _ = &a.pd;
 }
 
-/// C3, IBA §10.3.1: RTS -> SQD with notify on an idle QP is drained at once: the event comes
+/// C3, IBA vol. 1 §10.3: RTS -> SQD with notify on an idle QP is drained at once: the event comes
 /// without any traffic.
 #[test]
 fn idle_qp_to_sqd_with_notify_is_drained_at_once_c3() {

@@ -1,7 +1,7 @@
 //! tshark decodes a capture of real traffic between two of our RoCEv2 devices (issue 13
 //! "what must hold": "tshark decodes our traffic (`udp.port == 4791` is RoCEv2 by default)
 //! with no malformed frames; we check the ICRC ourselves"; C3 of
-//! ../shared/requirements/smcr-ipoibcm.md, IBTA annex A17 for the ICRC).
+//! ../shared/requirements/smcr-ipoibcm.md, IBA annex A17 §A17.3.3 for the ICRC).
 //!
 //! tcpdump captures `lo` (filtered to this test's 127.137.0.0/16) while two devices
 //! connected by `modify_qp` run Send, Send with immediate, Write, Write with immediate,
@@ -286,7 +286,7 @@ fn tshark_decodes_live_roce_traffic_and_every_icrc_verifies_c3_a17() {
         0
     );
     assert_eq!(tshark_with(&["--disable-protocol", "rpcordma"], bad), 0);
-    // The capture holds what the traffic must have produced (opcodes, IBTA table 38).
+    // The capture holds what the traffic must have produced (opcodes, the OpCode table of IBA vol. 1 §9.2; its table number is unconfirmed).
     let o = Command::new("tshark")
         .arg("-r")
         .arg(&file)

@@ -1,6 +1,6 @@
 //! tshark decodes a capture of our UD traffic (issue 14 "what must hold": "tshark decodes UD,
 //! SIDR and multicast traffic without malformed frames"; C2/D3 of
-//! ../shared/requirements/smcr-ipoibcm.md, IBTA §9.8 and annex A17).
+//! ../shared/requirements/smcr-ipoibcm.md, IBA vol. 1 §9.8 and annex A17).
 //!
 //! tcpdump captures `lo` (filtered to this test's 127.138.0.0/16) while UD QPs of two
 //! devices send unicast Sends with and without immediate data, of several sizes, and a

@@ -2,8 +2,8 @@
 //! (127.77.14x.y, unique to this file) and, as root, in two network namespaces joined by a
 //! veth pair ([`netns`]). Requirements: ../shared/requirements/smcr-ipoibcm.md
 //! C2 (UD receive buffers start with the 40-octet GRH; multicast groups, QPN 0xFFFFFF) and
-//! D3 (UD over RoCEv2 with DETH; broadcast/multicast over UDP 4791); IBA §9.8 (UD), §10.2.5
-//! (Q_Key); multicast datagrams carry destination QPN 0xFFFFFF.
+//! D3 (UD over RoCEv2 with DETH; broadcast/multicast over UDP 4791); IBA vol. 1 §9.8 (UD), §10.2.5
+//! (Q_Key; unconfirmed); multicast datagrams carry destination QPN 0xFFFFFF.
 
 use std::time::{Duration, Instant};
 
@@ -146,7 +146,7 @@ fn unicast_ping_pong_with_ah_from_wc() {
         let to = UdDest {
             ah,
             remote_qpn: r.src_qp,
-            remote_qkey: 0x8000_0000, // the sending QP's own Q_Key (IBA §10.2.5)
+            remote_qkey: 0x8000_0000, // the sending QP's own Q_Key (IBA vol. 1 §10.2.5 (unconfirmed))
         };
         b.qp.post_send(&[send_wr(&b, 200 + round, 0, 8, to)]).unwrap();
         assert_eq!(wait(&b.cq).opcode, WcOpcode::Send);
@@ -229,7 +229,7 @@ fn grh_is_ipv4_header_after_20_zero_octets() {
     assert_eq!(r.byte_len, 140);
 }
 
-/// IBA §10.2.5 / issue 14: a datagram with the wrong Q_Key is dropped and counted; one to a
+/// IBA vol. 1 §10.2.5 (unconfirmed) / issue 14: a datagram with the wrong Q_Key is dropped and counted; one to a
 /// QP with no receive posted is dropped and counted; neither consumes anything or
 /// errors the QP.
 #[test]

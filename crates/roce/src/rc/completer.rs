@@ -1,21 +1,22 @@
-//! The completer: responses to our requests (IBTA vol. 1 §9.7.5 for what responders send,
-//! §9.7.6 for the requester side, §9.9.3 for errors; rxe's `rxe_comp.c`).
+//! The completer: responses to our requests (IBA vol. 1 §9.7.5 for what responders send,
+//! §9.7.6 for the requester receiving responses, §9.9.2 for the requester's errors; rxe's
+//! `rxe_comp.c`).
 //!
 //! Rules implemented here:
 //! - A response is only looked at when its PSN lies in `una..sent_max` (PSNs sent and not yet
 //!   known to have arrived). Before `una`: a duplicate (dropped, counted); at or after
-//!   `sent_max`: a ghost ACK for a PSN never sent (dropped, counted; §9.7.5, roce-sim's
+//!   `sent_max`: a ghost ACK for a PSN never sent (dropped, counted; §9.7.6, roce-sim's
 //!   "ghost ACK").
-//! - ACKs are coalesced (§9.7.5): an ACK for PSN p completes every Send/Write whose last
+//! - ACKs are coalesced (§9.7.5.1.2): an ACK for PSN p completes every Send/Write whose last
 //!   PSN is at or before p. A Read response or ATOMIC ACK for PSN p, and any NAK for p,
 //!   acknowledge every PSN before p the same way.
-//! - Implied NAK (§9.7.5): when an ACK or response acknowledges a PSN at or after
+//! - Implied NAK (§9.7.6; subsection unconfirmed): when an ACK or response acknowledges a PSN at or after
 //!   the next response PSN of an unanswered Read/atomic, that Read's/atomic's responses were
 //!   lost: the requester goes back to the first missing response PSN.
 //! - NAK PSN sequence error: go back to the NAK's PSN; NAK RNR: wait the peer's RNR timer, then
 //!   go back (rnr_retry times, 7 = forever); NAK invalid request / remote access / remote
 //!   operational: the WQE at that PSN completes with REM_INV_REQ_ERR / REM_ACCESS_ERR /
-//!   REM_OP_ERR, the QP goes to ERR (§9.9.3).
+//!   REM_OP_ERR, the QP goes to ERR (§9.9.2).
 //! - The local ACK timer: restarted on progress; when it fires the requester goes back to
 //!   `una`, retry_cnt times; then RETRY_EXC_ERR (§9.7.6). PSN sequence NAKs without
 //!   progress use up the same counter (rxe does the same).
@@ -288,7 +289,7 @@ impl RcQp {
     }
 
     /// `una` moves to `to` if that is progress: the retry counter and the ACK timer restart
-    /// (IBTA vol. 1 §9.7.6).
+    /// (IBA vol. 1 §9.7.6).
     fn advance_una(&mut self, now: Instant, to: Psn) {
         if to.is_after(self.req.una) {
             self.req.una = to;
@@ -315,7 +316,7 @@ impl RcQp {
         self.enter_error();
     }
 
-    /// The local ACK timer or the RNR wait ran out (IBTA vol. 1 §9.7.6, §9.7.6).
+    /// The local ACK timer or the RNR wait ran out (IBA vol. 1 §9.7.6).
     pub fn handle_timeout(&mut self, now: Instant) {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) {
             return;

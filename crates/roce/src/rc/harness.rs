@@ -69,7 +69,7 @@ pub struct PairConfig {
     pub retry_cnt: u8,
     /// RNR retries, 0..=7, 7 = infinite.
     pub rnr_retry: u8,
-    /// The RNR NAK timer code each side sends (IBTA table 45).
+    /// The RNR NAK timer code each side sends (IBA vol. 1 release 1.3 table 45).
     pub min_rnr_timer: u8,
     /// Reads/atomics outstanding at most, each way (ORD, and IRD at the peer).
     pub max_rd_atomic: u8,

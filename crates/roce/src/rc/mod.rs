@@ -1,4 +1,4 @@
-//! The RC transport of one queue pair as a sans-I/O core (IBTA vol. 1 ch. 9: §9.7 reliable
+//! The RC transport of one queue pair as a sans-I/O core (IBA vol. 1 ch. 9: §9.7 reliable
 //! service, §9.9 error handling; ch. 10 for QP states and completions), driven the way
 //! quinn-proto drives a connection: no sockets, no threads, no clock.
 //!
@@ -22,9 +22,9 @@
 //!
 //! | file | role | state it keeps |
 //! | --- | --- | --- |
-//! | [`requester`] | send WQEs to packets: path-MTU segmentation (FIRST/MIDDLE/LAST/ONLY, §9.7.2), PSNs (§9.7.1), the AckReq bit on the last packet of a message and every [`ACK_REQ_EVERY`] packets (§9.7.5), the window of unacknowledged packets, Read/atomic limit `max_rd_atomic` (§9.5 ORD), fences, local operations (LocalInv, RegMr), go-back-N retransmission (§9.7.5) | the send queue, the transmit cursor (WQE, packet), `una` (oldest unacknowledged PSN), `sent_hi` (next never-sent PSN), the ACK timer and retry counter, the RNR wait |
-//! | [`completer`] | responses: coalesced ACKs (§9.7.5: an ACK acknowledges every earlier PSN), NAKs (§9.7.5: PSN sequence error, RNR, invalid request, remote access, remote operational), implied NAK (§9.7.5: a response for a later PSN while a Read/atomic is unanswered), ghost and duplicate ACKs dropped (§9.7.5), Read response placement with lkey checks and Atomic ACKs (§9.7.6), the local ACK timeout (§9.7.6, 4.096 µs × 2^timeout, retry_cnt) and RNR retries (§9.7.6, rnr_retry, 7 = forever), completions in order | (shares the requester's send queue) |
-//! | [`responder`] | requests: the expected PSN and its three classes (§9.7.5: expected, duplicate, out of sequence with one NAK per sequence error), opcode sequence and length checks (§9.7.5; invalid request), R_Key/bounds/rights/PD checks through [`verbs::mem::MemTable::check`] (§9.7.5 remote access), RNR NAK without a posted receive (§9.7.5, `min_rnr_timer`), Send (+ Immediate, + Invalidate with IETH, + SE), RDMA Write (+ Immediate), RDMA Read, CmpSwap/FetchAdd on 8-aligned addresses, duplicate handling (re-ACK Sends/Writes, re-execute a Read from the requested PSN, replay an atomic from the responder resources, §9.7.5, C9-105 for Sends/Writes), ACKs with MSN and credit count (§9.7.7) | the expected PSN, MSN, the message in progress (opcode, receive WQE and offset, Write target), the receive queue, the responder resources (`max_dest_rd_atomic` entries of Reads/atomics for duplicates) and the queue of responses to send |
+//! | [`requester`] | send WQEs to packets: path-MTU segmentation (FIRST/MIDDLE/LAST/ONLY, §9.7.2 (unconfirmed)), PSNs (§9.7.1 (unconfirmed)), the AckReq bit on the last packet of a message and every [`ACK_REQ_EVERY`] packets (§9.2 AckReq), the window of unacknowledged packets, Read/atomic limit `max_rd_atomic` (§9.5 ORD), fences, local operations (LocalInv, RegMr), go-back-N retransmission (§9.7.6) | the send queue, the transmit cursor (WQE, packet), `una` (oldest unacknowledged PSN), `sent_hi` (next never-sent PSN), the ACK timer and retry counter, the RNR wait |
+//! | [`completer`] | responses: coalesced ACKs (§9.7.5.1.2: an ACK acknowledges every earlier PSN), NAKs (§9.7.5.2: PSN sequence error, RNR, invalid request, remote access, remote operational), implied NAK (§9.7.6: a response for a later PSN while a Read/atomic is unanswered), ghost and duplicate ACKs dropped (§9.7.6), Read response placement with lkey checks and Atomic ACKs (§9.7.6), the local ACK timeout (§9.7.6, 4.096 µs × 2^timeout, retry_cnt) and RNR retries (§9.7.6, rnr_retry, 7 = forever), completions in order | (shares the requester's send queue) |
+//! | [`responder`] | requests: the expected PSN and its three classes (§9.7.4.1: expected, duplicate, out of sequence with one NAK per sequence error), opcode sequence and length checks (§9.7.4.1, length §9.7.4.1.6; invalid request), R_Key/bounds/rights/PD checks through [`verbs::mem::MemTable::check`] (§9.7.4.1.5 remote access), RNR NAK without a posted receive (§9.7.5.2.8, `min_rnr_timer`), Send (+ Immediate, + Invalidate with IETH, + SE), RDMA Write (+ Immediate), RDMA Read, CmpSwap/FetchAdd on 8-aligned addresses, duplicate handling (re-ACK Sends/Writes, re-execute a Read from the requested PSN, replay an atomic from the responder resources, §9.7.4, subsection unconfirmed), ACKs with MSN and credit count (§9.7.7 (unconfirmed)) | the expected PSN, MSN, the message in progress (opcode, receive WQE and offset, Write target), the receive queue, the responder resources (`max_dest_rd_atomic` entries of Reads/atomics for duplicates) and the queue of responses to send |
 //!
 //! ## Work completion statuses (what they mean to an application)
 //!
@@ -124,7 +124,7 @@ pub struct RcAttr {
     pub retry_cnt: u8,
     /// RNR retries, 0..=7, 7 = infinite.
     pub rnr_retry: u8,
-    /// The RNR NAK timer code we send (IBTA table 45).
+    /// The RNR NAK timer code we send (IBA vol. 1 release 1.3 table 45).
     pub min_rnr_timer: RnrTimer,
     /// Reads/atomics we have outstanding at most (ORD).
     pub max_rd_atomic: u8,
@@ -150,7 +150,7 @@ impl Default for RcAttr {
 }
 
 impl RcAttr {
-    /// The local ACK timeout (IBTA vol. 1 §9.7.6: 4.096 µs × 2^timeout), `None` for 0.
+    /// The local ACK timeout (IBA vol. 1 §9.7.6: 4.096 µs × 2^timeout), `None` for 0.
     pub fn ack_timeout(&self) -> Option<Duration> {
         (self.timeout != 0).then(|| Duration::from_nanos(4096u64 << self.timeout.min(31)))
     }
@@ -396,7 +396,8 @@ impl RcQp {
     /// RESET clears.
     pub fn modify(&mut self, a: &QpAttr) -> Result<(), RcError> {
         // SQD -> SQD changes the path and transport attributes only once the messages begun
-        // before the drain are done (IBTA vol. 1 §10.3.1, "SQ Drain"): not in mid-message.
+        // before the drain are done (IBA vol. 1 §10.3, "SQ Drain"; §10.3.1 unconfirmed): not in
+        // mid-message.
         let changes = a.ah_attr.is_some()
             || a.timeout.is_some()
             || a.retry_cnt.is_some()
@@ -470,7 +471,7 @@ impl RcQp {
                 *self = RcQp::new(cfg);
             }
             Some(QpState::Sqd) => {
-                // RTS -> SQD starts the drain (IBTA vol. 1 §10.3.1, "SQ Drain"): no new WQE
+                // RTS -> SQD starts the drain (IBA vol. 1 §10.3, "SQ Drain"): no new WQE
                 // starts; the messages already begun finish (retransmissions included).
                 // SQD -> SQD changes attributes and keeps a pending notification.
                 if self.state != QpState::Sqd {
@@ -490,7 +491,7 @@ impl RcQp {
     /// A packet from the peer, parsed by [`crate::wire::Packet::parse`] and with its ICRC
     /// checked by the engine. Packets for another QP, with a P_Key that does not match ours
     /// ([`crate::wire::pkey_match`]) or not of the RC transport are dropped and counted
-    /// (IBTA vol. 1 §9.6.1, header validation); requests go to the responder,
+    /// (IBA vol. 1 §9.6.1, header validation); requests go to the responder,
     /// responses to the completer.
     pub fn handle_packet(&mut self, now: Instant, pkt: &Packet<'_>) {
         let Some(info) = pkt.info() else {
@@ -550,7 +551,7 @@ impl RcQp {
     }
 
     /// The QP enters ERR: every queued WR and posted receive completes with `WrFlushErr`
-    /// (IBTA vol. 1 §10.3.1 "Error state"; C3 "errors move the QP to ERROR and flush WRs").
+    /// (IBA vol. 1 §10.3 "Error state"; C3 "errors move the QP to ERROR and flush WRs").
     /// Responses already queued (the NAK that ended the connection) still go out.
     pub(crate) fn enter_error(&mut self) {
         if self.state == QpState::Err {

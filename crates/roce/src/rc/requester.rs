@@ -1,9 +1,9 @@
-//! The requester: send WQEs into request packets (IBTA vol. 1 §9.7.1 PSNs, §9.7.2
-//! segmentation, §9.7.5 AckReq, §9.7.5 retransmission; rxe's `rxe_req.c`).
+//! The requester: send WQEs into request packets (IBA vol. 1 §9.7.1 PSNs, §9.7.2
+//! segmentation, both unconfirmed; §9.2 AckReq; §9.7.6 retransmission; rxe's `rxe_req.c`).
 //!
 //! The send queue holds every WQE from `post_send` until it completes. A WQE gets its PSN
 //! range when it first goes out: one PSN per packet of a Send/Write, one per *response*
-//! packet of a Read (§9.7.1: a Read request consumes as many PSNs as its responses), one for
+//! packet of a Read (§9.7.1 (unconfirmed): a Read request consumes as many PSNs as its responses), one for
 //! an atomic. The transmit cursor (WQE index, packet index) walks the queue; go-back-N moves
 //! it back to the oldest unacknowledged PSN (a Read is then re-requested from the first
 //! response packet missing, with its RETH moved on by the octets already placed as
@@ -183,7 +183,7 @@ impl Requester {
         self.rnr_until = None;
     }
 
-    /// Moves the transmit cursor back to `psn` (go-back-N, IBTA vol. 1 §9.7.5).
+    /// Moves the transmit cursor back to `psn` (go-back-N, IBA vol. 1 §9.7.6).
     pub(crate) fn go_back(&mut self, psn: Psn) {
         self.ack_deadline = None;
         for (i, w) in self.sq.iter().enumerate() {
@@ -202,7 +202,7 @@ impl Requester {
 impl RcQp {
     /// `ibv_post_send` of one WR. Local checks (lkeys of the gather list, sizes) are made
     /// now; a failure completes the WR with `LocProtErr`/`LocLenErr` and moves the QP to ERR
-    /// (IBTA vol. 1 §10.8.3, C10-...). In ERR the WR completes with `WrFlushErr`.
+    /// (IBA vol. 1 ch. 10; §10.8.3 unconfirmed). In ERR the WR completes with `WrFlushErr`.
     pub fn post_send(&mut self, wr: &SendWr) -> Result<(), RcError> {
         match self.state {
             QpState::Rts | QpState::Sqd | QpState::Err => {}
@@ -354,8 +354,8 @@ impl RcQp {
         Ok(Source::Pieces(pieces))
     }
 
-    /// Completes finished WQEs at the head of the send queue, in order (IBTA vol. 1
-    /// §10.8.5: completions are returned in the order the WRs were posted).
+    /// Completes finished WQEs at the head of the send queue, in order (IBA vol. 1
+    /// ch. 10, §10.8.5 unconfirmed: completions are returned in the order the WRs were posted).
     pub(crate) fn drain_done(&mut self) {
         while let Some(w) = self.req.sq.front() {
             let Some(status) = w.status else { break };
@@ -436,7 +436,7 @@ impl RcQp {
     /// allow one.
     ///
     /// In SQD only the WQEs already started go on (their remaining packets and
-    /// retransmissions); the next unstarted one waits for RTS (IBTA vol. 1 §10.3.1).
+    /// retransmissions); the next unstarted one waits for RTS (IBA vol. 1 §10.3, SQ drain).
     pub(crate) fn next_request(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_until.is_some() {
             return None;

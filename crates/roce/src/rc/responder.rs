@@ -1,23 +1,23 @@
-//! The responder: requests from the peer's requester (IBTA vol. 1 §9.7.5, §9.9.2; rxe's
-//! `rxe_resp.c`).
+//! The responder: requests from the peer's requester (IBA vol. 1 §9.7.4 receiving and
+//! validating requests, §9.7.5 generating ACKs/NAKs, §9.9 errors; rxe's `rxe_resp.c`).
 //!
-//! Order of the checks on a request (the order rxe and the IBTA's flow chart use):
-//! 1. PSN against the expected PSN (ePSN, §9.7.5): out of sequence (ahead) → one NAK PSN
+//! Order of the checks on a request (the order rxe and the IBA's flow chart use):
+//! 1. PSN against the expected PSN (ePSN, §9.7.4.1): out of sequence (ahead) → one NAK PSN
 //!    sequence error carrying ePSN, then silence until ePSN arrives; duplicate (the
 //!    2^23 PSNs behind) → `RcQp::on_duplicate`; expected → on.
 //! 2. Opcode sequence (a MIDDLE/LAST without FIRST, a new FIRST/ONLY inside a message) and the
-//!    payload length against the path MTU → NAK invalid request (§9.7.5; class C: the QP
+//!    payload length against the path MTU → NAK invalid request (§9.7.4.1.6; class C: the QP
 //!    goes to ERR).
 //! 3. A message that needs a receive WQE without one posted → RNR NAK with `min_rnr_timer`
-//!    (§9.7.5); ePSN does not move, the requester retries the same PSN.
+//!    (§9.7.5.2.8); ePSN does not move, the requester retries the same PSN.
 //! 4. R_Key, bounds, rights and PD through [`verbs::mem::MemTable::check`] → NAK remote access
-//!    error (§9.7.5); a misaligned atomic → NAK invalid request.
+//!    error (§9.7.4.1.5); a misaligned atomic → NAK invalid request.
 //! 5. Execute: place Send payload in the receive WQE (too long: LOC_LEN_ERR on the receive and
 //!    NAK invalid request; a bad lkey of ours: LOC_PROT_ERR and NAK remote operational
 //!    error), place Write payload, queue Read responses, run the atomic.
-//! 6. ePSN advances, MSN counts completed messages (§9.7.7), and a request with AckReq is
-//!    answered with an ACK carrying the MSN and the credit count of posted receives (§9.7.7).
-//!    ACKs queued back to back are coalesced into the last one.
+//! 6. ePSN advances, MSN counts completed messages (§9.7.7 (unconfirmed)), and a request with AckReq is
+//!    answered with an ACK carrying the MSN and the credit count of posted receives (§9.7.7 (unconfirmed)).
+//!    ACKs queued back to back are coalesced into the last one (§9.7.5.1.2).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -48,8 +48,8 @@ struct WriteTarget {
     total: u32,
 }
 
-/// A Read or atomic the responder remembers for duplicates (responder resources, IBTA vol. 1
-/// §9.7.5; `max_dest_rd_atomic` of them).
+/// A Read or atomic the responder remembers for duplicates (responder resources, IBA vol. 1
+/// §9.7.4, subsection unconfirmed; `max_dest_rd_atomic` of them).
 #[derive(Clone, Copy)]
 enum Resource {
     Read { psn: Psn, npkts: u32, reth: Reth },
@@ -117,7 +117,7 @@ impl Responder {
         CreditCode::for_credits(self.recvs.len() as u32)
     }
 
-    /// Queues an ACK; an ACK right behind another replaces it (coalescing, §9.7.5).
+    /// Queues an ACK; an ACK right behind another replaces it (coalescing, §9.7.5.1.2).
     fn ack(&mut self, psn: Psn) {
         let syndrome = Syndrome::Ack {
             credits: self.credits(),
@@ -375,7 +375,7 @@ impl RcQp {
         Ok(())
     }
 
-    /// RNR NAK (IBTA vol. 1 §9.7.5): no receive WQE; ePSN stays.
+    /// RNR NAK (IBA vol. 1 §9.7.5.2.8): no receive WQE; ePSN stays.
     fn rnr(&mut self, psn: Psn) -> Result<(), Refuse> {
         self.stats.rnr_naks_sent += 1;
         let timer = self.attr.min_rnr_timer;
@@ -408,7 +408,8 @@ impl RcQp {
         })
     }
 
-    /// A request with a PSN in the past (IBTA vol. 1 §9.7.5, C9-105 for Sends/Writes): a
+    /// A request with a PSN in the past (IBA vol. 1 §9.7.4; subsection and the C9-105 we
+    /// cited for Sends/Writes unconfirmed): a
     /// Send/Write is ACKed again (with the latest PSN, coalescing) and not executed; a Read is
     /// executed again from the PSN requested (within the Read it belongs to); an atomic's
     /// saved result is sent again. A Read or atomic older than the responder resources is

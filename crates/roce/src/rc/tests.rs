@@ -2,7 +2,7 @@
 //! [`super::harness`]) and against a scripted peer (packets built by hand).
 //!
 //! Each test names its requirement (C3 in `../shared/requirements/smcr-ipoibcm.md`) and the
-//! IBTA vol. 1 sections it exercises.
+//! IBA vol. 1 sections it exercises (docs/roce.md has which numbers a public source confirms).
 
 use std::time::Duration;
 
@@ -143,7 +143,7 @@ fn bulk_read(c: PairConfig, faults: (Faults, Faults), seed: u64) -> Sim {
 
 #[test]
 fn write_64mib_lossless_c3_in_order() {
-    // C3 "in-order execution of WRITE"; IBTA vol. 1 §9.7.2 segmentation, §9.7.1 PSN wrap
+    // C3 "in-order execution of WRITE"; IBA vol. 1 §9.7.2 segmentation, §9.7.1 PSN wrap (both unconfirmed)
     // (the PSNs start at 0xffff00).
     let sim = bulk_write(PairConfig::default(), (Faults::default(), Faults::default()), 1);
     assert_eq!(sim.a.qp.stats().retransmitted_packets, 0);
@@ -152,8 +152,8 @@ fn write_64mib_lossless_c3_in_order() {
 
 #[test]
 fn write_64mib_drop_1pct_c3_retry() {
-    // C3 "transport retry ... local ACK timeout"; IBTA vol. 1 §9.7.5 (go-back-N),
-    // §9.7.5 (PSN sequence NAK), §9.7.6 (ACK timeout).
+    // C3 "transport retry ... local ACK timeout"; IBA vol. 1 §9.7.6 (go-back-N, ACK
+    // timeout), §9.7.5.2 (PSN sequence NAK).
     let f = Faults::lossy(0.01);
     let back = Faults {
         delay: Duration::from_micros(20),
@@ -181,14 +181,14 @@ fn write_64mib_drop_10pct_c3_retry() {
 
 #[test]
 fn read_64mib_lossless_c3() {
-    // IBTA vol. 1 §9.7.1 (a Read takes one PSN per response packet), §9.7.6 (placement).
+    // IBA vol. 1 §9.7.1 (unconfirmed) (a Read takes one PSN per response packet), §9.7.6 (placement).
     let sim = bulk_read(PairConfig::default(), (Faults::default(), Faults::default()), 4);
     assert_eq!(sim.a.qp.stats().retransmitted_packets, 0);
 }
 
 #[test]
 fn read_64mib_drop_1pct_c3_implied_nak() {
-    // IBTA vol. 1 §9.7.5 implied NAK, §9.7.5 duplicate Read re-executed from the PSN.
+    // IBA vol. 1 §9.7.6 implied NAK, §9.7.4 duplicate Read re-executed from the PSN.
     let f = Faults::lossy(0.01);
     let sim = bulk_read(PairConfig::default(), (f, f), 5);
     let st = sim.a.qp.stats();
@@ -273,8 +273,8 @@ fn many_sends(faults: Faults, seed: u64) -> Sim {
 
 #[test]
 fn many_sends_lossless_c3_consume_receives() {
-    // C3 "an incoming SEND consumes a posted receive WQE"; IBTA vol. 1 §9.7.5 (MSN), §9.3.7
-    // ImmDt, §9.2 SE.
+    // C3 "an incoming SEND consumes a posted receive WQE"; IBA vol. 1 §9.7.5.1 (MSN; unconfirmed), §9.3.7
+    // ImmDt (unconfirmed), §9.2 SE.
     let sim = many_sends(Faults::default(), 7);
     assert_eq!(sim.a.qp.stats().retransmitted_packets, 0);
 }
@@ -296,7 +296,7 @@ fn many_sends_drop_10pct_c3() {
 #[test]
 fn silent_peer_ends_in_retry_exc_err_c3() {
     // C3 "transport retry count and local ACK timeout", "errors move the QP to ERROR and
-    // flush WRs"; IBTA vol. 1 §9.7.6 (4.096 µs × 2^timeout, retry_cnt), §10.3.1.
+    // flush WRs"; IBA vol. 1 §9.7.6 (4.096 µs × 2^timeout, retry_cnt), §10.3 (error state).
     let c = PairConfig {
         timeout: 14,
         retry_cnt: 3,
@@ -347,8 +347,8 @@ fn ack_timeout_is_4096ns_times_2_pow_timeout_ibta_9_7_6() {
 
 #[test]
 fn rnr_nak_then_retry_succeeds_c3() {
-    // C3 "RNR NAK if none [receive posted]", "RNR retry counts"; IBTA vol. 1 §9.7.5,
-    // table 45 (timer 1 = 10 µs), §9.7.6.
+    // C3 "RNR NAK if none [receive posted]", "RNR retry counts"; IBA vol. 1 §9.7.5.2.8,
+    // release 1.3 table 45 (timer 1 = 10 µs), §9.7.6.
     let mut sim = Sim::new(PairConfig::default(), 11);
     let src = sim.a.reg_mr(4096, rw());
     let dst = sim.b.reg_mr(4096, rw());
@@ -366,7 +366,7 @@ fn rnr_nak_then_retry_succeeds_c3() {
 
 #[test]
 fn rnr_retry_7_is_forever_c3() {
-    // IBTA vol. 1 §9.7.6: rnr_retry 7 means retry without limit.
+    // IBA vol. 1 §9.7.6: rnr_retry 7 means retry without limit.
     let mut sim = Sim::new(PairConfig::default(), 12);
     let src = sim.a.reg_mr(4096, rw());
     sim.a.qp.post_send(&send_wr(1, &src, 0, 100)).unwrap();
@@ -377,7 +377,7 @@ fn rnr_retry_7_is_forever_c3() {
 
 #[test]
 fn rnr_naks_of_long_sends_do_not_use_up_retry_cnt_c3() {
-    // IBTA vol. 1 §9.7.6: each RNR NAK of a multi-packet Send is followed by one PSN sequence
+    // IBA vol. 1 §9.7.6: each RNR NAK of a multi-packet Send is followed by one PSN sequence
     // NAK for the packets behind it; that is no transport error (retry_cnt stays).
     let c = PairConfig {
         retry_cnt: 1,
@@ -399,7 +399,7 @@ fn rnr_naks_of_long_sends_do_not_use_up_retry_cnt_c3() {
 
 #[test]
 fn rnr_retry_exhausted_is_rnr_retry_exc_err_c3() {
-    // IBTA vol. 1 §9.7.6; C3 "RNR retry counts".
+    // IBA vol. 1 §9.7.6; C3 "RNR retry counts".
     let c = PairConfig {
         rnr_retry: 2,
         min_rnr_timer: 14, // 1.28 ms
@@ -428,8 +428,8 @@ fn one_wr(sim: &mut Sim, wr: SendWr) -> WcStatus {
 
 #[test]
 fn nak_rows_remote_access_c3() {
-    // IBTA vol. 1 §9.7.5 (remote access error: R_Key, bounds, rights), §9.9.3
-    // (REM_ACCESS_ERR, QP to error), §10.3.1 (flush). roce-sim "rkey violation".
+    // IBA vol. 1 §9.7.4.1.5 (remote access error: R_Key, bounds, rights), §9.9.2
+    // (REM_ACCESS_ERR, QP to error), §10.3 (flush). roce-sim "rkey violation".
     type Case = fn(&MemoryRegion, &MemoryRegion, &MemoryRegion) -> SendWr;
     let cases: [(&str, Case); 6] = [
         ("write, invalid R_Key", |l, r, _| {
@@ -481,7 +481,8 @@ fn nak_rows_remote_access_c3() {
 
 #[test]
 fn nak_row_misaligned_atomic_is_rem_inv_req_c3() {
-    // IBTA vol. 1 §9.4.5 (atomics on 8-octet aligned addresses), §9.7.5 invalid request.
+    // IBA vol. 1 §9.4 (atomics on 8-octet aligned addresses; §9.4.5 unconfirmed), §9.7.5.2
+    // invalid request.
     let mut sim = Sim::new(PairConfig::default(), 15);
     let local = sim.a.reg_mr(4096, rw());
     let remote = sim.b.reg_mr(4096, rw());
@@ -503,7 +504,8 @@ fn nak_row_misaligned_atomic_is_rem_inv_req_c3() {
 
 #[test]
 fn nak_row_send_longer_than_receive_c3() {
-    // IBTA vol. 1 §9.7.5 (invalid request: length), §10.8.3 (LOC_LEN_ERR on the receive).
+    // IBA vol. 1 §9.7.4.1.6 (invalid request: length), ch. 10 (LOC_LEN_ERR on the receive;
+    // §10.8.3 unconfirmed).
     let mut sim = Sim::new(PairConfig::default(), 16);
     let local = sim.a.reg_mr(4096, rw());
     let remote = sim.b.reg_mr(4096, rw());
@@ -517,7 +519,7 @@ fn nak_row_send_longer_than_receive_c3() {
 
 #[test]
 fn nak_row_receive_buffer_unusable_is_rem_op_err_c3() {
-    // IBTA vol. 1 §9.7.5 remote operational error; LOC_PROT_ERR on the receive.
+    // IBA vol. 1 §9.7.5.2 remote operational error; LOC_PROT_ERR on the receive.
     let mut sim = Sim::new(PairConfig::default(), 17);
     let local = sim.a.reg_mr(4096, rw());
     let remote = sim.b.reg_mr(4096, Access::REMOTE_READ);
@@ -529,7 +531,7 @@ fn nak_row_receive_buffer_unusable_is_rem_op_err_c3() {
 
 #[test]
 fn local_protection_error_at_post_c3() {
-    // IBTA vol. 1 §10.8.3: a bad lkey completes with LOC_PROT_ERR and the QP goes to error.
+    // IBA vol. 1 ch. 10 (§10.8.3 unconfirmed): a bad lkey completes with LOC_PROT_ERR and the QP goes to error.
     let mut sim = Sim::new(PairConfig::default(), 18);
     let local = sim.a.reg_mr(4096, rw());
     let remote = sim.b.reg_mr(4096, rw());
@@ -544,7 +546,7 @@ fn local_protection_error_at_post_c3() {
 
 #[test]
 fn atomics_cmp_swap_fetch_add_c3() {
-    // IBTA vol. 1 §9.4.5 (CmpSwap, FetchAdd), §9.3.6 AtomicAckETH.
+    // IBA vol. 1 §9.4 (CmpSwap, FetchAdd), §9.3.6 AtomicAckETH (subsections unconfirmed).
     let mut sim = Sim::new(PairConfig::default(), 19);
     let local = sim.a.reg_mr(4096, rw());
     let remote = sim.b.reg_mr(4096, rw());
@@ -581,8 +583,8 @@ fn atomics_cmp_swap_fetch_add_c3() {
 
 #[test]
 fn write_with_imm_and_send_with_invalidate_c3() {
-    // IBTA vol. 1 §9.3.7 ImmDt (RDMA WRITE with immediate consumes a receive), §9.3.8 IETH
-    // (Send with Invalidate), §10.6 fast registration (RegMr, LocalInv work requests).
+    // IBA vol. 1 §9.3.7 ImmDt (RDMA WRITE with immediate consumes a receive), §9.3.8 IETH
+    // (Send with Invalidate), §10.6 fast registration (all three unconfirmed) (RegMr, LocalInv work requests).
     let mut sim = Sim::new(PairConfig::default(), 20);
     let local = sim.a.reg_mr(8192, rw());
     let backing = sim.b.reg_mr(8192, rw());
@@ -731,7 +733,7 @@ fn nak(code: NakCode) -> Syndrome {
 
 #[test]
 fn out_of_sequence_one_nak_then_silence_c3() {
-    // IBTA vol. 1 §9.7.5 (PSN ahead of ePSN: one NAK per sequence error); "PSN far out of
+    // IBA vol. 1 §9.7.4.1, §9.7.5.2 (PSN ahead of ePSN: one NAK per sequence error); "PSN far out of
     // window" of issue 13.
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
@@ -758,7 +760,7 @@ fn out_of_sequence_one_nak_then_silence_c3() {
 
 #[test]
 fn opcode_sequence_errors_are_invalid_request_c3() {
-    // IBTA vol. 1 §9.7.5 opcode sequence check, §9.7.5 NAK invalid request (class C:
+    // IBA vol. 1 §9.7.4.1 opcode sequence check, §9.7.5.2 NAK invalid request (class C:
     // the responder's QP goes to error); roce-sim "opcode sequence".
     let mtu = 1024;
     // A MIDDLE with no FIRST.
@@ -799,7 +801,7 @@ fn opcode_sequence_errors_are_invalid_request_c3() {
 
 #[test]
 fn remote_access_nak_from_a_scripted_peer_c3() {
-    // IBTA vol. 1 §9.7.5; issue 13 "invalid R_Key, out-of-bounds Write/Read".
+    // IBA vol. 1 §9.7.4.1.5; issue 13 "invalid R_Key, out-of-bounds Write/Read".
     for (op, off, len, bad_key) in [
         (Opcode::RC_RDMA_WRITE_ONLY, 0u64, 16u32, true),
         (Opcode::RC_RDMA_WRITE_ONLY, 16 * 1024 - 8, 16, false),
@@ -830,7 +832,8 @@ fn remote_access_nak_from_a_scripted_peer_c3() {
 
 #[test]
 fn duplicate_write_is_acked_not_executed_again_c3() {
-    // IBTA vol. 1 §9.7.5 (duplicate Send/Write: ACK, do not execute, C9-105).
+    // IBA vol. 1 §9.7.4 (duplicate Send/Write: ACK, do not execute; the subsection and the
+    // C9-105 cited before are unconfirmed).
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
     let ext = t.reth(0, 8);
@@ -848,7 +851,7 @@ fn duplicate_write_is_acked_not_executed_again_c3() {
 
 #[test]
 fn duplicate_read_is_executed_again_from_the_requested_psn_c3() {
-    // IBTA vol. 1 §9.7.5 (duplicate Read: respond again from the PSN asked for).
+    // IBA vol. 1 §9.7.4 (duplicate Read: respond again from the PSN asked for).
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
     let ext = t.reth(100, 2500);
@@ -886,7 +889,7 @@ fn duplicate_read_is_executed_again_from_the_requested_psn_c3() {
 
 #[test]
 fn duplicate_atomic_is_replayed_from_responder_resources_c3() {
-    // IBTA vol. 1 §9.7.5 (duplicate atomic: the saved result, not executed again),
+    // IBA vol. 1 §9.7.4 (duplicate atomic: the saved result, not executed again),
     // max_dest_rd_atomic resources.
     let c = PairConfig {
         max_rd_atomic: 1,
@@ -925,7 +928,7 @@ fn duplicate_atomic_is_replayed_from_responder_resources_c3() {
 
 #[test]
 fn ack_carries_msn_and_credits_ibta_9_7_7() {
-    // IBTA vol. 1 §9.7.7 (MSN counts messages; the credit count of posted receives).
+    // IBA vol. 1 §9.7.7 (unconfirmed) (MSN counts messages; the credit count of posted receives).
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
     post_recvs(&mut t.s, &t.recv.clone(), 5, 1024, 0);
@@ -961,8 +964,8 @@ fn ack_carries_msn_and_credits_ibta_9_7_7() {
 
 #[test]
 fn misdirected_packets_are_dropped_and_counted_ibta_9_6() {
-    // IBTA vol. 1 §9.6.1 (header validation: destination QP, P_Key), §10.9 (P_Key
-    // matching); C3; issue 13 "wrong P_Key".
+    // IBA vol. 1 §9.6.1 (header validation: destination QP, P_Key), §10.9 (P_Key
+    // matching; unconfirmed); C3; issue 13 "wrong P_Key".
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
     post_recvs(&mut t.s, &t.recv.clone(), 1, 1024, 0);
@@ -986,7 +989,7 @@ fn misdirected_packets_are_dropped_and_counted_ibta_9_6() {
 
 #[test]
 fn a_limited_member_p_key_of_the_same_partition_is_accepted_ibta_10_9() {
-    // IBTA vol. 1 §10.9: 0x7fff (limited member of the default partition) matches our 0xffff
+    // IBA vol. 1 §10.9 (unconfirmed): 0x7fff (limited member of the default partition) matches our 0xffff
     // (full member), as rxe's `pkey_match` has it; C3.
     let mut t = Scripted::new(PairConfig::default());
     let e = t.epsn();
@@ -1024,7 +1027,7 @@ fn ack(t: &mut Scripted, psn: Psn, syndrome: Syndrome) {
 
 #[test]
 fn coalesced_and_ghost_acks_c3() {
-    // IBTA vol. 1 §9.7.5 (one ACK acknowledges every earlier PSN), §9.7.5 (an ACK
+    // IBA vol. 1 §9.7.5.1.2 (one ACK acknowledges every earlier PSN), §9.7.6 (an ACK
     // for a PSN not sent, "ghost ACK", is ignored); C3 "a successful send-queue completion
     // means the responder ACKed".
     let mut t = Scripted::new(PairConfig::default());
@@ -1049,7 +1052,7 @@ fn coalesced_and_ghost_acks_c3() {
 
 #[test]
 fn implied_nak_resends_the_read_c3() {
-    // IBTA vol. 1 §9.7.5 implied NAK: an ACK for a later PSN while a Read is unanswered
+    // IBA vol. 1 §9.7.6 implied NAK: an ACK for a later PSN while a Read is unanswered
     // means its responses were lost.
     let mut t = Scripted::new(PairConfig::default());
     let mr = t.mr.clone();
@@ -1091,7 +1094,7 @@ fn implied_nak_resends_the_read_c3() {
 
 #[test]
 fn nak_sequence_error_goes_back_to_its_psn_c3() {
-    // IBTA vol. 1 §9.7.5: a PSN sequence NAK acknowledges the PSNs before it; the
+    // IBA vol. 1 §9.7.5.1.2: a PSN sequence NAK acknowledges the PSNs before it; the
     // requester resends from its PSN.
     let mut t = Scripted::new(PairConfig::default());
     let mr = t.mr.clone();
@@ -1107,7 +1110,7 @@ fn nak_sequence_error_goes_back_to_its_psn_c3() {
 
 #[test]
 fn fatal_naks_complete_with_their_status_and_flush_c3() {
-    // IBTA vol. 1 §9.7.5 (NAK codes), §9.9.3; C3 "errors move the QP to ERROR and flush WRs".
+    // IBA vol. 1 §9.7.5.2 (NAK codes), §9.9.2; C3 "errors move the QP to ERROR and flush WRs".
     for (code, status) in [
         (NakCode::InvalidRequest, WcStatus::RemInvReqErr),
         (NakCode::RemoteAccessError, WcStatus::RemAccessErr),
@@ -1182,7 +1185,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 
     /// C3 "in-order execution of WRITE and SEND", "a successful send-queue completion means
-    /// the responder ACKed"; IBTA vol. 1 §9.5 (ordering), §9.7 (reliability): whatever the
+    /// the responder ACKed"; IBA vol. 1 §9.5 (ordering), §9.7 (reliability): whatever the
     /// mix, path MTU and (seeded) losses, every WR completes successfully in posting order,
     /// Sends land in the receives in order, Writes and Reads move exactly their octets, and the
     /// FetchAdds, executed in order once each, return the prefix sums.
@@ -1277,7 +1280,7 @@ proptest! {
 
 #[test]
 fn reads_and_atomics_limited_by_max_rd_atomic_and_fences_c3() {
-    // IBTA vol. 1 §9.7.6 (the requester keeps at most max_rd_atomic Reads/atomics
+    // IBA vol. 1 §9.7.6 (the requester keeps at most max_rd_atomic Reads/atomics
     // outstanding, the ORD the responder's resources were sized for); IBV_SEND_FENCE.
     let mut t = Scripted::new(PairConfig {
         max_rd_atomic: 2,

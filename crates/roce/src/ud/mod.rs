@@ -1,5 +1,5 @@
-//! The UD transport of one queue pair as a sans-I/O core (IBTA vol. 1 §9.8 unreliable
-//! datagram service, §10.2.5 Q_Keys; RoCEv2 annex A17), driven like [`crate::rc::RcQp`]:
+//! The UD transport of one queue pair as a sans-I/O core (IBA vol. 1 §9.8 unreliable
+//! services, Q_Keys §10.2.5 unconfirmed; RoCEv2 annex A17), driven like [`crate::rc::RcQp`]:
 //!
 //! ```text
 //!  post_send(wr) / post_recv(wr) / modify(attr)
@@ -12,7 +12,7 @@
 //! (0x64) or SEND_ONLY_WITH_IMMEDIATE (0x65) packet: BTH (destination QPN of the WR,
 //! P_Key 0xffff, this QP's next PSN — UD PSNs count per QP and nobody checks them), DETH
 //! (the WR's Q_Key, or this QP's own Q_Key when the WR's has the high bit set, IBA
-//! §10.2.5; source QPN), ImmDt. A payload longer than the port MTU is refused at post time
+//! vol. 1 §10.2.5, unconfirmed; source QPN), ImmDt. A payload longer than the port MTU is refused at post time
 //! (`WrError::TooLong`), as are bad lkeys (`WrError::LocalProtection`) and other opcodes
 //! (`WrError::Opcode`); nothing a WR can carry moves a UD QP to ERR. The send completes when
 //! the datagram is handed over ([`UdQp::poll_transmit`]): datagrams are never acknowledged.

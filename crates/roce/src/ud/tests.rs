@@ -1,6 +1,6 @@
 //! The UD core in memory: two cores, packets handed over by hand. Requirement IDs:
 //! `../shared/requirements/smcr-ipoibcm.md` C2 (40-octet GRH before every UD payload) and
-//! D3 (DETH on the wire); IBA §9.8 (UD), §10.2.5 (Q_Key high bit).
+//! D3 (DETH on the wire); IBA vol. 1 §9.8 (UD), §10.2.5 (Q_Key high bit; unconfirmed).
 
 use verbs::{
     Access, AhAttr, Gid, MemoryRegion, QpAttr, QpState, RecvWr, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
@@ -85,12 +85,12 @@ fn carry(a: &mut Side, b: &mut Side) -> RxOutcome {
     b.qp.handle_packet(&p, &grh())
 }
 
-/// Golden vector of a UD SEND_ONLY_WITH_IMMEDIATE (IBA §9.2, §9.3.2; opcode 0x65): BTH,
+/// Golden vector of a UD SEND_ONLY_WITH_IMMEDIATE (IBA vol. 1 §9.2, DETH §9.3.2 (unconfirmed); opcode 0x65): BTH,
 /// DETH (Q_Key, source QPN), ImmDt, payload, pad, ICRC field 0.
 #[test]
 fn ud_send_packet_golden() {
     let mut a = side(0x12);
-    let d = dest(&a, 0x34, 0x8000_0000); // high bit: the QP's own Q_Key (IBA §10.2.5)
+    let d = dest(&a, 0x34, 0x8000_0000); // high bit: the QP's own Q_Key (IBA vol. 1 §10.2.5 (unconfirmed))
     send(&mut a, 7, b"hello", d, WrOpcode::SendWithImm { imm_data: 0xdead_beef }).unwrap();
     let mut buf = vec![0u8; a.qp.max_packet_len()];
     let tx = a.qp.poll_transmit(&mut buf).unwrap();

@@ -1,11 +1,11 @@
 //! The base transport header and the extended transport headers of the InfiniBand transport
-//! (IBTA vol. 1 §9.2 and §9.3), as RoCEv2 carries them after the UDP header.
+//! (IBA vol. 1 §9.2 and §9.3), as RoCEv2 carries them after the UDP header.
 //!
-//! Each header is a plain `Copy` struct with the field names of the IBTA figures, a `LEN`,
+//! Each header is a plain `Copy` struct with the field names of the IBA figures, a `LEN`,
 //! `parse(&[u8]) -> Result<(Self, rest), Truncated>` (the rest of the slice after the
 //! header) and `emit(&mut [u8]) -> Result<usize, BufferTooSmall>`. All fields are
 //! big-endian. Reserved fields are kept as read so that parse → emit reproduces the octets;
-//! senders leave them 0 and receivers ignore them (IBTA vol. 1 §9.2, "reserved fields").
+//! senders leave them 0 and receivers ignore them (IBA vol. 1 §9.2, "reserved fields").
 //!
 //! ```text
 //! BTH    (12) OpCode | SE M PadCnt(2) TVer(4) | P_Key(16) | FECN BECN Resv6a | DestQP(24)
@@ -18,6 +18,10 @@
 //! ImmDt   (4) Immediate Data(32)                                                   §9.3.7
 //! IETH    (4) R_Key(32)                                                            §9.3.8
 //! ```
+//!
+//! Of the §9.3 subsection numbers only RETH's §9.3.3 (and its R_Key, §9.3.3.2) is confirmed by
+//! a public source; the others follow the header order of the 1.2.1 text and are unconfirmed
+//! (docs/roce.md, "IBA section numbers").
 
 use core::fmt;
 
@@ -39,7 +43,7 @@ fn take<'a>(what: &'static str, b: &'a [u8], len: usize) -> Result<(&'a [u8], &'
     }
 }
 
-/// Base Transport Header (IBTA vol. 1 §9.2), 12 octets, in every packet.
+/// Base Transport Header (IBA vol. 1 §9.2), 12 octets, in every packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Bth {
     /// OpCode: transport service in the top 3 bits, operation in the low 5.
@@ -130,7 +134,7 @@ impl Bth {
     }
 }
 
-/// Datagram Extended Transport Header (IBTA vol. 1 §9.3.2), 8 octets, on UD packets.
+/// Datagram Extended Transport Header (IBA vol. 1 §9.3.2 (unconfirmed)), 8 octets, on UD packets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Deth {
     /// Q_Key: the receiving UD QP's key (QP1, the GSI: [`super::GSI_QKEY`]).
@@ -168,7 +172,7 @@ impl Deth {
     }
 }
 
-/// RDMA Extended Transport Header (IBTA vol. 1 §9.3.3), 16 octets: on RDMA WRITE FIRST/ONLY
+/// RDMA Extended Transport Header (IBA vol. 1 §9.3.3), 16 octets: on RDMA WRITE FIRST/ONLY
 /// (and ONLY with immediate) and on RDMA READ REQUEST.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Reth {
@@ -207,7 +211,7 @@ impl Reth {
     }
 }
 
-/// Atomic Extended Transport Header (IBTA vol. 1 §9.3.4), 28 octets: on COMPARE_SWAP and
+/// Atomic Extended Transport Header (IBA vol. 1 §9.3.4 (unconfirmed)), 28 octets: on COMPARE_SWAP and
 /// FETCH_ADD.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct AtomicEth {
@@ -250,7 +254,7 @@ impl AtomicEth {
     }
 }
 
-/// Atomic Acknowledge Extended Transport Header (IBTA vol. 1 §9.3.6), 8 octets: on
+/// Atomic Acknowledge Extended Transport Header (IBA vol. 1 §9.3.6 (unconfirmed)), 8 octets: on
 /// ATOMIC_ACKNOWLEDGE, after the AETH.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct AtomicAckEth {
@@ -281,7 +285,7 @@ impl AtomicAckEth {
     }
 }
 
-/// Immediate Extended Transport Header (IBTA vol. 1 §9.3.7), 4 octets: on the last/only
+/// Immediate Extended Transport Header (IBA vol. 1 §9.3.7 (unconfirmed)), 4 octets: on the last/only
 /// packet of SEND and RDMA WRITE with immediate. The value is opaque; this is the octets
 /// read big-endian (rdma-core's `imm_data` is the same four octets, `__be32`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -308,7 +312,7 @@ impl ImmDt {
     }
 }
 
-/// Invalidate Extended Transport Header (IBTA vol. 1 §9.3.8), 4 octets: on SEND LAST/ONLY
+/// Invalidate Extended Transport Header (IBA vol. 1 §9.3.8 (unconfirmed)), 4 octets: on SEND LAST/ONLY
 /// with invalidate, the R_Key the responder invalidates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Ieth {
@@ -339,13 +343,13 @@ impl Ieth {
     }
 }
 
-/// ACK Extended Transport Header (IBTA vol. 1 §9.3.5), 4 octets: on ACKNOWLEDGE, ATOMIC
+/// ACK Extended Transport Header (IBA vol. 1 §9.3.5 (unconfirmed)), 4 octets: on ACKNOWLEDGE, ATOMIC
 /// ACKNOWLEDGE and RDMA READ RESPONSE FIRST/LAST/ONLY.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Aeth {
     /// Syndrome: ACK, RNR NAK or NAK with its credit count, timer or code.
     pub syndrome: Syndrome,
-    /// MSN: message sequence number, the count of completed requests (24 bits, §9.7.5).
+    /// MSN: message sequence number, the count of completed requests (24 bits, §9.7.5.1, unconfirmed).
     pub msn: u32,
 }
 
@@ -374,7 +378,7 @@ impl Aeth {
     }
 }
 
-/// The AETH Syndrome (IBTA vol. 1 §9.3.5, "AETH Syndrome field" table): bit 7
+/// The AETH Syndrome (IBA vol. 1 §9.3.5 (unconfirmed), "AETH Syndrome field" table): bit 7
 /// reserved, bits 6..5 the type (00 ACK, 01 RNR NAK, 11 NAK), bits 4..0 the value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Syndrome {
@@ -445,7 +449,7 @@ impl fmt::Display for Syndrome {
     }
 }
 
-/// The NAK codes of the AETH syndrome (IBTA vol. 1 §9.3.5, §9.7.5.2).
+/// The NAK codes of the AETH syndrome (IBA vol. 1 §9.7.5.2; AETH §9.3.5 (unconfirmed)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NakCode {
     /// 0: PSN sequence error; the AETH's PSN (in the BTH) is the one the responder expects.
@@ -488,7 +492,7 @@ impl From<NakCode> for u8 {
     }
 }
 
-/// The 5-bit end-to-end credit count code of an ACK (IBTA vol. 1 §9.7.7; the same table
+/// The 5-bit end-to-end credit count code of an ACK (IBA vol. 1 §9.7.7 (unconfirmed); the same table
 /// Linux rdmavt/qib carry as `credit_table`). Code 31 means "credits invalid": the
 /// responder does not do end-to-end flow control (rxe always sends it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -517,7 +521,7 @@ impl CreditCode {
     }
 }
 
-/// The RNR NAK timer code (IBTA vol. 1 §9.7.5 and table 45 "Encoding for RNR NAK Timer
+/// The RNR NAK timer code (IBA vol. 1 §9.7.5.2.8 and release 1.3 table 45 "Encoding for RNR NAK Timer
 /// Field"): 5 bits, the minimum delay before the requester retries. Also the QP attribute
 /// `min_rnr_timer` (rdma-core's `IBV_RNR_TIMER_*` names the same codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

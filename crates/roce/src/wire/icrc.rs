@@ -1,4 +1,4 @@
-//! The invariant CRC of RoCEv2 (IBTA vol. 1 §7.8.1, annex A17; C3 "4-byte ICRC trailer"), computed
+//! The invariant CRC of RoCEv2 (IBA vol. 1 §7.8.1, annex A17 §A17.3.3 CA17-22; C3 "4-byte ICRC trailer"), computed
 //! exactly as Linux rxe does (`rxe_icrc.c`) and as the lab measured against every packet rxe
 //! sent (lab README, "RoCEv2 from the host", "ICRC rule"):
 //!

@@ -1,8 +1,8 @@
-//! RoCEv2 wire formats: InfiniBand transport headers in UDP (IBTA vol. 1 ch. 9, annex A17),
+//! RoCEv2 wire formats: InfiniBand transport headers in UDP (IBA vol. 1 ch. 9, annex A17),
 //! sans-I/O: parse and emit on byte slices only.
 //!
 //! Bottom to top:
-//! - [`headers`]: the base transport header ([`Bth`], IBTA vol. 1 §9.2) and the extended
+//! - [`headers`]: the base transport header ([`Bth`], IBA vol. 1 §9.2) and the extended
 //!   transport headers ([`Reth`], [`Aeth`], [`AtomicEth`], [`AtomicAckEth`], [`ImmDt`],
 //!   [`Ieth`], [`Deth`], §9.3), each with `LEN`, `parse(&[u8]) -> (Self, rest)` and `emit`.
 //! - [`opcode`]: the opcode table (RC, UD SEND_ONLY(_IMM), the RoCEv2 CNP) as data: which
@@ -34,17 +34,17 @@ pub use opcode::{HeaderSet, OpInfo, Opcode, Operation, Position, Transport};
 pub use packet::{EmitError, ExtHeaders, Packet, ParseError};
 pub use psn::Psn;
 
-/// UDP destination port of RoCEv2 (IBTA annex A17; IANA service name "roce").
+/// UDP destination port of RoCEv2 (IBA annex A17 §A17.3.2.2 CA17-20; IANA service name "roce").
 pub const ROCEV2_UDP_PORT: u16 = 4791;
 /// Length of the invariant CRC trailer.
 pub const ICRC_LEN: usize = 4;
-/// The Q_Key of the general services interface, QP1 (IBTA vol. 1 ch. 13; requirements C1:
+/// The Q_Key of the general services interface, QP1 (IBA vol. 1 ch. 13; requirements C1:
 /// CM MADs use it).
 pub const GSI_QKEY: u32 = 0x8001_0000;
-/// The default partition key, full membership (IBTA vol. 1 §10.9).
+/// The default partition key, full membership (IBA vol. 1 ch. 10, §10.9 unconfirmed; annex A17 §A17.4.7).
 pub const DEFAULT_PKEY: u16 = 0xffff;
 
-/// Whether a packet's P_Key `a` is accepted by a QP whose P_Key is `b` (IBTA vol. 1 §10.9,
+/// Whether a packet's P_Key `a` is accepted by a QP whose P_Key is `b` (IBA vol. 1 §10.9 (unconfirmed),
 /// partition key matching): the same 15-bit partition, and at least one of the two a full
 /// member (bit 15). Two limited members of a partition cannot talk; 0x7fff reaches a QP
 /// holding 0xffff. rxe's receive check is the same (`pkey_match`).

@@ -1,7 +1,7 @@
-//! The BTH opcodes softrdma speaks, as one table of data (IBTA vol. 1 §9.2 "OpCode" table
+//! The BTH opcodes softrdma speaks, as one table of data (IBA vol. 1 §9.2 "OpCode" table
 //! and §9.3 "Header layouts per opcode"; Linux rxe keeps the same facts in `rxe_opcode.c`).
 //!
-//! For every opcode the table says which extension headers follow the BTH (in the IBTA
+//! For every opcode the table says which extension headers follow the BTH (in the IBA
 //! order DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH), the packet's position in
 //! its message (FIRST/MIDDLE/LAST/ONLY), whether it carries payload, whether it is a request
 //! or a response, and what the responder answers it with. [`super::Packet`] parses and
@@ -11,7 +11,7 @@
 //! Covered: the RC opcodes (C3: SEND 0x00..0x05, RDMA WRITE 0x06..0x0B, RDMA READ request
 //! 0x0C and responses 0x0D..0x10, ACK 0x11, ATOMIC ACK 0x12, CMP_SWAP 0x13, FETCH_ADD 0x14,
 //! SEND with invalidate 0x16/0x17), UD SEND_ONLY 0x64 and SEND_ONLY with immediate 0x65, and
-//! the RoCEv2 congestion notification packet 0x81 (annex A17: BTH, 16 reserved octets).
+//! the RoCEv2 congestion notification packet 0x81 (annex A17 §A17.9.3, figure 6: BTH, 16 reserved octets).
 
 use core::fmt;
 
@@ -33,7 +33,7 @@ bitflags::bitflags! {
         const IMM_DT = 1 << 5;
         /// Invalidate ETH (SEND LAST/ONLY with invalidate).
         const IETH = 1 << 6;
-        /// The 16 reserved octets of a RoCEv2 CNP (annex A17).
+        /// The 16 reserved octets of a RoCEv2 CNP (annex A17 §A17.9.3).
         const CNP_RESERVED = 1 << 7;
     }
 }
@@ -132,7 +132,7 @@ impl Opcode {
     pub const UD_SEND_ONLY: Opcode = Opcode(0x64);
     /// UD SEND ONLY with immediate, `IBV_OPCODE_UD_SEND_ONLY_WITH_IMMEDIATE`.
     pub const UD_SEND_ONLY_WITH_IMMEDIATE: Opcode = Opcode(0x65);
-    /// RoCEv2 congestion notification packet (annex A17).
+    /// RoCEv2 congestion notification packet (annex A17 §A17.9.3).
     pub const CNP: Opcode = Opcode(0x81);
 
     /// The table entry, `None` for opcodes softrdma does not implement (UC, RD, XRC,
@@ -246,7 +246,7 @@ impl Position {
     }
 }
 
-/// What a responder answers a request with (IBTA vol. 1 §9.7.5).
+/// What a responder answers a request with (IBA vol. 1 §9.7.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reply {
     /// Nothing: a response, a UD datagram, a CNP.
@@ -531,7 +531,7 @@ const INDEX: [u8; 256] = {
     idx
 };
 
-/// The opcode sequence check of a receiver (IBTA vol. 1 §9.7.5 for requests at the
+/// The opcode sequence check of a receiver (IBA vol. 1 §9.7.4.1 for requests at the
 /// responder, §9.7.6 for Read responses at the requester; rxe's `check_op_seq`): while a multi-packet message is in
 /// progress (`prev` is its FIRST or a MIDDLE) the next in-sequence packet must be a MIDDLE or
 /// LAST of the same operation; otherwise (`prev` ended a message, or nothing was received

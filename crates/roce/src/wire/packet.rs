@@ -1,4 +1,4 @@
-//! A whole RoCEv2 packet, i.e. one UDP payload to port 4791 (IBTA vol. 1 ch. 9, annex A17):
+//! A whole RoCEv2 packet, i.e. one UDP payload to port 4791 (IBA vol. 1 ch. 9, annex A17):
 //!
 //! ```text
 //! BTH (12) | extension headers (per opcode, see `opcode::TABLE`) | payload | pad (0..3) | ICRC (4)
@@ -67,7 +67,7 @@ pub struct Packet<'a> {
 }
 
 /// Why a UDP payload is not a well-formed RoCEv2 packet. A receiver drops such packets
-/// silently (IBTA vol. 1 §9.6 "packet header validation"; rxe's `hdr_check`), counting them.
+/// silently (IBA vol. 1 §9.6 "packet header validation", annex A17 §A17.3.4; rxe's `hdr_check`), counting them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum ParseError {
     /// Shorter than BTH + ICRC.
@@ -165,7 +165,7 @@ impl<'a> Packet<'a> {
         let h = info.headers;
         let mut ext = ExtHeaders::default();
         let tr = |source| ParseError::Truncated { opcode, source };
-        // IBTA header order: DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH.
+        // IBA header order: DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH.
         if h.contains(HeaderSet::DETH) {
             let (v, r) = Deth::parse(rest).map_err(tr)?;
             (ext.deth, rest) = (Some(v), r);

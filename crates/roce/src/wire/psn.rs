@@ -1,7 +1,7 @@
-//! Packet sequence numbers: 24-bit, modulo 2^24 (IBTA vol. 1 §9.7.1, §9.7.5.1; C3 "PSN is
+//! Packet sequence numbers: 24-bit, modulo 2^24 (IBA vol. 1 §9.7.1, unconfirmed; C3 "PSN is
 //! 24-bit and wraps").
 //!
-//! Comparisons split the PSN space in halves around a reference, as the IBTA does for the
+//! Comparisons split the PSN space in halves around a reference, as the IBA does for the
 //! responder's check of a request PSN against its expected PSN (ePSN): the 2^23 PSNs before
 //! ePSN are duplicates, ePSN is the valid one, and the rest (ahead of ePSN) are out of
 //! sequence. Linux rxe's `psn_compare` (the difference shifted into the top 24 bits of an

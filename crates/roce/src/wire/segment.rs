@@ -1,5 +1,5 @@
 //! Path-MTU segmentation of a message into packets and the receiver's payload-length check
-//! (IBTA vol. 1 §9.7.2 "segmentation", §9.2 PadCnt; C3 "path MTU enum 1..5 = 256..4096").
+//! (IBA vol. 1 §9.7.2 "segmentation", unconfirmed; §9.2 PadCnt; C3 "path MTU enum 1..5 = 256..4096").
 //!
 //! A message of `n` octets goes out as one ONLY packet when `n <= PMTU` (also for `n = 0`),
 //! otherwise as a FIRST, zero or more MIDDLE packets, and a LAST; FIRST and MIDDLE carry
