@@ -10,13 +10,12 @@
 //! `tshark` must decode each one as InfiniBand with no malformed frame and no expert error.
 //! Skips with a message without tcpdump/tshark or the right to capture.
 
-use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use etherparse::{NetSlice, SlicedPacket, TransportSlice};
-use pcap_file::pcap::PcapReader;
 use roce::wire::icrc;
+use testsupport::{
+    BAD, Capture, ROCE_RING, capture_dir, frames_of, have_tshark_and_tcpdump, ipv4_udp, tshark_count, tshark_lines,
+};
 use verbs::*;
 
 const T: Duration = Duration::from_secs(20);
@@ -124,29 +123,6 @@ fn traffic() -> (usize, usize) {
     )
 }
 
-/// The frames of a pcap file (a partial last record is not counted).
-fn frames_of(file: &std::path::Path) -> Vec<Vec<u8>> {
-    let Ok(bytes) = std::fs::read(file) else {
-        return Vec::new();
-    };
-    let Ok(mut r) = PcapReader::new(std::io::Cursor::new(bytes)) else {
-        return Vec::new();
-    };
-    let mut v = Vec::new();
-    while let Some(Ok(p)) = r.next_packet() {
-        v.push(p.data.into_owned());
-    }
-    v
-}
-
-fn have(cmd: &str) -> bool {
-    Command::new(cmd)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 /// A pcap file and its frames.
 type Captured = (std::path::PathBuf, Vec<Vec<u8>>);
 
@@ -159,53 +135,13 @@ type Captured = (std::path::PathBuf, Vec<Vec<u8>>);
 /// received ≤ captured ≤ sent.
 fn capture(dir: &std::path::Path) -> Option<Result<Captured, String>> {
     let file = dir.join("roce.pcap");
-    let _ = std::fs::remove_file(&file);
-    let mut dump = Dump(
-        Command::new("tcpdump")
-            .args([
-                "-i",
-                "lo",
-                "-U",
-                "--immediate-mode",
-                "-n",
-                "-s",
-                "8192",
-                "-B",
-                "32768",
-                "-w",
-            ])
-            .arg(&file)
-            .args(["udp port 4791 and net 127.137.0.0/16"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    // tcpdump says "listening on lo" once it captures.
-    let mut err = dump.0.stderr.take().unwrap();
-    let mut seen = Vec::new();
-    let t0 = Instant::now();
-    while !String::from_utf8_lossy(&seen).contains("listening on") {
-        let mut b = [0u8; 256];
-        let n = std::io::Read::read(&mut err, &mut b).unwrap_or(0);
-        if n == 0 || t0.elapsed() > T {
-            eprintln!("skipped: tcpdump cannot capture: {}", String::from_utf8_lossy(&seen));
-            return None;
-        }
-        seen.extend_from_slice(&b[..n]);
-    }
+    let dump = Capture::start(&file, &ROCE_RING, "udp port 4791 and net 127.137.0.0/16", T)?;
     let (sent, rcvd) = traffic();
-    // tcpdump may lag behind on a loaded machine, and SIGINT drops what it has not written
-    // yet: wait until it has written every packet the devices received, and a little more
+    // Wait until tcpdump has written every packet the devices received, and a little more
     // for the ones lost after the tap.
-    let t0 = Instant::now();
-    while frames_of(&file).len() < rcvd && t0.elapsed() < Duration::from_secs(15) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    dump.wait_for(rcvd, Duration::from_secs(15));
     std::thread::sleep(Duration::from_millis(200));
-    drop(dump);
-    let mut rest = String::new();
-    let _ = std::io::Read::read_to_string(&mut err, &mut rest);
+    let rest = dump.stop();
     let captured = frames_of(&file);
     assert!(
         captured.len() <= sent,
@@ -224,14 +160,10 @@ fn capture(dir: &std::path::Path) -> Option<Result<Captured, String>> {
 
 #[test]
 fn tshark_decodes_live_roce_traffic_and_every_icrc_verifies_c3_a17() {
-    if !have("tshark") || !have("tcpdump") {
-        eprintln!("skipped: tshark or tcpdump missing");
+    if !have_tshark_and_tcpdump() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("softrdma-tshark-live-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    // tcpdump started by root writes the file as user tcpdump.
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let dir = capture_dir("tshark-live");
     // tcpdump's ring holds few frames with the default buffer and `-s 0` (256 KiB slots),
     // so on a loaded machine it dropped a burst of Read Responses ("dropped by kernel");
     // hence `-s 8192 -B 32768`. A capture that still misses a received packet is taken
@@ -248,35 +180,16 @@ fn tshark_decodes_live_roce_traffic_and_every_icrc_verifies_c3_a17() {
             Some(Err(e)) => panic!("{tries:?} then {e}"),
         }
     };
-    let mut frames = 0;
-    for f in &captured {
-        let s = SlicedPacket::from_ethernet(f).expect("Ethernet frame on lo");
-        let Some(NetSlice::Ipv4(ip)) = &s.net else {
-            panic!("IPv4")
-        };
-        let Some(TransportSlice::Udp(udp)) = &s.transport else {
-            panic!("UDP")
-        };
-        let payload = udp.payload();
-        icrc::verify(ip.header().slice(), udp.header_slice(), payload)
-            .unwrap_or_else(|e| panic!("frame {}: ICRC {e:?}", frames + 1));
-        frames += 1;
+    for (i, f) in captured.iter().enumerate() {
+        let (ip, udp, payload) = ipv4_udp(f, i + 1);
+        icrc::verify(&ip, &udp, &payload).unwrap_or_else(|e| panic!("frame {}: ICRC {e:?}", i + 1));
     }
+    let frames = captured.len();
     assert!(frames >= 20, "{frames} frames captured");
 
-    let tshark_with = |extra: &[&str], filter: &str| -> usize {
-        let o = Command::new("tshark")
-            .args(extra)
-            .arg("-r")
-            .arg(&file)
-            .args(["-Y", filter])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).lines().count()
-    };
+    let tshark_with = |extra: &[&str], filter: &str| tshark_count(&file, extra, filter);
     let tshark = |filter: &str| tshark_with(&[], filter);
-    let bad = "_ws.malformed || _ws.expert.severity >= error";
+    let bad = BAD;
     assert_eq!(tshark("infiniband.bth"), frames, "every frame decodes as RoCEv2");
     // tshark's RPC-over-RDMA heuristic throws on a Send without payload (a valid 16-octet
     // SEND ONLY: BTH and ICRC) and marks it malformed; those are the only ones allowed,
@@ -286,28 +199,17 @@ fn tshark_decodes_live_roce_traffic_and_every_icrc_verifies_c3_a17() {
         0
     );
     assert_eq!(tshark_with(&["--disable-protocol", "rpcordma"], bad), 0);
-    // The capture holds what the traffic must have produced (opcodes, the OpCode table of IBA vol. 1 §9.2; its table number is unconfirmed).
-    let o = Command::new("tshark")
-        .arg("-r")
-        .arg(&file)
-        .args([
-            "-T",
-            "fields",
-            "-e",
-            "infiniband.bth.opcode",
-            "-e",
-            "infiniband.aeth.syndrome",
-        ])
-        .output()
-        .unwrap();
-    let fields: Vec<(u8, Option<u8>)> = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| {
-            let mut f = l.split('\t');
-            let op = f.next().unwrap().parse().unwrap();
-            (op, f.next().and_then(|v| v.parse().ok()))
-        })
-        .collect();
+    // The capture holds what the traffic must have produced (opcodes: the OpCode table of
+    // IBA vol. 1 §9.2; its table number is unconfirmed).
+    let fields: Vec<(u8, Option<u8>)> =
+        tshark_lines(&file, &[], "", &["infiniband.bth.opcode", "infiniband.aeth.syndrome"])
+            .iter()
+            .map(|l| {
+                let mut f = l.split('\t');
+                let op = f.next().unwrap().parse().unwrap();
+                (op, f.next().and_then(|v| v.parse().ok()))
+            })
+            .collect();
     assert_eq!(fields.len(), frames);
     for (op, what) in [
         (4, "SEND ONLY"),
@@ -330,15 +232,4 @@ fn tshark_decodes_live_roce_traffic_and_every_icrc_verifies_c3_a17() {
         "no RNR NAK in the capture"
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The tcpdump this test started: stopped with SIGINT (so it flushes and closes the file)
-/// and reaped when dropped, also when the test fails half-way.
-struct Dump(std::process::Child);
-
-impl Drop for Dump {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-INT", &self.0.id().to_string()]).status();
-        let _ = self.0.wait();
-    }
 }

@@ -9,13 +9,10 @@
 //! with a DETH, no malformed frame and no expert error. Skips with a message without
 //! tcpdump/tshark or the right to capture.
 
-use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use etherparse::{NetSlice, SlicedPacket, TransportSlice};
-use pcap_file::pcap::PcapReader;
 use roce::wire::icrc;
+use testsupport::{BAD, Capture, ROCE_RING, capture_dir, have_tshark_and_tcpdump, ipv4_udp, tshark_count};
 use verbs::*;
 
 const T: Duration = Duration::from_secs(20);
@@ -97,104 +94,28 @@ fn traffic() -> u64 {
     sent(&a.dev) + sent(&b.dev)
 }
 
-/// The frames of a pcap file (a partial last record is not counted).
-fn frames_of(file: &std::path::Path) -> Vec<Vec<u8>> {
-    let Ok(bytes) = std::fs::read(file) else {
-        return Vec::new();
-    };
-    let Ok(mut r) = PcapReader::new(std::io::Cursor::new(bytes)) else {
-        return Vec::new();
-    };
-    let mut v = Vec::new();
-    while let Some(Ok(p)) = r.next_packet() {
-        v.push(p.data.into_owned());
-    }
-    v
-}
-
-fn have(cmd: &str) -> bool {
-    Command::new(cmd)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
 #[test]
 fn tshark_decodes_ud_and_multicast_traffic_c2_d3() {
-    if !have("tshark") || !have("tcpdump") {
-        eprintln!("skipped: tshark or tcpdump missing");
+    if !have_tshark_and_tcpdump() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("softrdma-tshark-ud-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let dir = capture_dir("tshark-ud");
     let file = dir.join("ud.pcap");
-    let mut dump = Dump(
-        Command::new("tcpdump")
-            .args([
-                "-i",
-                "lo",
-                "-U",
-                "--immediate-mode",
-                "-n",
-                "-s",
-                "8192",
-                "-B",
-                "32768",
-                "-w",
-            ])
-            .arg(&file)
-            .args(["udp port 4791 and net 127.138.0.0/16"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut err = dump.0.stderr.take().unwrap();
-    let mut seen = Vec::new();
-    let t0 = Instant::now();
-    while !String::from_utf8_lossy(&seen).contains("listening on") {
-        let mut b = [0u8; 256];
-        let n = std::io::Read::read(&mut err, &mut b).unwrap_or(0);
-        if n == 0 || t0.elapsed() > T {
-            eprintln!("skipped: tcpdump cannot capture: {}", String::from_utf8_lossy(&seen));
-            return;
-        }
-        seen.extend_from_slice(&b[..n]);
-    }
+    let Some(dump) = Capture::start(&file, &ROCE_RING, "udp port 4791 and net 127.138.0.0/16", T) else {
+        return;
+    };
     let sent = traffic() as usize;
-    let t0 = Instant::now();
-    while frames_of(&file).len() < sent && t0.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    drop(dump);
-    let captured = frames_of(&file);
+    dump.wait_for(sent, Duration::from_secs(5));
+    dump.stop();
+    let captured = testsupport::frames_of(&file);
     // The multicast datagram may be seen twice on lo (sent, and looped back).
     assert!(captured.len() >= sent, "captured {} of {sent} packets", captured.len());
     for (i, f) in captured.iter().enumerate() {
-        let s = SlicedPacket::from_ethernet(f).expect("Ethernet frame on lo");
-        let Some(NetSlice::Ipv4(ip)) = &s.net else {
-            panic!("IPv4")
-        };
-        let Some(TransportSlice::Udp(udp)) = &s.transport else {
-            panic!("UDP")
-        };
-        icrc::verify(ip.header().slice(), udp.header_slice(), udp.payload())
-            .unwrap_or_else(|e| panic!("frame {}: ICRC {e:?}", i + 1));
+        let (ip, udp, payload) = ipv4_udp(f, i + 1);
+        icrc::verify(&ip, &udp, &payload).unwrap_or_else(|e| panic!("frame {}: ICRC {e:?}", i + 1));
     }
     let frames = captured.len();
-    let tshark = |extra: &[&str], filter: &str| -> usize {
-        let o = Command::new("tshark")
-            .args(extra)
-            .arg("-r")
-            .arg(&file)
-            .args(["-Y", filter])
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).lines().count()
-    };
+    let tshark = |extra: &[&str], filter: &str| tshark_count(&file, extra, filter);
     assert_eq!(
         tshark(&[], "infiniband.deth"),
         frames,
@@ -203,7 +124,7 @@ fn tshark_decodes_ud_and_multicast_traffic_c2_d3() {
     // tshark's Mellanox EoIB heuristic for UD payloads throws on payloads of 0 or 1 octets
     // (valid UD Sends) and marks them malformed: those are the only ones allowed, and with
     // that heuristic off nothing is malformed.
-    let bad = "_ws.malformed || _ws.expert.severity >= error";
+    let bad = BAD;
     assert_eq!(tshark(&[], &format!("({bad}) && udp.length >= 42")), 0);
     assert_eq!(tshark(&["--disable-heuristic", "mellanox_eoib"], bad), 0);
     assert_eq!(
@@ -219,15 +140,4 @@ fn tshark_decodes_ud_and_multicast_traffic_c2_d3() {
         "the multicast Send"
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The tcpdump this test started: stopped with SIGINT (so it flushes and closes the file)
-/// and reaped when dropped, also when the test fails half-way.
-struct Dump(std::process::Child);
-
-impl Drop for Dump {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-INT", &self.0.id().to_string()]).status();
-        let _ = self.0.wait();
-    }
 }

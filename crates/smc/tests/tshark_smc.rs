@@ -9,29 +9,10 @@
 use smc::{Mode, SmcConfig, SmcListener, SmcStream};
 use std::io::{Read, Write};
 use std::net::Shutdown;
-use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Stdio};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use testsupport::{BAD, Capture, capture_dir, have_tshark_and_tcpdump, tshark_count, tshark_lines};
 use verbs::{DeviceFactory, DeviceOptions};
-
-fn have(cmd: &str) -> bool {
-    Command::new(cmd)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
-/// The tcpdump this test started: stopped with SIGINT (it flushes and closes the file).
-struct Dump(std::process::Child);
-
-impl Drop for Dump {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-INT", &self.0.id().to_string()]).status();
-        let _ = self.0.wait();
-    }
-}
 
 fn traffic() {
     let dev = |a: &str| {
@@ -70,63 +51,21 @@ fn traffic() {
 
 #[test]
 fn tshark_decodes_our_clc_and_cdc_frames() {
-    if !have("tshark") || !have("tcpdump") {
-        eprintln!("skipped: tshark or tcpdump missing");
+    if !have_tshark_and_tcpdump() {
         return;
     }
-    let dir = std::env::temp_dir().join(format!("softrdma-tshark-smc-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let dir = capture_dir("tshark-smc");
     let file = dir.join("smc.pcap");
-    let mut dump = Dump(
-        Command::new("tcpdump")
-            .args([
-                "-i",
-                "lo",
-                "-U",
-                "--immediate-mode",
-                "-n",
-                "-s",
-                "0",
-                "-B",
-                "65536",
-                "-w",
-            ])
-            .arg(&file)
-            .args(["net 127.115.7.0/24 and (tcp or udp port 4791)"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut err = dump.0.stderr.take().unwrap();
-    let mut seen = Vec::new();
-    let t0 = Instant::now();
-    while !String::from_utf8_lossy(&seen).contains("listening on") {
-        let mut b = [0u8; 256];
-        let n = err.read(&mut b).unwrap_or(0);
-        if n == 0 || t0.elapsed() > Duration::from_secs(20) {
-            eprintln!("skipped: tcpdump cannot capture: {}", String::from_utf8_lossy(&seen));
-            return;
-        }
-        seen.extend_from_slice(&b[..n]);
-    }
+    // This capture keeps its own ring: whole frames (`-s 0`) in a 64 MiB buffer.
+    let ring = ["-s", "0", "-B", "65536"];
+    let filter = "net 127.115.7.0/24 and (tcp or udp port 4791)";
+    let Some(dump) = Capture::start(&file, &ring, filter, Duration::from_secs(20)) else {
+        return;
+    };
     traffic();
     thread::sleep(Duration::from_millis(500));
     drop(dump);
-    let tshark = |filter: &str, fields: &[&str]| -> Vec<String> {
-        let mut cmd = Command::new("tshark");
-        cmd.arg("-r").arg(&file).args(["-Y", filter]);
-        if !fields.is_empty() {
-            cmd.args(["-T", "fields"]);
-            for f in fields {
-                cmd.args(["-e", f]);
-            }
-        }
-        let o = cmd.output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).lines().map(str::to_owned).collect()
-    };
+    let tshark = |filter: &str, fields: &[&str]| tshark_lines(&file, &[], filter, fields);
     // CLC: Proposal, Accept, Confirm decoded as SMC on the TCP connection.
     let clc = tshark("smc.clc_msg", &[]);
     assert!(clc.len() >= 3, "CLC frames: {clc:?}");
@@ -159,13 +98,7 @@ fn tshark_decodes_our_clc_and_cdc_frames() {
     assert!(closed >= 2, "close CDCs: {cdcs:?}");
     // Nothing malformed, no expert error (tshark's RPC-over-RDMA heuristic off: it claims
     // payload-less SENDs, see roce's tshark_live).
-    let bad = Command::new("tshark")
-        .args(["--disable-protocol", "rpcordma", "-r"])
-        .arg(&file)
-        .args(["-Y", "_ws.malformed || _ws.expert.severity >= error"])
-        .output()
-        .unwrap();
-    let bad = String::from_utf8_lossy(&bad.stdout).lines().count();
+    let bad = tshark_count(&file, &["--disable-protocol", "rpcordma"], BAD);
     assert_eq!(bad, 0, "malformed frames");
     let _ = std::fs::remove_dir_all(&dir);
 }
