@@ -220,6 +220,11 @@ mod tests {
         Rmbe::new(16_384, EyecatcherMode::Rfc).unwrap()
     }
 
+    /// `Span { off, len }`, short for the expected spans below.
+    const fn sp(off: u32, len: u32) -> Span {
+        Span { off, len }
+    }
+
     // SMC-CDC-5 / A4.4: the worked wrap-around example with its exact numbers, Linux mode.
     #[test]
     fn a4_4_scenarios_linux_mode() {
@@ -229,7 +234,7 @@ mod tests {
         assert_eq!(start, Cursor::new(0, 0));
         // Step 1: 10 000 bytes into an empty element.
         assert_eq!(e.free(start, start), Some(16_384));
-        assert_eq!(e.spans(start, 10_000), (Span { off: 0, len: 10_000 }, None));
+        assert_eq!(e.spans(start, 10_000), (sp(0, 10_000), None));
         let p1 = e.advance(start, 10_000);
         assert_eq!(p1, Cursor::new(0, 10_000));
         // Step 2: B sees 10 000 outstanding and reads all of them.
@@ -240,16 +245,7 @@ mod tests {
         assert_eq!(e.free(p1, start), Some(6_384));
         // Step 3: 12 000 bytes, the remote range wraps → two writes.
         assert_eq!(e.free(p1, c1), Some(16_384));
-        assert_eq!(
-            e.spans(p1, 12_000),
-            (
-                Span {
-                    off: 10_000,
-                    len: 6_384
-                },
-                Some(Span { off: 0, len: 5_616 })
-            )
-        );
+        assert_eq!(e.spans(p1, 12_000), (sp(10_000, 6_384), Some(sp(0, 5_616))));
         let p2 = e.advance(p1, 12_000);
         assert_eq!(p2, Cursor::new(1, 5_616));
         // Step 4: positions 22 000 and 10 000 → 12 000 to read; consumer mirrors the wrap.
@@ -259,16 +255,7 @@ mod tests {
         assert_eq!(c2, Cursor::new(1, 5_616));
         // Step 5: a full window of 16 384 out of 20 000.
         assert_eq!(e.free(p2, c2), Some(16_384));
-        assert_eq!(
-            e.spans(p2, 20_000),
-            (
-                Span {
-                    off: 5_616,
-                    len: 10_768
-                },
-                Some(Span { off: 0, len: 5_616 })
-            )
-        );
+        assert_eq!(e.spans(p2, 20_000), (sp(5_616, 10_768), Some(sp(0, 5_616))));
         let p3 = e.advance(p2, 16_384);
         assert_eq!(p3, Cursor::new(2, 5_616));
         assert_eq!(e.free(p3, c2), Some(0));
@@ -278,7 +265,7 @@ mod tests {
         assert_eq!(c3, Cursor::new(2, 5_616));
         // Step 7: the remaining 3 616.
         assert_eq!(e.free(p3, c3), Some(16_384));
-        assert_eq!(e.spans(p3, 3_616), (Span { off: 5_616, len: 3_616 }, None));
+        assert_eq!(e.spans(p3, 3_616), (sp(5_616, 3_616), None));
         assert_eq!(e.advance(p3, 3_616), Cursor::new(2, 9_232));
     }
 
@@ -289,19 +276,10 @@ mod tests {
         assert_eq!(e.capacity(), 16_380);
         let start = e.start();
         assert_eq!(start, Cursor::new(0, 4));
-        assert_eq!(e.spans(start, 10_000), (Span { off: 4, len: 10_000 }, None));
+        assert_eq!(e.spans(start, 10_000), (sp(4, 10_000), None));
         let p1 = e.advance(start, 10_000);
         assert_eq!(p1, Cursor::new(0, 10_004));
-        assert_eq!(
-            e.spans(p1, 12_000),
-            (
-                Span {
-                    off: 10_004,
-                    len: 6_380
-                },
-                Some(Span { off: 4, len: 5_620 })
-            )
-        );
+        assert_eq!(e.spans(p1, 12_000), (sp(10_004, 6_380), Some(sp(4, 5_620))));
         let p2 = e.advance(p1, 12_000);
         assert_eq!(p2, Cursor::new(1, 5_624));
         assert_eq!(e.distance(p2, p1), 12_000);
