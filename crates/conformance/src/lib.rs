@@ -47,6 +47,49 @@ macro_rules! tests {
     };
 }
 
+/// The part of the suite every provider runs with the same semantics: one `#[test]` per body
+/// of [`ops`], [`access`] and [`volume`] (all but the 1 GiB transfers, whose names carry the
+/// provider's device variants), and the model-based property test (64 cases) against
+/// [`model`]. Each provider's test file invokes it once with its fixture:
+///
+/// ```ignore
+/// static FX: fixtures::Roce = fixtures::Roce::new(133);
+/// conformance::shared_suite!(FX);
+/// ```
+#[macro_export]
+macro_rules! shared_suite {
+    ($fx:expr) => {
+        $crate::tests! { $fx;
+            send_recv_write_read_rdmap_snd_01_wr_02_rd_01 => $crate::ops::send_recv_write_read;
+            atomics_and_immediate_rfc7306 => $crate::ops::atomics_and_immediate;
+            large_write_and_read_each_variant => $crate::ops::large_write_and_read;
+            a_busy_poller_that_goes_away_leaves_no_stall => $crate::ops::busy_poller_that_goes_away_leaves_no_stall;
+            read_without_remote_read_rdmap_sec_05 => $crate::access::read_without_remote_read;
+            write_without_remote_write_rdmap_sec_05 => $crate::access::write_without_remote_write;
+            read_past_end_rdmap_sec_03 => $crate::access::read_past_end;
+            write_below_base_rdmap_sec_03 => $crate::access::write_below_base;
+            atomic_without_remote_atomic_rdmap_sec_05 => $crate::access::atomic_without_remote_atomic;
+            qps_256_at_once => $crate::volume::qps_256_at_once;
+        }
+
+        ::proptest::proptest! {
+            #![proptest_config(::proptest::prelude::ProptestConfig {
+                cases: 64,
+                max_shrink_iters: 200,
+                ..::proptest::prelude::ProptestConfig::default()
+            })]
+
+            #[test]
+            fn random_mix_matches_model(
+                ops in ::proptest::collection::vec($crate::model::op(), 1..48),
+                variant in 0usize..2,
+            ) {
+                $crate::model::run(&$fx, &ops, variant)?;
+            }
+        }
+    };
+}
+
 /// How long a test waits for one completion or CM step.
 pub const T: Duration = Duration::from_secs(30);
 
