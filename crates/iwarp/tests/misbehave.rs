@@ -865,6 +865,11 @@ fn outstanding_read(i: &mut Iut, len: usize) -> (MemoryRegion, ReadRequest) {
 
 /// Sends `u` in two writes with a pause between, so a large tagged segment
 /// reaches the direct-placement path (header first, payload later).
+/// Asserts that `len` octets of `mr` at `off` are still zero: nothing was placed there.
+fn untouched(mr: &MemoryRegion, off: usize, len: usize, what: &str) {
+    assert_eq!(mr.to_vec(off, len).unwrap(), vec![0u8; len], "{what}");
+}
+
 fn send_split(i: &mut Iut, u: &[u8]) {
     let f = i.peer.fpdu(u);
     let cut = 100.min(f.len() / 2);
@@ -888,16 +893,8 @@ fn row25b_read_response_with_another_stag_is_refused_and_not_placed() {
         let u = tagged(op::READ_RESPONSE, decoy.lkey(), decoy.addr(), true, &vec![0xA5; len]);
         send_split(&mut i, &u);
         i.expect_terminate(&u, e(1, 1, 0x00, MD));
-        assert_eq!(
-            decoy.to_vec(0, len).unwrap(),
-            vec![0u8; len],
-            "nothing placed in the named region"
-        );
-        assert_eq!(
-            sink.to_vec(0, len).unwrap(),
-            vec![0u8; len],
-            "nothing placed in the sink"
-        );
+        untouched(&decoy, 0, len, "nothing placed in the named region");
+        untouched(&sink, 0, len, "nothing placed in the sink");
     }
 }
 
@@ -918,16 +915,8 @@ fn row25c_read_response_naming_another_connections_sink_stag() {
         let u = tagged(op::READ_RESPONSE, theirs.lkey(), theirs.addr(), true, &vec![0x5A; len]);
         send_split(&mut i, &u);
         i.expect_terminate(&u, e(1, 1, 0x02, MD));
-        assert_eq!(
-            theirs.to_vec(0, len).unwrap(),
-            vec![0u8; len],
-            "other connection's sink untouched"
-        );
-        assert_eq!(
-            sink.to_vec(0, len).unwrap(),
-            vec![0u8; len],
-            "nothing placed in our sink"
-        );
+        untouched(&theirs, 0, len, "other connection's sink untouched");
+        untouched(&sink, 0, len, "nothing placed in our sink");
     }
 }
 
@@ -943,7 +932,7 @@ fn row25d_read_response_with_wrong_to_is_refused_and_not_placed() {
     let u = tagged(op::READ_RESPONSE, rr.sink_stag, rr.sink_to + 8, true, &[0xC3; 56]);
     i.peer.send(&u);
     i.expect_terminate(&u, e(1, 1, 0x01, MD));
-    assert_eq!(sink.to_vec(0, 64).unwrap(), vec![0u8; 64]);
+    untouched(&sink, 0, 64, "nothing placed");
     // Second segment repeating the first one's TO.
     let mut i = iut(0);
     let (sink, rr) = outstanding_read(&mut i, 64);
@@ -956,11 +945,7 @@ fn row25d_read_response_with_wrong_to_is_refused_and_not_placed() {
         vec![0x11; 32],
         "the valid first segment was placed"
     );
-    assert_eq!(
-        sink.to_vec(32, 32).unwrap(),
-        vec![0u8; 32],
-        "the bad second segment was not"
-    );
+    untouched(&sink, 32, 32, "the bad second segment was not");
 }
 
 /// A Read Response that answers the Read exactly (STag, TO advancing per

@@ -43,6 +43,16 @@ enum Side {
 /// Decides, per MAD and sender, to lose it.
 type DropRule = Box<dyn FnMut(Side, &Mad) -> bool>;
 
+/// A rule that drops the first MAD of `attr` that `side` sends, and nothing else.
+fn drop_first(side: Side, attr: AttrId) -> DropRule {
+    let mut dropped = false;
+    Box::new(move |s, m| {
+        let hit = s == side && m.msg.attr_id() == attr && !dropped;
+        dropped |= hit;
+        hit
+    })
+}
+
 struct Net {
     a: Cm,
     b: Cm,
@@ -582,14 +592,7 @@ fn req_retransmission_then_timeout() {
 #[test]
 fn repeated_req_while_rep_outstanding_gets_rep_again() {
     let mut n = Net::new(8);
-    let mut dropped = false;
-    n.drop_rule = Some(Box::new(move |s, m| {
-        if s == Side::B && m.msg.attr_id() == AttrId::Rep && !dropped {
-            dropped = true;
-            return true;
-        }
-        false
-    }));
+    n.drop_rule = Some(drop_first(Side::B, AttrId::Rep));
     n.auto = true;
     let ida = n.connect();
     n.run_until(|n| established(&n.ev_b).len() == 1);
@@ -623,14 +626,7 @@ fn repeated_req_while_rep_outstanding_gets_rep_again() {
 #[test]
 fn lost_rtu_rep_repeated_rtu_repeated() {
     let mut n = Net::new(9);
-    let mut dropped = false;
-    n.drop_rule = Some(Box::new(move |s, m| {
-        if s == Side::A && m.msg.attr_id() == AttrId::Rtu && !dropped {
-            dropped = true;
-            return true;
-        }
-        false
-    }));
+    n.drop_rule = Some(drop_first(Side::A, AttrId::Rtu));
     n.auto = true;
     n.connect();
     n.run_until(|n| established(&n.ev_b).len() == 1);
@@ -772,14 +768,7 @@ fn duplicates_of_established_connection() {
 fn lost_drep() {
     let mut n = Net::new(15);
     let (ida, idb, _, _) = n.establish();
-    let mut dropped = false;
-    n.drop_rule = Some(Box::new(move |s, m| {
-        if s == Side::B && m.msg.attr_id() == AttrId::Drep && !dropped {
-            dropped = true;
-            return true;
-        }
-        false
-    }));
+    n.drop_rule = Some(drop_first(Side::B, AttrId::Drep));
     n.a.disconnect(n.now, ida, b"").unwrap();
     n.run_until(|n| !disconnected(&n.ev_a).is_empty());
     assert_eq!(n.sent(Side::A, AttrId::Dreq), 2);

@@ -255,6 +255,16 @@ fn opts(dev: &Device) -> QpOptions {
 
 const T: Duration = Duration::from_secs(10);
 
+/// A wire rule that drops the first MAD whose message `is` picks, and nothing else.
+fn first_of(is: impl Fn(&CmMsg) -> bool + Send + 'static) -> impl FnMut(Gid, &Mad) -> bool + Send + 'static {
+    let mut lost = false;
+    move |_, m| {
+        let hit = !lost && is(&m.msg);
+        lost |= hit;
+        hit
+    }
+}
+
 /// Runs `client` on a thread against a listener on `b` at `port`, with `server` taking the
 /// request; returns both results.
 fn handshake<C: Send + 'static, S>(
@@ -417,14 +427,7 @@ fn libc_econnrefused() -> i32 {
 #[test]
 fn lost_rep_is_retransmitted() {
     let (w, a, b) = pair(4);
-    let mut lost = false;
-    w.drop_rule(move |_, m| {
-        if matches!(m.msg, CmMsg::Rep(_)) && !lost {
-            lost = true;
-            return true;
-        }
-        false
-    });
+    w.drop_rule(first_of(|m| matches!(m, CmMsg::Rep(_))));
     let (client, qb) = handshake(
         &a,
         &b,
@@ -446,14 +449,7 @@ fn lost_rep_is_retransmitted() {
 #[test]
 fn lost_rtu_is_recovered_by_the_rep_retry() {
     let (w, a, b) = pair(5);
-    let mut lost = false;
-    w.drop_rule(move |_, m| {
-        if matches!(m.msg, CmMsg::Rtu(_)) && !lost {
-            lost = true;
-            return true;
-        }
-        false
-    });
+    w.drop_rule(first_of(|m| matches!(m, CmMsg::Rtu(_))));
     let (client, qb) = handshake(
         &a,
         &b,
@@ -536,14 +532,7 @@ fn disconnect_from_passive_side() {
 fn lost_drep_is_recovered() {
     let (w, a, b) = pair(9);
     let (qa, qb) = connected(&a, &b, 7479);
-    let mut lost = false;
-    w.drop_rule(move |_, m| {
-        if matches!(m.msg, CmMsg::Drep(_)) && !lost {
-            lost = true;
-            return true;
-        }
-        false
-    });
+    w.drop_rule(first_of(|m| matches!(m, CmMsg::Drep(_))));
     disconnect_from(&a, &b, &qa, &qb);
     assert!(a.cm.stats().retransmits >= 1);
     assert!(b.cm.stats().duplicates >= 1);
