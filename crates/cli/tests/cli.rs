@@ -248,7 +248,7 @@ fn bench_latency_with_tcp_baseline() {
             "--size",
             "8",
             "--iters",
-            "300",
+            "100",
             "--baseline",
             "tcp",
             "--json",
@@ -256,7 +256,7 @@ fn bench_latency_with_tcp_baseline() {
         let v = &json_lines(&out)[0];
         assert_eq!(v["op"], op);
         assert_eq!(v["mode"], "lat");
-        assert_eq!(v["iters"], 300);
+        assert_eq!(v["iters"], 100);
         // Everything the latency table shows.
         let l = &v["lat"];
         let (min, p50, p99, p999, max) = (
@@ -657,7 +657,7 @@ fn bench_latency_with_udp_baseline() {
             "--size",
             "8",
             "--iters",
-            "300",
+            "100",
             "--baseline",
             "udp",
             "--json",
@@ -723,7 +723,7 @@ fn bench_two_processes_udp_baseline() {
         "--size",
         "8",
         "--iters",
-        "300",
+        "100",
         "--baseline",
         "udp",
         "--json",
