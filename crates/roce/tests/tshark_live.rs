@@ -76,7 +76,13 @@ fn traffic() -> (usize, usize) {
     // A Send before any receive is posted: RNR NAK, then the retry lands.
     qa.post_send_one(SendWr::new(1, WrOpcode::Send, vec![ma.sge(0, 3000)]))
         .unwrap();
-    std::thread::sleep(Duration::from_millis(5));
+    // Post the receives only once b has answered it with an RNR NAK (a fixed 5 ms sleep here
+    // lost that race at load 15, and the capture had no RNR NAK).
+    let t0 = std::time::Instant::now();
+    while db.hw_counter("send_rnr_err").unwrap() == 0 {
+        assert!(t0.elapsed() < T, "no RNR NAK from b");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let recv = |id| RecvWr {
         wr_id: id,
         sg_list: vec![mb.sge(0, 4096)],

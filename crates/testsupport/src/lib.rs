@@ -89,6 +89,7 @@ pub struct Capture {
     child: Child,
     err: ChildStderr,
     file: PathBuf,
+    stopped: bool,
 }
 
 impl Capture {
@@ -113,6 +114,7 @@ impl Capture {
             child,
             err,
             file: file.to_owned(),
+            stopped: false,
         };
         let mut seen = Vec::new();
         let t0 = Instant::now();
@@ -156,6 +158,9 @@ impl Capture {
     }
 
     fn interrupt(&mut self) {
+        if std::mem::replace(&mut self.stopped, true) {
+            return;
+        }
         let _ = Command::new("kill")
             .args(["-INT", &self.child.id().to_string()])
             .status();
