@@ -1,4 +1,4 @@
-//! The IB CM connection state machine (IBTA vol. 1 §12.9), sans-I/O in the quinn-proto style:
+//! The IB CM connection state machine (IBA vol. 1 ch. 12; §12.9 unconfirmed), sans-I/O in the quinn-proto style:
 //! one [`Cm`] per port is fed received MADs ([`Cm::handle_mad`]), application commands
 //! ([`Cm::listen`], [`Cm::connect`], [`Cm::accept`], [`Cm::reject`], [`Cm::rtu`],
 //! [`Cm::disconnect`]) and the clock ([`Cm::handle_timeout`]), and is drained with
@@ -21,12 +21,12 @@
 //!
 //! Timers (C1.7): a message that wants an answer (REQ, REP, DREQ) is sent again after the
 //! peer's CM response timeout (4.096 µs × 2^t) plus twice the packet life time, up to the max
-//! CM retries of the REQ; then REQ and REP end in REJ "timeout" (IBTA table 109 code 4,
+//! CM retries of the REQ; then REQ and REP end in REJ "timeout" (IBA vol. 1 table 109, inferred, code 4;
 //! [`RejReason::Timeout`]; code 1 is "no QP") with our CA GUID as ARI, as Linux's
 //! `cm_destroy_id` does, and a [`CmEvent::TimedOut`]; DREQ ends in time-wait. An MRA stops
 //! the retransmission and waits the service timeout it announces.
 //!
-//! SIDR (IBTA §12.11, for UD; requirement D3 and issue 14): [`Cm::sidr_request`] sends a
+//! SIDR (IBA vol. 1 §12.11 (unconfirmed), for UD; requirement D3 and issue 14): [`Cm::sidr_request`] sends a
 //! SIDR_REQ that is sent again, unchanged (same TID and request ID, as Linux's MAD layer
 //! does), every peer response timeout up to the max CM retries, then ends in
 //! [`CmEvent::SidrTimedOut`]; the SIDR_REP matched by request ID ends it in
@@ -56,7 +56,7 @@ use super::mad::{
     mtu_from_code,
 };
 
-/// 4.096 µs × 2^t, the IBTA time code (t is at most 31).
+/// 4.096 µs × 2^t, the IBA time code (t is at most 31).
 pub fn iba_time(t: u8) -> Duration {
     Duration::from_nanos(4096u64 << u32::from(t.min(31)))
 }
@@ -352,7 +352,7 @@ pub enum CmError {
     Mad(#[from] MadError),
 }
 
-/// Connection states (IBTA §12.9.6, Linux `enum ib_cm_state` names).
+/// Connection states (IBA vol. 1 §12.9.6 (unconfirmed), Linux `enum ib_cm_state` names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum State {
     /// Active: REQ sent, waiting for the REP.
@@ -746,7 +746,7 @@ impl Cm {
         Ok(())
     }
 
-    /// Asks the peer for patience (MRA, IBTA §12.6.6): passive before [`Cm::accept`], active
+    /// Asks the peer for patience (MRA, IBA vol. 1 §12.6.6 (unconfirmed)): passive before [`Cm::accept`], active
     /// before [`Cm::rtu`]. The peer stops retransmitting and waits the service timeout of
     /// [`CmConfig::mra_service_timeout`]; a repeat of its message gets the MRA again. (Without
     /// this call a repeated REQ gets an MRA anyway, as rdma_cm's delayed MRA does.)
@@ -774,7 +774,7 @@ impl Cm {
         Ok(())
     }
 
-    /// Passive: the QP received its first packet before the RTU (IBTA §12.9.6: that
+    /// Passive: the QP received its first packet before the RTU (IBA vol. 1 §12.9.6 (unconfirmed): that
     /// establishes the connection too; `ib_cm_notify(IB_EVENT_COMM_EST)` in Linux).
     pub fn notify_established(&mut self, _now: Instant, id: CmId) -> Result<(), CmError> {
         let c = self.conns.get(&id.0).ok_or(CmError::UnknownId(id))?;
@@ -943,7 +943,7 @@ impl Cm {
 
     /// A MAD that arrived on QP1 from `from` (the sender's GID). Returns an error (and counts
     /// it) when the MAD does not parse; a MAD that parses but matches nothing is dropped and
-    /// counted, or answered as the IBTA and Linux do (REJ 8, REJ 10, DREP).
+    /// counted, or answered as the IBA and Linux do (REJ 8, REJ 10, DREP).
     pub fn handle_mad(&mut self, now: Instant, mad: &[u8], from: Gid) -> Result<(), MadError> {
         let m = match Mad::parse(mad) {
             Ok(m) => m,
@@ -1384,7 +1384,7 @@ impl Cm {
         }
     }
 
-    /// Time-wait (IBTA §12.9.6.9): the connection answers repeated DREQs and is forgotten
+    /// Time-wait (IBA vol. 1 §12.9.6.9 (unconfirmed)): the connection answers repeated DREQs and is forgotten
     /// after [`CmConfig::time_wait`]. It no longer blocks a new REQ from the same QP (Linux
     /// accepted the same (CA GUID, QPN) right after DREQ/DREP, lab README).
     fn enter_time_wait(&mut self, now: Instant, id: u32) {
@@ -1511,7 +1511,7 @@ impl Cm {
             }
             State::ReqSent | State::MraReqRcvd | State::RepSent | State::MraRepRcvd => {
                 // Retries exhausted, or the MRA's service timeout passed: REJ "timeout" with
-                // our CA GUID as ARI (IBTA §12.6.7; Linux cm_destroy_id).
+                // our CA GUID as ARI (IBA vol. 1 §12.6.7 (unconfirmed); Linux cm_destroy_id).
                 let message_rejected = if c.active { MsgType::Req } else { MsgType::Rep };
                 let rej = CmMsg::Rej(Rej {
                     local_comm_id: id,

@@ -1,10 +1,10 @@
-//! The CM management datagram: the 24-octet common MAD header (IBTA vol. 1 §13.4.3) and the
-//! CM messages of §12.6 (REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ, SIDR_REP), parsed from
+//! The CM management datagram: the 24-octet common MAD header (IBA vol. 1 §13.4.3) and the
+//! CM messages of §12.6 (both numbers unconfirmed) (REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ, SIDR_REP), parsed from
 //! and emitted to the 256-octet MAD that rides in a GSI (QP1) UD datagram.
 //!
 //! Offsets below are octets into the 232-octet CM message that follows the MAD header; a field
 //! "at octet N, W bits, bit offset B" starts B bits below the most significant bit of octet N
-//! (IBTA tables 106-120; Linux names the same positions in `include/rdma/ibta_vol1_c12.h`).
+//! (IBA vol. 1 tables 106-120, confirmed for 106-108, 110-113, 119, 120; Linux names the same positions in `include/rdma/ibta_vol1_c12.h`).
 //! Reserved bits are sent as zero and ignored on receipt. Every message has a fixed
 //! private-data area with no length field (C1.3): a parsed message carries the whole area, an
 //! emitted one is zero-padded to it.
@@ -21,7 +21,7 @@ use core::fmt;
 
 use verbs::{Gid, Mtu};
 
-/// Octets of a MAD on the GSI (IBTA vol. 1 §13.4.2).
+/// Octets of a MAD on the GSI (IBA vol. 1 §13.4.2 (unconfirmed)).
 pub const MAD_LEN: usize = 256;
 /// Octets of the common MAD header.
 pub const MAD_HDR_LEN: usize = 24;
@@ -31,9 +31,9 @@ pub const CM_MSG_LEN: usize = MAD_LEN - MAD_HDR_LEN;
 pub const BASE_VERSION: u8 = 1;
 /// Management class of the communication manager.
 pub const MGMT_CLASS_CM: u8 = 0x07;
-/// `ClassVersion` of the CM (IBTA 1.2+; Linux `IB_CM_CLASS_VERSION`).
+/// `ClassVersion` of the CM (IBA 1.2+; Linux `IB_CM_CLASS_VERSION`).
 pub const CM_CLASS_VERSION: u8 = 2;
-/// The only method CM messages use (§12.6.1): Send.
+/// The only method CM messages use (§12.6.1 (unconfirmed)): Send.
 pub const METHOD_SEND: u8 = 0x03;
 /// Q_Key of the GSI (QP1), carried in the DETH of every CM datagram.
 pub const GSI_QKEY: u32 = 0x8001_0000;
@@ -102,7 +102,7 @@ pub enum MadError {
     },
 }
 
-/// The CM attribute IDs (C1.2, IBTA table 103).
+/// The CM attribute IDs (C1.2, IBA vol. 1 table 103 (unconfirmed)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AttrId {
     /// ClassPortInfo, 0x0001.
@@ -231,7 +231,8 @@ impl MsgType {
     }
 }
 
-/// REJ reasons (C1.6, IBTA table 109; Linux `enum ib_cm_rej_reason`).
+/// REJ reasons (C1.6, IBA vol. 1 table 109, inferred from the REJ table 108 and REP table 110 around
+/// it; Linux `enum ib_cm_rej_reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RejReason {
     /// 1: no QP available.
@@ -394,7 +395,7 @@ pub struct Path {
     pub local_ack_timeout: u8,
 }
 
-/// Connection request (IBTA table 106).
+/// Connection request (IBA vol. 1 table 106).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Req {
     /// Local Communication ID: the REQ sender's ID for this connection.
@@ -471,7 +472,7 @@ pub fn mtu_from_code(c: u8) -> Option<Mtu> {
     })
 }
 
-/// Message receipt acknowledgement (IBTA table 107).
+/// Message receipt acknowledgement (IBA vol. 1 table 107).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mra {
     /// Local Communication ID of the MRA sender.
@@ -486,7 +487,7 @@ pub struct Mra {
     pub private_data: Vec<u8>,
 }
 
-/// Reject (IBTA table 108).
+/// Reject (IBA vol. 1 table 108).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rej {
     /// Local Communication ID of the REJ sender.
@@ -503,7 +504,7 @@ pub struct Rej {
     pub private_data: Vec<u8>,
 }
 
-/// Connection reply (IBTA table 110).
+/// Connection reply (IBA vol. 1 table 110).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rep {
     /// Local Communication ID of the REP sender.
@@ -538,7 +539,7 @@ pub struct Rep {
     pub private_data: Vec<u8>,
 }
 
-/// Ready to use (IBTA table 111).
+/// Ready to use (IBA vol. 1 table 111).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rtu {
     /// Local Communication ID of the RTU sender.
@@ -549,7 +550,7 @@ pub struct Rtu {
     pub private_data: Vec<u8>,
 }
 
-/// Disconnect request (IBTA table 112).
+/// Disconnect request (IBA vol. 1 table 112).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Dreq {
     /// Local Communication ID of the DREQ sender.
@@ -562,7 +563,7 @@ pub struct Dreq {
     pub private_data: Vec<u8>,
 }
 
-/// Disconnect reply (IBTA table 113).
+/// Disconnect reply (IBA vol. 1 table 113).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Drep {
     /// Local Communication ID of the DREP sender.
@@ -573,7 +574,7 @@ pub struct Drep {
     pub private_data: Vec<u8>,
 }
 
-/// The status of a SIDR_REP (IBTA table 120; Linux `enum ib_cm_sidr_status`).
+/// The status of a SIDR_REP (its field in IBA vol. 1 table 120; Linux `enum ib_cm_sidr_status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SidrStatus {
     /// 0: the QPN and Q_Key are valid.
@@ -635,7 +636,7 @@ impl fmt::Display for SidrStatus {
     }
 }
 
-/// Service ID resolution request (IBTA table 119), for UD.
+/// Service ID resolution request (IBA vol. 1 table 119), for UD.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidrReq {
     /// Request ID: the SIDR_REP echoes it.
@@ -648,7 +649,7 @@ pub struct SidrReq {
     pub private_data: Vec<u8>,
 }
 
-/// Service ID resolution reply (IBTA table 120), for UD.
+/// Service ID resolution reply (IBA vol. 1 table 120), for UD.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SidrRep {
     /// Request ID of the SIDR_REQ answered.

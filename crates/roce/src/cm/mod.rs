@@ -1,7 +1,7 @@
-//! IB CM: MADs on QP1 and the connection state machine (IBTA vol. 1 ch. 12), sans-I/O.
+//! IB CM: MADs on QP1 and the connection state machine (IBA vol. 1 ch. 12), sans-I/O.
 //!
 //! - [`mad`]: the 256-octet CM MAD (common header + REQ, MRA, REJ, REP, RTU, DREQ, DREP,
-//!   SIDR_REQ, SIDR_REP) parsed and emitted at the IBTA bit positions;
+//!   SIDR_REQ, SIDR_REP) parsed and emitted at the IBA bit positions;
 //! - [`cma`]: what rdma_cm adds on RoCE (service IDs of IP ports, the `cma_hdr` in the REQ's
 //!   private data), so librdmacm peers accept us;
 //! - [`machine`]: the CM state machine, fed MADs, commands and the clock, drained of MADs to
