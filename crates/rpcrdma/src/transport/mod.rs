@@ -90,6 +90,8 @@
 //! that long. The procedures themselves never run on a worker.
 
 pub mod backchannel;
+#[allow(unsafe_code)]
+mod in_place;
 mod requester;
 mod responder;
 
