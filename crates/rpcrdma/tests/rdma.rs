@@ -366,7 +366,11 @@ fn write_chunk_results_are_not_copied_in_user_space() {
     });
     assert_eq!(d.replies_write_chunks, 9, "{d:?}");
     assert_eq!(n, 0, "the server copied reply data into its stage");
-    assert_eq!(s.client.copied_octets() - client_before, 0, "the client copied Write chunks out");
+    assert_eq!(
+        s.client.copied_octets() - client_before,
+        0,
+        "the client copied Write chunks out"
+    );
     // a WRITE's Read chunk: the procedure reads it in the stage the RDMA Reads filled (and
     // the stage is used again by the next Calls, not registered anew)
     let d = delta(&s, || {

@@ -179,12 +179,16 @@ impl ProtectionDomain {
     pub fn reg_mr_vec(&self, bytes: Vec<u8>, access: Access) -> Result<MemoryRegion> {
         let len = bytes.len();
         self.register_with(len, access, random_iova(len as u64), |dev| {
-            dev.inner.provider.reg_user_mr(self.id(), Buffer::from_vec(bytes), access)
+            dev.inner
+                .provider
+                .reg_user_mr(self.id(), Buffer::from_vec(bytes), access)
         })
     }
 
     fn register(&self, len: usize, access: Access, iova: u64) -> Result<MemoryRegion> {
-        self.register_with(len, access, iova, |dev| dev.inner.provider.reg_mr(self.id(), len, access))
+        self.register_with(len, access, iova, |dev| {
+            dev.inner.provider.reg_mr(self.id(), len, access)
+        })
     }
 
     fn register_with(

@@ -443,7 +443,14 @@ impl Done {
         if let Some(r) = self.write_region.as_ref().filter(|r| r.reusable)
             && let Some(spans) = r.spans(&lists, long)
         {
-            let end = spans.writes.iter().flatten().chain(&spans.reply).map(|s| s.end).max().unwrap_or(0);
+            let end = spans
+                .writes
+                .iter()
+                .flatten()
+                .chain(&spans.reply)
+                .map(|s| s.end)
+                .max()
+                .unwrap_or(0);
             let body = &self.msg[len..];
             return super::in_place::with_quiet(r.local(), 0, end, |all| {
                 let returned: Vec<ReturnedWriteChunk<'_>> = spans
@@ -533,6 +540,8 @@ struct State {
     credits: RequesterCredits,
     pending: HashMap<u32, Pending>,
     dead: Option<Disconnect>,
+    /// Callers waiting on `Conn::cv` for a credit.
+    credit_waiters: usize,
 }
 
 struct Conn {
@@ -613,6 +622,7 @@ impl Conn {
                 credits: RequesterCredits::new(credits),
                 pending: HashMap::new(),
                 dead: None,
+                credit_waiters: 0,
             }),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -786,7 +796,9 @@ impl Conn {
                 if now >= deadline {
                     return Err(Fail::Retry(RpcError::Timeout));
                 }
+                st.credit_waiters += 1;
                 st = self.cv.wait_timeout(st, deadline - now).unwrap().0;
+                st.credit_waiters -= 1;
             }
             let header = Header::new(xid, st.credits.requested(), body);
             let mut msg = header.to_vec().map_err(|e| local(LocalError::Header(e)))?;
@@ -947,7 +959,10 @@ impl Conn {
         };
         // RPCR-CRD-02/03: absolute grant, 0 counts as 1
         let _ = st.credits.on_reply(credit);
-        self.cv.notify_all();
+        // a condition variable's notify is a system call even with nobody waiting (issue 18)
+        if st.credit_waiters > 0 {
+            self.cv.notify_all();
+        }
         let Some(p) = st.pending.get_mut(&xid) else {
             return Ok(());
         };

@@ -517,7 +517,11 @@ enum CallData {
     /// Where the RDMA Reads placed them: the connection's stage, handed to the Call (with
     /// the staging budget it holds) and back to the connection when the Call is answered
     /// (issue 18: no copy of a WRITE's data out of the stage).
-    Stage { mr: MemoryRegion, len: usize, charge: Charge },
+    Stage {
+        mr: MemoryRegion,
+        len: usize,
+        charge: Charge,
+    },
 }
 
 impl CallData {
@@ -583,6 +587,10 @@ struct Recovery {
     /// is known: ended by a Terminate, the XID is in `failed`.
     unsettled: Mutex<std::collections::HashMap<u32, u64>>,
     settled: std::sync::Condvar,
+    /// Threads waiting on `settled` (changed under the `unsettled` lock): `settle` wakes
+    /// only when there are some (a condition variable's notify is a system call even with
+    /// no waiter, and `settle` runs for every Call with chunks, issue 18).
+    waiters: AtomicUsize,
     serials: AtomicU64,
 }
 
@@ -592,6 +600,7 @@ impl Default for Recovery {
             failed: Mutex::new(FailedXids::new(1024)),
             unsettled: Mutex::default(),
             settled: std::sync::Condvar::new(),
+            waiters: AtomicUsize::new(0),
             serials: AtomicU64::new(1),
         }
     }
@@ -616,17 +625,22 @@ impl Recovery {
                 u.remove(x);
             }
         }
-        self.settled.notify_all();
+        if self.waiters.load(Ordering::Relaxed) > 0 {
+            self.settled.notify_all();
+        }
     }
 
     /// Before `xid` is validated on connection `serial`: wait while another live connection
     /// holds it as unsettled.
     fn wait_settled(&self, xid: u32, serial: u64) {
-        let u = self.unsettled.lock().unwrap();
-        let (_u, t) = self
-            .settled
-            .wait_timeout_while(u, SETTLE, |u| u.get(&xid).is_some_and(|&s| s != serial))
-            .unwrap();
+        let held = |u: &mut std::collections::HashMap<u32, u64>| u.get(&xid).is_some_and(|&s| s != serial);
+        let mut u = self.unsettled.lock().unwrap();
+        if !held(&mut u) {
+            return;
+        }
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        let (_u, t) = self.settled.wait_timeout_while(u, SETTLE, held).unwrap();
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
         if t.timed_out() {
             tracing::debug!(xid, "rpcrdma server: retransmission while its first connection lives");
         }
@@ -1222,7 +1236,8 @@ impl Conn {
                 let (inline, base, rest) = match &vc.payload {
                     CallPayload::Inline(p) => (p.to_vec(), None, &ranges[..]),
                     CallPayload::PositionZero(_) => {
-                        if pulled.with_bytes(|p| check_payload_xid(xid, &p[ranges[0].clone()]).is_err()) != Some(false) {
+                        if pulled.with_bytes(|p| check_payload_xid(xid, &p[ranges[0].clone()]).is_err()) != Some(false)
+                        {
                             return self.send_error(&fixed, ErrorBody::Chunk);
                         }
                         (Vec::new(), Some(ranges[0].clone()), &ranges[1..])
@@ -1547,7 +1562,13 @@ impl Conn {
             drop((mr, charge));
             r
         } else if pr.form == ReplyForm::Long && !writes.is_empty() {
-            self.send(&msg, WriteSource::Staged(&[&stream, &pr.payload]), inv, &writes, fixed.xid)
+            self.send(
+                &msg,
+                WriteSource::Staged(&[&stream, &pr.payload]),
+                inv,
+                &writes,
+                fixed.xid,
+            )
         } else {
             self.send(&msg, WriteSource::Nothing, inv, &writes, fixed.xid)
         }
