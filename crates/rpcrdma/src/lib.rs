@@ -121,7 +121,8 @@
 //!
 //! ## Robustness
 //!
-//! No `unsafe`; every read is bounds-checked; lengths and counts from the peer are
+//! No `unsafe` but one small module (the Requester's in-place view of its invalidated chunk
+//! region, `transport::in_place`, with its safety argument); every read is bounds-checked; lengths and counts from the peer are
 //! checked against limits and the remaining bytes before any allocation; offset
 //! arithmetic is checked. Decoders return typed errors (`thiserror`) and never
 //! panic; fuzz targets `rpcrdma_header`, `onc_rpc` and `record_marking` check it.
@@ -133,7 +134,7 @@
 //! see "The Responder's resource model" in [`transport`]. Procedures registered with
 //! [`server::Registry::register_bounded`] declare their largest reply from their arguments,
 //! so [`server::dispatch_within`] refuses a Call whose reply cannot fit before doing the work.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod client;

@@ -58,6 +58,8 @@ fn delta(s: &Setup, f: impl FnOnce()) -> StatsSnapshot {
         idle_closed: b.idle_closed - a.idle_closed,
         short_reads: b.short_reads - a.short_reads,
         no_stage: b.no_stage - a.no_stage,
+        // compared by `write_chunk_results_are_not_copied_in_user_space` alone ([`copied`])
+        copied_octets: 0,
     }
 }
 
@@ -334,4 +336,62 @@ fn same_program_over_tcp_and_rdma_at_once() {
         (1, 1)
     );
     assert_eq!(rdma.snapshot().replies, 9);
+}
+
+/// Octets the server copied between its heap and its stage while `f` ran.
+fn copied(s: &Setup, f: impl FnOnce()) -> u64 {
+    let a = s.srv.snapshot().copied_octets;
+    f();
+    s.srv.snapshot().copied_octets - a
+}
+
+/// Issue 18 (RPCR-WRC-02, RPCR-DDP-02): a READ's result goes from the reply the procedure
+/// encoded straight into the Requester's Write chunk, and the Requester decodes it where it
+/// was placed: no user-space copy of the data on either side (each used to copy the whole
+/// 1 MiB once; ONC RPC over TCP makes two). A WRITE's Read chunk is used where the RDMA
+/// Reads placed it (RPCR-RDC-04). Counted, not timed.
+#[test]
+fn write_chunk_results_are_not_copied_in_user_space() {
+    let s = setup();
+    let client_before = s.client.copied_octets();
+    let mut n = 0;
+    let d = delta(&s, || {
+        n = copied(&s, || {
+            for seed in 0..8 {
+                assert_eq!(demo::read_checked(&s.client, 1 << 20, seed).unwrap(), 1 << 20);
+            }
+            // a size with pad, checked byte for byte
+            assert_eq!(demo::read(&s.client, 100_001, 9).unwrap(), demo::pattern(100_001, 9));
+        })
+    });
+    assert_eq!(d.replies_write_chunks, 9, "{d:?}");
+    assert_eq!(n, 0, "the server copied reply data into its stage");
+    assert_eq!(
+        s.client.copied_octets() - client_before,
+        0,
+        "the client copied Write chunks out"
+    );
+    // a WRITE's Read chunk: the procedure reads it in the stage the RDMA Reads filled (and
+    // the stage is used again by the next Calls, not registered anew)
+    let d = delta(&s, || {
+        n = copied(&s, || {
+            for seed in 0..6 {
+                let data = demo::pattern((1 << 20) - seed as usize, seed);
+                let (n, sum) = demo::write(&s.client, &data).unwrap();
+                assert_eq!((n as usize, sum), (data.len(), demo::checksum(&data)));
+            }
+        })
+    });
+    assert_eq!(d.calls_chunked, 6, "{d:?}");
+    assert_eq!(n, 0, "the server copied Read chunks out of its stage");
+    // a Long Reply still goes through the stage (counted, so the counter can fail)
+    let words: Vec<u32> = (0..2000).collect();
+    let d = delta(&s, || {
+        n = copied(&s, || {
+            let back = demo::words(&s.client, &words).unwrap();
+            assert_eq!(back.len(), words.len());
+        })
+    });
+    assert_eq!(d.replies_long, 1, "{d:?}");
+    assert!(n >= 8000, "a Long Reply of 8000 octets is staged: {n}");
 }

@@ -1,7 +1,8 @@
 //! The only module of `verbs` with `unsafe` code: the byte storage behind
 //! memory regions.
 //!
-//! A [`Buffer`] is an anonymous, page-aligned, zero-initialised mapping that
+//! A [`Buffer`] is an anonymous, page-aligned, zero-initialised mapping, or the heap
+//! storage of a `Vec<u8>` the application handed over ([`Buffer::from_vec`]), that
 //! lives as long as any `Arc<Buffer>` does. The engine keeps an `Arc` for every
 //! operation in flight, so deregistering a region while a peer's Write is
 //! being placed can never free memory under it.
@@ -22,7 +23,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Buffer {
     ptr: NonNull<u8>,
     len: usize,
-    map_len: usize,
+    storage: Storage,
+}
+
+/// Who gives the bytes back when the buffer goes.
+enum Storage {
+    /// An anonymous mapping of this many bytes (`munmap`).
+    Mapped(usize),
+    /// A `Vec<u8>`'s allocation of this capacity (the global allocator).
+    Heap(usize),
 }
 
 // SAFETY: the mapping is plain memory owned by this struct; all access goes
@@ -62,7 +71,25 @@ impl Buffer {
             return Err(std::io::Error::last_os_error());
         }
         let ptr = NonNull::new(p as *mut u8).ok_or_else(|| std::io::Error::other("mmap returned null"))?;
-        Ok(Buffer { ptr, len, map_len })
+        Ok(Buffer {
+            ptr,
+            len,
+            storage: Storage::Mapped(map_len),
+        })
+    }
+
+    /// Takes over the bytes of `v` (no copy): `v.len()` octets, in whatever alignment the
+    /// allocator gave (not page-aligned), freed when the buffer goes.
+    pub fn from_vec(v: Vec<u8>) -> Buffer {
+        let mut v = std::mem::ManuallyDrop::new(v);
+        let (len, cap) = (v.len(), v.capacity());
+        // a Vec's pointer is never null (dangling but non-null when it has no allocation)
+        let ptr = NonNull::new(v.as_mut_ptr()).unwrap_or(NonNull::dangling());
+        Buffer {
+            ptr,
+            len,
+            storage: Storage::Heap(cap),
+        }
     }
 
     /// Length in bytes.
@@ -85,7 +112,7 @@ impl Buffer {
         if end > self.len {
             return Err(OutOfBounds);
         }
-        // SAFETY: off <= len <= map_len, so the offset stays inside the mapping.
+        // SAFETY: off <= len, and len is within the mapping (or the Vec's initialised length).
         Ok(unsafe { self.ptr.as_ptr().add(off) })
     }
 
@@ -188,9 +215,14 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
-        // SAFETY: ptr/map_len are exactly what mmap returned; this is the only unmap.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, self.map_len);
+        match self.storage {
+            // SAFETY: ptr/map_len are exactly what mmap returned; this is the only unmap.
+            Storage::Mapped(map_len) => unsafe {
+                libc::munmap(self.ptr.as_ptr() as *mut libc::c_void, map_len);
+            },
+            // SAFETY: ptr, len and cap are exactly those of the Vec `from_vec` took over
+            // (ManuallyDrop: it was never freed), and this is the only place that rebuilds it.
+            Storage::Heap(cap) => drop(unsafe { Vec::from_raw_parts(self.ptr.as_ptr(), self.len, cap) }),
         }
     }
 }
@@ -241,6 +273,22 @@ mod tests {
         assert_eq!(seen, &data[100..9_100]);
         assert_eq!(b.scan(9_000, 1_001, |_| ()), Err(OutOfBounds));
         assert!(b.raw_range(9_999, 2).is_err());
+    }
+
+    #[test]
+    fn from_vec_keeps_the_bytes_without_copying() {
+        let v: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        let at = v.as_ptr() as u64;
+        let b = Buffer::from_vec(v);
+        assert_eq!(b.addr(), at, "the Vec's own allocation");
+        assert_eq!(b.len(), 5000);
+        let mut out = [0u8; 3];
+        b.read(4997, &mut out).unwrap();
+        assert_eq!(out, [(4997u32 as u8), (4998u32 as u8), (4999u32 as u8)]);
+        assert_eq!(b.write(4999, &[1, 2]), Err(OutOfBounds));
+        let e = Buffer::from_vec(Vec::new());
+        assert!(e.is_empty());
+        assert_eq!(e.read(0, &mut [0u8; 1]), Err(OutOfBounds));
     }
 
     #[test]

@@ -170,7 +170,34 @@ impl ProtectionDomain {
         self.register(len, access, iova)
     }
 
+    /// Registers the bytes of `bytes` without copying them (`ibv_reg_mr` of memory the
+    /// application already filled): the region owns the vector from now on and frees it
+    /// when the last of the region and its operations in flight goes. Its tagged-offset
+    /// base is random as in [`reg_mr`](Self::reg_mr). For sending what was built in an
+    /// ordinary `Vec` (an encoded RPC reply) by RDMA Write or Send without a copy into a
+    /// region registered beforehand.
+    pub fn reg_mr_vec(&self, bytes: Vec<u8>, access: Access) -> Result<MemoryRegion> {
+        let len = bytes.len();
+        self.register_with(len, access, random_iova(len as u64), |dev| {
+            dev.inner
+                .provider
+                .reg_user_mr(self.id(), Buffer::from_vec(bytes), access)
+        })
+    }
+
     fn register(&self, len: usize, access: Access, iova: u64) -> Result<MemoryRegion> {
+        self.register_with(len, access, iova, |dev| {
+            dev.inner.provider.reg_mr(self.id(), len, access)
+        })
+    }
+
+    fn register_with(
+        &self,
+        len: usize,
+        access: Access,
+        iova: u64,
+        memory: impl FnOnce(&Device) -> Result<Arc<Buffer>>,
+    ) -> Result<MemoryRegion> {
         let dev = self.device();
         if len as u64 > dev.inner.attr.max_mr_size {
             return Err(InvalidArg::MrSize {
@@ -183,7 +210,7 @@ impl ProtectionDomain {
             // Same rule as ibv_reg_mr: remote write needs local write.
             return Err(InvalidArg::RemoteWriteNeedsLocalWrite.into());
         }
-        let buffer = dev.inner.provider.reg_mr(self.id(), len, access)?;
+        let buffer = memory(dev)?;
         if buffer.len() < len {
             return Err(Error::OutOfResources(format!(
                 "the provider gave {} bytes for a region of {len}",

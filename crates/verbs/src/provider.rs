@@ -204,6 +204,13 @@ pub trait Provider: Send + Sync {
     fn reg_mr(&self, _pd_id: u32, len: usize, _access: Access) -> Result<Arc<Buffer>> {
         Ok(Arc::new(Buffer::new(len)?))
     }
+    /// The memory behind a region the application filled ([`ProtectionDomain::reg_mr_vec`],
+    /// `ibv_reg_mr` of its own buffer). The default registers it as it is.
+    ///
+    /// [`ProtectionDomain::reg_mr_vec`]: crate::ProtectionDomain::reg_mr_vec
+    fn reg_user_mr(&self, _pd_id: u32, buffer: Buffer, _access: Access) -> Result<Arc<Buffer>> {
+        Ok(Arc::new(buffer))
+    }
     /// The region named by `lkey` was deregistered (`ibv_dereg_mr`); its
     /// memory table entry is already gone.
     fn dereg_mr(&self, _lkey: u32) {}

@@ -77,7 +77,11 @@
 //! * **Staging** (registered memory for pulled Read chunks and results to RDMA Write): all
 //!   connections together at most [`RdmaConfig::max_staging`] (default 512 MiB); a connection keeps
 //!   a stage of up to 4 MiB between Calls (it counts against the budget) and gives back a
-//!   larger one after each message. A Call that finds no room gets an RPC SYSTEM_ERR.
+//!   larger one after each message. A Call's Read chunks are pulled into a stage that goes
+//!   with the Call to the pool (the procedure reads them where the RDMA Reads put them) and
+//!   comes back with its answer; a connection keeps up to 4 such spares, each charged.
+//!   Write-chunk results are sent from the reply vector itself, registered for the Writes and
+//!   charged while they are in flight. A Call that finds no room gets an RPC SYSTEM_ERR.
 //! * **Per connection** besides: `(credits + 8) × inline_recv` of receive buffers (40 KiB by default)
 //!   and one send buffer of the inline reply threshold.
 //! * **Diagnostics**: the end of every connection is logged with its QP number and peer
@@ -90,6 +94,8 @@
 //! that long. The procedures themselves never run on a worker.
 
 pub mod backchannel;
+#[allow(unsafe_code)]
+mod in_place;
 mod requester;
 mod responder;
 

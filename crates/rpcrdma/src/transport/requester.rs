@@ -124,6 +124,13 @@ impl RdmaClient {
         self.pool.allocated.load(Ordering::Relaxed)
     }
 
+    /// Octets of Write chunks and Reply chunks this client copied out of its registered
+    /// memory to decode them. Replies whose chunks are each one segment are decoded in place
+    /// (issue 18), so this stays 0 for the Write lists this client builds.
+    pub fn copied_octets(&self) -> u64 {
+        self.pool.copied.load(Ordering::Relaxed)
+    }
+
     /// The configuration.
     pub fn config(&self) -> &RdmaConfig {
         &self.cfg
@@ -233,6 +240,8 @@ struct Pool {
     scratch: Mutex<Vec<Vec<u8>>>,
     /// Regions registered with `reg_mr` so far.
     allocated: std::sync::atomic::AtomicU64,
+    /// Octets of returned chunks copied out of a region for decoding ([`Region::gather`]).
+    copied: std::sync::atomic::AtomicU64,
 }
 
 /// Pairs kept at most (bounds the memory a client holds when idle).
@@ -312,14 +321,17 @@ impl Region {
         pool: &Arc<Pool>,
         pd: &ProtectionDomain,
         len: usize,
-        init: Option<&[u8]>,
+        init: &[&[u8]],
         access: Access,
         key: u8,
         wrs: &mut Vec<SendWr>,
     ) -> Result<Region, verbs::Error> {
         let (local, fr) = pool.take(pd, len)?;
-        if let Some(d) = init {
-            local.write(0, d).map_err(verbs::Error::from)?;
+        // the parts one after the other, each copied once (straight from the Payload stream)
+        let mut at = 0;
+        for d in init {
+            local.write(at, d).map_err(verbs::Error::from)?;
+            at += d.len();
         }
         let stag = fr.stag_with_key(key);
         wrs.push(
@@ -360,6 +372,27 @@ impl Region {
         }
     }
 
+    /// Where the returned Write chunks (`None`: an empty chunk) and, for a Long Reply, the
+    /// Reply chunk lie in this region, as byte ranges: `None` unless each is one segment
+    /// inside the region (more segments are gathered by copying, [`Region::gather`]).
+    fn spans(&self, lists: &ChunkLists, long: bool) -> Option<Spans> {
+        let span = |c: &WriteChunk| -> Option<std::ops::Range<usize>> {
+            let [s] = c.segments.as_slice() else { return None };
+            let off = usize::try_from(s.offset.checked_sub(self.addr)?).ok()?;
+            let end = off.checked_add(s.length as usize)?;
+            (end <= self.local().len()).then_some(off..end)
+        };
+        let mut writes = Vec::with_capacity(lists.writes.len());
+        for w in &lists.writes {
+            writes.push(if w.is_empty_chunk() { None } else { Some(span(w)?) });
+        }
+        let reply = match (&lists.reply, long) {
+            (Some(rc), true) => Some(span(rc)?),
+            _ => None,
+        };
+        Some(Spans { writes, reply })
+    }
+
     /// Copy the bytes of the returned segments (checked against what was
     /// provided before) to the start of `out`; returns how many. `out` only
     /// grows (and is only zeroed) when it is too short.
@@ -382,8 +415,15 @@ impl Region {
                 .map_err(|_| bad())?;
             at = end;
         }
+        self.pool.copied.fetch_add(total as u64, Ordering::Relaxed);
         Ok(total)
     }
+}
+
+/// Byte ranges of a Reply's returned chunks in the Requester's region ([`Region::spans`]).
+struct Spans {
+    writes: Vec<Option<std::ops::Range<usize>>>,
+    reply: Option<std::ops::Range<usize>>,
 }
 
 /// A Reply received and its chunk memory already invalidated.
@@ -397,8 +437,44 @@ impl Done {
         let (h, len) =
             Header::decode(&self.msg, &Limits::default()).map_err(|_| RpcError::Decode(XdrError::Overflow))?;
         let lists = h.body.lists().cloned().unwrap_or_default();
-        // the returned Write chunks and the Reply chunk, copied out of the
-        // registered region into reused scratch buffers
+        let long = !matches!(&h.body, Body::Msg(_));
+        // the returned Write chunks and the Reply chunk decoded where the Responder's Writes
+        // put them, once their STag is invalid (issue 18: no copy of a 1 MiB READ's data)
+        if let Some(r) = self.write_region.as_ref().filter(|r| r.reusable)
+            && let Some(spans) = r.spans(&lists, long)
+        {
+            let end = spans
+                .writes
+                .iter()
+                .flatten()
+                .chain(&spans.reply)
+                .map(|s| s.end)
+                .max()
+                .unwrap_or(0);
+            let body = &self.msg[len..];
+            return super::in_place::with_quiet(r.local(), 0, end, |all| {
+                let returned: Vec<ReturnedWriteChunk<'_>> = spans
+                    .writes
+                    .iter()
+                    .map(|s| match s {
+                        None => ReturnedWriteChunk::Empty,
+                        Some(s) => ReturnedWriteChunk::Data(&all[s.clone()]),
+                    })
+                    .collect();
+                let payload = match &spans.reply {
+                    Some(s) => &all[s.clone()],
+                    None if long => &[][..],
+                    None => body,
+                };
+                decode_reply(
+                    &mut Decoder::with_chunks(payload, ChunkSource::Write(&returned)),
+                    xid,
+                    decode,
+                )
+            })
+            .unwrap_or(Err(RpcError::Decode(XdrError::Overflow)));
+        }
+        // otherwise copied out of the registered region into reused scratch buffers
         let mut bufs: Vec<(Vec<u8>, usize)> = Vec::with_capacity(lists.writes.len() + 1);
         let r = (|| {
             for w in &lists.writes {
@@ -409,7 +485,6 @@ impl Done {
                 };
                 bufs.push((v, n));
             }
-            let long = !matches!(&h.body, Body::Msg(_));
             if long {
                 let mut v = self.write_region.as_ref().map(|r| r.pool.scratch()).unwrap_or_default();
                 let n = match (&self.write_region, &lists.reply) {
@@ -465,6 +540,8 @@ struct State {
     credits: RequesterCredits,
     pending: HashMap<u32, Pending>,
     dead: Option<Disconnect>,
+    /// Callers waiting on `Conn::cv` for a credit.
+    credit_waiters: usize,
 }
 
 struct Conn {
@@ -545,6 +622,7 @@ impl Conn {
                 credits: RequesterCredits::new(credits),
                 pending: HashMap::new(),
                 dead: None,
+                credit_waiters: 0,
             }),
             cv: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -614,7 +692,7 @@ impl Conn {
                 &self.pool,
                 &self.pd,
                 total,
-                None,
+                &[],
                 Access::LOCAL_WRITE | Access::REMOTE_WRITE,
                 self.next_key(),
                 &mut wrs,
@@ -650,15 +728,12 @@ impl Conn {
             CallForm::Chunked(red) => {
                 // RPCR-RDC-04: chunks without pad, one item each (RPCR-DDP-05)
                 let bytes: usize = red.items.iter().map(|i| i.range.len()).sum();
-                let mut data = Vec::with_capacity(bytes);
-                for it in &red.items {
-                    data.extend_from_slice(&stream[it.range.clone()]);
-                }
+                let parts: Vec<&[u8]> = red.items.iter().map(|it| &stream[it.range.clone()]).collect();
                 let r = Region::new(
                     &self.pool,
                     &self.pd,
                     bytes,
-                    Some(&data),
+                    &parts,
                     Access::REMOTE_READ,
                     self.next_key(),
                     &mut wrs,
@@ -686,7 +761,7 @@ impl Conn {
                     &self.pool,
                     &self.pd,
                     stream.len(),
-                    Some(&stream),
+                    &[&stream],
                     Access::REMOTE_READ,
                     self.next_key(),
                     &mut wrs,
@@ -721,7 +796,9 @@ impl Conn {
                 if now >= deadline {
                     return Err(Fail::Retry(RpcError::Timeout));
                 }
+                st.credit_waiters += 1;
                 st = self.cv.wait_timeout(st, deadline - now).unwrap().0;
+                st.credit_waiters -= 1;
             }
             let header = Header::new(xid, st.credits.requested(), body);
             let mut msg = header.to_vec().map_err(|e| local(LocalError::Header(e)))?;
@@ -882,7 +959,10 @@ impl Conn {
         };
         // RPCR-CRD-02/03: absolute grant, 0 counts as 1
         let _ = st.credits.on_reply(credit);
-        self.cv.notify_all();
+        // a condition variable's notify is a system call even with nobody waiting (issue 18)
+        if st.credit_waiters > 0 {
+            self.cv.notify_all();
+        }
         let Some(p) = st.pending.get_mut(&xid) else {
             return Ok(());
         };

@@ -63,6 +63,10 @@ pub struct ServerStats {
     pub short_reads: AtomicU64,
     /// Calls refused because the staging budget had no room (answered SYSTEM_ERR).
     pub no_stage: AtomicU64,
+    /// Octets of call or reply data copied in user space between the heap and a
+    /// registered region (the connection's stage): a Long Reply's stream, Read chunks
+    /// pulled for a procedure. Write-chunk results are sent from the reply itself (issue 18).
+    pub copied_octets: AtomicU64,
 }
 
 /// A plain copy of [`ServerStats`].
@@ -85,6 +89,7 @@ pub struct StatsSnapshot {
     pub idle_closed: u64,
     pub short_reads: u64,
     pub no_stage: u64,
+    pub copied_octets: u64,
 }
 
 /// A running RPC-over-RDMA server.
@@ -129,6 +134,9 @@ const ACCEPT_POLL: Duration = Duration::from_millis(250);
 
 /// A stage larger than this is released after each message (its budget goes back).
 const KEEP_STAGE: usize = 4 << 20;
+/// Stages a connection keeps for reuse when they come back from the I/O pool with their
+/// Calls (a client with this many WRITEs in flight pulls each into its own).
+const SPARE_STAGES: usize = 4;
 
 /// Staging memory of all connections of one server ([`RdmaConfig::max_staging`]).
 struct Budget {
@@ -295,6 +303,7 @@ impl RdmaServer {
             idle_closed: g(&s.idle_closed),
             short_reads: g(&s.short_reads),
             no_stage: g(&s.no_stage),
+            copied_octets: g(&s.copied_octets),
         }
     }
 }
@@ -407,6 +416,8 @@ struct Conn {
     /// This connection's serial in [`Recovery::unsettled`].
     serial: u64,
     stage: Option<MemoryRegion>,
+    /// Stages back from answered Calls, for the next ones (their budget still held).
+    spare: Vec<MemoryRegion>,
     budget: Arc<Budget>,
     max_call: u64,
     max_reply: u64,
@@ -494,13 +505,58 @@ struct Finished {
     fixed: FixedHeader,
     lists: ChunkLists,
     outcome: Outcome,
+    /// The Call's pulled chunks, back for their stage to be used again.
+    pulled: CallData,
     _charge: Charge,
+}
+
+/// A Call's Read chunks, concatenated, as the procedure reads them.
+enum CallData {
+    /// In ordinary memory (none, or copied out of the stage).
+    Heap(Vec<u8>),
+    /// Where the RDMA Reads placed them: the connection's stage, handed to the Call (with
+    /// the staging budget it holds) and back to the connection when the Call is answered
+    /// (issue 18: no copy of a WRITE's data out of the stage).
+    Stage {
+        mr: MemoryRegion,
+        len: usize,
+        charge: Charge,
+    },
+}
+
+impl CallData {
+    /// Octets held in ordinary memory.
+    fn heap_len(&self) -> usize {
+        match self {
+            CallData::Heap(v) => v.len(),
+            CallData::Stage { .. } => 0,
+        }
+    }
+
+    /// Runs `f` over the bytes (`None` if a stage does not hold them, which cannot happen).
+    fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        match self {
+            CallData::Heap(v) => Some(f(v)),
+            // every RDMA Read into the stage completed before it was handed over (see `pull`)
+            CallData::Stage { mr, len, .. } => super::in_place::with_quiet(mr, 0, *len, f),
+        }
+    }
+}
+
+/// Where a Reply's RDMA Writes take their bytes from ([`Conn::send`]).
+enum WriteSource<'a> {
+    /// No Writes.
+    Nothing,
+    /// These slices, concatenated, copied into the connection's stage first.
+    Staged(&'a [&'a [u8]]),
+    /// A region registered over the reply as the procedure encoded it.
+    Registered(&'a MemoryRegion),
 }
 
 /// What [`Conn::pull`] got.
 enum Pulled {
     /// Every chunk, concatenated.
-    Data(Vec<u8>),
+    Data(CallData),
     /// The chunks add up to more than [`RdmaConfig::max_call`].
     TooLarge(u64),
     /// A Read Response placed fewer octets than its Read asked for.
@@ -531,6 +587,10 @@ struct Recovery {
     /// is known: ended by a Terminate, the XID is in `failed`.
     unsettled: Mutex<std::collections::HashMap<u32, u64>>,
     settled: std::sync::Condvar,
+    /// Threads waiting on `settled` (changed under the `unsettled` lock): `settle` wakes
+    /// only when there are some (a condition variable's notify is a system call even with
+    /// no waiter, and `settle` runs for every Call with chunks, issue 18).
+    waiters: AtomicUsize,
     serials: AtomicU64,
 }
 
@@ -540,6 +600,7 @@ impl Default for Recovery {
             failed: Mutex::new(FailedXids::new(1024)),
             unsettled: Mutex::default(),
             settled: std::sync::Condvar::new(),
+            waiters: AtomicUsize::new(0),
             serials: AtomicU64::new(1),
         }
     }
@@ -564,17 +625,22 @@ impl Recovery {
                 u.remove(x);
             }
         }
-        self.settled.notify_all();
+        if self.waiters.load(Ordering::Relaxed) > 0 {
+            self.settled.notify_all();
+        }
     }
 
     /// Before `xid` is validated on connection `serial`: wait while another live connection
     /// holds it as unsettled.
     fn wait_settled(&self, xid: u32, serial: u64) {
-        let u = self.unsettled.lock().unwrap();
-        let (_u, t) = self
-            .settled
-            .wait_timeout_while(u, SETTLE, |u| u.get(&xid).is_some_and(|&s| s != serial))
-            .unwrap();
+        let held = |u: &mut std::collections::HashMap<u32, u64>| u.get(&xid).is_some_and(|&s| s != serial);
+        let mut u = self.unsettled.lock().unwrap();
+        if !held(&mut u) {
+            return;
+        }
+        self.waiters.fetch_add(1, Ordering::Relaxed);
+        let (_u, t) = self.settled.wait_timeout_while(u, SETTLE, held).unwrap();
+        self.waiters.fetch_sub(1, Ordering::Relaxed);
         if t.timed_out() {
             tracing::debug!(xid, "rpcrdma server: retransmission while its first connection lives");
         }
@@ -658,6 +724,7 @@ fn accept_conn(
         recent_rdma: VecDeque::new(),
         serial,
         stage: None,
+        spare: Vec::new(),
         budget: ctx.budget.clone(),
         max_call: cfg.max_call,
         max_reply: cfg.max_reply,
@@ -857,6 +924,7 @@ impl Conn {
         self.recovery.settle(&self.recent_rdma, self.serial);
         self.bc.close();
         self.release_stage();
+        self.release_spares();
         match &err {
             Some(e) => {
                 self.stats.fatal.fetch_add(1, Ordering::Relaxed);
@@ -939,6 +1007,13 @@ impl Conn {
 
     fn release_stage(&mut self) {
         if let Some(m) = self.stage.take() {
+            self.budget.give(m.len() as u64);
+        }
+    }
+
+    /// Give back the stages kept for reuse.
+    fn release_spares(&mut self) {
+        for m in self.spare.drain(..) {
             self.budget.give(m.len() as u64);
         }
     }
@@ -1062,6 +1137,13 @@ impl Conn {
     /// A registered stage of at least `len` octets, its growth taken from the server's
     /// staging budget; `Ok(None)` when the budget has no room.
     fn stage(&mut self, len: usize) -> Result<Option<&MemoryRegion>, Fatal> {
+        if self.stage.as_ref().is_none_or(|m| m.len() < len)
+            && let Some(i) = self.spare.iter().position(|m| m.len() >= len)
+        {
+            // a stage that came back from an answered Call (its budget still held)
+            self.release_stage();
+            self.stage = Some(self.spare.swap_remove(i));
+        }
         if self.stage.as_ref().is_none_or(|m| m.len() < len) {
             let size = len.next_power_of_two().max(4096);
             self.release_stage();
@@ -1154,7 +1236,8 @@ impl Conn {
                 let (inline, base, rest) = match &vc.payload {
                     CallPayload::Inline(p) => (p.to_vec(), None, &ranges[..]),
                     CallPayload::PositionZero(_) => {
-                        if check_payload_xid(xid, &pulled[ranges[0].clone()]).is_err() {
+                        if pulled.with_bytes(|p| check_payload_xid(xid, &p[ranges[0].clone()]).is_err()) != Some(false)
+                        {
                             return self.send_error(&fixed, ErrorBody::Chunk);
                         }
                         (Vec::new(), Some(ranges[0].clone()), &ranges[1..])
@@ -1167,7 +1250,8 @@ impl Conn {
                     .map(|(c, r)| (c.position, r.clone()))
                     .collect();
                 // the Call's octets stay charged to the staging budget while it is in the pool
-                let charge = (inline.len() + pulled.len()) as u64;
+                // (a stage that travels with the Call carries its own charge)
+                let charge = (inline.len() + pulled.heap_len()) as u64;
                 if !self.budget.take(charge) {
                     tracing::info!(xid, qp = self.qpn, "rpcrdma server: staging budget exhausted");
                     self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
@@ -1183,33 +1267,37 @@ impl Conn {
                 };
                 let (registry, home, qpn, serial) = (self.registry.clone(), self.home.clone(), self.qpn, self.serial);
                 let job = move || {
-                    let base: &[u8] = match &base {
-                        None => &inline,
-                        Some(r) => &pulled[r.clone()],
+                    let run = |pulled: &[u8]| {
+                        let base: &[u8] = match &base {
+                            None => &inline,
+                            Some(r) => &pulled[r.clone()],
+                        };
+                        let inserted: Vec<InsertedChunk<'_>> = positions
+                            .iter()
+                            .map(|(position, r)| InsertedChunk {
+                                position: *position,
+                                data: &pulled[r.clone()],
+                            })
+                            .collect();
+                        let mut dec = Decoder::with_chunks(base, ChunkSource::Read(&inserted));
+                        match dispatch_within(&registry, &mut dec, "rdma", room) {
+                            Ok(Dispatch::Reply { stream, items, .. }) => Outcome::Reply { stream, items },
+                            Err(t) => Outcome::NoRoom {
+                                bound: t.bound,
+                                carry: t.carry,
+                            },
+                            Ok(Dispatch::ChunkError { .. }) => Outcome::ChunkError,
+                            Ok(Dispatch::Drop) => Outcome::Garbage,
+                        }
                     };
-                    let inserted: Vec<InsertedChunk<'_>> = positions
-                        .iter()
-                        .map(|(position, r)| InsertedChunk {
-                            position: *position,
-                            data: &pulled[r.clone()],
-                        })
-                        .collect();
-                    let mut dec = Decoder::with_chunks(base, ChunkSource::Read(&inserted));
-                    let outcome = match dispatch_within(&registry, &mut dec, "rdma", room) {
-                        Ok(Dispatch::Reply { stream, items, .. }) => Outcome::Reply { stream, items },
-                        Err(t) => Outcome::NoRoom {
-                            bound: t.bound,
-                            carry: t.carry,
-                        },
-                        Ok(Dispatch::ChunkError { .. }) => Outcome::ChunkError,
-                        Ok(Dispatch::Drop) => Outcome::Garbage,
-                    };
+                    let outcome = pulled.with_bytes(run).unwrap_or(Outcome::Garbage);
                     let f = Finished {
                         qpn,
                         serial,
                         fixed,
                         lists,
                         outcome,
+                        pulled,
                         _charge: charge,
                     };
                     if let Some(h) = home.upgrade() {
@@ -1236,11 +1324,24 @@ impl Conn {
     fn complete(&mut self, f: Finished) -> Result<(), Fatal> {
         self.in_pool = self.in_pool.saturating_sub(1);
         let Finished {
-            fixed, lists, outcome, ..
+            fixed,
+            lists,
+            outcome,
+            pulled,
+            ..
         } = f;
+        // its stage is kept for the next Calls' chunks (at most SPARE_STAGES, each at most
+        // KEEP_STAGE), its budget still held; otherwise it goes and the budget comes back
+        if let CallData::Stage { mr, mut charge, .. } = pulled
+            && self.spare.len() < SPARE_STAGES
+            && mr.len() <= KEEP_STAGE
+        {
+            charge.n = 0;
+            self.spare.push(mr);
+        }
         let xid = fixed.xid;
         let r = match outcome {
-            Outcome::Reply { stream, items } => self.send_reply(&fixed, &lists, &stream, &items),
+            Outcome::Reply { stream, items } => self.send_reply(&fixed, &lists, stream, &items),
             // issue 12 point 5: the reply cannot fit what the Call provides; the
             // procedure did not run (B.5 #6)
             Outcome::NoRoom { bound, carry } => {
@@ -1253,7 +1354,7 @@ impl Conn {
             Outcome::Garbage => {
                 let grant = self.grant()?;
                 let m = garbage_args_message(xid, grant, &lists);
-                self.send(&m, &[], None, &[], xid)
+                self.send(&m, WriteSource::Nothing, None, &[], xid)
             }
         };
         if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
@@ -1273,7 +1374,7 @@ impl Conn {
         let mut e = crate::xdr::Encoder::new(Vec::new());
         h.encode(&mut e)?;
         self.stats.rdma_errors.fetch_add(1, Ordering::Relaxed);
-        self.send(&e.finish().0, &[], None, &[], failed.xid)
+        self.send(&e.finish().0, WriteSource::Nothing, None, &[], failed.xid)
     }
 
     /// RDMA Read every chunk into the stage, in order. Every Read is signalled, and only
@@ -1282,7 +1383,7 @@ impl Conn {
     fn pull(&mut self, chunks: &[&ReadChunk]) -> Result<Pulled, Fatal> {
         let total: u64 = chunks.iter().map(|c| c.total_len()).sum();
         if total == 0 {
-            return Ok(Pulled::Data(Vec::new()));
+            return Ok(Pulled::Data(CallData::Heap(Vec::new())));
         }
         if total > self.max_call {
             // RPCR-SEC-05: more than this server takes in one Call, and no RDMA Read for it
@@ -1335,14 +1436,20 @@ impl Conn {
         if short {
             return Ok(Pulled::Short);
         }
-        let stage = self.stage.as_ref().ok_or(Fatal::Stage)?;
-        stage.to_vec(0, total).map(Pulled::Data).map_err(|_| Fatal::Stage)
+        // the stage goes with the Call (quiet: every Read into it completed, and it was never
+        // advertised); the next Call's chunks go into a spare one
+        let mr = self.stage.take().ok_or(Fatal::Stage)?;
+        let charge = Charge {
+            budget: self.budget.clone(),
+            n: mr.len() as u64,
+        };
+        Ok(Pulled::Data(CallData::Stage { mr, len: total, charge }))
     }
 
     /// An RPC reply of SYSTEM_ERR (the server lacks the resources for this Call now).
     fn send_system_err(&mut self, fixed: &FixedHeader, lists: &ChunkLists) -> Result<(), Fatal> {
         let stream = system_err(fixed.xid)?;
-        self.send_reply(fixed, lists, &stream, &[])
+        self.send_reply(fixed, lists, stream, &[])
     }
 
     /// The most reply octets this Call's reply resources can carry: the inline threshold,
@@ -1358,7 +1465,7 @@ impl Conn {
         &mut self,
         fixed: &FixedHeader,
         lists: &ChunkLists,
-        stream: &[u8],
+        stream: Vec<u8>,
         items: &[crate::xdr::DdpItem],
     ) -> Result<(), Fatal> {
         let grant = self.grant()?;
@@ -1370,10 +1477,10 @@ impl Conn {
         grant: u32,
         fixed: &FixedHeader,
         lists: &ChunkLists,
-        stream: &[u8],
+        stream: Vec<u8>,
         items: &[crate::xdr::DdpItem],
     ) -> Result<(), Fatal> {
-        let pr = match plan_reply(&self.th, fixed.xid, grant, stream, items, lists) {
+        let pr = match plan_reply(&self.th, fixed.xid, grant, &stream, items, lists) {
             Ok(p) => p,
             Err(e) => {
                 // write chunk or reply chunk too small, or no reply chunk for a
@@ -1381,7 +1488,7 @@ impl Conn {
                 tracing::debug!(xid = fixed.xid, "rpcrdma server: cannot reply: {e}");
                 let h = Header::error_reply(fixed, grant, ErrorBody::Chunk);
                 self.stats.rdma_errors.fetch_add(1, Ordering::Relaxed);
-                return self.send(&h.to_vec()?, &[], None, &[], fixed.xid);
+                return self.send(&h.to_vec()?, WriteSource::Nothing, None, &[], fixed.xid);
             }
         };
         let mut msg = pr.header.to_vec()?;
@@ -1397,15 +1504,27 @@ impl Conn {
                 )
             }))
             .collect();
-        let staged: Vec<&[u8]> = if writes.is_empty() {
-            vec![]
-        } else if pr.form == ReplyForm::Long {
-            vec![stream, &pr.payload]
-        } else {
-            vec![stream]
+        // Write-chunk results go straight from the reply the procedure encoded: its vector is
+        // registered as it is, charged to the staging budget while the Writes are in flight
+        // (issue 18: copying it into the stage was one of the two user-space copies of a
+        // READ's data that ONC RPC over TCP does not make). A Long Reply's reduced stream is
+        // staged.
+        let direct = !writes.is_empty() && pr.form != ReplyForm::Long;
+        let total: usize = match (writes.is_empty(), pr.form) {
+            (true, _) => 0,
+            (false, ReplyForm::Long) => stream.len() + pr.payload.len(),
+            (false, ReplyForm::Short) => stream.len(),
         };
-        let total: usize = staged.iter().map(|s| s.len()).sum();
-        if total > 0 && self.stage(total)?.is_none() {
+        let charge = (direct && self.budget.take(total as u64)).then(|| Charge {
+            budget: self.budget.clone(),
+            n: total as u64,
+        });
+        let room = if direct {
+            charge.is_some()
+        } else {
+            total == 0 || self.stage(total)?.is_some()
+        };
+        if !room {
             // the server's staging budget has no room for the RDMA Writes now
             tracing::info!(
                 xid = fixed.xid,
@@ -1414,7 +1533,7 @@ impl Conn {
             );
             self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
             let stream = system_err(fixed.xid)?;
-            return self.send_reply_granted(grant, fixed, lists, &stream, &[]);
+            return self.send_reply_granted(grant, fixed, lists, stream, &[]);
         }
         if pr.form == ReplyForm::Short {
             msg.extend_from_slice(&pr.payload);
@@ -1437,14 +1556,29 @@ impl Conn {
             (_, false) => &self.stats.replies_write_chunks,
         };
         form.fetch_add(1, Ordering::Relaxed);
-        self.send(&msg, &staged, inv, &writes, fixed.xid)
+        if direct {
+            let mr = self.pd.reg_mr_vec(stream, Access::LOCAL_WRITE)?;
+            let r = self.send(&msg, WriteSource::Registered(&mr), inv, &writes, fixed.xid);
+            drop((mr, charge));
+            r
+        } else if pr.form == ReplyForm::Long && !writes.is_empty() {
+            self.send(
+                &msg,
+                WriteSource::Staged(&[&stream, &pr.payload]),
+                inv,
+                &writes,
+                fixed.xid,
+            )
+        } else {
+            self.send(&msg, WriteSource::Nothing, inv, &writes, fixed.xid)
+        }
     }
 
-    /// Post the RDMA Writes (from `staged` concatenated), then the Send, and wait for it.
+    /// Post the RDMA Writes (from `source`), then the Send, and wait for it.
     fn send(
         &mut self,
         msg: &[u8],
-        staged: &[&[u8]],
+        source: WriteSource<'_>,
         inv: Option<u32>,
         writes: &[(u32, u64, std::ops::Range<usize>)],
         xid: u32,
@@ -1457,16 +1591,23 @@ impl Conn {
         }
         let mut wrs = Vec::with_capacity(writes.len() + 1);
         if !writes.is_empty() {
-            let total: usize = staged.iter().map(|s| s.len()).sum();
-            let Some(stage) = self.stage(total)? else {
-                return Err(Fatal::StagingExhausted);
+            let from = match source {
+                WriteSource::Registered(mr) => mr,
+                WriteSource::Staged(staged) => {
+                    let total: usize = staged.iter().map(|s| s.len()).sum();
+                    let Some(stage) = self.stage(total)? else {
+                        return Err(Fatal::StagingExhausted);
+                    };
+                    let mut at = 0;
+                    for s in staged {
+                        stage.write(at, s).map_err(|_| Fatal::Stage)?;
+                        at += s.len();
+                    }
+                    self.stats.copied_octets.fetch_add(at as u64, Ordering::Relaxed);
+                    self.stage.as_ref().expect("staged")
+                }
+                WriteSource::Nothing => return Err(Fatal::Stage),
             };
-            let mut at = 0;
-            for s in staged {
-                stage.write(at, s).map_err(|_| Fatal::Stage)?;
-                at += s.len();
-            }
-            let stage = self.stage.as_ref().expect("staged");
             for (handle, addr, src) in writes {
                 wrs.push(
                     SendWr::new(
@@ -1477,7 +1618,7 @@ impl Conn {
                                 rkey: *handle,
                             },
                         },
-                        vec![stage.sge(src.start, src.len() as u32)],
+                        vec![from.sge(src.start, src.len() as u32)],
                     )
                     .flags(SendFlags::empty()),
                 );

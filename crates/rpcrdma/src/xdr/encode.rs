@@ -34,6 +34,9 @@ impl<S: Sink + ?Sized> Sink for &mut S {
     }
 }
 
+/// Octets [`Encoder::put_opaque_ddp_with`] reserves beyond its item for what follows it.
+const FOLLOWING_RESULTS: usize = 512;
+
 impl Encoder<Vec<u8>> {
     /// A DDP-eligible `opaque<max>` of `len` bytes that `fill` appends to the
     /// stream in place (no intermediate buffer, no zero-fill first): encoded and
@@ -48,7 +51,10 @@ impl Encoder<Vec<u8>> {
         self.put_len(len, max)?;
         self.record(self.position(), len)?;
         let at = self.sink.len();
-        self.sink.reserve(len + 3);
+        // room for the pad and the results that usually follow (a status, a trailer, attributes):
+        // a Vec that grows past an exact reservation moves the whole item (issue 18: a 1 MiB
+        // READ reply was copied once more by `realloc` for its 4-byte trailer)
+        self.sink.reserve(len + 3 + FOLLOWING_RESULTS);
         fill(&mut self.sink);
         let added = self.sink.len() - at;
         if added != len {
