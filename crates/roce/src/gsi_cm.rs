@@ -975,7 +975,10 @@ impl GsiCm {
                 inner.with(|s| forget(s, id));
                 Err(Error::Rejected {
                     private_data,
-                    detail: Some(ErrorDetail::new(Rejection { reason, ari })),
+                    detail: Some(ErrorDetail::with_code(
+                        Rejection { reason, ari },
+                        u32::from(u16::from(reason)),
+                    )),
                 })
             }
             Outcome::TimedOut => {
