@@ -297,10 +297,16 @@ impl Node {
         self.epoch.elapsed()
     }
 
+    /// Every connection is disconnected (DREQ) and forgotten (IPCM-S1 when the interface
+    /// goes down); the node keeps listening.
+    pub fn disconnect_all(&mut self) -> Result<(), NodeError> {
+        self.link.shutdown();
+        self.run_actions()
+    }
+
     /// Interface down: every connection is disconnected (DREQ), the listeners dropped.
     pub fn shutdown(&mut self) -> Result<(), NodeError> {
-        self.link.shutdown();
-        self.run_actions()?;
+        self.disconnect_all()?;
         self.listeners.clear();
         Ok(())
     }
