@@ -68,7 +68,10 @@ fn run_until(nodes: &mut [Node], want: impl Fn(&[Node], &[Vec<Vec<u8>>]) -> bool
             return got;
         }
     }
-    panic!("not reached in 10 s: {:?}", got.iter().map(Vec::len).collect::<Vec<_>>());
+    panic!(
+        "not reached in 10 s: {:?}",
+        got.iter().map(Vec::len).collect::<Vec<_>>()
+    );
 }
 
 fn established(n: &Node) -> usize {
@@ -228,7 +231,8 @@ fn crossing_starts_leave_exactly_one_connection() {
         run_until(&mut nodes, |n, g| {
             g[1].contains(&pa)
                 && g[0].contains(&pb)
-                && n.iter().all(|x| established(x) == 1 && x.link().connections(x.now()).len() == 1)
+                && n.iter()
+                    .all(|x| established(x) == 1 && x.link().connections(x.now()).len() == 1)
                 && n.iter().all(|x| x.rc_connections() == 1)
         });
         let now = (nodes[0].now(), nodes[1].now());
