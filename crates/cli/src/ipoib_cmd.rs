@@ -139,10 +139,16 @@ fn up(a: UpArgs) -> Result<()> {
     }
     let local = underlay_ipv4(&a.underlay)?;
     // A 2,048-octet IB MTU gives the RFC 4391 UD MTU of 2,044 (the underlay fragments the
-    // RoCEv2 datagrams if its own MTU is smaller).
+    // RoCEv2 datagrams if its own MTU is smaller). Connected mode opens the device with the
+    // largest IB MTU, 4,096, so its RC messages go in half as many packets (the UD MTU
+    // stays 2,044: the node clamps it to the broadcast group's).
+    let ib_mtu = match a.mode {
+        ModeArg::Datagram => "2048",
+        ModeArg::Connected => "4096",
+    };
     let opts = DeviceOptions::new()
         .with("addr", local.to_string())
-        .with("mtu", "2048")
+        .with("mtu", ib_mtu)
         .with("name", format!("rxe_{}", a.dev));
     // IPoIB is defined on the InfiniBand transport: the RoCEv2 provider, opened by its
     // registry name like every other command's device.

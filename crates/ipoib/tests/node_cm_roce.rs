@@ -262,3 +262,31 @@ fn crossing_starts_leave_exactly_one_connection() {
         start.elapsed()
     );
 }
+
+/// IPCM-S2 (idle timer policy), issue 16 "tears down idle connections": with a 300 ms idle
+/// time the connection made by one large packet is torn down on both sides (our DREQ, the
+/// peer's `on_conn_closed`) without traffic, and the next large packet makes a new one.
+#[test]
+fn idle_connection_is_torn_down_and_remade() {
+    let (da, db) = (dev("127.117.5.1"), dev("127.117.5.2"));
+    let opts = |n: u8| NodeOptions {
+        mode: Mode::Connected,
+        pkey: 0x8015,
+        ipv4: vec![(ip4(n), 24)],
+        ipv6: vec![],
+        conn_idle: Some(Duration::from_millis(300)),
+    };
+    let mut nodes = [
+        Node::open_with(&da, &opts(1)).unwrap(),
+        Node::open_with(&db, &opts(2)).unwrap(),
+    ];
+    let p = v4(ip4(1), ip4(2), 9000, 7);
+    nodes[0].from_kernel(p.clone()).unwrap();
+    run_until(&mut nodes, |n, g| g[1].contains(&p) && n.iter().all(|x| established(x) == 1));
+    let t0 = Instant::now();
+    run_until(&mut nodes, |n, _| n.iter().all(|x| x.rc_connections() == 0));
+    assert!(t0.elapsed() >= Duration::from_millis(200), "torn down only once idle");
+    let q = v4(ip4(1), ip4(2), 9000, 8);
+    nodes[0].from_kernel(q.clone()).unwrap();
+    run_until(&mut nodes, |n, g| g[1].contains(&q) && n.iter().all(|x| established(x) == 1));
+}
