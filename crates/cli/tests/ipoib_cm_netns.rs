@@ -380,7 +380,7 @@ fn ipoib_mixed_connected_and_datagram_three_namespaces() {
     }
     let id = std::process::id() % 100_000;
     let br = format!("icmX{id}");
-    let ns = vec![format!("icmP{id}"), format!("icmQ{id}"), format!("icmR{id}")];
+    let ns = [format!("icmP{id}"), format!("icmQ{id}"), format!("icmR{id}")];
     let mut lab = Lab {
         ns: std::iter::once(br.clone()).chain(ns.iter().cloned()).collect(),
         procs: Vec::new(),

@@ -709,7 +709,7 @@ impl Node {
                     Ok(x) => x,
                     Err(e) => {
                         warn!(error = %e, "no RC QP to accept a connection");
-                        let _ = r.reject_with_reason(u16::from(crate::link::REJ_NO_QP), &private_data);
+                        let _ = r.reject_with_reason(crate::link::REJ_NO_QP, &private_data);
                         let now = self.now();
                         self.link.on_conn_closed(now, conn);
                         return Ok(());

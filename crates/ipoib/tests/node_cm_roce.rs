@@ -282,11 +282,15 @@ fn idle_connection_is_torn_down_and_remade() {
     ];
     let p = v4(ip4(1), ip4(2), 9000, 7);
     nodes[0].from_kernel(p.clone()).unwrap();
-    run_until(&mut nodes, |n, g| g[1].contains(&p) && n.iter().all(|x| established(x) == 1));
+    run_until(&mut nodes, |n, g| {
+        g[1].contains(&p) && n.iter().all(|x| established(x) == 1)
+    });
     let t0 = Instant::now();
     run_until(&mut nodes, |n, _| n.iter().all(|x| x.rc_connections() == 0));
     assert!(t0.elapsed() >= Duration::from_millis(200), "torn down only once idle");
     let q = v4(ip4(1), ip4(2), 9000, 8);
     nodes[0].from_kernel(q.clone()).unwrap();
-    run_until(&mut nodes, |n, g| g[1].contains(&q) && n.iter().all(|x| established(x) == 1));
+    run_until(&mut nodes, |n, g| {
+        g[1].contains(&q) && n.iter().all(|x| established(x) == 1)
+    });
 }
