@@ -33,6 +33,13 @@ if ! command -v gcc >/dev/null 2>&1 || [ ! -e /usr/include/rdma/rdma_cma.h ] || 
     $SUDO apt-get update -qq
     $SUDO apt-get install -y -qq gcc librdmacm-dev libibverbs-dev >/dev/null
 fi
+# iputils ping (-M do, "message too long") and iperf3 for the IPoIB namespace tests
+# (crates/cli/tests/ipoib_cm_netns.rs); busybox ping has neither.
+if ! ping -V 2>/dev/null | grep -q iputils || ! command -v iperf3 >/dev/null 2>&1; then
+    echo "setup: installing iputils-ping iperf3"
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq iputils-ping iperf3 >/dev/null
+fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "setup: installing cargo-fuzz"
     cargo install cargo-fuzz --locked --quiet

@@ -19,6 +19,8 @@ use verbs::{Gid, Mtu};
 
 const SID: u64 = 0x0106_1c06;
 const UDP_SID: u64 = 0x0111_1c06;
+/// IPoIB connected mode's service ID form (`0x10…|UD QPN`, RFC 4755 §3.5).
+const IPOIB_SID: u64 = 0x1000_0000_0040_0001;
 
 fn gid(last: u8) -> Gid {
     Gid::from_ipv4(std::net::Ipv4Addr::new(10, 0, 0, last))
@@ -95,6 +97,8 @@ fuzz_target!(|data: &[u8]| {
     ];
     s[1].cm.listen(SID).unwrap();
     s[1].cm.listen(UDP_SID).unwrap();
+    // A raw IB service (IPoIB-CM, issue 16): no rdma_cm header in its REQs.
+    s[1].cm.listen(IPOIB_SID).unwrap();
     let mut sidr_made = 0usize;
     let mut created = 0usize;
     let mut i = 1;
@@ -150,7 +154,11 @@ fuzz_target!(|data: &[u8]| {
             4 => {
                 let p = ConnectParams {
                     remote_gid: s[other].gid,
-                    service_id: if arg & 1 == 0 { SID } else { u64::from(arg) },
+                    service_id: match arg & 3 {
+                        0 | 2 => SID,
+                        1 => IPOIB_SID,
+                        _ => u64::from(arg),
+                    },
                     qpn: u32::from(arg) + 2,
                     starting_psn: u32::from(arg) << 8,
                     responder_resources: arg & 7,

@@ -8,8 +8,10 @@
 //!   connections / UD counters in
 //!   this network namespace (from its status file, refreshed every second).
 //!
-//! Connected mode (RFC 4755) is built and tested in the link machine, but the RoCE device's
-//! CM offers only rdma_cm service IDs today; `--mode connected` says so and stops.
+//! `--mode connected` (RFC 4755): the interface MTU is 65,520, unicast to connected-mode
+//! peers goes over RC connections the device's IB CM sets up on the IPoIB-CM service IDs,
+//! datagram-only peers are reached over UD at their MTU; `--idle SECS` sets the idle
+//! teardown of connections.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
@@ -54,7 +56,7 @@ enum ShowWhat {
 enum ModeArg {
     /// RFC 4391 only: UD queue pairs.
     Datagram,
-    /// RFC 4755: RC connections to connected-mode peers (not wired to a device yet).
+    /// RFC 4755: RC connections to connected-mode peers, UD to the others.
     Connected,
 }
 
@@ -76,6 +78,9 @@ struct UpArgs {
     /// An address for the interface, A/P (IPv4 or IPv6); repeatable.
     #[arg(long = "addr")]
     addrs: Vec<String>,
+    /// Connected mode: seconds without traffic after which a connection is torn down.
+    #[arg(long, default_value = "120")]
+    idle: u64,
 }
 
 fn parse_pkey(s: &str) -> std::result::Result<u16, String> {
@@ -121,12 +126,6 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn up(a: UpArgs) -> Result<()> {
-    if a.mode == ModeArg::Connected {
-        bail!(
-            "--mode connected: the link machine does RFC 4755, but the RoCE device's CM has no \
-             listener for IPoIB-CM service IDs yet; use --mode datagram"
-        );
-    }
     let mut ipv4 = Vec::new();
     let mut ipv6 = Vec::new();
     for s in &a.addrs {
@@ -140,10 +139,16 @@ fn up(a: UpArgs) -> Result<()> {
     }
     let local = underlay_ipv4(&a.underlay)?;
     // A 2,048-octet IB MTU gives the RFC 4391 UD MTU of 2,044 (the underlay fragments the
-    // RoCEv2 datagrams if its own MTU is smaller).
+    // RoCEv2 datagrams if its own MTU is smaller). Connected mode opens the device with the
+    // largest IB MTU, 4,096, so its RC messages go in half as many packets (the UD MTU
+    // stays 2,044: the node clamps it to the broadcast group's).
+    let ib_mtu = match a.mode {
+        ModeArg::Datagram => "2048",
+        ModeArg::Connected => "4096",
+    };
     let opts = DeviceOptions::new()
         .with("addr", local.to_string())
-        .with("mtu", "2048")
+        .with("mtu", ib_mtu)
         .with("name", format!("rxe_{}", a.dev));
     // IPoIB is defined on the InfiniBand transport: the RoCEv2 provider, opened by its
     // registry name like every other command's device.
@@ -155,6 +160,11 @@ fn up(a: UpArgs) -> Result<()> {
         pkey: a.pkey,
         ipv4,
         ipv6: ipv6.into_iter().collect::<Vec<Ipv6Addr>>(),
+        mode: match a.mode {
+            ModeArg::Datagram => ipoib::link::Mode::Datagram,
+            ModeArg::Connected => ipoib::link::Mode::Connected,
+        },
+        conn_idle: Some(std::time::Duration::from_secs(a.idle.max(1))),
     };
     let stop = Arc::new(AtomicBool::new(false));
     ipoib::daemon::run(&device, &cfg, stop)?;

@@ -1,5 +1,8 @@
 //! The IPoIB link daemon: a TUN device on one side, a [`Node`] (the link machine on a UD QP
-//! of a verbs device) on the other. One thread reads the TUN and hands packets over a
+//! of a verbs device and, in connected mode, its RC connections) on the other. The TUN's
+//! MTU is the interface MTU: 65,520 in connected mode (RFC 4755 §5; datagram-only peers
+//! get the UD MTU per destination through the ICMP "fragmentation needed" / "packet too
+//! big" the link machine hands the kernel), the UD MTU in datagram mode. One thread reads the TUN and hands packets over a
 //! channel; the main loop feeds them to the node, polls the UD QP, runs the timers, writes
 //! what the node returns into the TUN and, every second, the neighbour table into a status
 //! file that `softrdma ipoib show` reads (one file per network namespace and device).
@@ -15,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use crate::node::{Node, NodeError};
+use crate::link::Mode;
+use crate::node::{Node, NodeError, NodeOptions};
 use crate::tun::Tun;
 
 /// The daemon could not start or stopped on an error.
@@ -40,6 +44,23 @@ pub struct DaemonConfig {
     pub ipv4: Vec<(Ipv4Addr, u8)>,
     /// Global IPv6 addresses (/64).
     pub ipv6: Vec<Ipv6Addr>,
+    /// Datagram or connected mode.
+    pub mode: Mode,
+    /// Idle time after which a connection is torn down (the link default, 120 s, if
+    /// `None`).
+    pub conn_idle: Option<Duration>,
+}
+
+impl DaemonConfig {
+    fn node_options(&self) -> NodeOptions {
+        NodeOptions {
+            mode: self.mode,
+            pkey: self.pkey,
+            ipv4: self.ipv4.clone(),
+            ipv6: self.ipv6.clone(),
+            conn_idle: self.conn_idle,
+        }
+    }
 }
 
 /// The status file of `dev` in this process's network namespace.
@@ -76,13 +97,13 @@ fn reader(mut f: File, tx: std::sync::mpsc::SyncSender<Vec<u8>>, stop: Arc<Atomi
 
 /// Brings the interface up on `dev` and runs until `stop` is set.
 pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonError> {
-    let mut node = Node::open(device, cfg.pkey, &cfg.ipv4, &cfg.ipv6)?;
+    let mut node = Node::open_with(device, &cfg.node_options())?;
     let tun = Tun::open(&cfg.dev)?;
     let mut addrs: Vec<String> = cfg.ipv4.iter().map(|(a, p)| format!("{a}/{p}")).collect();
     addrs.push(format!("{}/64", node.link().link_local()));
     addrs.extend(cfg.ipv6.iter().map(|a| format!("{a}/64")));
-    tun.configure(node.link().config().ud_mtu, &addrs)?;
-    info!(dev = tun.name(), lla = %node.link().local_addr(), "IPoIB interface up (datagram mode)");
+    tun.configure(node.if_mtu(), &addrs)?;
+    info!(dev = tun.name(), lla = %node.link().local_addr(), mode = ?cfg.mode, mtu = node.if_mtu(), "IPoIB interface up");
     let (tx, rx): (_, Receiver<Vec<u8>>) = sync_channel(1024);
     let rfile = tun.try_clone()?;
     let rstop = stop.clone();
@@ -107,7 +128,7 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
                 // The QP is gone (CQ overflow, say): a new one, a new QPN; the gratuitous
                 // ARP of the new node tells the neighbours.
                 warn!("UD QP in error state: reopening the IPoIB node");
-                node = Node::open(device, cfg.pkey, &cfg.ipv4, &cfg.ipv6)?;
+                node = Node::open_with(device, &cfg.node_options())?;
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -122,6 +143,7 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
             let _ = std::fs::write(&path, status_text(&node, device));
         }
     }
+    let _ = node.shutdown();
     let _ = std::fs::remove_file(&path);
     Ok(())
 }
@@ -131,7 +153,16 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
 pub fn status_text(node: &Node, device: &verbs::Device) -> String {
     let now = node.now();
     let l = node.link();
-    let mut s = format!("lla {} mode datagram ud_mtu {}\n", l.local_addr(), l.config().ud_mtu);
+    let mode = match l.config().mode {
+        Mode::Connected => "connected",
+        Mode::Datagram => "datagram",
+    };
+    let mut s = format!(
+        "lla {} mode {mode} mtu {} ud_mtu {}\n",
+        l.local_addr(),
+        node.if_mtu(),
+        l.config().ud_mtu
+    );
     for n in l.neighbours(now) {
         let lla = n.lla.map(|a| a.to_string()).unwrap_or_else(|| "-".into());
         let via = n.conn.map(|c| format!("rc {}", c.0)).unwrap_or_else(|| "ud".into());
@@ -143,6 +174,12 @@ pub fn status_text(node: &Node, device: &verbs::Device) -> String {
     for c in device.hw_counters().into_iter().filter(|c| c.name.starts_with("ud_")) {
         s += &format!("counters {} {}\n", c.name, c.value);
     }
+    let rc = node.rc_counters();
+    s += &format!(
+        "counters ipoib_rc_sent {}\ncounters ipoib_rc_received {}\ncounters ipoib_rc_dropped {}\n\
+         counters ipoib_rc_connected {}\ncounters ipoib_rc_closed {}\n",
+        rc.sent, rc.received, rc.dropped, rc.connected, rc.closed
+    );
     for c in l.connections(now) {
         s += &format!(
             "conn {} peer {} {:?} {:?} mtu {} idle {}s\n",

@@ -1,25 +1,51 @@
-//! An IPoIB node in datagram mode on a real verbs device: the [`Link`] machine driving one
-//! UD QP (ARP/ND and unicast over UD with address handles, the broadcast and multicast
-//! groups attached with `attach_mcast`). The kernel side is left to the caller (a TUN
-//! device in the daemon, a channel in tests): [`Node::from_kernel`] takes IP packets,
-//! [`Node::poll`] returns the IP packets for the kernel.
+//! An IPoIB node on a real verbs device: the [`Link`] machine driving one UD QP (ARP/ND,
+//! broadcast and multicast, unicast to datagram-only peers, with address handles and the
+//! groups attached with `attach_mcast`) and, in connected mode (RFC 4755), one RC QP per
+//! connection set up by the device's IB CM on the raw service IDs `0x10…|UD QPN` and
+//! `0x01…|UD QPN` ([`verbs::Device::listen_ib_service`],
+//! [`verbs::QueuePair::connect_ib_service`]) with the 8-octet private data. The kernel side
+//! is left to the caller (a TUN device in the daemon, a channel in tests):
+//! [`Node::from_kernel`] takes IP packets, [`Node::poll`] returns the IP packets for the
+//! kernel.
 //!
-//! Connected mode is not wired here yet: the node runs the machine in [`Mode::Datagram`]
-//! (flags 0 in its address, every REQ refused), which RFC 4391 alone allows (IPCM-1) and
-//! which connected-mode peers talk to over UD (IPCM-6).
+//! # Connected mode on the device
+//!
+//! - `Connect`: an RC QP with [`RC_RECV_SLOTS`] receive buffers of [`RC_SLOT`] octets (≥ the
+//!   Receive MTU, 65,524) posted, then the CM connect on a helper thread (it waits for the
+//!   REP); its outcome comes back over a channel as `on_cm_rep` (REP private data) or
+//!   `on_cm_rej` (the REJ reason, provider-independent through `ErrorDetail::code`; 4,
+//!   "timeout", when nobody answered).
+//! - REQs from the listeners: `on_cm_req` with the service ID, the REQ's GID and private
+//!   data; `Accept` binds a new RC QP (RTR, RTS, REP), `RejectReq` answers REJ with the
+//!   machine's reason and private data. The RTU (the QP's `Established` event) is
+//!   `on_cm_rtu`.
+//! - `RcSend`: copied into one of the connection's [`RC_SEND_SLOTS`] send buffers (signaled;
+//!   when all are in flight the node reaps completions first); the provider segments to the
+//!   path MTU.
+//! - `Disconnect`: the QP is disconnected (DREQ) and destroyed. A peer's DREQ, an error
+//!   event or an error completion on the connection (RC retries exhausted: a restarted
+//!   peer) is `on_conn_closed`.
+//! - `RejectRep`: the verbs connect sends the RTU itself, so a REP the machine refuses ends
+//!   in a DREQ instead of a REJ (the peer sees the connection close either way).
+//!
+//! UD and RC completions share one CQ; RC work request IDs carry [`RC_WR`], the connection
+//! and the slot.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
-use tracing::{debug, warn};
+use tracing::{debug, trace, warn};
 use verbs::{
-    Access, AddressHandle, AhAttr, CompletionQueue, Device, Gid, MemoryRegion, ProtectionDomain, QpAttr, QpInit,
-    QpState, QpType, QueuePair, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WrOpcode,
+    Access, AddressHandle, AhAttr, CmEvent, CompletionQueue, ConnParam, ConnectRequest, Device, Gid, Listener,
+    MemoryRegion, ProtectionDomain, QpAttr, QpInit, QpInitAttr, QpState, QpType, QueuePair, RecvWr, SendFlags, SendWr,
+    WcOpcode, WcStatus, WorkCompletion, WrOpcode,
 };
 
-use crate::link::{Action, Link, LinkConfig, Mode, UdDest};
+use crate::link::{Action, ConnId, Link, LinkConfig, Mode, UdDest};
 use crate::wire::MULTICAST_QPN;
+use crate::wire::cm::{CM_MTU, ServiceId, ServiceIdPrefix};
 use crate::wire::encap::EncapHeader;
 
 /// The Q_Key of the IPoIB link (Linux's IPoIB broadcast groups use 0x0B1B; high bit clear,
@@ -33,6 +59,20 @@ const SEND_SLOTS: usize = 64;
 /// One send in this many asks for a completion (the others are unsignaled), so a burst of
 /// sends cannot overflow the CQ between two polls.
 const SIGNAL_EVERY: usize = 16;
+
+/// Receive buffers per RC connection (the RoCE provider has no SRQ; Linux's ipoib_cm
+/// shares one SRQ among its connections).
+pub const RC_RECV_SLOTS: usize = 32;
+/// Send buffers per RC connection.
+pub const RC_SEND_SLOTS: usize = 16;
+/// Octets of one RC buffer: the Receive MTU we advertise (65,524) rounded up.
+pub const RC_SLOT: usize = 65536;
+/// Bit 63 of an RC work request ID; bits 16..63 are the connection, 0..16 the slot.
+pub const RC_WR: u64 = 1 << 63;
+/// Connections at most (the shared CQ holds every one's work requests).
+const MAX_RC_CONNS: usize = 128;
+/// How long a send waits for a free RC send buffer before the packet is dropped.
+const SEND_STALL: Duration = Duration::from_millis(200);
 
 /// A node could not be set up or a verbs call failed.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +97,67 @@ fn v<T>(what: &'static str, r: verbs::Result<T>) -> Result<T, NodeError> {
     r.map_err(|source| NodeError::Verbs { what, source })
 }
 
-/// One IPoIB interface on a verbs device, datagram mode.
+/// How to open a [`Node`].
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Datagram (RFC 4391) or connected (RFC 4755).
+    pub mode: Mode,
+    /// P_Key.
+    pub pkey: u16,
+    /// IPv4 addresses with prefix lengths.
+    pub ipv4: Vec<(Ipv4Addr, u8)>,
+    /// Global IPv6 addresses.
+    pub ipv6: Vec<Ipv6Addr>,
+    /// Idle time after which a connection is torn down (the link default if `None`).
+    pub conn_idle: Option<Duration>,
+}
+
+impl NodeOptions {
+    /// Datagram mode with these addresses.
+    pub fn datagram(pkey: u16, ipv4: &[(Ipv4Addr, u8)], ipv6: &[Ipv6Addr]) -> NodeOptions {
+        NodeOptions {
+            mode: Mode::Datagram,
+            pkey,
+            ipv4: ipv4.to_vec(),
+            ipv6: ipv6.to_vec(),
+            conn_idle: None,
+        }
+    }
+}
+
+/// The outcome of a connect thread.
+struct Connected {
+    conn: ConnId,
+    qp: QueuePair,
+    result: verbs::Result<Vec<u8>>,
+}
+
+/// One RC connection's verbs objects.
+struct RcConn {
+    /// `None` while the connect thread holds it.
+    qp: Option<QueuePair>,
+    mr: MemoryRegion,
+    free_send: Vec<usize>,
+    /// Receive slots completed while the connect thread held the QP: posted on its return.
+    repost: Vec<usize>,
+}
+
+/// What the RC counters say (for `show counters`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RcCounters {
+    /// Messages sent on connections.
+    pub sent: u64,
+    /// Messages received on connections.
+    pub received: u64,
+    /// Messages dropped: no send buffer within the stall time, or the connection not up.
+    pub dropped: u64,
+    /// Connections set up (either side).
+    pub connected: u64,
+    /// Connections closed by the peer or by errors.
+    pub closed: u64,
+}
+
+/// One IPoIB interface on a verbs device.
 pub struct Node {
     link: Link,
     pd: ProtectionDomain,
@@ -69,6 +169,13 @@ pub struct Node {
     ahs: HashMap<[u8; 16], AddressHandle>,
     epoch: Instant,
     to_kernel: Vec<Vec<u8>>,
+    listeners: Vec<Listener>,
+    reqs: HashMap<u64, ConnectRequest>,
+    next_req: u64,
+    rc: HashMap<ConnId, RcConn>,
+    done_tx: Sender<Connected>,
+    done_rx: Receiver<Connected>,
+    counters: RcCounters,
 }
 
 impl std::fmt::Debug for Node {
@@ -79,17 +186,27 @@ impl std::fmt::Debug for Node {
     }
 }
 
+fn rc_wr(conn: ConnId, slot: usize) -> u64 {
+    RC_WR | (conn.0 << 16) | slot as u64
+}
+
 impl Node {
-    /// Opens a UD QP on port 1 of `dev`, derives the UD MTU from the port's active MTU
-    /// (at most 2,044), configures the link with `ipv4` addresses (and prefix lengths) and
-    /// `ipv6` global addresses, joins the groups and posts the receive buffers.
+    /// Opens a datagram-mode node (see [`Node::open_with`]).
     pub fn open(dev: &Device, pkey: u16, ipv4: &[(Ipv4Addr, u8)], ipv6: &[Ipv6Addr]) -> Result<Node, NodeError> {
+        Node::open_with(dev, &NodeOptions::datagram(pkey, ipv4, ipv6))
+    }
+
+    /// Opens a UD QP on port 1 of `dev`, derives the UD MTU from the port's active MTU
+    /// (at most 2,044), configures the link, joins the groups and posts the receive
+    /// buffers; in connected mode also listens on both service ID forms of the UD QPN.
+    pub fn open_with(dev: &Device, o: &NodeOptions) -> Result<Node, NodeError> {
         let port = v("query_port", dev.query_port(1))?;
         let gid = v("query_gid", dev.query_gid(1, 0))?;
         let ib_mtu = port.active_mtu.bytes() as usize;
         let slot = GRH_LEN + ib_mtu;
         let pd = v("alloc_pd", dev.alloc_pd())?;
-        let cq = v("create_cq", dev.create_cq(2 * (RECV_SLOTS + SEND_SLOTS)))?;
+        let rc_wrs = MAX_RC_CONNS * (RC_RECV_SLOTS + RC_SEND_SLOTS);
+        let cq = v("create_cq", dev.create_cq(2 * (RECV_SLOTS + SEND_SLOTS) + rc_wrs))?;
         let mut init = QpInit::new(QpType::Ud, &cq);
         init.cap.max_send_wr = SEND_SLOTS as u32;
         init.cap.max_recv_wr = RECV_SLOTS as u32;
@@ -107,11 +224,23 @@ impl Node {
             "reg_mr",
             pd.reg_mr((RECV_SLOTS + SEND_SLOTS) * slot, Access::LOCAL_WRITE),
         )?;
-        let mut cfg = LinkConfig::new(Mode::Datagram, qp.qp_num(), gid.0);
-        cfg.pkey = pkey;
-        cfg.ipv4 = ipv4.to_vec();
-        cfg.ipv6 = ipv6.to_vec();
+        let mut cfg = LinkConfig::new(o.mode, qp.qp_num(), gid.0);
+        cfg.pkey = o.pkey;
+        cfg.ipv4 = o.ipv4.clone();
+        cfg.ipv6 = o.ipv6.clone();
         cfg.ud_mtu = (ib_mtu - EncapHeader::LEN).min(crate::wire::cm::UD_MTU as usize) as u32;
+        cfg.max_conns = cfg.max_conns.min(MAX_RC_CONNS);
+        if let Some(idle) = o.conn_idle {
+            cfg.conn_idle = idle;
+        }
+        let mut listeners = Vec::new();
+        if o.mode == Mode::Connected {
+            for prefix in [ServiceIdPrefix::Linux, ServiceIdPrefix::Rfc] {
+                let sid = ServiceId::new(prefix, qp.qp_num()).value();
+                listeners.push(v("listen_ib_service", dev.listen_ib_service(sid))?);
+            }
+        }
+        let (done_tx, done_rx) = channel();
         let mut node = Node {
             link: Link::new(cfg),
             pd,
@@ -123,13 +252,20 @@ impl Node {
             ahs: HashMap::new(),
             epoch: Instant::now(),
             to_kernel: Vec::new(),
+            listeners,
+            reqs: HashMap::new(),
+            next_req: 1,
+            rc: HashMap::new(),
+            done_tx,
+            done_rx,
+            counters: RcCounters::default(),
         };
         for i in 0..RECV_SLOTS {
             node.post_recv(i)?;
         }
         node.link.start();
         node.run_actions()?;
-        debug!(lla = %node.link.local_addr(), ud_mtu = node.link.config().ud_mtu, "IPoIB node up");
+        debug!(lla = %node.link.local_addr(), ud_mtu = node.link.config().ud_mtu, mode = ?o.mode, "IPoIB node up");
         Ok(node)
     }
 
@@ -138,9 +274,41 @@ impl Node {
         &self.link
     }
 
+    /// The IP MTU of the interface: 65,520 in connected mode, the UD MTU in datagram mode.
+    pub fn if_mtu(&self) -> u32 {
+        match self.link.config().mode {
+            Mode::Connected => CM_MTU,
+            Mode::Datagram => self.link.config().ud_mtu,
+        }
+    }
+
+    /// The RC counters.
+    pub fn rc_counters(&self) -> RcCounters {
+        self.counters
+    }
+
+    /// RC connections with verbs objects (connecting or up).
+    pub fn rc_connections(&self) -> usize {
+        self.rc.len()
+    }
+
     /// The machine's clock: time since the node was opened.
     pub fn now(&self) -> Duration {
         self.epoch.elapsed()
+    }
+
+    /// Every connection is disconnected (DREQ) and forgotten (IPCM-S1 when the interface
+    /// goes down); the node keeps listening.
+    pub fn disconnect_all(&mut self) -> Result<(), NodeError> {
+        self.link.shutdown();
+        self.run_actions()
+    }
+
+    /// Interface down: every connection is disconnected (DREQ), the listeners dropped.
+    pub fn shutdown(&mut self) -> Result<(), NodeError> {
+        self.disconnect_all()?;
+        self.listeners.clear();
+        Ok(())
     }
 
     fn post_recv(&self, i: usize) -> Result<(), NodeError> {
@@ -160,41 +328,180 @@ impl Node {
         self.run_actions()
     }
 
-    /// Receives what arrived on the UD QP, runs the timers and returns the IP packets for
-    /// the kernel. Waits up to `wait` for the first completion.
+    /// Receives what arrived on the QPs, takes CM requests and connect outcomes, runs the
+    /// timers and returns the IP packets for the kernel. Waits up to `wait` for the first
+    /// completion.
     pub fn poll(&mut self, wait: Duration) -> Result<Vec<Vec<u8>>, NodeError> {
         let mut first = self.cq.wait(Some(wait));
         while let Some(wc) = first.take().or_else(|| self.cq.poll_one()) {
-            if wc.opcode != WcOpcode::Recv {
-                if wc.status != WcStatus::Success {
-                    warn!(status = ?wc.status, "UD send failed");
-                }
-                continue;
-            }
-            let i = wc.wr_id as usize;
-            if wc.status == WcStatus::Success && (wc.byte_len as usize) >= GRH_LEN && i < RECV_SLOTS {
-                let len = (wc.byte_len as usize).min(self.slot) - GRH_LEN;
-                let msg = self
-                    .mr
-                    .to_vec(i * self.slot + GRH_LEN, len)
-                    .map_err(|_| NodeError::OutOfBounds)?;
-                // Our own multicast comes back (loopback): Linux ipoib drops it by source QPN.
-                if wc.src_qp != self.qp.qp_num() {
-                    let now = self.now();
-                    self.link.on_ud_recv(now, &msg);
-                }
-            }
-            if wc.status == WcStatus::WrFlushErr {
-                return Err(NodeError::QpError);
-            }
-            if i < RECV_SLOTS {
-                self.post_recv(i)?;
-            }
+            self.on_wc(wc)?;
         }
+        self.cm_poll()?;
         let now = self.now();
         self.link.on_tick(now);
         self.run_actions()?;
         Ok(std::mem::take(&mut self.to_kernel))
+    }
+
+    fn on_wc(&mut self, wc: WorkCompletion) -> Result<(), NodeError> {
+        if wc.wr_id & RC_WR != 0 {
+            self.on_rc_wc(wc);
+            return Ok(());
+        }
+        if wc.opcode != WcOpcode::Recv {
+            if wc.status != WcStatus::Success {
+                warn!(status = ?wc.status, "UD send failed");
+            }
+            return Ok(());
+        }
+        let i = wc.wr_id as usize;
+        if wc.status == WcStatus::Success && (wc.byte_len as usize) >= GRH_LEN && i < RECV_SLOTS {
+            let len = (wc.byte_len as usize).min(self.slot) - GRH_LEN;
+            let msg = self
+                .mr
+                .to_vec(i * self.slot + GRH_LEN, len)
+                .map_err(|_| NodeError::OutOfBounds)?;
+            // Our own multicast comes back (loopback): Linux ipoib drops it by source QPN.
+            if wc.src_qp != self.qp.qp_num() {
+                let now = self.now();
+                self.link.on_ud_recv(now, &msg);
+            }
+        }
+        if wc.status == WcStatus::WrFlushErr {
+            return Err(NodeError::QpError);
+        }
+        if i < RECV_SLOTS {
+            self.post_recv(i)?;
+        }
+        Ok(())
+    }
+
+    fn on_rc_wc(&mut self, wc: WorkCompletion) {
+        let conn = ConnId((wc.wr_id & !RC_WR) >> 16);
+        let slot = (wc.wr_id & 0xffff) as usize;
+        let Some(c) = self.rc.get_mut(&conn) else {
+            return; // a connection already gone (its flushes)
+        };
+        if wc.status != WcStatus::Success {
+            if wc.status != WcStatus::WrFlushErr {
+                warn!(conn = conn.0, status = ?wc.status, "RC completion error: connection closed");
+            } else {
+                debug!(conn = conn.0, "RC flush: connection closed");
+            }
+            self.close(conn);
+            return;
+        }
+        if slot >= RC_RECV_SLOTS {
+            c.free_send.push(slot);
+            return;
+        }
+        let msg = match c.mr.to_vec(slot * RC_SLOT, (wc.byte_len as usize).min(RC_SLOT)) {
+            Ok(m) => m,
+            Err(_) => return,
+        };
+        match &c.qp {
+            Some(qp) => {
+                let wr = RecvWr {
+                    wr_id: rc_wr(conn, slot),
+                    sg_list: vec![c.mr.sge(slot * RC_SLOT, RC_SLOT as u32)],
+                };
+                if let Err(e) = qp.post_recv(&[wr]) {
+                    debug!(conn = conn.0, error = %e, "RC post_recv failed");
+                }
+            }
+            None => c.repost.push(slot),
+        }
+        self.counters.received += 1;
+        let now = self.now();
+        self.link.on_rc_recv(now, conn, &msg);
+    }
+
+    /// The connection is gone (peer DREQ, error): the machine re-resolves the peer.
+    fn close(&mut self, conn: ConnId) {
+        if self.rc.remove(&conn).is_some() {
+            self.counters.closed += 1;
+            let now = self.now();
+            self.link.on_conn_closed(now, conn);
+        }
+    }
+
+    /// New REQs, connect outcomes, and the connections' CM events.
+    fn cm_poll(&mut self) -> Result<(), NodeError> {
+        let mut incoming = Vec::new();
+        for l in &self.listeners {
+            while let Ok(r) = l.get_request(Some(Duration::ZERO)) {
+                incoming.push(r);
+            }
+        }
+        for r in incoming {
+            let (Some(sid), Some(gid)) = (r.service_id(), r.peer_gid()) else {
+                continue;
+            };
+            let h = self.next_req;
+            self.next_req += 1;
+            let pd = r.private_data().to_vec();
+            self.reqs.insert(h, r);
+            let now = self.now();
+            self.link.on_cm_req(now, h, sid, gid.0, &pd);
+            self.run_actions()?;
+        }
+        while let Ok(d) = self.done_rx.try_recv() {
+            let now = self.now();
+            let Some(c) = self.rc.get_mut(&d.conn) else {
+                debug!(conn = d.conn.0, "connect finished for a connection already dropped");
+                continue; // dropping d.qp disconnects it if it did connect
+            };
+            match d.result {
+                Ok(peer_pd) => {
+                    for slot in std::mem::take(&mut c.repost) {
+                        let wr = RecvWr {
+                            wr_id: rc_wr(d.conn, slot),
+                            sg_list: vec![c.mr.sge(slot * RC_SLOT, RC_SLOT as u32)],
+                        };
+                        let _ = d.qp.post_recv(&[wr]);
+                    }
+                    c.qp = Some(d.qp);
+                    self.counters.connected += 1;
+                    self.link.on_cm_rep(now, d.conn, &peer_pd);
+                }
+                Err(e) => {
+                    let reason = match &e {
+                        verbs::Error::Rejected { detail, .. } => detail
+                            .as_ref()
+                            .and_then(|d| d.code())
+                            .map_or(crate::link::REJ_CONSUMER, |c| c as u16),
+                        // Timeout (IBTA table 112, 4): nobody answered.
+                        _ => 4,
+                    };
+                    debug!(conn = d.conn.0, error = %e, reason, "connect failed");
+                    self.rc.remove(&d.conn);
+                    self.link.on_cm_rej(now, d.conn, reason);
+                }
+            }
+            self.run_actions()?;
+        }
+        let mut events = Vec::new();
+        for (id, c) in &self.rc {
+            if let Some(qp) = &c.qp {
+                while let Some(ev) = qp.get_event(Some(Duration::ZERO)) {
+                    events.push((*id, ev));
+                }
+            }
+        }
+        events.sort_by_key(|(id, _)| *id);
+        for (id, ev) in events {
+            match ev {
+                CmEvent::Established => {
+                    let now = self.now();
+                    self.link.on_cm_rtu(now, id);
+                }
+                other => {
+                    debug!(conn = id.0, event = ?other, "connection closed");
+                    self.close(id);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn ah(&mut self, gid: [u8; 16]) -> Result<AddressHandle, NodeError> {
@@ -209,55 +516,261 @@ impl Node {
         Ok(a)
     }
 
+    /// A new RC QP with its buffers and receives posted.
+    fn new_rc(&mut self, conn: ConnId) -> Result<(QueuePair, MemoryRegion), NodeError> {
+        let attr = QpInitAttr {
+            max_send_wr: RC_SEND_SLOTS as u32,
+            max_recv_wr: RC_RECV_SLOTS as u32,
+            ..QpInitAttr::default()
+        };
+        let qp = v(
+            "create_qp RC",
+            self.pd.create_qp(QpInit::new(QpType::Rc, &self.cq).cap(attr)),
+        )?;
+        let mr = v(
+            "reg_mr RC",
+            self.pd
+                .reg_mr((RC_RECV_SLOTS + RC_SEND_SLOTS) * RC_SLOT, Access::LOCAL_WRITE),
+        )?;
+        // INIT (as rdma_create_qp leaves it) so the receives can be posted before the CM
+        // binds the QP; the CM takes it from INIT to RTR and RTS.
+        v(
+            "modify_qp INIT RC",
+            qp.modify_qp(&QpAttr::init(1, 0, Access::LOCAL_WRITE)),
+        )?;
+        let wrs: Vec<RecvWr> = (0..RC_RECV_SLOTS)
+            .map(|i| RecvWr {
+                wr_id: rc_wr(conn, i),
+                sg_list: vec![mr.sge(i * RC_SLOT, RC_SLOT as u32)],
+            })
+            .collect();
+        v("post_recv RC", qp.post_recv(&wrs))?;
+        Ok((qp, mr))
+    }
+
+    fn rc_send(&mut self, conn: ConnId, payload: &[u8]) -> Result<(), NodeError> {
+        if payload.len() > RC_SLOT {
+            self.counters.dropped += 1;
+            return Ok(());
+        }
+        let deadline = Instant::now() + SEND_STALL;
+        let slot = loop {
+            let Some(c) = self.rc.get_mut(&conn) else {
+                self.counters.dropped += 1;
+                return Ok(());
+            };
+            if c.qp.is_none() {
+                self.counters.dropped += 1;
+                return Ok(());
+            }
+            if let Some(s) = c.free_send.pop() {
+                break s;
+            }
+            // All send buffers in flight: reap completions (receives go to the machine,
+            // whose actions run after this one).
+            if Instant::now() >= deadline {
+                trace!(conn = conn.0, "no RC send buffer: packet dropped");
+                self.counters.dropped += 1;
+                return Ok(());
+            }
+            if let Some(wc) = self.cq.wait(Some(Duration::from_millis(5))) {
+                self.on_wc(wc)?;
+            }
+            while let Some(wc) = self.cq.poll_one() {
+                self.on_wc(wc)?;
+            }
+        };
+        let Some(c) = self.rc.get_mut(&conn) else { return Ok(()) };
+        c.mr.write(slot * RC_SLOT, payload)
+            .map_err(|_| NodeError::OutOfBounds)?;
+        let wr = SendWr::new(
+            rc_wr(conn, slot),
+            WrOpcode::Send,
+            vec![c.mr.sge(slot * RC_SLOT, payload.len() as u32)],
+        )
+        .flags(SendFlags::SIGNALED);
+        let posted = c.qp.as_ref().map(|qp| qp.post_send(&[wr]));
+        match posted {
+            Some(Ok(())) => self.counters.sent += 1,
+            Some(Err(e)) => {
+                debug!(conn = conn.0, error = %e, "RC post_send failed: connection closed");
+                c.free_send.push(slot);
+                self.close(conn);
+            }
+            None => c.free_send.push(slot),
+        }
+        Ok(())
+    }
+
     fn run_actions(&mut self) -> Result<(), NodeError> {
-        for a in self.link.take_actions() {
-            match a {
-                Action::ToKernel(p) => self.to_kernel.push(p),
-                Action::Join(g) => v("attach_mcast", self.qp.attach_mcast(&Gid(g.0), 0))?,
-                Action::UdSend { dest, payload } => {
-                    let (gid, qpn) = match dest {
-                        UdDest::Unicast(l) => (l.gid, l.qpn),
-                        UdDest::Multicast(g) => (g.0, MULTICAST_QPN),
-                    };
-                    if payload.len() + GRH_LEN > self.slot {
-                        warn!(len = payload.len(), "UD message beyond the port MTU dropped");
-                        continue;
+        loop {
+            let acts = self.link.take_actions();
+            if acts.is_empty() {
+                return Ok(());
+            }
+            for a in acts {
+                self.run_action(a)?;
+            }
+        }
+    }
+
+    fn run_action(&mut self, a: Action) -> Result<(), NodeError> {
+        match a {
+            Action::ToKernel(p) => self.to_kernel.push(p),
+            Action::Join(g) => v("attach_mcast", self.qp.attach_mcast(&Gid(g.0), 0))?,
+            Action::UdSend { dest, payload } => {
+                let (gid, qpn) = match dest {
+                    UdDest::Unicast(l) => (l.gid, l.qpn),
+                    UdDest::Multicast(g) => (g.0, MULTICAST_QPN),
+                };
+                if payload.len() + GRH_LEN > self.slot {
+                    warn!(len = payload.len(), "UD message beyond the port MTU dropped");
+                    return Ok(());
+                }
+                let ah = self.ah(gid)?;
+                let i = RECV_SLOTS + self.next_send;
+                self.next_send = (self.next_send + 1) % SEND_SLOTS;
+                self.mr
+                    .write(i * self.slot, &payload)
+                    .map_err(|_| NodeError::OutOfBounds)?;
+                let flags = if self.next_send.is_multiple_of(SIGNAL_EVERY) {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::empty()
+                };
+                let wr = SendWr::new(
+                    i as u64,
+                    WrOpcode::Send,
+                    vec![self.mr.sge(i * self.slot, payload.len() as u32)],
+                )
+                .flags(flags)
+                .ud(verbs::UdDest {
+                    ah,
+                    remote_qpn: qpn,
+                    remote_qkey: IPOIB_QKEY,
+                });
+                if let Err(e) = self.qp.post_send(&[wr]) {
+                    warn!(error = %e, "UD post_send failed, packet dropped");
+                }
+            }
+            Action::RcSend { conn, payload } => self.rc_send(conn, &payload)?,
+            Action::Connect {
+                conn,
+                peer,
+                service_id,
+                private_data,
+            } => {
+                let (qp, mr) = match self.new_rc(conn) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        warn!(error = %e, "no RC QP for a connection");
+                        let now = self.now();
+                        self.link.on_cm_rej(now, conn, crate::link::REJ_NO_QP);
+                        return Ok(());
                     }
-                    let ah = self.ah(gid)?;
-                    let i = RECV_SLOTS + self.next_send;
-                    self.next_send = (self.next_send + 1) % SEND_SLOTS;
-                    self.mr
-                        .write(i * self.slot, &payload)
-                        .map_err(|_| NodeError::OutOfBounds)?;
-                    let flags = if self.next_send.is_multiple_of(SIGNAL_EVERY) {
-                        SendFlags::SIGNALED
-                    } else {
-                        SendFlags::empty()
-                    };
-                    let wr = SendWr::new(
-                        i as u64,
-                        WrOpcode::Send,
-                        vec![self.mr.sge(i * self.slot, payload.len() as u32)],
-                    )
-                    .flags(flags)
-                    .ud(verbs::UdDest {
-                        ah,
-                        remote_qpn: qpn,
-                        remote_qkey: IPOIB_QKEY,
+                };
+                self.rc.insert(
+                    conn,
+                    RcConn {
+                        qp: None,
+                        mr,
+                        free_send: (RC_RECV_SLOTS..RC_RECV_SLOTS + RC_SEND_SLOTS).collect(),
+                        repost: Vec::new(),
+                    },
+                );
+                let tx = self.done_tx.clone();
+                let timeout = self.link.config().conn_setup;
+                let spawned = std::thread::Builder::new()
+                    .name("softrdma-ipoib-cm".into())
+                    .spawn(move || {
+                        let param = ConnParam {
+                            private_data: private_data.to_vec(),
+                            ..ConnParam::default()
+                        };
+                        let result = qp
+                            .connect_ib_service(Gid(peer.gid), service_id, &param, timeout)
+                            .map(|()| qp.conn_info().peer_private_data);
+                        let _ = tx.send(Connected { conn, qp, result });
                     });
-                    if let Err(e) = self.qp.post_send(&[wr]) {
-                        warn!(error = %e, "UD post_send failed, packet dropped");
+                if let Err(e) = spawned {
+                    warn!(error = %e, "no thread for a connect");
+                    self.rc.remove(&conn);
+                    let now = self.now();
+                    self.link.on_cm_rej(now, conn, crate::link::REJ_NO_QP);
+                }
+            }
+            Action::Accept {
+                req,
+                conn,
+                private_data,
+            } => {
+                let Some(r) = self.reqs.remove(&req) else { return Ok(()) };
+                let (qp, mr) = match self.new_rc(conn) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        warn!(error = %e, "no RC QP to accept a connection");
+                        let _ = r.reject_with_reason(crate::link::REJ_NO_QP, &private_data);
+                        let now = self.now();
+                        self.link.on_conn_closed(now, conn);
+                        return Ok(());
+                    }
+                };
+                let param = ConnParam {
+                    private_data: private_data.to_vec(),
+                    ..ConnParam::default()
+                };
+                match r.accept_qp(&qp, &param) {
+                    Ok(()) => {
+                        self.counters.connected += 1;
+                        self.rc.insert(
+                            conn,
+                            RcConn {
+                                qp: Some(qp),
+                                mr,
+                                free_send: (RC_RECV_SLOTS..RC_RECV_SLOTS + RC_SEND_SLOTS).collect(),
+                                repost: Vec::new(),
+                            },
+                        );
+                    }
+                    Err(e) => {
+                        debug!(conn = conn.0, error = %e, "accept failed");
+                        let now = self.now();
+                        self.link.on_conn_closed(now, conn);
                     }
                 }
-                // Datagram mode: the machine never asks for these.
-                Action::Connect { .. }
-                | Action::Accept { .. }
-                | Action::RejectReq { .. }
-                | Action::RejectRep { .. }
-                | Action::RcSend { .. }
-                | Action::Disconnect { .. } => debug!(?a, "connected-mode action in datagram mode ignored"),
+            }
+            Action::RejectReq {
+                req,
+                reason,
+                private_data,
+            } => {
+                if let Some(r) = self.reqs.remove(&req)
+                    && let Err(e) = r.reject_with_reason(reason, &private_data)
+                {
+                    debug!(error = %e, "REJ failed");
+                }
+            }
+            Action::RejectRep { conn, .. } | Action::Disconnect { conn } => {
+                // Dropping the QP disconnects it (DREQ) and destroys it; a connect still in
+                // flight ends on its thread and is dropped there.
+                if let Some(c) = self.rc.remove(&conn)
+                    && let Some(qp) = &c.qp
+                {
+                    qp.disconnect();
+                }
             }
         }
         Ok(())
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        // DREQs for the connections, so peers notice at once.
+        for (_, c) in self.rc.drain() {
+            if let Some(qp) = &c.qp {
+                qp.disconnect();
+            }
+        }
     }
 }

@@ -72,8 +72,12 @@ impl Tun {
         &self.file
     }
 
-    /// `ip link set dev NAME mtu MTU arp off up`, then each address (`A/P`) added.
+    /// `ip link set dev NAME addrgenmode none`, `ip link set dev NAME mtu MTU arp off up`, then each address (`A/P`)
+    /// added.
     pub fn configure(&self, mtu: u32, addrs: &[String]) -> io::Result<()> {
+        // No kernel-made link-local (EUI-64 or stable-privacy): the daemon adds the RFC 4391
+        // one. Set before the link first goes up, in a command of its own.
+        ip(&["link", "set", "dev", &self.name, "addrgenmode", "none"])?;
         ip(&[
             "link",
             "set",

@@ -202,6 +202,8 @@ struct Shared {
     listeners: HashMap<u16, Arc<EventQueue<Box<dyn ConnRequestOps>>>>,
     /// Listening port in the UDP port space → the listener's request queue.
     udp_listeners: HashMap<u16, Arc<EventQueue<Box<dyn ConnRequestOps>>>>,
+    /// Raw IB service ID → the listener's request queue (`listen_ib_service`).
+    ib_listeners: HashMap<u64, Arc<EventQueue<Box<dyn ConnRequestOps>>>>,
     /// Our SIDR_REQs → where `connect_ud` waits.
     sidr_waiters: HashMap<SidrId, Sender<SidrOutcome>>,
     conns: HashMap<CmId, Conn>,
@@ -256,6 +258,7 @@ impl GsiCm {
                 cm: Cm::new(cfg.cm.clone()),
                 listeners: HashMap::new(),
                 udp_listeners: HashMap::new(),
+                ib_listeners: HashMap::new(),
                 sidr_waiters: HashMap::new(),
                 conns: HashMap::new(),
                 by_qpn: HashMap::new(),
@@ -379,6 +382,33 @@ impl Inner {
         match ev {
             CmEvent::ConnectRequest(cr) => {
                 let now = Instant::now();
+                if let Some(queue) = s.ib_listeners.get(&cr.service_id).cloned() {
+                    // A raw IB service: the private data as sent, no rdma_cm header.
+                    s.conns.insert(
+                        cr.id,
+                        Conn {
+                            qp: None,
+                            waiter: None,
+                            down: false,
+                        },
+                    );
+                    let req = RoceConnRequest {
+                        cm: Some(self.clone()),
+                        id: cr.id,
+                        sidr: None,
+                        ib: Some((cr.service_id, cr.from)),
+                        peer: SocketAddr::new(cr.from.to_ip(), 0),
+                        local: SocketAddr::new(self.local_ip, 0),
+                        private_data: cr.req.private_data.clone(),
+                        param: ConnParam {
+                            private_data: Vec::new(),
+                            responder_resources: cr.req.responder_resources,
+                            initiator_depth: cr.req.initiator_depth,
+                        },
+                    };
+                    acts.push(Action::Deliver(queue, Box::new(req)));
+                    return;
+                }
                 let port = parse_service_id(cr.service_id).map(|(_, p)| p);
                 let Some(queue) = port.and_then(|p| s.listeners.get(&p)).cloned() else {
                     // The listener went away between the REQ and now.
@@ -415,6 +445,7 @@ impl Inner {
                     cm: Some(self.clone()),
                     id: cr.id,
                     sidr: None,
+                    ib: None,
                     peer,
                     local,
                     private_data: pdata,
@@ -525,6 +556,7 @@ impl Inner {
                     cm: Some(self.clone()),
                     id: CmId(0),
                     sidr: Some(r.id),
+                    ib: None,
                     peer,
                     local,
                     private_data: pdata,
@@ -700,6 +732,52 @@ impl CmBackend for GsiCm {
         self.connect_from(qp, addr, param, timeout)
     }
 
+    fn listen_ib_service(
+        &self,
+        service_id: u64,
+        requests: Arc<EventQueue<Box<dyn ConnRequestOps>>>,
+    ) -> Result<Box<dyn ListenerOps>> {
+        let inner = &self.inner;
+        inner.with(|s| -> Result<()> {
+            s.cm.listen(service_id).map_err(cm_err)?;
+            s.ib_listeners.insert(service_id, requests);
+            Ok(())
+        })?;
+        Ok(Box::new(RoceListener {
+            inner: inner.clone(),
+            addr: SocketAddr::new(inner.local_ip, 0),
+            ps: PortSpace::Tcp,
+            ib_service: Some(service_id),
+        }))
+    }
+
+    fn connect_ib_service(
+        &self,
+        qp: &Arc<dyn QpOps>,
+        gid: Gid,
+        service_id: u64,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<ConnInfo> {
+        if param.private_data.len() > crate::cm::mad::REQ_PDATA {
+            return Err(InvalidArg::PrivateDataTooLong {
+                len: param.private_data.len(),
+                max: crate::cm::mad::REQ_PDATA,
+            }
+            .into());
+        }
+        let addr = SocketAddr::new(gid.to_ip(), 0);
+        self.connect_with(qp, addr, param, timeout, |_, qpn, psn| {
+            Ok(ConnectParams::ib_service(
+                gid,
+                service_id,
+                qpn,
+                psn,
+                &param.private_data,
+            ))
+        })
+    }
+
     fn disconnect(&self, qp: &Arc<dyn QpOps>) {
         let inner = &self.inner;
         let qpn = qp.qp_num();
@@ -760,6 +838,7 @@ impl GsiCm {
             inner: inner.clone(),
             addr: SocketAddr::new(addr.ip(), port),
             ps,
+            ib_service: None,
         }))
     }
 
@@ -821,17 +900,32 @@ impl GsiCm {
         param: &ConnParam,
         timeout: Duration,
     ) -> Result<ConnInfo> {
-        let inner = &self.inner;
         if addr.ip().is_unspecified() || addr.port() == 0 {
             return Err(InvalidArg::ConnParam("connect needs a destination address and port").into());
         }
+        self.connect_with(qp, addr, param, timeout, |local, qpn, psn| {
+            ConnectParams::rdma_cm(local, addr, qpn, psn, &param.private_data).map_err(cma_err)
+        })
+    }
+
+    /// Sends the REQ that `make` builds (from our address, QPN and starting PSN) for `qp`
+    /// and waits for the answer; on a REP the QP goes to RTS and the RTU goes out.
+    fn connect_with(
+        &self,
+        qp: &Arc<dyn QpOps>,
+        addr: SocketAddr,
+        param: &ConnParam,
+        timeout: Duration,
+        make: impl FnOnce(SocketAddr, u32, u32) -> Result<ConnectParams>,
+    ) -> Result<ConnInfo> {
+        let inner = &self.inner;
         let cfg = &inner.cfg;
         let (tx, rx): (Sender<Outcome>, Receiver<Outcome>) = channel();
         let qpn = qp.qp_num();
         let (id, local) = inner.with(|s| -> Result<(CmId, SocketAddr)> {
             let local = SocketAddr::new(inner.local_ip, s.rng.random_range(32768..=60999u16));
             let psn = random_psn(&mut s.rng);
-            let mut p = ConnectParams::rdma_cm(local, addr, qpn, psn, &param.private_data).map_err(cma_err)?;
+            let mut p = make(local, qpn, psn)?;
             p.responder_resources = param.responder_resources;
             p.initiator_depth = param.initiator_depth;
             p.path_mtu = cfg.path_mtu;
@@ -881,7 +975,10 @@ impl GsiCm {
                 inner.with(|s| forget(s, id));
                 Err(Error::Rejected {
                     private_data,
-                    detail: Some(ErrorDetail::new(Rejection { reason, ari })),
+                    detail: Some(ErrorDetail::with_code(
+                        Rejection { reason, ari },
+                        u32::from(u16::from(reason)),
+                    )),
                 })
             }
             Outcome::TimedOut => {
@@ -897,6 +994,8 @@ struct RoceListener {
     inner: Arc<Inner>,
     addr: SocketAddr,
     ps: PortSpace,
+    /// A raw IB service listener (`listen_ib_service`): its service ID.
+    ib_service: Option<u64>,
 }
 
 impl ListenerOps for RoceListener {
@@ -908,6 +1007,13 @@ impl ListenerOps for RoceListener {
 impl Drop for RoceListener {
     fn drop(&mut self) {
         let (port, ps) = (self.addr.port(), self.ps);
+        if let Some(sid) = self.ib_service {
+            self.inner.with(|s| {
+                s.cm.unlisten(sid);
+                s.ib_listeners.remove(&sid);
+            });
+            return;
+        }
         self.inner.with(|s| {
             s.cm.unlisten(service_id(ps, port));
             match ps {
@@ -925,6 +1031,8 @@ struct RoceConnRequest {
     id: CmId,
     /// A SIDR_REQ's handle: this is a UDP-port-space request.
     sidr: Option<SidrId>,
+    /// A raw IB service request: its service ID and the requester's GID.
+    ib: Option<(u64, Gid)>,
     peer: SocketAddr,
     local: SocketAddr,
     private_data: Vec<u8>,
@@ -943,6 +1051,30 @@ impl ConnRequestOps for RoceConnRequest {
     }
     fn param(&self) -> ConnParam {
         self.param.clone()
+    }
+
+    fn service_id(&self) -> Option<u64> {
+        self.ib.map(|(sid, _)| sid)
+    }
+
+    fn peer_gid(&self) -> Option<Gid> {
+        Some(self.ib.map_or_else(|| Gid::from_ip(self.peer.ip()), |(_, g)| g))
+    }
+
+    fn reject_with_reason(mut self: Box<Self>, reason: u16, private_data: &[u8]) -> Result<()> {
+        if self.sidr.is_some() {
+            return self.reject(private_data);
+        }
+        let inner = self.cm.take().ok_or(Error::Closed)?;
+        let id = self.id;
+        inner.with(|s| {
+            let r =
+                s.cm.reject(Instant::now(), id, RejReason::from(reason), &[], private_data);
+            if !matches!(r, Err(crate::cm::CmError::TooLong { .. })) {
+                forget(s, id);
+            }
+            r.map_err(cm_err)
+        })
     }
 
     fn port_space(&self) -> verbs::PortSpace {

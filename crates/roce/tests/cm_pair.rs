@@ -436,6 +436,55 @@ fn consumer_reject_with_private_data() {
     assert_eq!(n.sent(Side::A, AttrId::Req), 1, "no REQ retransmission after REJ");
 }
 
+/// C1.7 "listen by service ID", C1.3, C1.6: a raw IB service ID (IPoIB-CM's `0x10…|UD QPN`,
+/// RFC 4755 §3.5) with 8 octets of raw private data: the listener sees them as sent (REQ
+/// private data padded to 92) and no rdma_cm header even when octet 1 reads like one's IP
+/// version (IPCM-10's QPN 0x40_0001); its REJ with reason 28 and private data reaches the
+/// connector; a REQ for the RFC-prefix form nobody listens on gets REJ 8.
+#[test]
+fn raw_ib_service_req_and_rej_with_private_data() {
+    let mut n = Net::new(31);
+    let sid = 0x1000_0000_0040_0001u64;
+    n.b.listen(sid).unwrap();
+    // Reserved 0, UD QPN 0x40_0001, Receive MTU 65,524.
+    let pd = [0x00, 0x40, 0x00, 0x01, 0x00, 0x00, 0xff, 0xf4];
+    let p = ConnectParams::ib_service(n.gb, sid, 0x11, 0x1111, &pd);
+    let ida = n.a.connect(n.now, p).unwrap();
+    n.pump();
+    let r = match n.ev_b.last() {
+        Some(CmEvent::ConnectRequest(r)) => r.clone(),
+        e => panic!("B expected a ConnectRequest, has {e:?}"),
+    };
+    assert_eq!(r.service_id, sid);
+    assert_eq!(r.from, n.ga);
+    assert!(r.cma.is_none(), "a raw service has no rdma_cm header: {:?}", r.cma);
+    assert_eq!(&r.req.private_data[..8], &pd);
+    assert!(r.req.private_data[8..].iter().all(|b| *b == 0));
+    n.b.reject(n.now, r.id, RejReason::ConsumerDefined, &[], &pd).unwrap();
+    n.pump();
+    match n.ev_a.last() {
+        Some(CmEvent::Rejected {
+            id,
+            reason,
+            private_data,
+            ..
+        }) => {
+            assert_eq!(*id, ida);
+            assert_eq!(*reason, RejReason::ConsumerDefined);
+            assert_eq!(&private_data[..8], &pd);
+        }
+        e => panic!("{e:?}"),
+    }
+    let p = ConnectParams::ib_service(n.gb, 0x0100_0000_0040_0001, 0x12, 1, &pd);
+    let idc = n.a.connect(n.now, p).unwrap();
+    n.pump();
+    assert!(matches!(
+        n.ev_a.last(),
+        Some(CmEvent::Rejected { id, reason: RejReason::InvalidServiceId, .. }) if *id == idc
+    ));
+    assert_eq!((n.a.connections(), n.b.connections()), (0, 0));
+}
+
 /// C1.6, C1.7: the active application rejects the REP (before RTU): the passive side learns
 /// it and stops retransmitting its REP.
 #[test]

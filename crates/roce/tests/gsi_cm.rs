@@ -829,3 +829,98 @@ fn join_multicast_maps_the_group_and_attaches() {
     assert!(rc.join_multicast(group).is_err());
     assert_eq!(a.fake.mcast.lock().unwrap().len(), 2);
 }
+
+/// C1.3, C1.6, C1.7 "listen by service ID", C1.8 (issue 16, IPoIB connected mode): a raw IB
+/// service ID (`0x10…|UD QPN`, RFC 4755 §3.5) through the verbs: the listener's request
+/// carries the service ID, the requester's GID and the 8 octets of private data as sent (no
+/// rdma_cm header; padded to 92); the REP carries the acceptor's 8 octets; both QPs reach
+/// RTS and see Established; the acceptor's disconnect reaches the connector as
+/// Disconnected. A second connect is refused with REJ 28 and private data
+/// (`reject_with_reason`), a third to the RFC-prefix form nobody listens on with REJ 8.
+#[test]
+fn raw_ib_service_listen_connect_reject() {
+    let (_w, a, b) = pair(45);
+    let sid = 0x1000_0000_0000_0000u64 | 0x12_3456;
+    let l = b.dev.listen_ib_service(sid).unwrap();
+    assert!(
+        matches!(b.dev.listen_ib_service(sid), Err(Error::Io(_))),
+        "one listener per service ID"
+    );
+    let pd_a = [0u8, 0x00, 0x00, 0x11, 0x00, 0x00, 0xff, 0xf4];
+    let pd_b = [0u8, 0x12, 0x34, 0x56, 0x00, 0x00, 0xff, 0xf4];
+    let gb = Gid::from_ip(b.ip);
+    let dev = a.dev.clone();
+    let t = std::thread::spawn(move || {
+        let pd = dev.alloc_pd().unwrap();
+        let qp = pd.create_qp(opts(&dev).qp_init()).unwrap();
+        let param = verbs::ConnParam {
+            private_data: pd_a.to_vec(),
+            ..Default::default()
+        };
+        qp.connect_ib_service(gb, sid, &param, T).map(|()| qp)
+    });
+    let req = l.get_request(Some(T)).expect("the REQ reaches the service listener");
+    assert_eq!(req.service_id(), Some(sid));
+    assert_eq!(req.peer_gid(), Some(Gid::from_ip(a.ip)));
+    assert_eq!(req.private_data().len(), 92, "a raw REQ delivers its 92 octets");
+    assert_eq!(&req.private_data()[..8], &pd_a);
+    let pd = b.dev.alloc_pd().unwrap();
+    let qb = req.accept(&pd, opts(&b.dev).private_data(&pd_b)).unwrap();
+    let qa = t.join().unwrap().unwrap();
+    assert_eq!((qa.state(), qb.state()), (QpState::Rts, QpState::Rts));
+    assert_eq!(&qa.conn_info().peer_private_data[..8], &pd_b);
+    let (rtr_a, _) = rtr_rts(&a.qp(&qa).log.lock().unwrap());
+    assert_eq!(rtr_a.dest_qp_num, qb.qp_num());
+    assert!(matches!(wait_event(&qb, |_| true), CmEvent::Established));
+    qb.disconnect();
+    assert!(matches!(
+        wait_event(&qa, |e| !matches!(e, CmEvent::Established)),
+        CmEvent::Disconnected
+    ));
+
+    // REJ 28 with private data.
+    let dev = a.dev.clone();
+    let t = std::thread::spawn(move || {
+        let pd = dev.alloc_pd().unwrap();
+        let qp = pd.create_qp(opts(&dev).qp_init()).unwrap();
+        let param = verbs::ConnParam {
+            private_data: pd_a.to_vec(),
+            ..Default::default()
+        };
+        qp.connect_ib_service(gb, sid, &param, T)
+    });
+    let req = l.get_request(Some(T)).unwrap();
+    req.reject_with_reason(28, &pd_b).unwrap();
+    match t.join().unwrap() {
+        Err(Error::Rejected { private_data, detail }) => {
+            assert_eq!(&private_data[..8], &pd_b);
+            let d = detail.unwrap();
+            assert_eq!(
+                d.downcast_ref::<Rejection>().unwrap().reason,
+                RejReason::ConsumerDefined
+            );
+        }
+        other => panic!("expected REJ 28, got {other:?}"),
+    }
+
+    // The other prefix form: nobody listens, REJ 8.
+    let pd = a.dev.alloc_pd().unwrap();
+    let qp = pd.create_qp(opts(&a.dev).qp_init()).unwrap();
+    let e = qp
+        .connect_ib_service(gb, 0x0100_0000_0012_3456, &verbs::ConnParam::default(), T)
+        .unwrap_err();
+    let Error::Rejected { detail: Some(d), .. } = &e else {
+        panic!("expected REJ 8, got {e:?}")
+    };
+    assert_eq!(
+        d.downcast_ref::<Rejection>().unwrap().reason,
+        RejReason::InvalidServiceId
+    );
+    // Dropping the listener stops the service.
+    drop(l);
+    let qp = pd.create_qp(opts(&a.dev).qp_init()).unwrap();
+    let e = qp
+        .connect_ib_service(gb, sid, &verbs::ConnParam::default(), T)
+        .unwrap_err();
+    assert!(matches!(e, Error::Rejected { .. }), "{e:?}");
+}

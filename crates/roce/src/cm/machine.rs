@@ -172,6 +172,35 @@ impl ConnectParams {
             private_data: hdr.req_private_data(ulp)?,
         })
     }
+
+    /// A REQ to a raw IB service ID (no rdma_cm header): `private_data` goes as given (at
+    /// most 92 octets), the other fields as [`ConnectParams::rdma_cm`] sets them. IPoIB
+    /// connected mode (RFC 4755 §3.1) connects this way.
+    pub fn ib_service(
+        remote_gid: Gid,
+        service_id: u64,
+        qpn: u32,
+        starting_psn: u32,
+        private_data: &[u8],
+    ) -> ConnectParams {
+        ConnectParams {
+            remote_gid,
+            service_id,
+            qpn,
+            starting_psn,
+            responder_resources: 1,
+            initiator_depth: 1,
+            path_mtu: Mtu::Mtu1024,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            local_ack_timeout: 18,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+            srq: false,
+            private_data: private_data.to_vec(),
+        }
+    }
 }
 
 /// What [`Cm::accept`] answers with.
@@ -1139,7 +1168,9 @@ impl Cm {
         let peer_timeout = self.timeout(req.local_cm_response_timeout);
         self.by_remote.insert((req.local_ca_guid, req.local_comm_id), id);
         self.by_qpn.insert((req.local_ca_guid, req.local_qpn), id);
-        let cma = CmaHdr::parse(&req.private_data).ok();
+        // Only rdma_cm's port spaces carry the rdma_cm header; a raw service's private data
+        // (IPoIB-CM's 8 octets, say) is the application's, whatever its octets look like.
+        let cma = super::cma::parse_service_id(req.service_id).and_then(|_| CmaHdr::parse(&req.private_data).ok());
         self.conns.insert(
             id,
             Conn {
@@ -1224,7 +1255,9 @@ impl Cm {
                 answer: None,
             },
         );
-        let cma = CmaHdr::parse(&req.private_data).ok();
+        // Only rdma_cm's port spaces carry the rdma_cm header; a raw service's private data
+        // (IPoIB-CM's 8 octets, say) is the application's, whatever its octets look like.
+        let cma = super::cma::parse_service_id(req.service_id).and_then(|_| CmaHdr::parse(&req.private_data).ok());
         self.events.push_back(CmEvent::SidrRequest(Box::new(SidrRequest {
             id: SidrId(h),
             from,

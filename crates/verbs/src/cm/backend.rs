@@ -9,6 +9,7 @@
 //! `rdma_resolve_addr` takes them); nothing here assumes TCP: an IB CM
 //! backend maps the port to a service ID.
 
+use crate::ah::Gid;
 use crate::cm::event::{ConnInfo, UdParam};
 use crate::cm::{PortSpace, RouteOptions};
 use crate::error::{Error, Result};
@@ -46,6 +47,22 @@ pub trait ConnRequestOps: Send {
         Err(Error::NotSupported(
             "this connection manager has no UDP port space".into(),
         ))
+    }
+    /// The IB service ID the request named (a request taken from an IB service listener;
+    /// `None` from the rdma_cm port spaces, which hide it).
+    fn service_id(&self) -> Option<u64> {
+        None
+    }
+    /// The requester's GID (the REQ's primary-path source GID) on an InfiniBand-style
+    /// transport; `None` elsewhere.
+    fn peer_gid(&self) -> Option<Gid> {
+        None
+    }
+    /// Refuses with an IB CM REJ `reason` (IBTA table 112: 1 no QP, 8 invalid service ID,
+    /// 28 consumer reject, ...) and `private_data`. The default refuses as
+    /// [`reject`](Self::reject) does, whatever the reason.
+    fn reject_with_reason(self: Box<Self>, _reason: u16, private_data: &[u8]) -> Result<()> {
+        self.reject(private_data)
     }
 }
 
@@ -113,6 +130,34 @@ pub trait CmBackend: Send + Sync {
     fn multicast_group(&self, group: IpAddr) -> Result<UdParam> {
         Err(Error::NotSupported(format!(
             "this connection manager has no multicast groups ({group})"
+        )))
+    }
+    /// Listens on a raw IB service ID (IBTA §12.7.3; no rdma_cm header, no port space):
+    /// REQs naming it are pushed to `requests` with their private data as sent. The
+    /// default refuses with `NotSupported` (`EOPNOTSUPP`): iWARP has no service IDs.
+    fn listen_ib_service(
+        &self,
+        service_id: u64,
+        _requests: Arc<EventQueue<Box<dyn ConnRequestOps>>>,
+    ) -> Result<Box<dyn ListenerOps>> {
+        Err(Error::NotSupported(format!(
+            "this connection manager has no IB service IDs ({service_id:#018x})"
+        )))
+    }
+    /// Connects `qp` (RC, in INIT) to the IB service `service_id` at `gid` with the raw
+    /// private data of `param` (no rdma_cm header); returns once established (QP in RTS,
+    /// RTU sent), rejected (`Rejected`, the REJ's private data and reason in the detail)
+    /// or timed out. The default refuses with `NotSupported` (`EOPNOTSUPP`).
+    fn connect_ib_service(
+        &self,
+        _qp: &Arc<dyn QpOps>,
+        _gid: Gid,
+        service_id: u64,
+        _param: &ConnParam,
+        _timeout: Duration,
+    ) -> Result<ConnInfo> {
+        Err(Error::NotSupported(format!(
+            "this connection manager has no IB service IDs ({service_id:#018x})"
         )))
     }
 }

@@ -16,14 +16,25 @@ pub trait ProviderDetail: Any + fmt::Display + fmt::Debug + Send + Sync {}
 
 impl<T: Any + fmt::Display + fmt::Debug + Send + Sync> ProviderDetail for T {}
 
-/// A provider's [`ProviderDetail`], shared and cheap to clone.
+/// A provider's [`ProviderDetail`], shared and cheap to clone, with an optional numeric
+/// reason a provider-independent program can act on ([`ErrorDetail::code`]).
 #[derive(Clone)]
-pub struct ErrorDetail(Arc<dyn ProviderDetail>);
+pub struct ErrorDetail(Arc<dyn ProviderDetail>, Option<u32>);
 
 impl ErrorDetail {
     /// Wraps a provider's detail value.
     pub fn new(detail: impl ProviderDetail) -> Self {
-        ErrorDetail(Arc::new(detail))
+        ErrorDetail(Arc::new(detail), None)
+    }
+    /// Wraps a provider's detail value with the transport's numeric reason (the IB CM: the
+    /// REJ reason of IBTA table 112).
+    pub fn with_code(detail: impl ProviderDetail, code: u32) -> Self {
+        ErrorDetail(Arc::new(detail), Some(code))
+    }
+    /// The transport's numeric reason, where the provider gave one (an IB CM REJ: its
+    /// reason, 8 invalid service ID, 28 consumer reject, ...).
+    pub fn code(&self) -> Option<u32> {
+        self.1
     }
     /// The provider's own type, if it is `T`.
     pub fn downcast_ref<T: ProviderDetail>(&self) -> Option<&T> {

@@ -238,6 +238,21 @@ impl ConnectRequest {
     pub fn port_space(&self) -> PortSpace {
         self.ops.port_space()
     }
+    /// The IB service ID the request named: `Some` for requests taken from a listener of
+    /// [`Device::listen_ib_service`].
+    pub fn service_id(&self) -> Option<u64> {
+        self.ops.service_id()
+    }
+    /// The requester's GID on an InfiniBand-style transport (RoCE: the REQ's source GID).
+    pub fn peer_gid(&self) -> Option<crate::ah::Gid> {
+        self.ops.peer_gid()
+    }
+    /// Rejects with an IB CM REJ `reason` (1 no QP, 8 invalid service ID, 28 consumer
+    /// reject, ...) and private data; a transport without REJ reasons rejects as
+    /// [`reject`](Self::reject) does.
+    pub fn reject_with_reason(self, reason: u16, private_data: &[u8]) -> Result<()> {
+        self.ops.reject_with_reason(reason, private_data)
+    }
     /// Answers a UDP-port-space request (`rdma_accept` on a UD ID) with `qp`'s number and
     /// [`RDMA_UDP_QKEY`], and `private_data` for the requester. `qp` must be a UD QP; one
     /// in RESET is moved to RTS with that Q_Key first, as `rdma_create_qp` does.
@@ -261,6 +276,17 @@ impl Device {
     pub fn listen_in(&self, addr: SocketAddr, ps: PortSpace) -> Result<Listener> {
         let requests = Arc::new(EventQueue::new());
         let ops = backend(self)?.listen_in(addr, ps, requests.clone())?;
+        Ok(Listener { ops, requests })
+    }
+
+    /// Listens on a raw IB service ID (no rdma_cm port space; IPoIB connected mode's
+    /// `0x10…|UD QPN`, RFC 4755 §3.5): requests carry the REQ's private data as sent, its
+    /// [`service_id`](ConnectRequest::service_id) and the requester's
+    /// [`peer_gid`](ConnectRequest::peer_gid). A transport without service IDs (iWARP)
+    /// refuses with `NotSupported` (`EOPNOTSUPP`).
+    pub fn listen_ib_service(&self, service_id: u64) -> Result<Listener> {
+        let requests = Arc::new(EventQueue::new());
+        let ops = backend(self)?.listen_ib_service(service_id, requests.clone())?;
         Ok(Listener { ops, requests })
     }
 }
@@ -343,6 +369,25 @@ impl QueuePair {
 }
 
 impl QueuePair {
+    /// Connects this QP (RC, in RESET or INIT, receives posted) to the raw IB service
+    /// `service_id` at `gid`, with `param.private_data` as the REQ's private data (no
+    /// rdma_cm header): returns once established, or `Error::Rejected` with the REJ's
+    /// private data (its reason in the provider's detail), or `Timeout`. A transport
+    /// without service IDs (iWARP) refuses with `NotSupported` (`EOPNOTSUPP`).
+    pub fn connect_ib_service(
+        &self,
+        gid: crate::ah::Gid,
+        service_id: u64,
+        param: &ConnParam,
+        timeout: Duration,
+    ) -> Result<()> {
+        prepare(self)?;
+        let cm = backend(self.pd().device())?;
+        let info = cm.connect_ib_service(self.ops(), gid, service_id, param, timeout)?;
+        self.set_connected(info);
+        Ok(())
+    }
+
     /// Moves this UD QP from RESET to RTS with Q_Key [`RDMA_UDP_QKEY`], as `rdma_create_qp`
     /// does for a UD ID, so receives can be posted before [`connect_ud`](Self::connect_ud)
     /// or [`ConnectRequest::accept_ud`] (which do it themselves otherwise). Nothing to do

@@ -1,0 +1,455 @@
+//! `softrdma ipoib up --mode connected` (RFC 4755) in network namespaces joined by veth: the
+//! daemons run the IPoIB link over RoCEv2 (UD for ARP/ND, broadcast and multicast; RC
+//! connections set up by the IB CM for unicast), the kernel sees a NOARP TUN `ib0` with MTU
+//! 65,520. Checked with iputils ping: `-M do -s 65492` passes and 65,493 fails locally with
+//! "message too long" (IPv6: 65,472 / 65,473), IPv4 and IPv6 global and link-local,
+//! broadcast and `ff02::1` over UD; iperf3 TCP and UDP; tshark decodes the RC and UD
+//! traffic as RoCEv2 + IPoIB + IP; a restarted daemon is reached again on the next ping.
+//! Three namespaces (a bridge in a fourth) mix connected and datagram-only nodes: 65,520 to
+//! the connected peer, 2,044 per destination to the datagram one (ICMP "fragmentation
+//! needed" into the route cache), datagram edges 2,016 / 2,017.
+//! Skips with a reason when not root or without ip(8)/iputils ping.
+//! Addresses: underlay 10.128.0.0/24 and 10.130.0.0/24, IPoIB 10.129.0.0/24, fd29::/64 and
+//! 10.131.0.0/24 (unique to this file).
+//! Requirements: `../shared/requirements/smcr-ipoibcm.md` IPCM-2, IPCM-3, IPCM-6, IPCM-7,
+//! IPCM-11, IPCM-13, IPCM-16, IPCM-S4, C2, D3.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
+
+fn have(prog: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// iputils ping (the `-M do` and "message too long" of the issue; busybox has neither).
+fn have_iputils_ping() -> bool {
+    Command::new("ping")
+        .arg("-V")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("iputils"))
+        .unwrap_or(false)
+}
+
+fn sh(cmd: &str) -> (bool, String) {
+    let o = Command::new("sh").args(["-c", cmd]).output().expect("sh");
+    let mut s = String::from_utf8_lossy(&o.stdout).into_owned();
+    s += &String::from_utf8_lossy(&o.stderr);
+    (o.status.success(), s)
+}
+
+fn must(cmd: &str) -> String {
+    let (ok, out) = sh(cmd);
+    assert!(ok, "{cmd}: {out}");
+    out
+}
+
+/// Namespaces and processes, removed on drop (also when a check fails).
+struct Lab {
+    ns: Vec<String>,
+    procs: Vec<Child>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for c in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for n in &self.ns {
+            let _ = sh(&format!("ip netns del {n}"));
+        }
+    }
+}
+
+fn skip() -> bool {
+    if !is_root() || !have("ip") || !have_iputils_ping() {
+        eprintln!("skipped: needs root, ip(8) and iputils ping (scripts/setup.sh installs it)");
+        return true;
+    }
+    false
+}
+
+fn daemon(ns: &str, mode: &str, underlay: &str, addrs: &[String], log: &str) -> Child {
+    let log = std::fs::File::create(std::env::temp_dir().join(log)).unwrap();
+    let mut c = Command::new("ip");
+    c.args([
+        "netns",
+        "exec",
+        ns,
+        BIN,
+        "ipoib",
+        "up",
+        "--dev",
+        "ib0",
+        "--mode",
+        mode,
+        "--underlay",
+        underlay,
+    ]);
+    for a in addrs {
+        c.args(["--addr", a]);
+    }
+    c.env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn softrdma ipoib up")
+}
+
+fn wait_up(ns: &str, addr: &str) {
+    let end = Instant::now() + Duration::from_secs(20);
+    while !sh(&format!("ip -n {ns} addr show dev ib0")).1.contains(addr) {
+        assert!(Instant::now() < end, "ib0 in {ns} did not come up with {addr}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn show(ns: &str, what: &str) -> String {
+    sh(&format!("ip netns exec {ns} {BIN} ipoib show {what} --dev ib0")).1
+}
+
+/// Waits until `show WHAT` in `ns` satisfies `want` (the status file is rewritten each
+/// second).
+fn wait_show(ns: &str, what: &str, want: impl Fn(&str) -> bool) -> String {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let s = show(ns, what);
+        if want(&s) {
+            return s;
+        }
+        assert!(Instant::now() < end, "show {what} in {ns}: {s}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn ping(ns: &str, args: &str) -> (bool, String) {
+    sh(&format!("ip netns exec {ns} ping {args}"))
+}
+
+#[test]
+fn ipoib_connected_mode_between_two_namespaces() {
+    if skip() {
+        return;
+    }
+    let id = std::process::id() % 100_000;
+    let ns = vec![format!("icmA{id}"), format!("icmB{id}")];
+    let veth = [format!("cma{id}"), format!("cmb{id}")];
+    let mut lab = Lab {
+        ns: ns.clone(),
+        procs: Vec::new(),
+    };
+    for n in &ns {
+        must(&format!("ip netns add {n} && ip -n {n} link set lo up"));
+    }
+    must(&format!("ip link add {} type veth peer name {}", veth[0], veth[1]));
+    for i in 0..2 {
+        must(&format!(
+            "ip link set {v} netns {n} && ip -n {n} addr add 10.128.0.{k}/24 dev {v} && ip -n {n} link set {v} mtu 9000 up",
+            v = veth[i],
+            n = ns[i],
+            k = i + 1
+        ));
+    }
+    let pcap = std::env::temp_dir().join(format!("ipoib-cm-netns-{id}.pcap"));
+    let mut tcpdump = None;
+    if have("tcpdump") && have("tshark") {
+        tcpdump = Some(
+            Command::new("ip")
+                .args([
+                    "netns", "exec", &ns[0], "tcpdump", "-i", &veth[0], "-U", "-s", "256", "-w",
+                ])
+                .arg(&pcap)
+                .args(["udp", "port", "4791"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn tcpdump"),
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let addrs = |k: usize| vec![format!("10.129.0.{k}/24"), format!("fd29::{k}/64")];
+    for i in 0..2 {
+        let d = daemon(
+            &ns[i],
+            "connected",
+            &veth[i],
+            &addrs(i + 1),
+            &format!("ipoib-cm-{id}-{i}.log"),
+        );
+        lab.procs.push(d);
+    }
+    wait_up(&ns[0], "10.129.0.1");
+    wait_up(&ns[1], "10.129.0.2");
+    let link = must(&format!("ip -n {} link show dev ib0", ns[0]));
+    assert!(link.contains("NOARP") && link.contains("mtu 65520"), "{link}");
+    let (a, b) = (&ns[0], &ns[1]);
+    // IPv4: the first echo waits for ARP (UD), the connection follows.
+    let (ok, out) = ping(a, "-c 2 -i 0.3 -W 3 10.129.0.2");
+    assert!(ok && out.contains("2 received"), "{out}");
+    // The connected-mode MTU edge: 65,492 + 28 = 65,520.
+    let (ok, out) = ping(a, "-c 2 -i 0.3 -W 3 -M do -s 65492 10.129.0.2");
+    assert!(ok && out.contains("2 received"), "{out}");
+    let (ok, out) = ping(a, "-c 1 -W 3 -M do -s 65493 10.129.0.2");
+    assert!(!ok && out.contains("message too long"), "{out}");
+    // IPv6, global and the RFC 4391 link-local; 65,472 + 48 = 65,520.
+    let (ok, out) = ping(a, "-6 -c 2 -i 0.3 -W 3 fd29::2");
+    assert!(ok && out.contains("2 received"), "{out}");
+    let (ok, out) = ping(a, "-6 -c 1 -W 3 -M do -s 65472 fd29::2");
+    assert!(ok && out.contains("1 received"), "{out}");
+    let (ok, out) = ping(a, "-6 -c 1 -W 3 -M do -s 65473 fd29::2");
+    assert!(!ok && out.contains("message too long"), "{out}");
+    let v6 = must(&format!("ip -n {b} -6 addr show dev ib0"));
+    let ll = v6
+        .split_whitespace()
+        .find(|w| w.starts_with("fe80::"))
+        .expect("a link-local on B")
+        .trim_end_matches("/64")
+        .to_string();
+    assert!(ll.starts_with("fe80::200:ffff:"), "only the RFC 4391 link-local: {v6}");
+    let (ok, out) = ping(a, &format!("-6 -c 2 -i 0.3 -W 3 {ll}%ib0"));
+    assert!(ok && out.contains("2 received"), "{out}");
+    // Broadcast and all-nodes (over UD, IPCM-2).
+    must(&format!(
+        "ip netns exec {b} sysctl -qw net.ipv4.icmp_echo_ignore_broadcasts=0"
+    ));
+    let (ok, out) = ping(a, "-b -c 2 -i 0.3 -W 3 10.129.0.255");
+    assert!(ok && out.contains("2 received"), "{out}");
+    let (_, out) = ping(a, "-6 -c 2 -i 0.3 -W 3 ff02::1%ib0");
+    assert!(out.contains("2 received"), "{out}");
+    // IPCM-3, IPCM-7: one established connection, MTU 65,520, used for B.
+    let conn = wait_show(a, "conn", |s| s.contains("Established"));
+    assert_eq!(conn.lines().count(), 1, "{conn}");
+    assert!(conn.contains("mtu 65520"), "{conn}");
+    let neigh = show(a, "neigh");
+    assert!(
+        neigh
+            .lines()
+            .any(|l| l.starts_with("10.129.0.2 ") && l.contains("mtu 65520 via rc")),
+        "{neigh}"
+    );
+    for c in &mut lab.procs[..2] {
+        assert!(c.try_wait().unwrap().is_none(), "a daemon exited");
+    }
+    // tshark (the capture ends before iperf3, whose TCP segments travel inside RC
+    // messages tshark does not reassemble): every frame RoCEv2 (infiniband); RC SEND Only messages decode as IPoIB + IP;
+    // UD carries ARP/ND and the broadcasts (destination QP 0xffffff); none malformed.
+    // tshark does not reassemble RC messages: a SEND First (opcode 0) shows an IP header
+    // whose total length runs past the segment, which it flags; those are left out of
+    // the malformed check and counted instead.
+    if let Some(mut t) = tcpdump.take() {
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = t.kill();
+        let _ = t.wait();
+        let p = pcap.display();
+        let rows = must(&format!(
+            "tshark -r {p} -d udp.port==4791,infiniband -T fields -e frame.protocols -e infiniband.bth.opcode -e infiniband.bth.destqp 2>/dev/null"
+        ));
+        let frames: Vec<Vec<&str>> = rows.lines().map(|l| l.split('\t').collect()).collect();
+        assert!(
+            frames
+                .iter()
+                .all(|f| f[0].starts_with("eth:ethertype:ip:udp:infiniband")),
+            "{rows}"
+        );
+        let rc_ip = frames
+            .iter()
+            .filter(|f| f[1] == "4" && (f[0].contains(":ethertype:ip:icmp") || f[0].contains(":ethertype:ipv6:icmpv6")))
+            .count();
+        assert!(rc_ip >= 4, "RC SEND Only frames decoded as IPoIB + IP: {rc_ip}\n{rows}");
+        assert!(
+            frames.iter().any(|f| f[1] == "0"),
+            "multi-segment RC messages (65,520 octets)"
+        );
+        assert!(
+            frames
+                .iter()
+                .any(|f| f[1] == "100" && f[2] == "0xffffff" && f[0].ends_with(":ip:icmp:data")),
+            "broadcast echo over UD multicast: {rows}"
+        );
+        assert!(
+            frames.iter().any(|f| f[1] == "100" && f[0].ends_with(":arp")),
+            "ARP over UD"
+        );
+        let bad = must(&format!(
+            "tshark -r {p} -d udp.port==4791,infiniband -Y '(_ws.malformed || _ws.expert.severity >= warning) && infiniband.bth.opcode != 0' 2>/dev/null"
+        ));
+        assert!(bad.trim().is_empty(), "malformed or warned frames: {bad}");
+        let _ = std::fs::remove_file(&pcap);
+    }
+    // iperf3 TCP and UDP through the connection.
+    if have("iperf3") {
+        let server = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                b,
+                "iperf3",
+                "-s",
+                "-1",
+                "-B",
+                "10.129.0.2",
+                "-p",
+                "5329",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        lab.procs.push(server);
+        std::thread::sleep(Duration::from_millis(400));
+        let out = must(&format!(
+            "ip netns exec {a} iperf3 -c 10.129.0.2 -p 5329 -t 1 -l 1M --connect-timeout 3000 -J"
+        ));
+        let bps = json_number(&out, "\"sum_received\"", "\"bits_per_second\"");
+        assert!(bps > 1e6, "iperf3 TCP over IPoIB-CM: {bps} bit/s");
+        eprintln!("iperf3 TCP over IPoIB connected mode: {:.0} Mbit/s", bps / 1e6);
+        let server = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                b,
+                "iperf3",
+                "-s",
+                "-1",
+                "-B",
+                "10.129.0.2",
+                "-p",
+                "5330",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        lab.procs.push(server);
+        std::thread::sleep(Duration::from_millis(400));
+        let out = must(&format!(
+            "ip netns exec {a} iperf3 -c 10.129.0.2 -p 5330 -u -b 50M -l 8000 -t 1 --connect-timeout 3000 -J"
+        ));
+        let bps = json_number(&out, "\"sum\"", "\"bits_per_second\"");
+        assert!(bps > 1e6, "iperf3 UDP over IPoIB-CM: {bps} bit/s");
+    }
+    // Restart B: a new daemon (new UD QPN, its gratuitous ARP) is reached on the next ping
+    // over a new connection.
+    let old_lla = show(a, "conn");
+    let mut old = lab.procs.remove(1);
+    let _ = old.kill();
+    let _ = old.wait();
+    std::thread::sleep(Duration::from_millis(300));
+    let d = daemon(b, "connected", &veth[1], &addrs(2), &format!("ipoib-cm-{id}-1b.log"));
+    lab.procs.push(d);
+    wait_up(b, "10.129.0.2");
+    let t0 = Instant::now();
+    let (ok, out) = ping(a, "-c 1 -W 5 -M do -s 65492 10.129.0.2");
+    assert!(ok && out.contains("1 received"), "after B's restart: {out}");
+    eprintln!("reconnected after restart in {:?}", t0.elapsed());
+    let conn = wait_show(a, "conn", |s| s.contains("Established") && s != old_lla);
+    assert_eq!(
+        conn.lines().count(),
+        1,
+        "exactly one connection after the restart: {conn}"
+    );
+}
+
+/// The number after `key` in the JSON object that starts at the first `section`.
+fn json_number(json: &str, section: &str, key: &str) -> f64 {
+    let s = &json[json.find(section).unwrap_or_else(|| panic!("{section} in {json}"))..];
+    let s = &s[s.find(key).unwrap() + key.len()..];
+    let s = s.trim_start_matches([':', ' ']);
+    let end = s.find([',', '\n', '}']).unwrap();
+    s[..end].trim().parse().unwrap()
+}
+
+#[test]
+fn ipoib_mixed_connected_and_datagram_three_namespaces() {
+    if skip() {
+        return;
+    }
+    let id = std::process::id() % 100_000;
+    let br = format!("icmX{id}");
+    let ns = [format!("icmP{id}"), format!("icmQ{id}"), format!("icmR{id}")];
+    let mut lab = Lab {
+        ns: std::iter::once(br.clone()).chain(ns.iter().cloned()).collect(),
+        procs: Vec::new(),
+    };
+    must(&format!(
+        "ip netns add {br} && ip -n {br} link add br0 type bridge && ip -n {br} link set br0 up"
+    ));
+    for (i, n) in ns.iter().enumerate() {
+        let (v, p) = (format!("cmx{i}{id}"), format!("cmy{i}{id}"));
+        must(&format!(
+            "ip netns add {n} && ip -n {n} link set lo up && ip link add {v} type veth peer name {p} && \
+             ip link set {v} netns {n} && ip link set {p} netns {br} && \
+             ip -n {br} link set {p} master br0 mtu 9000 up && \
+             ip -n {n} addr add 10.130.0.{k}/24 dev {v} && ip -n {n} link set {v} mtu 9000 up",
+            k = i + 1
+        ));
+    }
+    let modes = ["connected", "connected", "datagram"];
+    for (i, n) in ns.iter().enumerate() {
+        let d = daemon(
+            n,
+            modes[i],
+            &format!("cmx{i}{id}"),
+            &[format!("10.131.0.{}/24", i + 1)],
+            &format!("ipoib-mix-{id}-{i}.log"),
+        );
+        lab.procs.push(d);
+    }
+    for (i, n) in ns.iter().enumerate() {
+        wait_up(n, &format!("10.131.0.{}", i + 1));
+    }
+    let (p, r) = (&ns[0], &ns[2]);
+    assert!(must(&format!("ip -n {r} link show dev ib0")).contains("mtu 2044"));
+    // connected ↔ connected: 65,520.
+    let (ok, out) = ping(p, "-c 2 -i 0.3 -W 3 -M do -s 65492 10.131.0.2");
+    assert!(ok && out.contains("2 received"), "{out}");
+    // connected → datagram-only: 2,016 + 28 = 2,044 fits over UD.
+    let (ok, out) = ping(p, "-c 2 -i 0.3 -W 3 -M do -s 2016 10.131.0.3");
+    assert!(ok && out.contains("2 received"), "{out}");
+    // 2,017: the link machine's ICMP "fragmentation needed" (MTU 2,044) reaches the kernel,
+    // which keeps it for the destination; the next one fails locally.
+    let (ok, out) = ping(p, "-c 1 -W 3 -M do -s 2017 10.131.0.3");
+    assert!(!ok && out.contains("mtu = 2044"), "{out}");
+    let route = must(&format!("ip -n {p} route get 10.131.0.3"));
+    assert!(route.contains("mtu 2044"), "per-destination MTU: {route}");
+    let (ok, out) = ping(p, "-c 1 -W 3 -M do -s 2017 10.131.0.3");
+    assert!(!ok && out.contains("message too long"), "{out}");
+    // Without DF the kernel fragments to the learned MTU: 5,000 octets arrive.
+    let (ok, out) = ping(p, "-c 2 -i 0.3 -W 3 -s 5000 10.131.0.3");
+    assert!(ok && out.contains("2 received"), "{out}");
+    // The datagram node's own edges: 2,016 passes, 2,017 is too long locally.
+    let (ok, out) = ping(r, "-c 2 -i 0.3 -W 3 -M do -s 2016 10.131.0.1");
+    assert!(ok && out.contains("2 received"), "{out}");
+    let (ok, out) = ping(r, "-c 1 -W 3 -M do -s 2017 10.131.0.1");
+    assert!(!ok && out.contains("message too long"), "{out}");
+    let neigh = wait_show(p, "neigh", |s| s.contains("10.131.0.3 ") && s.contains("10.131.0.2 "));
+    assert!(
+        neigh
+            .lines()
+            .any(|l| l.starts_with("10.131.0.2 ") && l.contains("mtu 65520 via rc")),
+        "{neigh}"
+    );
+    assert!(
+        neigh
+            .lines()
+            .any(|l| l.starts_with("10.131.0.3 ") && l.contains("mtu 2044 via ud")),
+        "{neigh}"
+    );
+    for c in &mut lab.procs {
+        assert!(c.try_wait().unwrap().is_none(), "a daemon exited");
+    }
+}
