@@ -12,6 +12,7 @@
 //! - [`stream`]: the engine and the API, [`SmcStream`] / [`SmcListener`] mirroring
 //!   `std::net::TcpStream` / `TcpListener` over a RoCE device, with [`Mode`] = SMC-R or
 //!   fallback and its reason.
+//! - [`stats`]: what `softrdma smc stat` shows, and how it is read from another process.
 //!
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts A, C4, C5, D1, D2, E.
 #![deny(unsafe_code)]
@@ -20,6 +21,7 @@
 pub mod clc_machine;
 pub mod conn;
 pub mod sockops;
+pub mod stats;
 pub mod stream;
 pub mod wire;
 

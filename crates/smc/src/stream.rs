@@ -175,6 +175,18 @@ impl Link {
             .collect();
         qp.post_recv(&recvs).map_err(verbs_err)?;
         LIVE_LINKS.fetch_add(1, Ordering::AcqRel);
+        let c = crate::stats::counters();
+        for a in [
+            &c.link_groups,
+            &c.links,
+            &c.qps,
+            &c.mrs,
+            &c.mrs,
+            &c.mrs,
+            &c.rmb_elements,
+        ] {
+            crate::stats::inc(a);
+        }
         Ok(Self {
             qp,
             cq,
@@ -339,6 +351,18 @@ impl Link {
 impl Drop for Link {
     fn drop(&mut self) {
         LIVE_LINKS.fetch_sub(1, Ordering::AcqRel);
+        let c = crate::stats::counters();
+        for a in [
+            &c.link_groups,
+            &c.links,
+            &c.qps,
+            &c.mrs,
+            &c.mrs,
+            &c.mrs,
+            &c.rmb_elements,
+        ] {
+            crate::stats::dec(a);
+        }
     }
 }
 
