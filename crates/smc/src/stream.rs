@@ -238,6 +238,8 @@ struct Slot {
     /// The TCP connection (nonblocking clone): RST checks, shutdown when done.
     tcp: Option<TcpStream>,
     last_rst_check: Instant,
+    /// When an EOF was first seen on the TCP path while the SMC-R connection was open.
+    tcp_eof_since: Option<Instant>,
     local: String,
     peer: String,
 }
@@ -553,6 +555,7 @@ impl Group {
                 dropped: false,
                 tcp: Some(t2),
                 last_rst_check: Instant::now(),
+                tcp_eof_since: None,
                 local: tcp.local_addr().map(|a| a.to_string()).unwrap_or_default(),
                 peer: tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
             },
@@ -1054,12 +1057,30 @@ impl Group {
                 }
             } else if now.duration_since(s.last_rst_check) >= RST_CHECK {
                 s.last_rst_check = now;
-                if let (Some(t), Some(c)) = (&s.tcp, s.conn.as_mut())
-                    && tcp_was_reset(t)
-                {
-                    // SMC-ABT-4: an RST on the TCP path starts the abnormal close.
-                    c.on_tcp_reset();
-                    self.drive(sq, cid, s);
+                if let (Some(t), Some(c)) = (&s.tcp, s.conn.as_mut()) {
+                    match tcp_check(t) {
+                        TcpPath::Reset => {
+                            // SMC-ABT-4: an RST on the TCP path starts the abnormal close.
+                            c.on_tcp_reset();
+                            self.drive(sq, cid, s);
+                        }
+                        TcpPath::Eof
+                            if !c.peer_closed()
+                                && !matches!(c.state(), CloseState::Closed | CloseState::PeerAbortWait) =>
+                        {
+                            // The peer closes its TCP path only after the SMC-R close (SMC-CLS-1)
+                            // or when its side is gone (its link failed, the process died). An
+                            // EOF that the C flag has not explained within a second is the
+                            // latter: abort, rather than wait for the keepalive.
+                            let since = *s.tcp_eof_since.get_or_insert(now);
+                            if now.duration_since(since) >= TCP_EOF_GRACE {
+                                tracing::warn!("TCP path closed under an open SMC-R connection, aborting");
+                                c.on_tcp_reset();
+                                self.drive(sq, cid, s);
+                            }
+                        }
+                        _ => {}
+                    }
                 }
             }
         }
@@ -1184,11 +1205,25 @@ impl Drop for Group {
     }
 }
 
-/// Whether an RST arrived on the TCP path (a nonblocking peek; the TCP connection carries
-/// no application octets while SMC-R is on, so nothing is consumed or lost).
-fn tcp_was_reset(tcp: &TcpStream) -> bool {
+/// What the TCP path of an SMC-R connection shows.
+enum TcpPath {
+    Open,
+    Eof,
+    Reset,
+}
+
+/// How long an EOF on the TCP path may precede the peer's C before it counts as an abort.
+const TCP_EOF_GRACE: Duration = Duration::from_secs(1);
+
+/// A nonblocking peek at the TCP path (it carries no application octets while SMC-R is on,
+/// so nothing is consumed or lost): an RST, an EOF, or nothing.
+fn tcp_check(tcp: &TcpStream) -> TcpPath {
     let mut b = [0u8; 1];
-    matches!(tcp.peek(&mut b), Err(e) if e.kind() == io::ErrorKind::ConnectionReset)
+    match tcp.peek(&mut b) {
+        Ok(0) => TcpPath::Eof,
+        Err(e) if e.kind() == io::ErrorKind::ConnectionReset => TcpPath::Reset,
+        _ => TcpPath::Open,
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1304,7 +1339,7 @@ fn device_mtu(dev: &Device) -> Mtu {
 /// How far the CLC got towards a link.
 enum Setup {
     /// First contact: a new group, not started yet.
-    New(Group, u32),
+    New(Box<Group>, u32),
     /// Subsequent contact: an element in a running group.
     Existing(Arc<Group>, u32),
 }
@@ -1396,7 +1431,7 @@ impl SmcStream {
                 Ok((g, cid)) => {
                     let p = g.params(cid);
                     m.confirm(&p).map_err(|e| io_err(io::ErrorKind::Other, e))?;
-                    setup = Some(Setup::New(g, cid));
+                    setup = Some(Setup::New(Box::new(g), cid));
                     fc_guard = Some(guard);
                 }
                 Err(e) => {
@@ -1962,7 +1997,7 @@ impl SmcListener {
                     // A1.11: the server's QP is in INIT at Accept (SMC-FC-3).
                     m.accept(&g.params(cid), true)
                         .map_err(|e| io_err(io::ErrorKind::Other, e))?;
-                    setup = Some(Setup::New(g, cid));
+                    setup = Some(Setup::New(Box::new(g), cid));
                     fc_guard = Some(guard);
                 }
                 Err(e) => {

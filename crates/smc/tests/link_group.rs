@@ -68,13 +68,19 @@ fn concurrent_connections_share_one_group_and_one_thread() {
     let listener = SmcListener::bind_with("127.115.20.1:0", &da, cfg.clone()).unwrap();
     let addr = listener.local_addr().unwrap();
     let server = thread::spawn(move || (0..N).map(|_| listener.accept().unwrap().0).collect::<Vec<_>>());
-    let clients: Vec<SmcStream> = (0..N).map(|_| SmcStream::connect_with(addr, &db, &cfg).unwrap()).collect();
+    let clients: Vec<SmcStream> = (0..N)
+        .map(|_| SmcStream::connect_with(addr, &db, &cfg).unwrap())
+        .collect();
     let servers = server.join().unwrap();
     let cg: std::collections::BTreeSet<_> = clients.iter().map(|c| c.link_group().unwrap()).collect();
     let sg: std::collections::BTreeSet<_> = servers.iter().map(|c| c.link_group().unwrap()).collect();
     assert_eq!((cg.len(), sg.len()), (1, 1));
     let snap = stats::snapshot();
-    let groups: Vec<_> = snap.link_groups.iter().filter(|g| cg.contains(&g.id) || sg.contains(&g.id)).collect();
+    let groups: Vec<_> = snap
+        .link_groups
+        .iter()
+        .filter(|g| cg.contains(&g.id) || sg.contains(&g.id))
+        .collect();
     assert_eq!(groups.len(), 2);
     for g in &groups {
         assert_eq!(g.conns as usize, N);
@@ -101,7 +107,10 @@ fn concurrent_connections_share_one_group_and_one_thread() {
     let bar = Arc::new(Barrier::new(2 * N));
     let mut hs = Vec::new();
     for (i, (c, s)) in clients.into_iter().zip(servers).enumerate() {
-        for (seed, mut a, mut b) in [(i as u64 * 2, c.try_clone().unwrap(), s.try_clone().unwrap()), (i as u64 * 2 + 1, s, c)] {
+        for (seed, mut a, mut b) in [
+            (i as u64 * 2, c.try_clone().unwrap(), s.try_clone().unwrap()),
+            (i as u64 * 2 + 1, s, c),
+        ] {
             let bar = Arc::clone(&bar);
             hs.push(thread::spawn(move || {
                 bar.wait();
@@ -125,7 +134,9 @@ fn concurrent_connections_share_one_group_and_one_thread() {
     // their writers) aside, the count is what it was when idle.
     assert!(t_busy <= t_idle + 4 * N, "threads {t_idle} idle, {t_busy} busy");
     drop(ends);
-    eprintln!("{N} connections: 1 link group per side, 2 QPs, {t_idle} threads in the process, idle CPU {idle_cpu} ms/s");
+    eprintln!(
+        "{N} connections: 1 link group per side, 2 QPs, {t_idle} threads in the process, idle CPU {idle_cpu} ms/s"
+    );
 }
 
 /// A4.9: after the last connection the group lingers (a new connection reuses it), then
@@ -156,11 +167,20 @@ fn idle_group_lingers_then_is_freed() {
     };
     let first = one(&listener);
     thread::sleep(Duration::from_millis(100));
-    assert!(stats::snapshot().link_groups.iter().any(|g| g.id == first.0 && g.lingering));
+    assert!(
+        stats::snapshot()
+            .link_groups
+            .iter()
+            .any(|g| g.id == first.0 && g.lingering)
+    );
     let second = one(&listener);
     assert_eq!(first, second, "reused while lingering");
     let t0 = Instant::now();
-    while stats::snapshot().link_groups.iter().any(|g| g.id == first.0 || g.id == first.1) {
+    while stats::snapshot()
+        .link_groups
+        .iter()
+        .any(|g| g.id == first.0 || g.id == first.1)
+    {
         assert!(t0.elapsed() < Duration::from_secs(10), "group not freed");
         thread::sleep(Duration::from_millis(20));
     }
@@ -190,7 +210,15 @@ fn stats_socket_shows_groups_links_and_connections() {
         (a, b)
     });
     let mut c = SmcStream::connect_with(addr, &db, &cfg).unwrap();
-    let plain = SmcStream::connect_with(addr, &db, &SmcConfig { propose: false, ..cfg.clone() }).unwrap();
+    let plain = SmcStream::connect_with(
+        addr,
+        &db,
+        &SmcConfig {
+            propose: false,
+            ..cfg.clone()
+        },
+    )
+    .unwrap();
     let (mut s, fb) = server.join().unwrap();
     assert!(matches!(fb.mode(), Mode::Fallback(_)));
     c.write_all(&[1u8; 1000]).unwrap();
@@ -200,7 +228,11 @@ fn stats_socket_shows_groups_links_and_connections() {
     assert_eq!(snaps.len(), 1);
     let snap = &snaps[0];
     let gid = c.link_group().unwrap();
-    let g = snap.link_groups.iter().find(|g| g.id == gid).expect("client group listed");
+    let g = snap
+        .link_groups
+        .iter()
+        .find(|g| g.id == gid)
+        .expect("client group listed");
     assert_eq!(g.role, Role::Client);
     assert_eq!(g.links[0].local_gid, "::ffff:127.115.22.2");
     assert_eq!(g.links[0].peer_gid, "::ffff:127.115.22.1");
@@ -224,7 +256,10 @@ fn stats_socket_shows_groups_links_and_connections() {
         snap.connections
     );
     let text = stats::render_text(&snaps);
-    assert!(text.contains("SMCR") && text.contains("peer did not indicate SMC"), "{text}");
+    assert!(
+        text.contains("SMCR") && text.contains("peer did not indicate SMC"),
+        "{text}"
+    );
     drop((plain, fb));
     drop(p);
     let _ = std::fs::remove_dir_all(&dir);

@@ -432,9 +432,14 @@ fn llc_requests_answered_and_the_connection_goes_on() {
     };
     rogue_llc(&r, LlcBody::AddLink(a), false, 13);
     let m = rogue_recv_llc(&r);
-    let LlcBody::AddLink(rep) = &m.body else { panic!("{m:?}") };
+    let LlcBody::AddLink(rep) = &m.body else {
+        panic!("{m:?}")
+    };
     assert!(m.reply && rep.reject);
-    assert_eq!((rep.reject_reason, rep.link_num), (add_link_reject::NO_ALTERNATE_PATH, 2));
+    assert_eq!(
+        (rep.reject_reason, rep.link_num),
+        (add_link_reject::NO_ALTERNATE_PATH, 2)
+    );
 
     // The connection still works.
     rogue_write(&r, 1, 0, b"still here");
@@ -448,7 +453,11 @@ fn llc_requests_answered_and_the_connection_goes_on() {
 fn honest_pair(n: u8) -> (SmcStream, SmcStream) {
     let d = |a: String| {
         roce::RoceFactory
-            .open(&DeviceOptions::new().with("addr", a.as_str()).with("name", format!("smc_h{a}")))
+            .open(
+                &DeviceOptions::new()
+                    .with("addr", a.as_str())
+                    .with("name", format!("smc_h{a}")),
+            )
             .unwrap()
     };
     let (da, db) = (d(format!("127.115.{n}.1")), d(format!("127.115.{n}.2")));

@@ -14,7 +14,10 @@ use verbs::{DeviceFactory, DeviceOptions};
 
 #[test]
 fn short_connections_through_one_link_group_leave_nothing_behind() {
-    let n: usize = std::env::var("SMC_CHURN_N").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let n: usize = std::env::var("SMC_CHURN_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
     let dev = |a: &str| {
         roce::RoceFactory
             .open(&DeviceOptions::new().with("addr", a).with("name", format!("smc_{a}")))
@@ -70,7 +73,11 @@ fn short_connections_through_one_link_group_leave_nothing_behind() {
     let sgroups = server.join().unwrap();
     let elapsed = t0.elapsed();
     // One link group each side for all of them (subsequent contact after the first).
-    assert_eq!((groups.len(), sgroups.len()), (1, 1), "client {groups:?} server {sgroups:?}");
+    assert_eq!(
+        (groups.len(), sgroups.len()),
+        (1, 1),
+        "client {groups:?} server {sgroups:?}"
+    );
     // Two QPs in the process (one per side) whatever the count.
     assert_eq!(peak.qps, 2, "{peak:?}");
     let wait = Instant::now();
@@ -79,7 +86,10 @@ fn short_connections_through_one_link_group_leave_nothing_behind() {
         if r == before && live_links() == 0 {
             break;
         }
-        assert!(wait.elapsed() < Duration::from_secs(20), "still in use after the linger time: {r:?}");
+        assert!(
+            wait.elapsed() < Duration::from_secs(20),
+            "still in use after the linger time: {r:?}"
+        );
         thread::sleep(Duration::from_millis(20));
     }
     eprintln!(
