@@ -6,10 +6,10 @@
 //! What is built: one link per link group (the second link and failover are not), so each
 //! veth carries its own group. Checked here: data each way hash-checked over a namespace
 //! link (64 MiB; `SMC_NETNS_MIB=1024` for the 1 GiB run by hand); a veth taken down in the
-//! middle of a transfer resets the connections of the group on it within seconds (the
-//! writer's RC retries run out, ≈ 1 s; the reader sees the writer's TCP path close and
-//! aborts a second later instead of waiting for the 30 s keepalive; SMC-ABT-6: no RoCE path
-//! left, no silent hang, no wrong data), while the group on the
+//! middle of a transfer resets the connections of the group on it within the detection
+//! time (the writer's RC retries run out, ≈ 1 s; a reader with nothing to send learns it
+//! from TEST LINK: keepalive 2 s here + the 2 s LLC wait; SMC-ABT-6: no RoCE path left, no
+//! silent hang, no wrong data), while the group on the
 //! other veth completes its transfer hash-checked; brought back up, a new connection over
 //! that veth is SMC-R again (a new first contact).
 
@@ -206,6 +206,9 @@ fn two_veths_data_each_way_and_a_link_taken_down() {
     let cfg = SmcConfig {
         rmbe_len: 512 * 1024,
         send_buf: 1 << 20,
+        // The detection time of a silent link on the side that has nothing to send: TEST
+        // LINK after 2 s of silence, failed 2 s later (SMC-KA-1, SMC-TMO-16).
+        keepalive: Duration::from_secs(2),
         ..SmcConfig::default()
     };
 
