@@ -787,6 +787,77 @@ mod tests {
         assert_eq!(c.terminated(), Some(&TermReason::Idle));
     }
 
+    /// Two machines wired in memory (server and client of one group): every LLC one sends is
+    /// delivered to the other. Returns the actions other than SendLlc each side saw.
+    fn pump(a: &mut LgrMachine, b: &mut LgrMachine, now: Instant) -> (Vec<LgrAction>, Vec<LgrAction>) {
+        let (mut ea, mut eb) = (Vec::new(), Vec::new());
+        loop {
+            let mut moved = false;
+            while let Some(x) = a.poll_action() {
+                match x {
+                    LgrAction::SendLlc(m) => {
+                        b.on_llc(&m, now);
+                        moved = true;
+                    }
+                    o => ea.push(o),
+                }
+            }
+            while let Some(x) = b.poll_action() {
+                match x {
+                    LgrAction::SendLlc(m) => {
+                        a.on_llc(&m, now);
+                        moved = true;
+                    }
+                    o => eb.push(o),
+                }
+            }
+            if !moved {
+                return (ea, eb);
+            }
+        }
+    }
+
+    /// In memory, both ends: CONFIRM RKEY each way (A4.8), TEST LINK each way with the
+    /// replies matching (SMC-KA-1/2), then the server's linger ends the group and its
+    /// DELETE LINK (A) ends the client's at once (A4.9, SMC-TMO-14).
+    #[test]
+    fn server_and_client_machines_in_memory() {
+        let now = t0();
+        let mut s = machine(Role::Server, now);
+        let mut c = machine(Role::Client, now);
+        s.confirm_rkey(0x10, 0x1000, now).unwrap();
+        c.confirm_rkey(0x20, 0x2000, now).unwrap();
+        let (es, ec) = pump(&mut s, &mut c, now);
+        assert_eq!(es, vec![LgrAction::RkeyConfirmed { rkey: 0x10, ok: true }]);
+        assert_eq!(ec, vec![LgrAction::RkeyConfirmed { rkey: 0x20, ok: true }]);
+        assert_eq!(c.peer_rkeys().get(&0x10), Some(&0x1000));
+        assert_eq!(s.peer_rkeys().get(&0x20), Some(&0x2000));
+        let t = now + KEEPALIVE;
+        s.on_tick(t);
+        c.on_tick(t);
+        let (es, ec) = pump(&mut s, &mut c, t);
+        assert!(es.is_empty() && ec.is_empty(), "{es:?} {ec:?}");
+        assert_eq!((s.counters().test_links, c.counters().test_links), (1, 1));
+        // Replies arrived: no timeout later.
+        s.on_tick(t + LLC_WAIT);
+        c.on_tick(t + LLC_WAIT);
+        assert!(s.terminated().is_none() && c.terminated().is_none());
+        // Last connections leave; the server lingers 10 s, the client 12 s.
+        s.conn_removed(t);
+        c.conn_removed(t);
+        let t2 = t + Duration::from_secs(10);
+        s.on_rx(t2);
+        c.on_rx(t2);
+        s.on_tick(t2);
+        c.on_tick(t2);
+        let (es, ec) = pump(&mut s, &mut c, t2);
+        assert_eq!(es, vec![LgrAction::Terminate(TermReason::Idle)]);
+        assert_eq!(
+            ec,
+            vec![LgrAction::Terminate(TermReason::PeerDeleted(delete_reason::PROGRAM))]
+        );
+    }
+
     /// Arbitrary input never panics and a terminated machine stays quiet.
     #[test]
     fn garbage_never_panics() {
