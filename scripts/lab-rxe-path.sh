@@ -22,10 +22,15 @@
 #          sch_ingress, cls_flower, act_vlan come from the lab kernel's module tree and the
 #          `tc` binary (+ libs) from the host, through the 9p share ($LAB_STATE/share ->
 #          /mnt/host in the guest).
+#          RoCEv2 multicast (mckey, issue 14): a datagram to an IPv4 group goes to MAC
+#          01:00:5e:..., not to eth0.78's, so it would arrive untagged on eth0, which has not
+#          joined the group (rxe joins on eth0.78), and IP would drop it. One more ingress
+#          rule pushes VLAN 78 for IPv4 multicast from 192.168.78.0/24 to UDP 4791.
 #   host:  192.168.78.1/24 on br0 in namespace rdmalab and a permanent neighbour entry
 #          192.168.78.2 -> 02:00:00:77:78:02 (otherwise eth0 would answer the untagged ARP
 #          with its own MAC and rxe0 would drop the frames: its GID for 78.2 is on eth0.78).
-# `check`: exits 0 if the path is up (guest GID present, host address present).
+# `check`: exits 0 if the path is up (guest GID and multicast rule present, host address and
+# neighbour present).
 set -euo pipefail
 
 LAB=${RDMALAB_REPO:-$(dirname "$0")/../../shared/lab}
@@ -45,9 +50,11 @@ guest_ok() {
   local out
   out=$(echo "for n in /sys/class/infiniband/rxe0/ports/1/gid_attrs/ndevs/*; do \
           [ \"\$(cat \$n 2>/dev/null)\" = eth0.$VID ] && \
-          grep -q 'ffff:c0a8:4e02' /sys/class/infiniband/rxe0/ports/1/gids/\${n##*/} && echo rxe-path-ok; done; true" \
+          grep -q 'ffff:c0a8:4e02' /sys/class/infiniband/rxe0/ports/1/gids/\${n##*/} && echo rxe-path-ok; done; \
+        S=/mnt/host/rxe-path; [ -x \$S/tc ] && LD_LIBRARY_PATH=\$S/lib \$S/tc filter show dev eth0 ingress | \
+          grep -q 'dst_port 4791' && echo rxe-mcast-ok; true" \
     | vm) || return 1
-  [[ $out == *rxe-path-ok* ]]
+  [[ $out == *rxe-path-ok* && $out == *rxe-mcast-ok* ]]
 }
 host_ok() {
   ip -n $NS -br addr show dev br0 | grep -q "$HOST/24" &&
@@ -92,6 +99,9 @@ T=\$S/tc
   \$T filter add dev eth0 ingress protocol all flower dst_mac $MAC action vlan push id $VID
 \$T filter show dev eth0 egress | grep -q "vlan_id $VID" || \
   \$T filter add dev eth0 egress protocol 802.1Q flower vlan_id $VID action vlan pop
+\$T filter show dev eth0 ingress | grep -q "dst_port 4791" || \
+  \$T filter add dev eth0 ingress protocol ip flower dst_mac 01:00:5e:00:00:00/ff:ff:ff:80:00:00 \
+    src_ip 192.168.78.0/24 ip_proto udp dst_port 4791 action vlan push id $VID
 EOF
 fi
 ip -n $NS addr replace $HOST/24 dev br0

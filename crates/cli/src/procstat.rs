@@ -13,6 +13,16 @@ pub fn cpu_secs() -> Option<f64> {
     Some((utime + stime) as f64 / 100.0)
 }
 
+/// CPU seconds (user + system) the calling thread has used so far
+/// (`CLOCK_THREAD_CPUTIME_ID`, nanosecond resolution); `None` where unavailable. Unlike a
+/// wall-clock rate, CPU time per message hardly moves when other processes load the machine.
+pub fn thread_cpu_secs() -> Option<f64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec through a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9)
+}
+
 /// Resident set size in bytes (`/proc/self/statm`'s second field, in pages).
 pub fn rss_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/statm").ok()?;

@@ -167,6 +167,16 @@ fn bench_ud_send_rate_with_udp_baseline() {
         assert!(r["sent_mpps"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["udp_sent_mpps"].as_f64().unwrap() > 0.0, "{r}");
         assert!(r["ratio"].as_f64().unwrap() > 0.0, "{r}");
+        // The sending threads' CPU time per message, and their ratio.
+        let (ud, udp) = (
+            r["cpu_us_per_msg"].as_f64().unwrap(),
+            r["udp_cpu_us_per_msg"].as_f64().unwrap(),
+        );
+        assert!(ud > 0.0 && udp > 0.0, "{r}");
+        assert!(
+            (r["cpu_ratio"].as_f64().unwrap() - udp / ud).abs() <= 1e-9 * udp / ud,
+            "{r}"
+        );
     }
     // A UD message is at most the MTU.
     let out = run(&[

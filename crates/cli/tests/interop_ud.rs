@@ -17,9 +17,9 @@
 //! Multicast over that path needs one more guest rule: the wire is untagged and the path's
 //! tc rule pushes VLAN 78 only for frames to eth0.78's MAC, so a RoCEv2 datagram to an IPv4
 //! group (MAC 01:00:5e:...) would arrive on eth0, which has not joined the group (rxe 6.1's
-//! join, `cma_igmp_send`, sends the IGMP report on eth0.78), and the IP layer drops it. The
-//! test adds (idempotently) a tc flower rule that pushes VLAN 78 for IPv4 multicast frames
-//! from 192.168.78.0/24 to UDP 4791. What rxe 6.1 does (capture of this test by hand): the
+//! join, `cma_igmp_send`, sends the IGMP report on eth0.78), and the IP layer drops it.
+//! `lab-rxe-path.sh up` also sets a tc flower rule that pushes VLAN 78 for IPv4 multicast
+//! frames from 192.168.78.0/24 to UDP 4791 (and `check` checks it). What rxe 6.1 does (capture of this test by hand): the
 //! join sends an IGMPv3 report from 192.168.78.2; mckey's datagrams go to the group address
 //! (UDP 4791, IP TTL 64), UD SEND_ONLY with immediate, destination QP 0xFFFFFF, Q_Key
 //! 0x01234567, and it receives ours (TTL 1, the socket default).
@@ -69,18 +69,6 @@ fn bring_up_rxe_path() -> Result<PathBuf, String> {
         ));
     }
     Ok(dir)
-}
-
-/// The guest rule for RoCEv2 multicast over the VLAN path (see the module docs).
-fn guest_multicast_rule(lab: &Lab) {
-    let (rc, out) = lab.exec(
-        "S=/mnt/host/rxe-path; export LD_LIBRARY_PATH=$S/lib; T=$S/tc; \
-         $T filter show dev eth0 ingress | grep -q 'dst_port 4791' || \
-         $T filter add dev eth0 ingress protocol ip flower dst_mac 01:00:5e:00:00:00/ff:ff:ff:80:00:00 \
-         src_ip 192.168.78.0/24 ip_proto udp dst_port 4791 action vlan push id 78",
-        30,
-    );
-    assert_eq!(rc, 0, "guest tc rule for multicast: {out}");
 }
 
 fn lab(test: &str) -> Option<Lab> {
@@ -232,7 +220,6 @@ fn mckey_both_ways_with_kernel_rxe() {
     let Some(lab) = lab("mckey_both_ways_with_kernel_rxe") else {
         return;
     };
-    guest_multicast_rule(&lab);
     // Guest receives, we send.
     let (rc, out) = lab.exec(
         "rm -f /tmp/mk.*; (timeout 30 mckey -m 239.1.2.3 -b 192.168.78.2 >/tmp/mk.log 2>&1; echo exit=$? >/tmp/mk.exit) \

@@ -35,6 +35,13 @@ struct UdResult {
     udp_received_mpps: Option<f64>,
     /// UD sent rate / UDP sent rate (higher is better).
     ratio: Option<f64>,
+    /// CPU time (user + system) of the sending thread per UD Send, in microseconds: what
+    /// posting and handing the datagram to the kernel costs, robust to a loaded machine.
+    cpu_us_per_msg: Option<f64>,
+    /// The same for the UDP socket's `send_to`.
+    udp_cpu_us_per_msg: Option<f64>,
+    /// UDP CPU per message / UD CPU per message (higher is better for UD).
+    cpu_ratio: Option<f64>,
 }
 
 /// Runs the UD message-rate test for every size of `args`.
@@ -68,24 +75,36 @@ pub(super) fn run(args: &Args, flags: &[crate::providers::Flag]) -> Result<()> {
             crate::providers::label(&rdev)
         );
         println!(
-            " {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}",
-            "#bytes", "sent", "Mpps sent", "Mpps rcvd", "MB/s rcvd", "UDP Mpps", "UDP rcvd", "UD/UDP"
+            " {:>8} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8}",
+            "#bytes",
+            "sent",
+            "Mpps sent",
+            "Mpps rcvd",
+            "MB/s rcvd",
+            "UDP Mpps",
+            "UDP rcvd",
+            "UD/UDP",
+            "us/msg",
+            "UDP us",
+            "CPU x"
         );
     }
     for &size in &sizes {
         let mut r = ud_rate(&sdev, &rdev, args, size)?;
         if args.baseline.as_deref() == Some("udp") {
-            let (s, rc) = udp_rate(here, args, size)?;
+            let (s, rc, cpu) = udp_rate(here, args, size)?;
             r.udp_sent_mpps = Some(s);
             r.udp_received_mpps = Some(rc);
             r.ratio = Some(r.sent_mpps / s);
+            r.udp_cpu_us_per_msg = cpu;
+            r.cpu_ratio = cpu.zip(r.cpu_us_per_msg).map(|(u, d)| u / d);
         }
         if args.json {
             crate::report::print_line(&r);
         } else {
             let opt = |v: Option<f64>, p: usize| v.map_or("-".to_string(), |v| format!("{v:.p$}"));
             println!(
-                " {:>8} {:>10} {:>10.3} {:>10.3} {:>10.1} {:>10} {:>10} {:>8}",
+                " {:>8} {:>10} {:>10.3} {:>10.3} {:>10.1} {:>10} {:>10} {:>8} {:>9} {:>9} {:>8}",
                 r.size,
                 r.sent,
                 r.sent_mpps,
@@ -93,7 +112,10 @@ pub(super) fn run(args: &Args, flags: &[crate::providers::Flag]) -> Result<()> {
                 r.received_mb_per_s,
                 opt(r.udp_sent_mpps, 3),
                 opt(r.udp_received_mpps, 3),
-                opt(r.ratio, 2)
+                opt(r.ratio, 2),
+                opt(r.cpu_us_per_msg, 2),
+                opt(r.udp_cpu_us_per_msg, 2),
+                opt(r.cpu_ratio, 2)
             );
         }
     }
@@ -161,7 +183,7 @@ fn ud_rate(sdev: &Device, rdev: &Device, args: &Args, size: u64) -> Result<UdRes
         settle(&received, r.as_ref().map_or(0, |r| r.0));
         stop.store(true, Ordering::Relaxed);
         rx.join().map_err(|_| anyhow!("the UD receiver thread panicked"))??;
-        let (sent, secs) = r?;
+        let (sent, secs, cpu) = r?;
         let received = received.load(Ordering::Relaxed);
         Ok(UdResult {
             test: "ud_send_rate",
@@ -175,11 +197,15 @@ fn ud_rate(sdev: &Device, rdev: &Device, args: &Args, size: u64) -> Result<UdRes
             udp_sent_mpps: None,
             udp_received_mpps: None,
             ratio: None,
+            cpu_us_per_msg: cpu.map(|c| c * 1e6 / sent.max(1) as f64),
+            udp_cpu_us_per_msg: None,
+            cpu_ratio: None,
         })
     })
 }
 
-/// The sender: `depth` Sends per post until the time or count is up; (sent, seconds).
+/// The sender: `depth` Sends per post until the time or count is up; (sent, seconds, this
+/// thread's CPU seconds).
 #[allow(clippy::too_many_arguments)]
 fn send_loop(
     spd: &ProtectionDomain,
@@ -191,7 +217,7 @@ fn send_loop(
     args: &Args,
     size: u64,
     depth: u32,
-) -> Result<(u64, f64)> {
+) -> Result<(u64, f64, Option<f64>)> {
     let to = UdDest {
         ah: spd.create_ah(&AhAttr::to_gid(rdev.query_gid(1, 0)?))?,
         remote_qpn: rqpn,
@@ -220,6 +246,7 @@ fn send_loop(
         .collect();
     let signaled = u64::from(depth / cq_mod);
     let (dur, iters) = until(args);
+    let cpu0 = crate::procstat::thread_cpu_secs();
     let start = Instant::now();
     let mut sent = 0u64;
     let mut wcs = Vec::with_capacity(64);
@@ -239,7 +266,9 @@ fn send_loop(
             }
         }
     }
-    Ok((sent, start.elapsed().as_secs_f64()))
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu0.zip(crate::procstat::thread_cpu_secs()).map(|(a, b)| b - a);
+    Ok((sent, secs, cpu))
 }
 
 /// Waits until the receiver has counted `sent` messages or its count stopped moving for
@@ -267,8 +296,9 @@ fn settle(received: &AtomicU64, sent: u64) {
 }
 
 /// The baseline: `send_to` of `size`-octet datagrams from one UDP socket to another on
-/// loopback, a thread receiving; (sent, received) in millions per second.
-fn udp_rate(here: IpAddr, args: &Args, size: u64) -> Result<(f64, f64)> {
+/// loopback, a thread receiving; (sent, received) in millions per second and the sending
+/// thread's CPU microseconds per datagram.
+fn udp_rate(here: IpAddr, args: &Args, size: u64) -> Result<(f64, f64, Option<f64>)> {
     let r = UdpSocket::bind(SocketAddr::new(here, 0))?;
     r.set_read_timeout(Some(Duration::from_millis(50)))?;
     let to = r.local_addr()?;
@@ -288,6 +318,7 @@ fn udp_rate(here: IpAddr, args: &Args, size: u64) -> Result<(f64, f64)> {
     };
     let msg = vec![0x5au8; size as usize];
     let (dur, iters) = until(args);
+    let cpu0 = crate::procstat::thread_cpu_secs();
     let start = Instant::now();
     let mut sent = 0u64;
     while sent < iters && dur.is_none_or(|d| start.elapsed() < d) {
@@ -298,9 +329,12 @@ fn udp_rate(here: IpAddr, args: &Args, size: u64) -> Result<(f64, f64)> {
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu0
+        .zip(crate::procstat::thread_cpu_secs())
+        .map(|(a, b)| (b - a) * 1e6 / sent.max(1) as f64);
     settle(&received, sent);
     stop.store(true, Ordering::Relaxed);
     rx.join().map_err(|_| anyhow!("the UDP receiver thread panicked"))?;
     let received = received.load(Ordering::Relaxed);
-    Ok((sent as f64 / secs / 1e6, received as f64 / secs / 1e6))
+    Ok((sent as f64 / secs / 1e6, received as f64 / secs / 1e6, cpu))
 }

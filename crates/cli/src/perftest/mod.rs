@@ -28,6 +28,7 @@
 //! dropped with a message naming its QP and address; a session that ends early (peer
 //! closed, reset, Terminate) is reported with the cause, QP and address, and exits non-zero.
 
+mod ud;
 pub mod wire;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -125,6 +126,19 @@ impl Test {
     }
 }
 
+/// perftest's `-c` connection types that `softrdma perftest` speaks.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Connection {
+    /// Reliable connected (perftest's default).
+    #[default]
+    #[value(name = "RC")]
+    Rc,
+    /// Unreliable datagram (send_bw and send_lat; RoCE only): the data QP is found with
+    /// rdma_cm's UDP port space (SIDR), messages are at most the path MTU.
+    #[value(name = "UD")]
+    Ud,
+}
+
 /// `softrdma perftest`: perftest-compatible tests (rdma_cm mode).
 #[derive(ClapArgs, Debug, Clone)]
 #[command(after_help = HELP, disable_version_flag = true)]
@@ -157,6 +171,9 @@ pub struct Args {
     /// Outstanding Reads (IRD/ORD of Read tests) [default: 128, the device maximum].
     #[arg(short = 'o', long = "outs")]
     pub out_reads: Option<u32>,
+    /// Connection type of the data QP, as perftest's -c: RC, or UD for send_bw/send_lat.
+    #[arg(short = 'c', long = "connection", value_enum, default_value_t = Connection::Rc)]
+    pub connection: Connection,
     /// Number of QPs (only 1 is implemented).
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
@@ -205,6 +222,13 @@ struct Params {
     out_reads: u32,
     /// `BUFF_SIZE(size, cycle_buffer)`: each half of the data region.
     half: usize,
+    /// `-c UD`: a UD data QP (ud.rs).
+    ud: bool,
+    /// `-s` was given: with UD, a size above the MTU is then an error rather than cut to
+    /// the MTU (`check_mtu`).
+    size_given: bool,
+    /// The MTU both ends settled on (`check_mtu`: the smaller of the two), in octets.
+    mtu: u32,
     /// The device speaks iWARP: ib_send_bw then runs with `send_rcredit` (the receiver grants
     /// credits by RDMA Write, send_bw.c sets it for `IBV_TRANSPORT_IWARP` only). On the IB
     /// transport (RoCE) the sender just sends and RNR NAKs pace it.
@@ -213,7 +237,8 @@ struct Params {
 
 const CYCLE_BUFFER: i32 = 4096;
 const CACHE_LINE: i32 = 64;
-/// We state siw's MTU (1024, `IBV_MTU_1024`); iWARP does not use it.
+/// On iWARP we state siw's MTU (1024, `IBV_MTU_1024`), which iWARP does not use; on RoCE
+/// the port's active MTU.
 const MTU: u32 = 1024;
 const MAX_OUT_READS: u32 = 128;
 
@@ -223,6 +248,13 @@ impl Params {
             bail!("-q {}: only one QP is implemented", a.qps);
         }
         let t = a.test;
+        let ud = a.connection == Connection::Ud;
+        if ud && t.verb() != Verb::Send {
+            bail!(
+                "-c UD: only send_bw and send_lat (perftest's {} has no UD mode)",
+                t.name()
+            );
+        }
         let size = a.size.unwrap_or(if t.bw() { 65536 } else { 2 });
         if size == 0 || size > (1 << 30) {
             bail!("-s {size}: the size must be 1 byte to 1 GiB");
@@ -259,8 +291,18 @@ impl Params {
             rx_depth,
             out_reads,
             half: (size as usize).max(CYCLE_BUFFER as usize),
+            ud,
+            size_given: a.size.is_some(),
+            mtu: MTU,
             iwarp: true,
         })
+    }
+}
+
+impl Params {
+    /// Octets before the payload in a receive: the GRH area on UD (`UD_ADDITION`), else 0.
+    fn grh(&self) -> usize {
+        if self.ud { ud::GRH_LEN } else { 0 }
     }
 }
 
@@ -273,6 +315,9 @@ pub fn run(args: Args) -> Result<()> {
         d.device = args.ib_dev.clone();
     }
     p.iwarp = crate::providers::transport_of(&d)? == verbs::Transport::Iwarp;
+    if p.ud && p.iwarp {
+        bail!("-c UD: iWARP has no unreliable datagrams (use --provider roce)");
+    }
     let flags: Vec<Flag> = Flag::crc(args.crc.as_deref()).into_iter().collect();
     let role = match &args.server {
         Some(host) => Role::Client(resolve(host, args.port)?),
@@ -287,7 +332,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let dev = crate::providers::open(&d, &flags, at)?;
     let out = session(&dev, &args, p, role)?;
-    out.print(&args, &p);
+    out.print(&args);
     Ok(())
 }
 
@@ -530,6 +575,8 @@ struct Outcome {
     peer: String,
     role: &'static str,
     measured: Measured,
+    /// The parameters as run (UD may have cut the size to the MTU).
+    p: Params,
 }
 
 enum Measured {
@@ -553,9 +600,22 @@ struct Data {
     recv_cq: CompletionQueue,
     mr: MemoryRegion,
     credit: Option<MemoryRegion>,
+    /// `-c UD`: where this side's Sends go (the client's from the SIDR_REP; the server's, in
+    /// send_lat, from the client's first datagram). `None` on RC and for the send_bw server.
+    ud: Option<UdDest>,
 }
 
-fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> {
+impl Data {
+    /// A Send of the test, addressed when the data QP is UD.
+    fn wr(&self, wr: SendWr) -> SendWr {
+        match &self.ud {
+            Some(dest) => wr.ud(dest.clone()),
+            None => wr,
+        }
+    }
+}
+
+fn session(dev: &Device, args: &Args, mut p: Params, role: Role) -> Result<Outcome> {
     let step = Duration::from_secs(args.timeout.max(1));
     let pd = dev.alloc_pd()?;
     let client = matches!(role, Role::Client(_));
@@ -612,17 +672,36 @@ fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> 
     wire::decode_int("cycle buffer", &c)?;
     let c = comm.xchg(&wire::encode_int(CACHE_LINE), "cache line size")?;
     wire::decode_int("cache line size", &c)?;
-    let m = comm.xchg(&wire::encode_mtu(wire::mtu_enum(MTU)), "MTU")?;
-    wire::decode_mtu(&m)?;
+    // check_mtu: both state their port's MTU and use the smaller (a peer's value outside
+    // 1..=5 is ignored); -c UD then fits the message size to it.
+    let ours = if p.iwarp {
+        MTU
+    } else {
+        dev.query_port(1).map(|a| a.active_mtu.bytes()).unwrap_or(MTU)
+    };
+    let m = comm.xchg(&wire::encode_mtu(wire::mtu_enum(ours)), "MTU")?;
+    p.mtu = match wire::decode_mtu(&m)? {
+        Some(e) => ours.min(wire::mtu_bytes(e)),
+        None => ours,
+    };
+    if p.ud {
+        ud::fit_size(&mut p)?;
+    }
 
     // 3. the data connection between two syncs.
     let zero = PingpongDest::default();
     comm.hand_shake(&zero, "sync before the data connection")?;
-    let data = data_connection(dev, &pd, &p, role, listen_again, peer_addr, step, peer.softrdma)?;
+    let data = if p.ud {
+        ud::data_connection(dev, &pd, &p, role, listen_again, peer_addr, step)?
+    } else {
+        data_connection(dev, &pd, &p, role, listen_again, peer_addr, step, peer.softrdma)?
+    };
     comm.hand_shake(&zero, "sync after the data connection")?;
 
     // 4. addresses.
-    let local_ip = match data.qp.conn_info().local_addr.ip() {
+    // A UD QP has no connection: its address is the comm connection's (the same device).
+    let addr_qp = if p.ud { &comm.qp } else { &data.qp };
+    let local_ip = match addr_qp.conn_info().local_addr.ip() {
         IpAddr::V4(a) => a,
         IpAddr::V6(_) => Ipv4Addr::UNSPECIFIED,
     };
@@ -749,9 +828,12 @@ fn session(dev: &Device, args: &Args, p: Params, role: Role) -> Result<Outcome> 
         peer: peer_name,
         role: role_name,
         measured,
+        p,
     };
 
-    teardown(&comm.qp, &data.qp, !peer.softrdma);
+    // perftest does not disconnect a UD data QP (`rdma_cm_disconnect_nodes` skips UD).
+    let data_qp = (!p.ud).then_some(&data.qp);
+    teardown(&comm.qp, data_qp, !peer.softrdma);
     Ok(out)
 }
 
@@ -775,9 +857,11 @@ fn await_disconnect(qp: &QueuePair, secs: f64) -> bool {
 /// of 16 lab runs over rxe under heavy host load (TCG guest, load average 10), ib_write_lat's
 /// client died of a general protection fault in librdmacm during its teardown, which our DREQ
 /// may have met half-way: a perftest peer that closes normally is not slowed by a longer one.
-fn teardown(comm: &QueuePair, data: &QueuePair, linger: bool) {
+fn teardown(comm: &QueuePair, data: Option<&QueuePair>, linger: bool) {
     const GRACE: f64 = 10.0;
-    if !(linger && await_disconnect(data, GRACE)) {
+    if let Some(data) = data
+        && !(linger && await_disconnect(data, GRACE))
+    {
         data.disconnect();
         await_disconnect(data, 2.0);
     }
@@ -814,7 +898,7 @@ fn pattern(len: usize) -> Vec<u8> {
 /// error); notes the check in `verified`.
 fn check_pattern(d: &Data, p: &Params, what: &str, verified: &mut String) -> Result<()> {
     let got =
-        d.mr.to_vec(p.half, p.size as usize)
+        d.mr.to_vec(p.half + p.grh(), p.size as usize)
             .map_err(|_| anyhow!("data region"))?;
     if got != pattern(p.size as usize) {
         bail!("payload check failed: {what} does not hold the pattern");
@@ -916,15 +1000,17 @@ fn data_connection(
         recv_cq,
         mr,
         credit,
+        ud: None,
     })
 }
 
-/// Receives of `size` bytes into the target half (`ctx_set_recv_wqes`); returns how many.
+/// Receives of `size` bytes (UD: 40 more for the GRH) into the target half
+/// (`ctx_set_recv_wqes`); returns how many.
 fn post_recvs(d: &Data, p: &Params, n: u64) -> Result<u64> {
     let wrs: Vec<RecvWr> = (0..n)
         .map(|i| RecvWr {
             wr_id: i,
-            sg_list: vec![d.mr.sge(p.half, p.size as u32)],
+            sg_list: vec![d.mr.sge(p.half, (p.size as usize + p.grh()) as u32)],
         })
         .collect();
     d.qp.post_recv(&wrs).context("posting receives")?;
@@ -1049,7 +1135,7 @@ fn send_bw_client(d: &Data, p: &Params, _rem: &PingpongDest, deadline: Instant) 
                 break;
             }
             posted.push(Instant::now());
-            d.qp.post_send_one(SendWr::new(posted.len() as u64, WrOpcode::Send, vec![sge]))
+            d.qp.post_send_one(d.wr(SendWr::new(posted.len() as u64, WrOpcode::Send, vec![sge])))
                 .with_context(|| format!("posting Send {}", posted.len()))?;
         }
         wcs.clear();
@@ -1081,8 +1167,15 @@ fn send_bw_client(d: &Data, p: &Params, _rem: &PingpongDest, deadline: Instant) 
 /// reposted while fewer than iters are posted (`rposted`).
 fn recv_done(d: &Data, p: &Params, wc: &WorkCompletion, rcnt: &mut u64, rposted: &mut u64) -> Result<()> {
     ok(wc, WcOpcode::Recv, "receive")?;
-    if wc.byte_len as u64 != p.size {
-        bail!("receive {} has {} bytes, expected {}", *rcnt + 1, wc.byte_len, p.size);
+    // UD: the byte count includes the 40-octet GRH area (ibv_wc.byte_len).
+    if wc.byte_len as u64 != p.size + p.grh() as u64 {
+        bail!(
+            "receive {} has {} bytes, expected {}{}",
+            *rcnt + 1,
+            wc.byte_len,
+            p.size,
+            if p.ud { " + 40 of GRH" } else { "" }
+        );
     }
     *rcnt += 1;
     if *rposted < p.iters {
@@ -1330,7 +1423,7 @@ fn send_lat(
         if scnt < n {
             posted.push(Instant::now());
             scnt += 1;
-            d.qp.post_send_one(SendWr::new(scnt, WrOpcode::Send, vec![d.mr.sge(0, p.size as u32)]))
+            d.qp.post_send_one(d.wr(SendWr::new(scnt, WrOpcode::Send, vec![d.mr.sge(0, p.size as u32)])))
                 .with_context(|| format!("posting Send {scnt}"))?;
             let wc = wait_wc(&d.send_cq, &d.qp, deadline, "a Send completion")?;
             ok(&wc, WcOpcode::Send, "Send")?;
@@ -1354,7 +1447,9 @@ fn print_header(p: &Params, role: &str, peer: &str, my: &PingpongDest, rem: &Pin
     println!(" softrdma perftest {} ({role}), peer: {peer}", p.test.name());
     let transport = if p.iwarp { "IW" } else { "IB" };
     println!(" Number of qps   : 1\t\tTransport type : {transport}");
-    println!(" Connection type : RC\t\tData ex. method : rdma_cm");
+    let conn = if p.ud { "UD" } else { "RC" };
+    println!(" Connection type : {conn}\t\tData ex. method : rdma_cm");
+    println!(" Mtu             : {}[B]", p.mtu);
     if p.test.bw() {
         println!(" TX depth        : {}", p.tx_depth);
     }
@@ -1426,7 +1521,8 @@ struct PerftestLat {
 }
 
 impl Outcome {
-    fn print(&self, args: &Args, p: &Params) {
+    fn print(&self, args: &Args) {
+        let p = &self.p;
         let (peer, role) = (&self.peer, self.role);
         match &self.measured {
             Measured::Bw {
@@ -1546,6 +1642,9 @@ mod tests {
             rx_depth: 1,
             out_reads: 1,
             half: 1 << 20,
+            ud: false,
+            size_given: true,
+            mtu: MTU,
             iwarp: true,
         };
         let b = Instant::now();
@@ -1576,6 +1675,7 @@ mod tests {
             json: false,
             bind: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             crc: None,
+            connection: Connection::Rc,
             first_send_delay_ms: 0,
             timeout: 1,
             connect_timeout: 1,

@@ -209,6 +209,11 @@ pub fn mtu_enum(mtu: u32) -> u8 {
     }
 }
 
+/// Octets of an `enum ibv_mtu` value 1..=5 (`MTU_SIZE`: `1 << (7 + e)`).
+pub fn mtu_bytes(mtu_enum: u8) -> u32 {
+    128 << mtu_enum.clamp(1, 5)
+}
+
 /// `check_mtu`: `sprintf("%d")` of the enum, two octets sent ("3\0").
 pub fn encode_mtu(mtu_enum: u8) -> [u8; MTU_LEN] {
     let s = mtu_enum.to_string();
@@ -349,6 +354,8 @@ mod tests {
         assert_eq!(decode_mtu(&hex(CAP_MTU)).unwrap(), Some(3));
         assert_eq!(encode_mtu(mtu_enum(1024)).to_vec(), hex(CAP_MTU));
         assert_eq!(decode_mtu(b"9\0").unwrap(), None);
+        assert_eq!((mtu_bytes(1), mtu_bytes(3), mtu_bytes(5)), (256, 1024, 4096));
+        assert!((1..=5).all(|e| mtu_enum(mtu_bytes(e)) == e));
         assert!(matches!(decode_mtu(b"x\0"), Err(WireError::MtuText(_))));
         assert!(decode_int("cache line", &[0, 0, 0]).is_err());
     }
