@@ -52,7 +52,9 @@ mod report;
 mod rpc;
 mod rping;
 mod scale;
+mod scm;
 mod sigpipe;
+mod smc_cmd;
 mod udaddy;
 mod units;
 
@@ -105,6 +107,9 @@ enum Cmd {
     /// IPoIB (RFC 4391 datagram mode): an IP interface (TUN) whose link is the RoCEv2
     /// fabric; `up` runs the link daemon, `show neigh|conn` prints its state.
     Ipoib(ipoib_cmd::Args),
+    /// SMC-R for unmodified programs: `smc run -- PROGRAM ARGS` (Linux's smc_run), the
+    /// per-namespace daemon it starts, and `smc status` (its connections).
+    Smc(smc_cmd::Args),
     /// Print a shell completion script: `softrdma completions bash > /etc/bash_completion.d/softrdma`.
     Completions {
         /// bash, zsh, fish, elvish or powershell.
@@ -172,6 +177,7 @@ fn main() -> std::process::ExitCode {
         Cmd::Perftest(args) => perftest::run(args),
         Cmd::Scale(args) => scale::run(args),
         Cmd::Ipoib(args) => ipoib_cmd::run(args),
+        Cmd::Smc(args) => smc_cmd::run(args),
         Cmd::Completions { shell } => completions(shell),
         Cmd::Man { dir } => man_pages(&dir),
     };

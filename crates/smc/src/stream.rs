@@ -674,7 +674,15 @@ impl SmcStream {
 
     /// [`SmcStream::connect`] with explicit settings.
     pub fn connect_with<A: ToSocketAddrs>(addr: A, dev: &Device, cfg: &SmcConfig) -> io::Result<Self> {
-        let mut tcp = TcpStream::connect(addr)?;
+        Self::connect_over(TcpStream::connect(addr)?, dev, cfg)
+    }
+
+    /// The client side of SMC-R on a TCP connection connected elsewhere (e.g. by an
+    /// unmodified program whose socket `softrdma smc run`'s daemon was handed): proposes on
+    /// `dev` when [`SmcConfig::propose`] is set (the peer's SYN-ACK carried the option),
+    /// else falls back with "peer did not indicate SMC" without sending anything.
+    pub fn connect_over(tcp: TcpStream, dev: &Device, cfg: &SmcConfig) -> io::Result<Self> {
+        let mut tcp = tcp;
         let caps = local_caps(dev, &tcp, cfg)?;
         let me = (caps.gid, caps.mac);
         let mut m = ClcMachine::client(caps, cfg.propose);
@@ -1145,17 +1153,34 @@ impl SmcListener {
 
     /// Accepts one connection and runs the server side of the CLC exchange on it.
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
-        let (mut tcp, peer) = self.tcp.accept()?;
-        let cfg = &self.cfg;
-        let indicated = client_indicates_smc(&tcp, cfg.indication_wait)?;
-        let caps = local_caps(&self.dev, &tcp, cfg)?;
+        let (tcp, peer) = self.tcp.accept()?;
+        Ok((SmcStream::accept_over(tcp, &self.dev, &self.cfg, None)?, peer))
+    }
+
+    /// An iterator over accepted connections, as `TcpListener::incoming`.
+    pub fn incoming(&self) -> impl Iterator<Item = io::Result<SmcStream>> + '_ {
+        std::iter::repeat_with(move || self.accept().map(|(s, _)| s))
+    }
+}
+
+impl SmcStream {
+    /// The server side of SMC-R on a TCP connection accepted elsewhere (e.g. by an
+    /// unmodified program under `softrdma smc run`). `indicated`: whether the client's SYN
+    /// carried the SMC-R option (from [`crate::sockops::Guard::peer_offered_smc`]); `None`
+    /// = look at the client's first octets as [`SmcListener::accept`] does.
+    pub fn accept_over(tcp: TcpStream, dev: &Device, cfg: &SmcConfig, indicated: Option<bool>) -> io::Result<Self> {
+        let mut tcp = tcp;
+        let indicated = match indicated {
+            Some(b) => b,
+            None => client_indicates_smc(&tcp, cfg.indication_wait)?,
+        };
+        let caps = local_caps(dev, &tcp, cfg)?;
         let me = (caps.gid, caps.mac);
         let mut m = ClcMachine::server(caps, indicated);
         let token = new_token();
-        let mtu = device_mtu(&self.dev);
+        let mtu = device_mtu(dev);
         let mut link: Option<Link> = None;
         let deadline = Instant::now() + cfg.clc_timeout;
-        let dev = &self.dev;
         run_clc(&mut tcp, &mut m, deadline, |m, need| {
             let NeedLink::Proposal { .. } = need else {
                 return Err(io_err(
@@ -1186,12 +1211,20 @@ impl SmcListener {
                 tracing::warn!(error = %e, "server QP to RTR/RTS failed, declined");
             }
         }
-        Ok((SmcStream::finish(tcp, m, link, token, cfg, true, me)?, peer))
+        SmcStream::finish(tcp, m, link, token, cfg, true, me)
     }
 
-    /// An iterator over accepted connections, as `TcpListener::incoming`.
-    pub fn incoming(&self) -> impl Iterator<Item = io::Result<SmcStream>> + '_ {
-        std::iter::repeat_with(move || self.accept().map(|(s, _)| s))
+    /// A fallback connection's TCP stream and the octets already read from it during the
+    /// CLC exchange (they come before anything still in the socket); `Err(self)` over SMC-R.
+    pub fn into_tcp(self) -> Result<(TcpStream, Vec<u8>), Self> {
+        if !matches!(self.kind, Kind::Tcp) {
+            return Err(self);
+        }
+        let mut me = self;
+        match me.tcp.try_clone() {
+            Ok(tcp) => Ok((tcp, std::mem::take(&mut me.prefix))),
+            Err(_) => Err(me),
+        }
     }
 }
 
