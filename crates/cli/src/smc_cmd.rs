@@ -114,7 +114,8 @@ struct DaemonArgs {
     /// At most this many connections at once; more stay TCP ("daemon connection cap").
     #[arg(long, default_value_t = 1024)]
     max_conns: usize,
-    /// Exit after this many seconds with no connection and no `smc run` attached.
+    /// Exit after this many seconds with no connection and no `smc run` attached (`smc run`
+    /// passes $SOFTRDMA_SMC_IDLE_EXIT when it starts one).
     #[arg(long, default_value_t = 30)]
     idle_exit: u64,
     /// RMB element size (16 KiB to 512 KiB, a power of two).
@@ -170,7 +171,10 @@ fn session(name: &str, assume: bool) -> Result<OwnedFd> {
     if assume {
         cmd.arg("--assume-smc-peers");
     }
-    let log = std::env::temp_dir().join(format!("softrdma-smc-daemon-{name}.log"));
+    if let Ok(v) = std::env::var("SOFTRDMA_SMC_IDLE_EXIT") {
+        cmd.args(["--idle-exit", &v]);
+    }
+    let log = std::env::temp_dir().join(format!("softrdma-smc-daemon-{name}-{}.log", std::process::id()));
     let f = std::fs::File::create(&log).with_context(|| format!("daemon log {}", log.display()))?;
     cmd.stdin(std::process::Stdio::null())
         .stdout(f.try_clone()?)
@@ -251,21 +255,31 @@ fn status(a: StatusArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "daemon pid {}  TCP option: {}  connections: {} live, {} SMC-R, {} fallback",
-        v["pid"], v["tcp_option"], v["live"], v["smcr_total"], v["fallback_total"]
+        "daemon pid {}  TCP option: {}  connections: {} live, {} SMC-R, {} fallback  links: {}",
+        v["pid"],
+        v["tcp_option"].as_str().unwrap_or(""),
+        v["live"],
+        v["smcr_total"],
+        v["fallback_total"],
+        v["live_links"]
     );
-    println!("{:<4} {:<7} {:<22} {:<22} {:<7} {:>12} {:>12}  reason", "id", "role", "local", "peer", "mode", "sent", "received");
+    println!(
+        "{:<4} {:<7} {:<22} {:<22} {:<9} {:>12} {:>12}  reason",
+        "id", "role", "local", "peer", "mode", "sent", "received"
+    );
     for c in v["conns"].as_array().into_iter().flatten() {
+        let t = |k: &str| c[k].as_str().unwrap_or("").to_string();
+        let n = |k: &str| c[k].as_u64().unwrap_or(0);
         println!(
-            "{:<4} {:<7} {:<22} {:<22} {:<7} {:>12} {:>12}  {}{}",
-            c["id"],
-            c["role"].as_str().unwrap_or(""),
-            c["local"].as_str().unwrap_or(""),
-            c["peer"].as_str().unwrap_or(""),
-            c["mode"].as_str().unwrap_or(""),
-            c["bytes_sent"],
-            c["bytes_received"],
-            c["reason"].as_str().unwrap_or(""),
+            "{:<4} {:<7} {:<22} {:<22} {:<9} {:>12} {:>12}  {}{}",
+            n("id"),
+            t("role"),
+            t("local"),
+            t("peer"),
+            t("mode"),
+            n("bytes_sent"),
+            n("bytes_received"),
+            t("reason"),
             if c["open"].as_bool() == Some(true) { "" } else { " (closed)" },
         );
     }

@@ -68,9 +68,11 @@ pub fn hand_over(fd: c_int, family: c_int, kind: u8) {
     let saved = real::errno();
     let local = real::sockname(fd, false).unwrap_or_default();
     let peer = real::sockname(fd, true).unwrap_or_default();
+    // Read before the daemon has the socket: it may change the (shared) file status flags.
+    let flags = fd_flags(fd);
     match exchange(&name, fd, kind) {
         Ok((verdict, Some(nfd), reason)) if verdict == VERDICT_SMCR || verdict == VERDICT_RELAY => {
-            if replace(fd, nfd) {
+            if replace(fd, nfd, flags) {
                 if let Some(ino) = real::inode(fd) {
                     table::insert(ino, family, local, peer);
                 }
@@ -95,12 +97,17 @@ fn close(fd: c_int) {
     unsafe { libc::close(fd) };
 }
 
-/// Puts `nfd` in place of `fd`, keeping `fd`'s O_NONBLOCK and FD_CLOEXEC; closes `nfd`.
-fn replace(fd: c_int, nfd: c_int) -> bool {
-    // SAFETY: fcntl/dup3/close on descriptors: `fd` is the program's open socket, `nfd` ours.
+/// `fd`'s file status flags and descriptor flags (F_GETFL, F_GETFD).
+fn fd_flags(fd: c_int) -> (c_int, c_int) {
+    // SAFETY: fcntl reads the flags of a descriptor; no memory is passed.
+    unsafe { (libc::fcntl(fd, libc::F_GETFL), libc::fcntl(fd, libc::F_GETFD)) }
+}
+
+/// Puts `nfd` in place of `fd` with `fd`'s O_NONBLOCK and FD_CLOEXEC as they were before the
+/// hand-over (`flags` from [`fd_flags`]); closes `nfd`.
+fn replace(fd: c_int, nfd: c_int, (fl, fdfl): (c_int, c_int)) -> bool {
+    // SAFETY: dup3/fcntl/close on descriptors: `fd` is the program's open socket, `nfd` ours.
     unsafe {
-        let fl = libc::fcntl(fd, libc::F_GETFL);
-        let fdfl = libc::fcntl(fd, libc::F_GETFD);
         let cloexec = if fdfl >= 0 && fdfl & libc::FD_CLOEXEC != 0 {
             libc::O_CLOEXEC
         } else {
