@@ -125,3 +125,10 @@ pub fn recv(s: &OwnedFd, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)>
         Ok((n as usize, got))
     }
 }
+
+/// Clears close-on-exec on `s`, so a program exec'd next holds it.
+pub fn inherit(s: &OwnedFd) -> io::Result<()> {
+    // SAFETY: fcntl(F_SETFD) on a descriptor we own; no memory is passed.
+    cvt(unsafe { libc::fcntl(s.as_raw_fd(), libc::F_SETFD, 0) })?;
+    Ok(())
+}

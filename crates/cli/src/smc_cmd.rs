@@ -229,16 +229,15 @@ fn run_program(a: RunArgs) -> Result<()> {
         ld.push(old);
     }
     let (prog, rest) = a.program.split_first().ok_or_else(|| anyhow!("no program given"))?;
-    let status = std::process::Command::new(prog)
+    // Like smc_run, the program takes our place (its signals, its exit status); the session
+    // descriptor stays open in it (not close-on-exec), so the daemon stays while it runs.
+    scm::inherit(&s)?;
+    let err = std::process::Command::new(prog)
         .args(rest)
         .env("LD_PRELOAD", ld)
         .env("SOFTRDMA_SMC_SOCK", &name)
-        .status()
-        .with_context(|| format!("running {}", prog.to_string_lossy()))?;
-    drop(s);
-    use std::os::unix::process::ExitStatusExt;
-    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-    std::process::exit(code);
+        .exec();
+    Err(err).with_context(|| format!("running {}", prog.to_string_lossy()))
 }
 
 // ---------------------------------------------------------------- smc status
@@ -354,7 +353,18 @@ fn cgroup2_dir() -> Result<PathBuf> {
         .unwrap_or("/")
         .trim_start_matches('/')
         .to_string();
-    let dir = mnt.join(rel).join(format!("softrdma-smc.{}", std::process::id()));
+    let parent = mnt.join(rel);
+    // Directories of daemons that died without removing theirs (empty ones only).
+    if let Ok(rd) = std::fs::read_dir(&parent) {
+        for e in rd.flatten() {
+            let n = e.file_name();
+            let Some(pid) = n.to_str().and_then(|n| n.strip_prefix("softrdma-smc.")) else { continue };
+            if !Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+    }
+    let dir = parent.join(format!("softrdma-smc.{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
 }
@@ -515,6 +525,7 @@ impl Daemon {
             "tcp_option": if self.guard.is_some() { "on".to_string() } else { format!("off: {}", self.option_error.as_deref().unwrap_or("")) },
             "assume_smc_peers": self.assume,
             "live": self.live.load(Ordering::Relaxed),
+            "sessions": self.sessions.load(Ordering::Relaxed),
             "smcr_total": self.smcr_total.load(Ordering::Relaxed),
             "fallback_total": self.fallback_total.load(Ordering::Relaxed),
             "live_links": smc::live_links(),
@@ -602,8 +613,10 @@ impl Daemon {
             Ok(IpAddr::V6(_)) if indicated != Some(false) => Err("IPv6: SMC-R v1 needs IPv4".to_string()),
             _ => Err(String::new()),
         };
-        let dev = match dev {
-            Ok(d) => d,
+        let (dev, dev_error) = match dev {
+            Ok(d) => (Some(d), None),
+            // Our SYN-ACK carried the option, so the client proposes: CLC Declines (F2).
+            Err(why) if kind == ACCEPTED && indicated != Some(false) => (None, Some(why)),
             Err(why) => {
                 let why = if why.is_empty() { FallbackReason::PeerNoSmc.to_string() } else { why };
                 self.record(role, &tcp, "TCP", why.clone());
@@ -618,9 +631,10 @@ impl Daemon {
         let mut cfg = self.cfg.clone();
         let res = if kind == CONNECTED {
             cfg.propose = indicated.unwrap_or(true);
-            SmcStream::connect_over(tcp.try_clone().expect("dup"), &dev, &cfg)
+            let dev = dev.as_ref().expect("a client without a device returned above");
+            SmcStream::connect_over(tcp.try_clone().expect("dup"), dev, &cfg)
         } else {
-            SmcStream::accept_over(tcp.try_clone().expect("dup"), &dev, &cfg, indicated)
+            SmcStream::accept_over(tcp.try_clone().expect("dup"), dev.as_ref(), &cfg, indicated)
         };
         let restore = |t: &TcpStream| {
             let _ = t.set_nonblocking(nonblocking);
@@ -659,10 +673,14 @@ impl Daemon {
                     Err(_) => unreachable!("fallback stream is TCP"),
                 };
                 restore(&tcp);
+                let r = match &dev_error {
+                    Some(e) => format!("{r} ({e})"),
+                    None => r.to_string(),
+                };
                 if prefix.is_empty() {
-                    self.record(role, &tcp, "TCP", r.to_string());
+                    self.record(role, &tcp, "TCP", r.clone());
                     done();
-                    return reply(VERDICT_TCP, &r.to_string(), None);
+                    return reply(VERDICT_TCP, &r, None);
                 }
                 // Octets already read during CLC: relay them, then the rest of the stream.
                 let (app, mut ours) = match UnixStream::pair() {
@@ -723,7 +741,8 @@ fn pump<S: Duplex>(net: S, app: UnixStream, rec: &ConnRec) {
                         break;
                     }
                     Ok(n) => {
-                        if app_w.write_all(&buf[..n]).is_err() {
+                        if let Err(e) = app_w.write_all(&buf[..n]) {
+                            tracing::debug!(id = rec.id, error = %e, "the program stopped reading");
                             let _ = net_r.shut(Shutdown::Read);
                             break;
                         }
@@ -731,7 +750,7 @@ fn pump<S: Duplex>(net: S, app: UnixStream, rec: &ConnRec) {
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => {
-                        tracing::debug!(error = %e, "peer side ended");
+                        tracing::debug!(id = rec.id, error = %e, "peer side ended");
                         let _ = app_w.shutdown(Shutdown::Both);
                         break;
                     }
@@ -748,14 +767,16 @@ fn pump<S: Duplex>(net: S, app: UnixStream, rec: &ConnRec) {
                     break;
                 }
                 Ok(n) => {
-                    if net.write_all(&buf[..n]).is_err() {
+                    if let Err(e) = net.write_all(&buf[..n]) {
+                        tracing::debug!(id = rec.id, error = %e, "the peer side cannot take more");
                         let _ = app.shutdown(Shutdown::Both);
                         break;
                     }
                     rec.sent.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
+                Err(e) => {
+                    tracing::debug!(id = rec.id, error = %e, "reading the program's octets failed");
                     let _ = net.shut(Shutdown::Write);
                     break;
                 }

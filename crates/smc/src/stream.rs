@@ -1154,7 +1154,7 @@ impl SmcListener {
     /// Accepts one connection and runs the server side of the CLC exchange on it.
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
         let (tcp, peer) = self.tcp.accept()?;
-        Ok((SmcStream::accept_over(tcp, &self.dev, &self.cfg, None)?, peer))
+        Ok((SmcStream::accept_over(tcp, Some(&self.dev), &self.cfg, None)?, peer))
     }
 
     /// An iterator over accepted connections, as `TcpListener::incoming`.
@@ -1167,12 +1167,42 @@ impl SmcStream {
     /// The server side of SMC-R on a TCP connection accepted elsewhere (e.g. by an
     /// unmodified program under `softrdma smc run`). `indicated`: whether the client's SYN
     /// carried the SMC-R option (from [`crate::sockops::Guard::peer_offered_smc`]); `None`
-    /// = look at the client's first octets as [`SmcListener::accept`] does.
-    pub fn accept_over(tcp: TcpStream, dev: &Device, cfg: &SmcConfig, indicated: Option<bool>) -> io::Result<Self> {
+    /// = look at the client's first octets as [`SmcListener::accept`] does. Without a
+    /// device (`dev` = `None`) a client that indicated SMC gets the CLC answer of a server
+    /// with SMC-R unavailable: its Proposal is read and Declined (F2), then TCP goes on.
+    pub fn accept_over(
+        tcp: TcpStream,
+        dev: Option<&Device>,
+        cfg: &SmcConfig,
+        indicated: Option<bool>,
+    ) -> io::Result<Self> {
         let mut tcp = tcp;
         let indicated = match indicated {
             Some(b) => b,
             None => client_indicates_smc(&tcp, cfg.indication_wait)?,
+        };
+        let Some(dev) = dev else {
+            let mut hostname = [b' '; HOSTNAME_LEN];
+            hostname[..8].copy_from_slice(b"softrdma");
+            let caps = LocalCaps {
+                enabled: false,
+                v1: true,
+                v2: false,
+                peer_id: PeerId::new((std::process::id() & 0xFFFF) as u16, [0; 6]),
+                gid: [0; 16],
+                mac: [0; 6],
+                ipv4: None,
+                eids: Vec::new(),
+                hostname,
+                max_conns: 255,
+                max_links: 1,
+            };
+            let mut m = ClcMachine::server(caps, indicated);
+            let deadline = Instant::now() + cfg.clc_timeout;
+            run_clc(&mut tcp, &mut m, deadline, |_, _| {
+                Err(io_err(io::ErrorKind::Other, "CLC: no device to accept with"))
+            })?;
+            return SmcStream::finish(tcp, m, None, 0, cfg, true, ([0; 16], [0; 6]));
         };
         let caps = local_caps(dev, &tcp, cfg)?;
         let me = (caps.gid, caps.mac);
