@@ -422,7 +422,6 @@ fn daemon(a: DaemonArgs) -> Result<()> {
         match scm::accept(&l) {
             Ok(c) => {
                 let d2 = Arc::clone(&d);
-                *d.last_busy.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
                 std::thread::Builder::new()
                     .name("smc-request".into())
                     .spawn(move || d2.request(c))?;
@@ -430,6 +429,7 @@ fn daemon(a: DaemonArgs) -> Result<()> {
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
             Err(e) => return Err(e).context("accept"),
         }
+        // Hand-overs and sessions count (`smc status` polling must not keep the daemon up).
         let busy = d.live.load(Ordering::Acquire) + d.sessions.load(Ordering::Acquire) > 0;
         let mut lb = d.last_busy.lock().unwrap_or_else(|p| p.into_inner());
         if busy {
@@ -784,3 +784,4 @@ fn pump<S: Duplex>(net: S, app: UnixStream, rec: &ConnRec) {
         }
     });
 }
+
