@@ -1,5 +1,13 @@
-//! `softrdma smc run -- PROGRAM ARGS` (Linux's `smc_run`): an unmodified, dynamically linked
-//! program's TCP connections go over SMC-R when the peer supports it, else stay TCP.
+//! `softrdma smc`: SMC-R (RFC 7609) tools (issue 15).
+//!
+//! - `stat [--json] [--dir DIR]`: like Linux's `smcss` / `smcr linkgroup`: every process that
+//!   publishes SMC-R state (the `smc` crate's engine does so when it makes its first link
+//!   group; `smc run`'s daemon too) is asked over its unix socket `DIR/<pid>.sock`
+//!   (`DIR` = `$SOFTRDMA_SMC_RUN_DIR` or `/run/softrdma/smc`; see `smc::stats`) and its link
+//!   groups, links (state, GIDs, QPNs), connections (SMC-R or fallback and why, octets each
+//!   way) and resource counts (QPs, MRs, RMB elements) are printed.
+//! - `run -- PROGRAM ARGS` (Linux's `smc_run`): an unmodified, dynamically linked program's
+//!   TCP connections go over SMC-R when the peer supports it, else stay TCP.
 //!
 //! Pieces (docs/smc.md, "Unmodified programs: smc run"):
 //! - `libsmc_preload.so` (crates/smc-preload), put in the program with LD_PRELOAD, hands each
@@ -69,6 +77,31 @@ enum Cmd {
     Daemon(DaemonArgs),
     /// The daemon's connections: SMC-R or fallback (and why), octets each way.
     Status(StatusArgs),
+    /// Link groups, links, connections and resource counts of every SMC-R process.
+    Stat(StatArgs),
+}
+
+/// `softrdma smc stat`.
+#[derive(clap::Args, Debug)]
+pub struct StatArgs {
+    /// Print the snapshots as JSON (an array, one object per process; model `smc::stats`).
+    #[arg(long)]
+    json: bool,
+    /// Directory of the stats sockets (default `$SOFTRDMA_SMC_RUN_DIR` or /run/softrdma/smc).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+/// `softrdma smc stat`.
+pub fn stat(a: StatArgs) -> Result<()> {
+    let dir = a.dir.unwrap_or_else(smc::stats::run_dir);
+    let snaps = smc::stats::collect(&dir);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&snaps)?);
+    } else {
+        print!("{}", smc::stats::render_text(&snaps));
+    }
+    Ok(())
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -138,6 +171,7 @@ pub fn run(a: Args) -> Result<()> {
         Cmd::Run(r) => run_program(r),
         Cmd::Daemon(d) => daemon(d),
         Cmd::Status(s) => status(s),
+        Cmd::Stat(s) => stat(s),
     }
 }
 
@@ -416,6 +450,10 @@ fn daemon(a: DaemonArgs) -> Result<()> {
         fallback_total: AtomicU64::new(0),
         last_busy: Mutex::new(Instant::now()),
     });
+    // `smc stat` sees the daemon: the engine's link groups and SMC-R connections, and (our
+    // source) the connections that stayed TCP.
+    let _registration = smc::stats::register(&d);
+    smc::stats::publish();
     tracing::info!(sock = %name, option = d.guard.is_some(), "softrdma smc daemon up");
     socket2::SockRef::from(&l).set_read_timeout(Some(Duration::from_millis(500)))?;
     loop {
@@ -470,6 +508,28 @@ impl Duplex for TcpStream {
     }
     fn shut(&self, how: Shutdown) -> io::Result<()> {
         self.shutdown(how)
+    }
+}
+
+impl smc::stats::Source for Daemon {
+    /// The fallback connections the program kept (the engine reports SMC-R ones itself).
+    fn fill(&self, snap: &mut smc::stats::Snapshot) {
+        let conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        for r in conns.iter().filter(|r| r.mode != "SMC-R") {
+            let open = r.open.load(Ordering::Relaxed);
+            if r.mode == "TCP" || open {
+                snap.connections.push(smc::stats::ConnStat {
+                    local: r.local.clone(),
+                    peer: r.peer.clone(),
+                    mode: smc::stats::ConnMode::Fallback,
+                    fallback_reason: Some(r.reason.clone()),
+                    state: if r.mode == "TCP" { "tcp (the program's own socket)".into() } else { "tcp relayed".into() },
+                    bytes_sent: r.sent.load(Ordering::Relaxed),
+                    bytes_received: r.received.load(Ordering::Relaxed),
+                    ..Default::default()
+                });
+            }
+        }
     }
 }
 

@@ -334,6 +334,13 @@ impl Conn {
         self.p.local_rmbe.spans(self.cons, n)
     }
 
+    /// The peer said it is closed (C) or aborted (A): it will write nothing more, and its
+    /// TCP path may close (SMC-CLS-1).
+    pub fn peer_closed(&self) -> bool {
+        self.peer_conn
+            .intersects(ConnStateFlags::CONN_CLOSED | ConnStateFlags::ABORT)
+    }
+
     /// True when reads return end of stream: nothing unread and the peer is done writing.
     pub fn read_eof(&self) -> bool {
         self.abort.is_none()

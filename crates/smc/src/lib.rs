@@ -9,9 +9,12 @@
 //!   and a decision: SMC-R with the peer's link parameters, fallback with a reason, or reset.
 //! - [`conn`]: the sans-I/O connection machine (CDC flow control, urgent data, close and
 //!   abort of Figures 22 and 23, validation of the peer's cursors).
+//! - [`lgr`]: the sans-I/O link-group machine (LLC on an established link, TEST LINK
+//!   keepalive, CONFIRM/DELETE RKEY, DELETE LINK, linger).
 //! - [`stream`]: the engine and the API, [`SmcStream`] / [`SmcListener`] mirroring
 //!   `std::net::TcpStream` / `TcpListener` over a RoCE device, with [`Mode`] = SMC-R or
 //!   fallback and its reason.
+//! - [`stats`]: what `softrdma smc stat` shows, and how it is read from another process.
 //!
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts A, C4, C5, D1, D2, E.
 #![deny(unsafe_code)]
@@ -19,7 +22,9 @@
 
 pub mod clc_machine;
 pub mod conn;
+pub mod lgr;
 pub mod sockops;
+pub mod stats;
 pub mod stream;
 pub mod wire;
 

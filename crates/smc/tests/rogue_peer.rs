@@ -5,9 +5,14 @@
 //! - an RDMA Write past the end of the RMB element the client gave fails with a remote
 //!   access error at the rogue (the provider enforces the MR bounds, D2), and the
 //!   connection's data is untouched;
-//! - a CDC with a foreign alert token changes nothing (SMC-CDC-11).
+//! - a CDC with a foreign alert token changes nothing (SMC-CDC-11);
+//! - LLC on the established link (A2.6, A2.12, SMC-LG-19): TEST LINK echoed, an unknown
+//!   optional opcode ignored, DELETE LINK of an unknown link answered "no link", ADD LINK
+//!   rejected (one RNIC), an unknown mandatory opcode or an unanswered TEST LINK end the
+//!   link group with DELETE LINK (A) and reset its connection while a connection of
+//!   another group goes on.
 //!
-//! Addresses 127.115.11.x, 127.115.12.x, 127.115.13.x.
+//! Addresses 127.115.11.x–127.115.19.x.
 
 use smc::clc_machine::{ClcMachine, LinkParams, LocalCaps, NeedLink, Outcome};
 use smc::wire::cdc::{Cdc, ConnStateFlags};
@@ -163,6 +168,16 @@ fn rogue_server(l: TcpListener, addr: &str) -> Rogue {
 }
 
 fn pair(n: u8) -> (SmcStream, Rogue, Device) {
+    pair_with(
+        n,
+        SmcConfig {
+            prefix_len: 8,
+            ..SmcConfig::default()
+        },
+    )
+}
+
+fn pair_with(n: u8, cfg: SmcConfig) -> (SmcStream, Rogue, Device) {
     let addr = format!("127.115.{n}.1");
     let l = TcpListener::bind(format!("{addr}:0")).unwrap();
     let port = l.local_addr().unwrap().port();
@@ -175,10 +190,6 @@ fn pair(n: u8) -> (SmcStream, Rogue, Device) {
                 .with("name", format!("smc_c{n}")),
         )
         .unwrap();
-    let cfg = SmcConfig {
-        prefix_len: 8,
-        ..SmcConfig::default()
-    };
     let c = SmcStream::connect_with((addr.as_str(), port), &cdev, &cfg).unwrap();
     assert_eq!(c.mode(), Mode::SmcR);
     (c, rogue.join().unwrap(), cdev)
@@ -313,5 +324,231 @@ fn foreign_token_is_ignored_and_the_connection_goes_on() {
     let mut b = [0u8; 8];
     c.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"abcdefgh");
+    drop(r.tcp);
+}
+
+/// The rogue posts one LLC message.
+fn rogue_llc(r: &Rogue, body: LlcBody, reply: bool, wr_id: u64) {
+    let mut m = LlcMessage::request(body);
+    m.reply = reply;
+    r.mr.write(1024, &m.to_vec().unwrap()).unwrap();
+    r.qp.post_send_one(SendWr::new(wr_id, WrOpcode::Send, vec![r.mr.sge(1024, 44)]))
+        .unwrap();
+}
+
+/// The next LLC message the client sends to the rogue (CDCs and send completions skipped).
+fn rogue_recv_llc(r: &Rogue) -> LlcMessage {
+    loop {
+        let wc = r.cq.wait(Some(T)).expect("an LLC message from the client");
+        if wc.opcode != WcOpcode::Recv {
+            continue;
+        }
+        let off = 32_768 + wc.wr_id as usize * 64;
+        let b = r.mr.to_vec(off, 44).unwrap();
+        r.qp.post_recv(&[RecvWr {
+            wr_id: wc.wr_id,
+            sg_list: vec![r.mr.sge(off, 64)],
+        }])
+        .unwrap();
+        if b[0] != 0xFE {
+            return LlcMessage::parse(&b).unwrap();
+        }
+    }
+}
+
+/// An honest write of `data` at element offset `at` plus its CDC (sequence `seq`).
+fn rogue_write(r: &Rogue, seq: u16, at: u32, data: &[u8]) {
+    r.mr.write(2048, data).unwrap();
+    r.qp.post_send_one(SendWr::new(
+        2,
+        WrOpcode::RdmaWrite {
+            remote: RemoteAddr {
+                addr: r.confirm.rmb_vaddr + u64::from(at),
+                rkey: r.confirm.rmb_rkey,
+            },
+        },
+        vec![r.mr.sge(2048, data.len() as u32)],
+    ))
+    .unwrap();
+    let cdc = Cdc {
+        seq,
+        token: r.confirm.rmbe_alert_token,
+        prod: Cursor::new(0, at + data.len() as u32),
+        ..Cdc::default()
+    };
+    r.mr.write(0, &cdc.to_bytes()).unwrap();
+    r.qp.post_send_one(SendWr::new(3, WrOpcode::Send, vec![r.mr.sge(0, 44)]))
+        .unwrap();
+}
+
+// SMC-KA-2, SMC-LG-19 (0x80: optional class, discarded), SMC-INV-7 / E-10 (DELETE LINK for
+// an unknown link → "no link" 0x00100000), SMC-FC-9 (ADD LINK with one RNIC → Z, reason 1):
+// each answered as the RFC says, and the connection goes on.
+#[test]
+fn llc_requests_answered_and_the_connection_goes_on() {
+    use smc::wire::llc::{AddLink, DeleteLink, TestLink, add_link_reject, delete_reason};
+    let (mut c, r, _d) = pair(14);
+    let ud = *b"rogue test link!";
+    rogue_llc(&r, LlcBody::TestLink(TestLink { user_data: ud }), false, 10);
+    let m = rogue_recv_llc(&r);
+    assert!(m.reply);
+    assert_eq!(m.body, LlcBody::TestLink(TestLink { user_data: ud }));
+
+    // An unknown optional opcode: nothing comes back, nothing breaks.
+    r.mr.write(1024, &{
+        let mut b = [0u8; 44];
+        b[0] = 0x80;
+        b[1] = 44;
+        b
+    })
+    .unwrap();
+    r.qp.post_send_one(SendWr::new(11, WrOpcode::Send, vec![r.mr.sge(1024, 44)]))
+        .unwrap();
+
+    let d = DeleteLink {
+        all: false,
+        orderly: true,
+        link_num: 7,
+        reason: delete_reason::OPERATOR,
+    };
+    rogue_llc(&r, LlcBody::DeleteLink(d), false, 12);
+    let m = rogue_recv_llc(&r);
+    assert!(m.reply);
+    assert_eq!(
+        m.body,
+        LlcBody::DeleteLink(DeleteLink {
+            reason: delete_reason::NO_LINK,
+            ..d
+        })
+    );
+
+    let a = AddLink {
+        mac: [2, 0, 0, 0, 0, 1],
+        qpn: 0x42,
+        link_num: 2,
+        qp_mtu: 3,
+        psn: 7,
+        ..AddLink::default()
+    };
+    rogue_llc(&r, LlcBody::AddLink(a), false, 13);
+    let m = rogue_recv_llc(&r);
+    let LlcBody::AddLink(rep) = &m.body else {
+        panic!("{m:?}")
+    };
+    assert!(m.reply && rep.reject);
+    assert_eq!(
+        (rep.reject_reason, rep.link_num),
+        (add_link_reject::NO_ALTERNATE_PATH, 2)
+    );
+
+    // The connection still works.
+    rogue_write(&r, 1, 0, b"still here");
+    let mut b = [0u8; 10];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"still here");
+    drop(r.tcp);
+}
+
+/// A connection in another link group (a real listener), to show the others go on.
+fn honest_pair(n: u8) -> (SmcStream, SmcStream) {
+    let d = |a: String| {
+        roce::RoceFactory
+            .open(
+                &DeviceOptions::new()
+                    .with("addr", a.as_str())
+                    .with("name", format!("smc_h{a}")),
+            )
+            .unwrap()
+    };
+    let (da, db) = (d(format!("127.115.{n}.1")), d(format!("127.115.{n}.2")));
+    let cfg = SmcConfig {
+        prefix_len: 8,
+        ..SmcConfig::default()
+    };
+    let l = smc::SmcListener::bind_with(format!("127.115.{n}.1:0"), &da, cfg.clone()).unwrap();
+    let addr = l.local_addr().unwrap();
+    let s = thread::spawn(move || l.accept().unwrap().0);
+    let c = SmcStream::connect_with(addr, &db, &cfg).unwrap();
+    let s = s.join().unwrap();
+    assert_eq!((c.mode(), s.mode()), (Mode::SmcR, Mode::SmcR));
+    (c, s)
+}
+
+fn still_moves(c: &mut SmcStream, s: &mut SmcStream) {
+    c.write_all(b"others go on").unwrap();
+    let mut b = [0u8; 12];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"others go on");
+}
+
+// SMC-INV-11 / SMC-LG-19: an unknown mandatory LLC opcode (0x3F) is a protocol error: the
+// link (the group's only one) is down → DELETE LINK with A, reason 0x00040000, the
+// connection is reset (SMC-ABT-6); a connection of another group goes on.
+#[test]
+fn unknown_mandatory_llc_ends_the_group_others_go_on() {
+    use smc::wire::llc::{DeleteLink, delete_reason};
+    let (mut hc, mut hs) = honest_pair(16);
+    let (mut c, r, _d) = pair(15);
+    r.mr.write(1024, &{
+        let mut b = [0u8; 44];
+        b[0] = 0x3F;
+        b[1] = 44;
+        b
+    })
+    .unwrap();
+    r.qp.post_send_one(SendWr::new(10, WrOpcode::Send, vec![r.mr.sge(1024, 44)]))
+        .unwrap();
+    let m = rogue_recv_llc(&r);
+    assert!(!m.reply);
+    assert_eq!(
+        m.body,
+        LlcBody::DeleteLink(DeleteLink {
+            all: true,
+            orderly: false,
+            link_num: 0,
+            reason: delete_reason::PROTOCOL_VIOLATION
+        })
+    );
+    let mut b = [0u8; 4];
+    let e = c.read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert!(e.to_string().contains("LLC protocol error"), "{e}");
+    still_moves(&mut hc, &mut hs);
+    drop(r.tcp);
+}
+
+// SMC-KA-1 / SMC-TMO-16: nothing arrives for the keepalive time → TEST LINK; the rogue
+// never answers → after the LLC wait (2 s) the link is failed: DELETE LINK (A, lost path),
+// the connection reset; another group's connection goes on.
+#[test]
+fn unanswered_test_link_fails_the_link_others_go_on() {
+    use smc::wire::llc::{DeleteLink, delete_reason};
+    let (mut hc, mut hs) = honest_pair(18);
+    let cfg = SmcConfig {
+        prefix_len: 8,
+        keepalive: Duration::from_millis(300),
+        ..SmcConfig::default()
+    };
+    let (mut c, r, _d) = pair_with(17, cfg);
+    let t0 = std::time::Instant::now();
+    let m = rogue_recv_llc(&r);
+    assert!(!m.reply && matches!(m.body, LlcBody::TestLink(_)), "{m:?}");
+    let m = rogue_recv_llc(&r);
+    assert_eq!(
+        m.body,
+        LlcBody::DeleteLink(DeleteLink {
+            all: true,
+            orderly: false,
+            link_num: 0,
+            reason: delete_reason::LOST_PATH
+        })
+    );
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_secs(2), "DELETE LINK after {waited:?}");
+    let mut b = [0u8; 4];
+    let e = c.read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert!(e.to_string().contains("TEST LINK"), "{e}");
+    still_moves(&mut hc, &mut hs);
     drop(r.tcp);
 }
