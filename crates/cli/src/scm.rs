@@ -22,7 +22,10 @@ fn abstract_addr(name: &str) -> io::Result<(libc::sockaddr_un, libc::socklen_t)>
     sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
     let b = name.as_bytes();
     if b.is_empty() || b.len() + 1 > sa.sun_path.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket name empty or too long"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket name empty or too long",
+        ));
     }
     for (i, c) in b.iter().enumerate() {
         sa.sun_path[i + 1] = *c as libc::c_char;
@@ -54,7 +57,14 @@ pub fn connect(name: &str) -> io::Result<OwnedFd> {
 /// Accepts one connection (the listener's receive timeout applies: WouldBlock).
 pub fn accept(l: &OwnedFd) -> io::Result<OwnedFd> {
     // SAFETY: accept4 without an address buffer; the new descriptor is ours.
-    let fd = cvt(unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC) })?;
+    let fd = cvt(unsafe {
+        libc::accept4(
+            l.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    })?;
     // SAFETY: new descriptor, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -230,7 +230,10 @@ fn session(name: &str, assume: bool) -> Result<OwnedFd> {
             bail!("softrdma smc daemon exited ({st}); its log: {}", log.display());
         }
         if Instant::now() > deadline {
-            bail!("softrdma smc daemon did not answer within 10 s; its log: {}", log.display());
+            bail!(
+                "softrdma smc daemon did not answer within 10 s; its log: {}",
+                log.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -313,7 +316,11 @@ fn status(a: StatusArgs) -> Result<()> {
             n("bytes_sent"),
             n("bytes_received"),
             t("reason"),
-            if c["open"].as_bool() == Some(true) { "" } else { " (closed)" },
+            if c["open"].as_bool() == Some(true) {
+                ""
+            } else {
+                " (closed)"
+            },
         );
     }
     Ok(())
@@ -392,7 +399,9 @@ fn cgroup2_dir() -> Result<PathBuf> {
     if let Ok(rd) = std::fs::read_dir(&parent) {
         for e in rd.flatten() {
             let n = e.file_name();
-            let Some(pid) = n.to_str().and_then(|n| n.strip_prefix("softrdma-smc.")) else { continue };
+            let Some(pid) = n.to_str().and_then(|n| n.strip_prefix("softrdma-smc.")) else {
+                continue;
+            };
             if !Path::new("/proc").join(pid).exists() {
                 let _ = std::fs::remove_dir(e.path());
             }
@@ -523,7 +532,11 @@ impl smc::stats::Source for Daemon {
                     peer: r.peer.clone(),
                     mode: smc::stats::ConnMode::Fallback,
                     fallback_reason: Some(r.reason.clone()),
-                    state: if r.mode == "TCP" { "tcp (the program's own socket)".into() } else { "tcp relayed".into() },
+                    state: if r.mode == "TCP" {
+                        "tcp (the program's own socket)".into()
+                    } else {
+                        "tcp relayed".into()
+                    },
                     bytes_sent: r.sent.load(Ordering::Relaxed),
                     bytes_received: r.received.load(Ordering::Relaxed),
                     ..Default::default()
@@ -678,7 +691,11 @@ impl Daemon {
             // Our SYN-ACK carried the option, so the client proposes: CLC Declines (F2).
             Err(why) if kind == ACCEPTED && indicated != Some(false) => (None, Some(why)),
             Err(why) => {
-                let why = if why.is_empty() { FallbackReason::PeerNoSmc.to_string() } else { why };
+                let why = if why.is_empty() {
+                    FallbackReason::PeerNoSmc.to_string()
+                } else {
+                    why
+                };
                 self.record(role, &tcp, "TCP", why.clone());
                 done();
                 return reply(VERDICT_TCP, &why, None);
@@ -844,4 +861,3 @@ fn pump<S: Duplex>(net: S, app: UnixStream, rec: &ConnRec) {
         }
     });
 }
-

@@ -23,7 +23,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
 
 fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
-        .map(|s| s.lines().any(|l| l.starts_with("CapEff:") && !l.ends_with("0000000000000000")))
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("CapEff:") && !l.ends_with("0000000000000000"))
+        })
         .unwrap_or(false)
 }
 
@@ -37,7 +40,11 @@ fn have(tool: &str) -> bool {
 }
 
 fn sh(cmd: &str) -> bool {
-    Command::new("sh").args(["-c", cmd]).status().map(|s| s.success()).unwrap_or(false)
+    Command::new("sh")
+        .args(["-c", cmd])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
 }
 
 /// Why this test cannot run here, if it cannot.
@@ -87,7 +94,10 @@ impl Lab {
             sh(&format!("ip netns del {n} 2>/dev/null"));
         }
         for (i, n) in ns.iter().enumerate() {
-            assert!(sh(&format!("ip netns add {n} && ip -n {n} link set lo up")), "netns {n}");
+            assert!(
+                sh(&format!("ip netns add {n} && ip -n {n} link set lo up")),
+                "netns {n}"
+            );
             let _ = i;
         }
         assert!(sh(&format!("ip link add {} type veth peer name {}", veth[0], veth[1])));
@@ -155,7 +165,11 @@ impl Lab {
     }
 
     fn try_status(&self, side: usize) -> Option<serde_json::Value> {
-        let o = self.cmd(side, &["smc", "status", "--json"]).stderr(Stdio::null()).output().ok()?;
+        let o = self
+            .cmd(side, &["smc", "status", "--json"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
         if !o.status.success() {
             return None;
         }
@@ -273,26 +287,64 @@ fn nc_half_close_both_ways_over_smcr() {
     std::fs::write(&fa, &a).unwrap();
     std::fs::write(&fb, &b).unwrap();
     for (port, srv_in, srv_out, cli_in, cli_out) in [
-        (5611u16, "/dev/null".to_string(), oa.display().to_string(), fa.display().to_string(), "/dev/null".to_string()),
-        (5610, fb.display().to_string(), "/dev/null".to_string(), "/dev/null".to_string(), ob.display().to_string()),
+        (
+            5611u16,
+            "/dev/null".to_string(),
+            oa.display().to_string(),
+            fa.display().to_string(),
+            "/dev/null".to_string(),
+        ),
+        (
+            5610,
+            fb.display().to_string(),
+            "/dev/null".to_string(),
+            "/dev/null".to_string(),
+            ob.display().to_string(),
+        ),
     ] {
         let srv = lab
-            .smc_run(0, &["sh", "-c", &format!("nc -l -N {} {port} < {srv_in} > {srv_out}", lab.ip[0])])
+            .smc_run(
+                0,
+                &[
+                    "sh",
+                    "-c",
+                    &format!("nc -l -N {} {port} < {srv_in} > {srv_out}", lab.ip[0]),
+                ],
+            )
             .spawn()
             .unwrap();
         wait_port(&lab, 0, port);
         let n = if port == 5611 { "-N" } else { "" };
         let cli = lab
-            .smc_run(1, &["sh", "-c", &format!("nc {n} {} {port} < {cli_in} > {cli_out}", lab.ip[0])])
+            .smc_run(
+                1,
+                &[
+                    "sh",
+                    "-c",
+                    &format!("nc {n} {} {port} < {cli_in} > {cli_out}", lab.ip[0]),
+                ],
+            )
             .spawn()
             .unwrap();
         finish(cli, "nc client");
         finish(srv, "nc server");
         let (s, c) = (lab.conn(0, port), lab.conn(1, port));
-        assert_eq!((s["mode"].as_str(), c["mode"].as_str()), (Some("SMC-R"), Some("SMC-R")), "{s} {c}");
+        assert_eq!(
+            (s["mode"].as_str(), c["mode"].as_str()),
+            (Some("SMC-R"), Some("SMC-R")),
+            "{s} {c}"
+        );
         let (up, down) = if port == 5611 { (2_000_000, 0) } else { (0, 2_000_000) };
-        assert_eq!((c["bytes_sent"].as_u64(), s["bytes_received"].as_u64()), (Some(up), Some(up)), "{s} {c}");
-        assert_eq!((s["bytes_sent"].as_u64(), c["bytes_received"].as_u64()), (Some(down), Some(down)), "{s} {c}");
+        assert_eq!(
+            (c["bytes_sent"].as_u64(), s["bytes_received"].as_u64()),
+            (Some(up), Some(up)),
+            "{s} {c}"
+        );
+        assert_eq!(
+            (s["bytes_sent"].as_u64(), c["bytes_received"].as_u64()),
+            (Some(down), Some(down)),
+            "{s} {c}"
+        );
     }
     assert!(std::fs::read(&oa).unwrap() == a, "the listener got the client's octets");
     assert!(std::fs::read(&ob).unwrap() == b, "the client got the listener's octets");
@@ -383,7 +435,16 @@ fn python_socket_semantics_over_smcr() {
         .unwrap();
     wait_port(&lab, 0, port);
     let cli = lab
-        .smc_run(1, &["python3", fc.to_str().unwrap(), &lab.ip[0], &port.to_string(), "1048576"])
+        .smc_run(
+            1,
+            &[
+                "python3",
+                fc.to_str().unwrap(),
+                &lab.ip[0],
+                &port.to_string(),
+                "1048576",
+            ],
+        )
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -419,7 +480,19 @@ fn curl_against_http_server_over_smcr() {
     std::fs::write(dir.join("f.bin"), &body).unwrap();
     let port = 5613;
     let mut srv = lab
-        .smc_run(0, &["python3", "-m", "http.server", "--bind", &lab.ip[0], &port.to_string(), "-d", dir.to_str().unwrap()])
+        .smc_run(
+            0,
+            &[
+                "python3",
+                "-m",
+                "http.server",
+                "--bind",
+                &lab.ip[0],
+                &port.to_string(),
+                "-d",
+                dir.to_str().unwrap(),
+            ],
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -427,7 +500,16 @@ fn curl_against_http_server_over_smcr() {
     wait_port(&lab, 0, port);
     let out = tmp("curl.bin");
     let o = lab
-        .smc_run(1, &["curl", "-sS", "-o", out.to_str().unwrap(), &format!("http://{}:{port}/f.bin", lab.ip[0])])
+        .smc_run(
+            1,
+            &[
+                "curl",
+                "-sS",
+                "-o",
+                out.to_str().unwrap(),
+                &format!("http://{}:{port}/f.bin", lab.ip[0]),
+            ],
+        )
         .output()
         .unwrap();
     let _ = srv.kill();
@@ -460,12 +542,20 @@ fn plain_peer_falls_back_with_reason() {
         .spawn()
         .unwrap();
     wait_port(&lab, 0, port);
-    let mut cli = lab.raw(1, "nc", &["-N", &lab.ip[0], &port.to_string()]).stdin(Stdio::piped()).spawn().unwrap();
+    let mut cli = lab
+        .raw(1, "nc", &["-N", &lab.ip[0], &port.to_string()])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
     cli.stdin.take().unwrap().write_all(&msg).unwrap();
     finish(cli, "plain nc client");
     assert!(finish(srv, "wrapped nc server").stdout == msg);
     let s = lab.conn(0, port);
-    assert_eq!((s["mode"].as_str(), s["reason"].as_str()), (Some("TCP"), Some("peer did not indicate SMC")), "{s}");
+    assert_eq!(
+        (s["mode"].as_str(), s["reason"].as_str()),
+        (Some("TCP"), Some("peer did not indicate SMC")),
+        "{s}"
+    );
     // plain server, wrapped client
     let port = 5615;
     let srv = lab
@@ -476,13 +566,20 @@ fn plain_peer_falls_back_with_reason() {
         .unwrap();
     wait_port(&lab, 0, port);
     let cli = lab
-        .smc_run(1, &["sh", "-c", &format!("nc -N {} {port} < {}", lab.ip[0], f.display())])
+        .smc_run(
+            1,
+            &["sh", "-c", &format!("nc -N {} {port} < {}", lab.ip[0], f.display())],
+        )
         .spawn()
         .unwrap();
     finish(cli, "wrapped nc client");
     assert!(finish(srv, "plain nc server").stdout == msg);
     let c = lab.conn(1, port);
-    assert_eq!((c["mode"].as_str(), c["reason"].as_str()), (Some("TCP"), Some("peer did not indicate SMC")), "{c}");
+    assert_eq!(
+        (c["mode"].as_str(), c["reason"].as_str()),
+        (Some("TCP"), Some("peer did not indicate SMC")),
+        "{c}"
+    );
     assert_eq!(lab.status(1)["smcr_total"], 0);
     let _ = std::fs::remove_file(f);
 }
@@ -490,12 +587,20 @@ fn plain_peer_falls_back_with_reason() {
 fn iperf3_pair(lab: &Lab, port: u16, wrapped: bool, args: &[&str]) -> serde_json::Value {
     let p = port.to_string();
     let srv_args = ["iperf3", "-s", "-1", "-B", &lab.ip[0], "-p", &p];
-    let mut srv = if wrapped { lab.smc_run(0, &srv_args) } else { lab.raw(0, "iperf3", &srv_args[1..]) };
+    let mut srv = if wrapped {
+        lab.smc_run(0, &srv_args)
+    } else {
+        lab.raw(0, "iperf3", &srv_args[1..])
+    };
     let srv = srv.stdout(Stdio::null()).spawn().unwrap();
     wait_port(lab, 0, port);
     let mut cargs = vec!["iperf3", "-J", "-c", &lab.ip[0], "-p", &p];
     cargs.extend_from_slice(args);
-    let mut cli = if wrapped { lab.smc_run(1, &cargs) } else { lab.raw(1, "iperf3", &cargs[1..]) };
+    let mut cli = if wrapped {
+        lab.smc_run(1, &cargs)
+    } else {
+        lab.raw(1, "iperf3", &cargs[1..])
+    };
     let o = cli.output().unwrap();
     finish(srv, "iperf3 -s");
     assert!(o.status.success(), "iperf3 -c: {}", String::from_utf8_lossy(&o.stdout));
@@ -551,7 +656,10 @@ fn iperf3_over_smcr() {
     let bytes = j["end"]["sum_received"]["bytes"].as_u64().unwrap();
     assert!(bytes > 1 << 20, "{bytes}");
     for p in seen.as_array().unwrap() {
-        assert!(p["link_groups"].as_array().is_some_and(|g| g.len() == 1), "one link group: {p}");
+        assert!(
+            p["link_groups"].as_array().is_some_and(|g| g.len() == 1),
+            "one link group: {p}"
+        );
     }
     for side in 0..2 {
         let st = lab.status(side);
@@ -585,7 +693,10 @@ fn iperf3_ratio() {
         let tcp = rate(&iperf3_pair(&lab, 5617 + round * 2, false, &["-t", &secs]));
         let smc = rate(&iperf3_pair(&lab, 5618 + round * 2, true, &["-t", &secs]));
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-        println!("round {round}: plain iperf3 {tcp:.3} Gbit/s, smc run iperf3 {smc:.3} Gbit/s, ratio {:.3}, loadavg {load}", smc / tcp);
+        println!(
+            "round {round}: plain iperf3 {tcp:.3} Gbit/s, smc run iperf3 {smc:.3} Gbit/s, ratio {:.3}, loadavg {load}",
+            smc / tcp
+        );
         rows.push(smc / tcp);
     }
     assert!(rows.iter().all(|r| *r > 0.0));

@@ -76,7 +76,14 @@ pub fn hand_over(fd: c_int, family: c_int, kind: u8) {
                 if let Some(ino) = real::inode(fd) {
                     table::insert(ino, family, local, peer);
                 }
-                debug(&format!("fd {fd}: {}", if verdict == VERDICT_SMCR { "SMC-R" } else { "TCP relayed" }));
+                debug(&format!(
+                    "fd {fd}: {}",
+                    if verdict == VERDICT_SMCR {
+                        "SMC-R"
+                    } else {
+                        "TCP relayed"
+                    }
+                ));
             } else {
                 debug(&format!("fd {fd}: dup2 failed, stays TCP ({reason})"));
             }

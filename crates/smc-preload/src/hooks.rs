@@ -165,7 +165,13 @@ fn ip_level(level: c_int) -> bool {
 /// # Safety
 /// As `getsockopt(2)`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int {
+pub unsafe extern "C" fn getsockopt(
+    fd: c_int,
+    level: c_int,
+    name: c_int,
+    val: *mut c_void,
+    len: *mut socklen_t,
+) -> c_int {
     let passthrough = |fd, level, name, val, len| {
         // SAFETY: the caller's arguments, passed on unchanged.
         unsafe { (real().getsockopt)(fd, level, name, val, len) }
@@ -177,7 +183,11 @@ pub unsafe extern "C" fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *
         return passthrough(fd, level, name, val, len);
     };
     let v: Vec<u8> = if level == libc::SOL_SOCKET {
-        let x = if name == libc::SO_DOMAIN { e.family } else { libc::IPPROTO_TCP };
+        let x = if name == libc::SO_DOMAIN {
+            e.family
+        } else {
+            libc::IPPROTO_TCP
+        };
         x.to_ne_bytes().to_vec()
     } else if let Some(v) = e.opts.get(&(level, name)) {
         v.clone()
