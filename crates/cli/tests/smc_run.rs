@@ -93,20 +93,16 @@ impl Lab {
         for n in &ns {
             sh(&format!("ip netns del {n} 2>/dev/null"));
         }
-        for (i, n) in ns.iter().enumerate() {
+        for n in &ns {
             assert!(
                 sh(&format!("ip netns add {n} && ip -n {n} link set lo up")),
                 "netns {n}"
             );
-            let _ = i;
         }
         assert!(sh(&format!("ip link add {} type veth peer name {}", veth[0], veth[1])));
-        for i in 0..2 {
+        for ((v, n), a) in veth.iter().zip(&ns).zip(&ip) {
             assert!(sh(&format!(
-                "ip link set {v} netns {n} && ip -n {n} addr add {a}/24 dev {v} && ip -n {n} link set {v} up",
-                v = veth[i],
-                n = ns[i],
-                a = ip[i]
+                "ip link set {v} netns {n} && ip -n {n} addr add {a}/24 dev {v} && ip -n {n} link set {v} up"
             )));
         }
         let mut lab = Lab {
@@ -194,10 +190,10 @@ impl Lab {
                     })
                     .cloned()
             });
-            if let Some(c) = found {
-                if c["open"] == false {
-                    return c;
-                }
+            if let Some(c) = found
+                && c["open"] == false
+            {
+                return c;
             }
             assert!(Instant::now() < deadline, "no closed connection on port {port}: {st}");
             std::thread::sleep(Duration::from_millis(50));
@@ -518,7 +514,7 @@ fn curl_against_http_server_over_smcr() {
     assert!(std::fs::read(&out).unwrap() == body, "curl's file differs");
     let c = lab.conn(1, port);
     assert_eq!(c["mode"], "SMC-R", "{c}");
-    assert_eq!(c["bytes_received"].as_u64().unwrap() > 3_000_000, true, "{c}");
+    assert!(c["bytes_received"].as_u64().unwrap() > 3_000_000, "{c}");
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_file(out);
 }

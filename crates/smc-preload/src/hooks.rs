@@ -78,10 +78,11 @@ pub unsafe extern "C" fn connect(fd: c_int, addr: *const sockaddr, len: socklen_
 }
 
 fn after_accept(r: c_int) -> c_int {
-    if r >= 0 && handoff::daemon_name().is_some() {
-        if let Some(family) = handoff::is_tcp(r) {
-            handoff::hand_over(r, family, ACCEPTED);
-        }
+    if r >= 0
+        && handoff::daemon_name().is_some()
+        && let Some(family) = handoff::is_tcp(r)
+    {
+        handoff::hand_over(r, family, ACCEPTED);
     }
     r
 }
@@ -211,17 +212,17 @@ pub unsafe extern "C" fn getsockopt(
 /// As `setsockopt(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int {
-    if ip_level(level) {
-        if let Some((ino, _)) = entry(fd) {
-            let v = if val.is_null() {
-                Vec::new()
-            } else {
-                // SAFETY: the caller gives `len` readable octets at `val`.
-                unsafe { std::slice::from_raw_parts(val as *const u8, len as usize) }.to_vec()
-            };
-            table::set_opt(ino, level, name, &v);
-            return 0;
-        }
+    if ip_level(level)
+        && let Some((ino, _)) = entry(fd)
+    {
+        let v = if val.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: the caller gives `len` readable octets at `val`.
+            unsafe { std::slice::from_raw_parts(val as *const u8, len as usize) }.to_vec()
+        };
+        table::set_opt(ino, level, name, &v);
+        return 0;
     }
     // SAFETY: the caller's arguments, passed on unchanged.
     unsafe { (real().setsockopt)(fd, level, name, val, len) }

@@ -43,10 +43,10 @@ pub fn insert(ino: u64, family: i32, local: Vec<u8>, peer: Vec<u8>) {
         map: HashMap::new(),
         next: 0,
     });
-    if t.map.len() >= MAX_ENTRIES {
-        if let Some(oldest) = t.map.iter().min_by_key(|(_, e)| e.order).map(|(k, _)| *k) {
-            t.map.remove(&oldest);
-        }
+    if t.map.len() >= MAX_ENTRIES
+        && let Some(oldest) = t.map.iter().min_by_key(|(_, e)| e.order).map(|(k, _)| *k)
+    {
+        t.map.remove(&oldest);
     }
     t.next += 1;
     let order = t.next;
