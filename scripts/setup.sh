@@ -34,11 +34,16 @@ if ! command -v gcc >/dev/null 2>&1 || [ ! -e /usr/include/rdma/rdma_cma.h ] || 
     $SUDO apt-get install -y -qq gcc librdmacm-dev libibverbs-dev >/dev/null
 fi
 # iputils ping (-M do, "message too long") and iperf3 for the IPoIB namespace tests
-# (crates/cli/tests/ipoib_cm_netns.rs); busybox ping has neither.
-if ! ping -V 2>/dev/null | grep -q iputils || ! command -v iperf3 >/dev/null 2>&1; then
-    echo "setup: installing iputils-ping iperf3"
+# (crates/cli/tests/ipoib_cm_netns.rs; busybox ping has neither); `softrdma smc run` tests
+# (crates/cli/tests/smc_run.rs) drive unmodified programs: OpenBSD netcat (-N half-close), curl,
+# iperf3 (python3 is already needed).
+if ! ping -V 2>/dev/null | grep -q iputils || ! command -v iperf3 >/dev/null 2>&1 \
+    || ! command -v curl >/dev/null 2>&1 || ! nc -h 2>&1 | grep -q OpenBSD; then
+    echo "setup: installing iputils-ping iperf3 curl netcat-openbsd"
     $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq iputils-ping iperf3 >/dev/null
+    # iperf3's package asks whether to run a system-wide server: no.
+    echo "iperf3 iperf3/start_daemon boolean false" | $SUDO debconf-set-selections || true
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iputils-ping iperf3 curl netcat-openbsd >/dev/null
 fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "setup: installing cargo-fuzz"

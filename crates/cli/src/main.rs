@@ -52,6 +52,7 @@ mod report;
 mod rpc;
 mod rping;
 mod scale;
+mod scm;
 mod sigpipe;
 mod smc_cmd;
 mod udaddy;
@@ -106,7 +107,9 @@ enum Cmd {
     /// IPoIB (RFC 4391 datagram mode): an IP interface (TUN) whose link is the RoCEv2
     /// fabric; `up` runs the link daemon, `show neigh|conn` prints its state.
     Ipoib(ipoib_cmd::Args),
-    /// SMC-R (RFC 7609): `stat` shows link groups, links, connections and resource counts.
+    /// SMC-R (RFC 7609): `stat` shows link groups, links, connections and resource counts;
+    /// `run -- PROGRAM ARGS` (Linux's smc_run) for unmodified programs, the per-namespace
+    /// daemon it starts, and `status` (the daemon's connections).
     Smc(smc_cmd::Args),
     /// Print a shell completion script: `softrdma completions bash > /etc/bash_completion.d/softrdma`.
     Completions {

@@ -1363,7 +1363,15 @@ impl SmcStream {
 
     /// [`SmcStream::connect`] with explicit settings.
     pub fn connect_with<A: ToSocketAddrs>(addr: A, dev: &Device, cfg: &SmcConfig) -> io::Result<Self> {
-        let mut tcp = TcpStream::connect(addr)?;
+        Self::connect_over(TcpStream::connect(addr)?, dev, cfg)
+    }
+
+    /// The client side of SMC-R on a TCP connection connected elsewhere (e.g. by an
+    /// unmodified program whose socket `softrdma smc run`'s daemon was handed): proposes on
+    /// `dev` when [`SmcConfig::propose`] is set (the peer's SYN-ACK carried the option),
+    /// else falls back with "peer did not indicate SMC" without sending anything.
+    pub fn connect_over(tcp: TcpStream, dev: &Device, cfg: &SmcConfig) -> io::Result<Self> {
+        let mut tcp = tcp;
         let caps = local_caps(dev, &tcp, cfg)?;
         let me = (caps.gid, caps.mac);
         let mut m = ClcMachine::client(caps, cfg.propose);
@@ -1939,16 +1947,63 @@ impl SmcListener {
     /// link group (first contact) or an element in the group this client already has
     /// (subsequent contact).
     pub fn accept(&self) -> io::Result<(SmcStream, SocketAddr)> {
-        let (mut tcp, peer) = self.tcp.accept()?;
-        let cfg = &self.cfg;
-        let indicated = client_indicates_smc(&tcp, cfg.indication_wait)?;
-        let caps = local_caps(&self.dev, &tcp, cfg)?;
+        let (tcp, peer) = self.tcp.accept()?;
+        Ok((SmcStream::accept_over(tcp, Some(&self.dev), &self.cfg, None)?, peer))
+    }
+
+    /// An iterator over accepted connections, as `TcpListener::incoming`.
+    pub fn incoming(&self) -> impl Iterator<Item = io::Result<SmcStream>> + '_ {
+        std::iter::repeat_with(move || self.accept().map(|(s, _)| s))
+    }
+}
+
+impl SmcStream {
+    /// The server side of SMC-R on a TCP connection accepted elsewhere (e.g. by an
+    /// unmodified program under `softrdma smc run`). `indicated`: whether the client's SYN
+    /// carried the SMC-R option (from [`crate::sockops::Guard::peer_offered_smc`]); `None`
+    /// = look at the client's first octets as [`SmcListener::accept`] does. Without a
+    /// device (`dev` = `None`) a client that indicated SMC gets the CLC answer of a server
+    /// with SMC-R unavailable: its Proposal is read and Declined (F2), then TCP goes on.
+    pub fn accept_over(
+        tcp: TcpStream,
+        dev: Option<&Device>,
+        cfg: &SmcConfig,
+        indicated: Option<bool>,
+    ) -> io::Result<Self> {
+        let mut tcp = tcp;
+        let indicated = match indicated {
+            Some(b) => b,
+            None => client_indicates_smc(&tcp, cfg.indication_wait)?,
+        };
+        let Some(dev) = dev else {
+            let mut hostname = [b' '; HOSTNAME_LEN];
+            hostname[..8].copy_from_slice(b"softrdma");
+            let caps = LocalCaps {
+                enabled: false,
+                v1: true,
+                v2: false,
+                peer_id: PeerId::new((std::process::id() & 0xFFFF) as u16, [0; 6]),
+                gid: [0; 16],
+                mac: [0; 6],
+                ipv4: None,
+                eids: Vec::new(),
+                hostname,
+                max_conns: 255,
+                max_links: 1,
+            };
+            let mut m = ClcMachine::server(caps, indicated);
+            let deadline = Instant::now() + cfg.clc_timeout;
+            run_clc(&mut tcp, &mut m, deadline, |_, _| {
+                Err(io_err(io::ErrorKind::Other, "CLC: no device to accept with"))
+            })?;
+            return SmcStream::finish(tcp, m, None, true, cfg);
+        };
+        let caps = local_caps(dev, &tcp, cfg)?;
         let me = (caps.gid, caps.mac);
         let mut m = ClcMachine::server(caps, indicated);
         let mut setup: Option<Setup> = None;
         let mut fc_guard = None;
         let deadline = Instant::now() + cfg.clc_timeout;
-        let dev = &self.dev;
         let tcp2 = tcp.try_clone()?;
         let res = run_clc(&mut tcp, &mut m, deadline, |m, need| {
             let NeedLink::Proposal { proposal, .. } = need else {
@@ -2015,12 +2070,20 @@ impl SmcListener {
         }
         let s = SmcStream::finish(tcp, m, setup, true, cfg);
         drop(fc_guard);
-        Ok((s?, peer))
+        s
     }
 
-    /// An iterator over accepted connections, as `TcpListener::incoming`.
-    pub fn incoming(&self) -> impl Iterator<Item = io::Result<SmcStream>> + '_ {
-        std::iter::repeat_with(move || self.accept().map(|(s, _)| s))
+    /// A fallback connection's TCP stream and the octets already read from it during the
+    /// CLC exchange (they come before anything still in the socket); `Err(self)` over SMC-R.
+    pub fn into_tcp(self) -> Result<(TcpStream, Vec<u8>), Self> {
+        if !matches!(self.kind, Kind::Tcp(_)) {
+            return Err(self);
+        }
+        let mut me = self;
+        match me.tcp.try_clone() {
+            Ok(tcp) => Ok((tcp, std::mem::take(&mut me.prefix))),
+            Err(_) => Err(me),
+        }
     }
 }
 
