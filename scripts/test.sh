@@ -7,6 +7,10 @@
 #   4. interop with the Linux kernel's siw and NFS server in the QEMU lab (../shared/lab): see below
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The release profile's thin LTO (Cargo.toml, for the benchmarks) re-optimises every dependency
+# at each of the ~100 test binaries' links: most of a fresh build's time on 2 cores. Tests do not
+# need it; benchmarks and `cargo build --release` keep it. Override with CARGO_PROFILE_RELEASE_LTO.
+export CARGO_PROFILE_RELEASE_LTO="${CARGO_PROFILE_RELEASE_LTO:-false}"
 bash scripts/setup.sh
 SOFTRDMA_INTEROP=0 cargo test --workspace --release --all-targets --no-fail-fast
 cargo test --workspace --release --doc
