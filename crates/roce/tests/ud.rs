@@ -229,6 +229,61 @@ fn grh_is_ipv4_header_after_20_zero_octets() {
     assert_eq!(r.byte_len, 140);
 }
 
+/// Issue 14 (address handles from GID, port, traffic class and hop limit), C2: the AH's
+/// hop limit and traffic class become the IPv4 TTL and TOS of its packets, as rxe's
+/// `prepare_ipv4_hdr` makes them; the receiver's raw socket shows the real header in the
+/// GRH area. Two AHs to one QP in one `post_send` keep their own values. Needs CAP_NET_RAW
+/// for the receiver's raw socket (skips with a message without it).
+#[test]
+fn ah_hop_limit_and_traffic_class_are_the_ip_ttl_and_tos() {
+    let a = side("127.77.143.1");
+    let opts = DeviceOptions::new()
+        .with("addr", "127.77.143.2")
+        .with("name", "rxe_ud_ttl_b")
+        .with("icrc_rx", "raw");
+    let Ok(dev) = roce::RoceFactory.open(&opts) else {
+        eprintln!("skipped: no raw socket here (CAP_NET_RAW) to read the real IP header");
+        return;
+    };
+    let b = ud_side(dev);
+    let ah = |hop_limit, traffic_class| {
+        a.pd.create_ah(&AhAttr {
+            hop_limit,
+            traffic_class,
+            ..AhAttr::to_gid(b.dev.query_gid(1, 0).unwrap())
+        })
+        .unwrap()
+    };
+    let to = |ah| UdDest {
+        ah,
+        remote_qpn: b.qp.qp_num(),
+        remote_qkey: QKEY,
+    };
+    post_recv(&b, 0);
+    post_recv(&b, 1);
+    post_recv(&b, 2);
+    a.qp.post_send(&[
+        send_wr(&a, 1, 0, 10, to(ah(9, 0x28))),
+        send_wr(&a, 2, 0, 10, to(ah(200, 0xb8))),
+        send_wr(&a, 3, 0, 10, to(ah(64, 0))),
+    ])
+    .unwrap();
+    for _ in 0..3 {
+        assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    }
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let r = wait(&b.cq);
+        assert_eq!(r.status, WcStatus::Success);
+        let mut g = [0u8; 40];
+        b.mr.read((r.wr_id * SLOT) as usize, &mut g).unwrap();
+        let p = Grh::parse(&g).expect("a GRH rdma-core reads as IPv4");
+        seen.push((p.hop_limit, p.traffic_class, g[20 + 8], g[20 + 1]));
+    }
+    seen.sort();
+    assert_eq!(seen, [(9, 0x28, 9, 0x28), (64, 0, 64, 0), (200, 0xb8, 200, 0xb8)]);
+}
+
 /// IBA vol. 1 §10.2.5 (unconfirmed) / issue 14: a datagram with the wrong Q_Key is dropped and counted; one to a
 /// QP with no receive posted is dropped and counted; neither consumes anything or
 /// errors the QP.

@@ -484,6 +484,13 @@ impl DevInner {
     /// Seals and sends a batch of packets to `to` (`sendmmsg`), or one by one through the
     /// impairment if the device has one.
     pub(crate) fn send_batch(&self, to: SocketAddr, pkts: &mut [&mut [u8]]) {
+        self.send_batch_with(to, pkts, None)
+    }
+
+    /// [`Self::send_batch`] with an address handle's TTL/hop limit and TOS/traffic class on
+    /// every packet (UD). The impairment path (test fault injection) sends with the
+    /// socket's defaults.
+    pub(crate) fn send_batch_with(&self, to: SocketAddr, pkts: &mut [&mut [u8]], ip: Option<sys::IpFields>) {
         if self.impair.is_some() {
             for p in pkts.iter_mut() {
                 self.send_packet(to, p);
@@ -498,7 +505,7 @@ impl DevInner {
         }
         let refs: Vec<&[u8]> = pkts.iter().map(|p| &**p).collect();
         let sa = socket2::SockAddr::from(to);
-        match sys::sendmmsg_to(self.sock.as_fd(), &sa, &refs) {
+        match sys::sendmmsg_to_with(self.sock.as_fd(), &sa, &refs, ip) {
             Ok(n) => {
                 self.counters.sent_pkts.fetch_add(n as u64, Ordering::Relaxed);
                 self.counters

@@ -146,9 +146,69 @@ pub(crate) fn attach_filter(fd: BorrowedFd<'_>, prog: &[libc::sock_filter]) -> i
     }
 }
 
-/// `sendmmsg(2)`: sends every packet of `pkts` to `to` in as few calls as the kernel allows.
-/// Returns how many were sent before an error (the error is returned if none was).
-pub(crate) fn sendmmsg_to(fd: BorrowedFd<'_>, to: &socket2::SockAddr, pkts: &[&[u8]]) -> io::Result<usize> {
+/// The IP header fields an address handle sets on its packets, as rxe does
+/// (`prepare_ipv4_hdr`/`prepare_ipv6_hdr` take TTL/hop limit and TOS/traffic class from the
+/// AV's GRH). The ICRC masks both fields, so they change nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IpFields {
+    /// IPv4 TTL / IPv6 hop limit; 0 leaves the socket's (unicast 64, multicast its
+    /// `IP_MULTICAST_TTL`).
+    pub ttl: u8,
+    /// IPv4 TOS / IPv6 traffic class.
+    pub tos: u8,
+    /// Whether the destination is IPv6 (`IPV6_HOPLIMIT`/`IPV6_TCLASS` instead of
+    /// `IP_TTL`/`IP_TOS`).
+    pub v6: bool,
+}
+
+/// Space for two `int` control messages.
+const CMSG_SPACE_2: usize = 64;
+
+/// Writes the control messages of `f` into `buf`; returns their length.
+fn ip_fields_cmsg(f: IpFields, buf: &mut [u64; CMSG_SPACE_2 / 8]) -> usize {
+    let (level, ttl_type, tos_type) = if f.v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, libc::IPV6_TCLASS)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_TTL, libc::IP_TOS)
+    };
+    let mut items: Vec<(libc::c_int, libc::c_int)> = Vec::with_capacity(2);
+    if f.ttl != 0 {
+        items.push((ttl_type, libc::c_int::from(f.ttl)));
+    }
+    items.push((tos_type, libc::c_int::from(f.tos)));
+    // SAFETY: a msghdr whose control buffer is `buf` (8-aligned, CMSG_SPACE_2 octets, enough
+    // for two int cmsgs); CMSG_FIRSTHDR/CMSG_NXTHDR stay inside it and we write only
+    // through the pointers they return, each with room for one int.
+    unsafe {
+        let mut mh: libc::msghdr = std::mem::zeroed();
+        mh.msg_control = buf.as_mut_ptr().cast();
+        mh.msg_controllen = CMSG_SPACE_2 as _;
+        let mut c = libc::CMSG_FIRSTHDR(&mh);
+        let mut len = 0usize;
+        for (ty, v) in items {
+            debug_assert!(!c.is_null());
+            (*c).cmsg_level = level;
+            (*c).cmsg_type = ty;
+            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), v);
+            len += libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize;
+            c = libc::CMSG_NXTHDR(&mh, c);
+        }
+        len
+    }
+}
+
+/// `sendmmsg(2)`: sends every packet of `pkts` to `to` in as few calls as the kernel allows,
+/// with the IP fields of an address handle on every datagram when `ip` is given. Returns how
+/// many were sent before an error (the error is returned if none was).
+pub(crate) fn sendmmsg_to_with(
+    fd: BorrowedFd<'_>,
+    to: &socket2::SockAddr,
+    pkts: &[&[u8]],
+    ip: Option<IpFields>,
+) -> io::Result<usize> {
+    let mut control = [0u64; CMSG_SPACE_2 / 8];
+    let control_len = ip.map_or(0, |f| ip_fields_cmsg(f, &mut control));
     let mut iov: Vec<libc::iovec> = pkts
         .iter()
         .map(|p| libc::iovec {
@@ -163,6 +223,11 @@ pub(crate) fn sendmmsg_to(fd: BorrowedFd<'_>, to: &socket2::SockAddr, pkts: &[&[
         m.msg_hdr.msg_namelen = to.len();
         m.msg_hdr.msg_iov = v;
         m.msg_hdr.msg_iovlen = 1;
+        if control_len > 0 {
+            // Every datagram carries the same control messages; the kernel only reads them.
+            m.msg_hdr.msg_control = control.as_mut_ptr().cast();
+            m.msg_hdr.msg_controllen = control_len as _;
+        }
     }
     let mut sent = 0;
     while sent < msgs.len() {

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, Weak};
 use verbs::provider::{CqProviderExt, QpCreate, QpOps};
 use verbs::{CompletionQueue, Error, Gid, InvalidArg, QpAttr, RecvWr, Result, SendWr};
 
-use super::DevInner;
+use super::{DevInner, sys};
 use crate::ud::{UdConfig, UdError, UdQp, UdStats, grh};
 use crate::wire::Packet;
 
@@ -168,6 +168,7 @@ impl UdShared {
         while g.core.has_transmit() {
             let mut lens = [0usize; BATCH];
             let mut dests = [None::<SocketAddr>; BATCH];
+            let mut fields = [None::<sys::IpFields>; BATCH];
             let mut n = 0;
             while n < BATCH {
                 let Some(tx) = g.core.poll_transmit(&mut buf[n * need..(n + 1) * need]) else {
@@ -180,6 +181,13 @@ impl UdShared {
                 };
                 lens[n] = tx.len;
                 dests[n] = ip.map(|ip| SocketAddr::new(ip, crate::wire::ROCEV2_UDP_PORT));
+                // The AH's hop limit and traffic class become the IP TTL and TOS (IPv6 hop
+                // limit and traffic class), as rxe's prepare_ipv4_hdr/prepare_ipv6_hdr do.
+                fields[n] = ip.map(|ip| sys::IpFields {
+                    ttl: tx.ah.hop_limit,
+                    tos: tx.ah.traffic_class,
+                    v6: ip.is_ipv6(),
+                });
                 n += 1;
             }
             let mut pkts: Vec<&mut [u8]> = buf
@@ -187,15 +195,15 @@ impl UdShared {
                 .zip(&lens[..n])
                 .map(|(c, &l)| &mut c[..l])
                 .collect();
-            // Runs of one destination go out in one sendmmsg.
+            // Runs of one destination and one TTL/TOS go out in one sendmmsg.
             let mut i = 0;
             while i < n {
                 let mut j = i + 1;
-                while j < n && dests[j] == dests[i] {
+                while j < n && dests[j] == dests[i] && fields[j] == fields[i] {
                     j += 1;
                 }
                 match dests[i] {
-                    Some(to) => self.dev.send_batch(to, &mut pkts[i..j]),
+                    Some(to) => self.dev.send_batch_with(to, &mut pkts[i..j], fields[i]),
                     None => {
                         self.dev.counters.send_err.fetch_add((j - i) as u64, Ordering::Relaxed);
                     }
