@@ -445,6 +445,13 @@ impl Endpoint<'_> {
                 }
             };
             let Some(wc) = wc else { continue };
+            if wc.status == WcStatus::WrFlushErr && self.disconnected {
+                // The peer closed first and the QP went to Err: what was still
+                // outstanding (a last go-ahead Send whose ACK the DREQ overtook)
+                // is flushed, as rping's cq thread accepts.
+                self.debug("send/recv flushed after the disconnect");
+                continue;
+            }
             if wc.status == WcStatus::WrFlushErr {
                 // Flushed by whatever moved the QP to Err. Its CM event may come just
                 // after the flush (the IB CM moves the QP to ERR, then queues

@@ -212,7 +212,8 @@ fn guest_client_case(lab: &Lab, count: usize, size: usize) {
     assert_eq!(exit_of(&log), Some(0), "guest rping -c:\n{log}\nours: {stderr}");
     let pings: Vec<&str> = log.lines().filter(|l| l.starts_with("ping data: ")).collect();
     check_ping_lines(&pings, "ping data: ", count, size);
-    assert!(ok, "our server failed: {stderr}");
+    let tail = stdout[stdout.len().saturating_sub(12)..].join("\n");
+    assert!(ok, "our server failed: {stderr}\nits last debug lines:\n{tail}");
     let sp: Vec<&str> = stdout
         .iter()
         .filter(|l| l.starts_with("server ping data: "))
