@@ -179,8 +179,12 @@ fn no_receive_posted_gives_rnr_naks_then_rnr_retry_exc_err_c3() {
 #[test]
 fn corrupted_icrc_is_dropped_and_counted() {
     let (a, b) = (side("127.78.4.1", Some("corrupt:0.2,seed:5")), side("127.78.4.2", None));
+    // Local ACK timeout 14 (67 ms): the retry counter only runs out after 8 timeouts
+    // in a row without progress. At 8 (1 ms) a process starved for ~10 ms by a loaded
+    // machine (this file's 64 MiB test runs beside it) ran it out: RetryExcErr, 1 run
+    // in 6 under four busy loops.
     let r = Rts {
-        timeout: 8,
+        timeout: 14,
         retry_cnt: 7,
         rnr_retry: 7,
     };
