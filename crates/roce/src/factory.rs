@@ -26,8 +26,8 @@ impl RoceFactory {
             ),
             p(
                 "mtu",
-                d.mtu.bytes().to_string(),
-                "the port's active MTU: 256, 512, 1024, 2048 or 4096",
+                "auto".into(),
+                "the port's active MTU: 256, 512, 1024, 2048 or 4096; auto: from the interface's MTU as rxe does (4096 on loopback, 1024 on a 1500-octet link)",
             ),
             p(
                 "icrc_rx",
@@ -56,7 +56,9 @@ impl RoceFactory {
                 expected: "an IPv4 or IPv6 address",
             })?;
         }
-        if let Some(m) = opts.get_num::<u32>("mtu")? {
+        if opts.get("mtu").is_none_or(|m| m == "auto") {
+            c.mtu = crate::engine::default_mtu(c.addr);
+        } else if let Some(m) = opts.get_num::<u32>("mtu")? {
             c.mtu = match Mtu::at_most(m) {
                 Some(mtu) if mtu.bytes() == m => mtu,
                 _ => {
