@@ -35,6 +35,11 @@ impl RoceFactory {
                 "how IPv4 packets are received for the ICRC check: raw (raw socket with the IP header; CAP_NET_RAW), udp (the IPv4 ID solved for from the ICRC), auto (raw if permitted)",
             ),
             p(
+                "gso",
+                "on".into(),
+                "on: runs of equal-size packets go as UDP GSO trains (one datagram through the kernel each); off: one datagram per packet (a capture on loopback then shows every packet as its own frame)",
+            ),
+            p(
                 "impair",
                 "none".into(),
                 "faults injected into what the device sends, seeded (testing): drop:P,reorder:P,dup:P,corrupt:P,ack_delay_us:N,seed:N (keys optional)",
@@ -71,6 +76,18 @@ impl RoceFactory {
                 }
             };
         }
+        c.gso = match opts.get("gso") {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(v) => {
+                return Err(InvalidArg::OptionValue {
+                    key: "gso".into(),
+                    value: v.to_string(),
+                    expected: "on or off",
+                }
+                .into());
+            }
+        };
         c.icrc_rx = match opts.get("icrc_rx") {
             None | Some("auto") => IcrcRx::Auto,
             Some("raw") => IcrcRx::Raw,

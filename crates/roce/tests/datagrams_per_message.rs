@@ -34,7 +34,11 @@ fn pair(a: &str, b: &str, icrc_rx: &str) -> (End, End) {
     };
     let (x, y) = (open(a), open(b));
     for (s, p) in [(&x, &y), (&y, &x)] {
-        assert_eq!(s.dev.query_port(1).unwrap().active_mtu, Mtu::Mtu4096, "loopback allows 4096");
+        assert_eq!(
+            s.dev.query_port(1).unwrap().active_mtu,
+            Mtu::Mtu4096,
+            "loopback allows 4096"
+        );
         s.qp.modify_qp(&QpAttr::init(1, 0, Access::all_remote())).unwrap();
         s.qp.modify_qp(&QpAttr::rtr(RtrAttr {
             ah_attr: AhAttr::to_gid(p.dev.query_gid(1, 0).unwrap()),
@@ -74,14 +78,24 @@ fn run(a: &str, b: &str, icrc_rx: &str) {
         addr: y.mr.addr(),
         rkey: y.mr.rkey(),
     };
-    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
     x.mr.write(0, &data).unwrap();
 
     // 1 MiB Write: 256 packets of 4 KiB; FIRST (with RETH) alone, then trains of MIDDLEs.
-    let (s0, d0, c0) = (c(&x.dev, "sent_pkts"), c(&x.dev, "tx_datagrams"), c(&x.dev, "tx_syscalls"));
+    let (s0, d0, c0) = (
+        c(&x.dev, "sent_pkts"),
+        c(&x.dev, "tx_datagrams"),
+        c(&x.dev, "tx_syscalls"),
+    );
     let (r0, g0) = (c(&y.dev, "rcvd_pkts"), c(&y.dev, "rx_datagrams"));
-    x.qp.post_send_one(SendWr::new(1, WrOpcode::RdmaWrite { remote }, vec![x.mr.sge(0, 1 << 20)]))
-        .unwrap();
+    x.qp.post_send_one(SendWr::new(
+        1,
+        WrOpcode::RdmaWrite { remote },
+        vec![x.mr.sge(0, 1 << 20)],
+    ))
+    .unwrap();
     wait_n(&x.cq, 1);
     let mut got = vec![0u8; 1 << 20];
     y.mr.read(0, &mut got).unwrap();
@@ -92,10 +106,19 @@ fn run(a: &str, b: &str, icrc_rx: &str) {
         c(&x.dev, "tx_syscalls") - c0,
     );
     assert!(pkts >= 256, "{pkts} packets sent");
-    assert!(dgrams * 8 <= pkts, "1 MiB Write: {pkts} packets in {dgrams} datagrams (GSO trains)");
-    assert!(calls * 16 <= pkts, "1 MiB Write: {pkts} packets in {calls} sendmmsg calls");
+    assert!(
+        dgrams * 8 <= pkts,
+        "1 MiB Write: {pkts} packets in {dgrams} datagrams (GSO trains)"
+    );
+    assert!(
+        calls * 16 <= pkts,
+        "1 MiB Write: {pkts} packets in {calls} sendmmsg calls"
+    );
     let (rp, rd) = (c(&y.dev, "rcvd_pkts") - r0, c(&y.dev, "rx_datagrams") - g0);
-    assert!(rp >= 256 && rd * 8 <= rp, "1 MiB Write: {rp} packets received in {rd} datagrams (UDP_GRO)");
+    assert!(
+        rp >= 256 && rd * 8 <= rp,
+        "1 MiB Write: {rp} packets received in {rd} datagrams (UDP_GRO)"
+    );
 
     // 64 Writes of 64 B in one post_send: equal-size packets, trains of up to 32.
     let (s0, d0) = (c(&x.dev, "sent_pkts"), c(&x.dev, "tx_datagrams"));
@@ -105,16 +128,27 @@ fn run(a: &str, b: &str, icrc_rx: &str) {
                 addr: y.mr.addr() + i * 64,
                 rkey: y.mr.rkey(),
             };
-            SendWr::new(10 + i, WrOpcode::RdmaWrite { remote }, vec![x.mr.sge((i * 64) as usize, 64)])
+            SendWr::new(
+                10 + i,
+                WrOpcode::RdmaWrite { remote },
+                vec![x.mr.sge((i * 64) as usize, 64)],
+            )
         })
         .collect();
     x.qp.post_send(&wrs).unwrap();
     wait_n(&x.cq, 64);
     let (pkts, dgrams) = (c(&x.dev, "sent_pkts") - s0, c(&x.dev, "tx_datagrams") - d0);
-    assert!(pkts >= 64 && dgrams * 8 <= pkts, "64 B Writes: {pkts} packets in {dgrams} datagrams");
+    assert!(
+        pkts >= 64 && dgrams * 8 <= pkts,
+        "64 B Writes: {pkts} packets in {dgrams} datagrams"
+    );
 
     for d in [&x.dev, &y.dev] {
-        assert_eq!(c(d, "icrc_err"), 0, "every packet's ICRC verified with the ID it carries");
+        assert_eq!(
+            c(d, "icrc_err"),
+            0,
+            "every packet's ICRC verified with the ID it carries"
+        );
         assert_eq!(c(d, "malformed_pkts"), 0);
     }
 }

@@ -19,7 +19,8 @@ pub(super) const FIRST_GROUP: usize = 2;
 /// Registers the device's socket with `poll` and starts the thread.
 pub(super) fn start(poll: Poll, dev: &Arc<DevInner>) -> std::io::Result<()> {
     for fd in dev.rx_fds() {
-        poll.registry().register(&mut SourceFd(&fd), SOCKET, Interest::READABLE)?;
+        poll.registry()
+            .register(&mut SourceFd(&fd), SOCKET, Interest::READABLE)?;
     }
     let _ = dev.registry.set(poll.registry().try_clone()?);
     let weak = Arc::downgrade(dev);
@@ -65,7 +66,9 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
                 d.drain_rx();
             }
             let t = d.sleep_deadline().map(|t| t.saturating_duration_since(Instant::now()));
-            if muted {
+            // Deferred transmissions (a busy poller's) are sent within MUTED_CHECK even if
+            // the poller stops calling.
+            if muted || d.has_deferred.load(Ordering::Acquire) {
                 Some(t.map_or(MUTED_CHECK, |t| t.min(MUTED_CHECK)))
             } else {
                 t
@@ -88,5 +91,7 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
             d.drain_rx();
         }
         d.fire_timers(Instant::now());
+        // What a busy-polling application deferred, if it stopped calling.
+        d.flush_deferred();
     }
 }

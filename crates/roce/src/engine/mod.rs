@@ -22,8 +22,10 @@
 //!
 //! IPv4 ICRC: rxe covers the IPv4 Identification, which a UDP socket does not show. The
 //! socket sends with `IP_PMTUDISC_DO`, which makes Linux put ID 0 in datagrams of an
-//! unconnected socket, and the receive side computes the ICRC with ID 0. Peers that send a
-//! non-zero ID (rxe does not on its RC path with DF set) fail the check; see docs/roce.md.
+//! unconnected socket, and IDs 0, 1, 2, … in the segments of a UDP GSO train, so packet k
+//! of a train is sealed with ID k. The receive side checks against the IP header (raw
+//! socket), with ID k for packet k of one of our trains, or solves for the ID (peers such
+//! as rxe send hashed IDs); see docs/roce.md, "The ICRC".
 
 mod driver;
 pub mod impair;
@@ -64,6 +66,9 @@ pub struct RoceConfig {
     pub impair: Option<impair::ImpairConfig>,
     /// Where IPv4 packets are received, which decides how their ICRC is checked.
     pub icrc_rx: IcrcRx,
+    /// Whether runs of equal-size packets go as UDP GSO trains (a capture on loopback shows
+    /// a train as one frame: tests that decode captures turn it off).
+    pub gso: bool,
 }
 
 /// How the device receives IPv4 packets, which decides what their ICRC is checked against
@@ -73,10 +78,12 @@ pub enum IcrcRx {
     /// `Raw` if the process may open raw sockets (CAP_NET_RAW), else `Udp`.
     #[default]
     Auto,
-    /// A raw `IPPROTO_UDP` socket with a classic BPF filter (our address, port 4791) gives
-    /// every datagram with its IP header, so every ICRC is checked against the header it
-    /// came in, rxe's hashed IDs included. The UDP socket stays bound, with a drop-all
-    /// filter, so the host sends no ICMP port-unreachable. Needs CAP_NET_RAW.
+    /// A raw `IPPROTO_UDP` socket with a classic BPF filter (not arrived on loopback, our
+    /// address, port 4791) gives every such datagram with its IP header, so its ICRC is
+    /// checked against the header it came in, rxe's hashed IDs included. The UDP socket
+    /// keeps what arrives on loopback (GSO trains sent on this host reach it whole, with
+    /// their segment size; the raw socket could not split them), and its being bound keeps
+    /// the host from sending ICMP port-unreachable. Needs CAP_NET_RAW.
     Raw,
     /// The UDP socket receives; the IPv4 ICRC is checked with ID 0 (what our own devices
     /// send) and, failing that, the ID is solved for ([`icrc::verify_any_ipv4_id`]), so rxe's
@@ -92,6 +99,7 @@ impl Default for RoceConfig {
             mtu: Mtu::Mtu1024,
             impair: None,
             icrc_rx: IcrcRx::Auto,
+            gso: true,
         }
     }
 }
@@ -188,6 +196,9 @@ pub(crate) struct DevInner {
     /// Whether sends group equal-size packets into UDP GSO trains (cleared for good when
     /// the kernel refuses one: no checksum offload on the route's device, say).
     gso: AtomicBool,
+    /// QPs whose transmissions a busy-polling application thread's receive deferred.
+    deferred: Mutex<Vec<Arc<qp::QpShared>>>,
+    pub(crate) has_deferred: AtomicBool,
     /// Set by a thread that found the receive lock taken: the holder drains once more.
     rx_poke: AtomicBool,
     gsi: Mutex<Option<Weak<dyn GsiHandler>>>,
@@ -305,6 +316,16 @@ impl DevInner {
     /// doing so). Returns whether any packet was received.
 
     pub(crate) fn drain_rx(&self) -> bool {
+        self.drain_rx_as(false)
+    }
+
+    /// [`DevInner::drain_rx`] from an application thread that busy-polls (`defer`): what
+    /// the QPs have to send (ACKs above all) waits for that thread's next call or post
+    /// instead of costing a system call before it sees its completion, so an ACK leaves
+    /// with the reply the application posts next, in the same `sendmmsg`. The progress
+    /// thread sends what is still deferred within its 1 ms muted check.
+    pub(crate) fn drain_rx_as(&self, defer: bool) -> bool {
+        self.flush_deferred();
         self.rx_poke.store(true, Ordering::SeqCst);
         let mut any = false;
         loop {
@@ -316,7 +337,11 @@ impl DevInner {
             let now = Instant::now();
             let mut n_batch = 0;
             let sockets = [Some(self.sock.as_fd()), self.raw.as_ref().map(|r| r.as_fd())];
-            for (is_raw, fd) in sockets.into_iter().enumerate().filter_map(|(i, f)| f.map(|f| (i == 1, f))) {
+            for (is_raw, fd) in sockets
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, f)| f.map(|f| (i == 1, f)))
+            {
                 loop {
                     let got = match sys::recvmmsg_dontwait(fd, &mut buf) {
                         Ok(n) => n,
@@ -363,13 +388,48 @@ impl DevInner {
             }
             any |= self.drain_groups(&mut buf, now);
             drop(buf);
-            for q in touched {
-                q.service_locked();
+            if defer {
+                for q in &touched {
+                    q.deliver_locked();
+                }
+                let mut d = self.deferred.lock().unwrap();
+                for q in touched {
+                    if !d.iter().any(|t| Arc::ptr_eq(t, &q)) {
+                        d.push(q);
+                    }
+                }
+                self.has_deferred.store(!d.is_empty(), Ordering::Release);
+            } else {
+                for q in touched {
+                    q.service_locked();
+                }
             }
             if !self.rx_poke.load(Ordering::SeqCst) {
                 return any;
             }
         }
+    }
+
+    /// Sends what [`DevInner::drain_rx_as`] deferred.
+    pub(crate) fn flush_deferred(&self) {
+        if !self.has_deferred.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let qs = std::mem::take(&mut *self.deferred.lock().unwrap());
+        for q in qs {
+            q.service_locked();
+        }
+    }
+
+    /// Whether `q`'s transmissions are deferred.
+    pub(crate) fn is_deferred(&self, q: &qp::QpShared) -> bool {
+        self.has_deferred.load(Ordering::Acquire)
+            && self
+                .deferred
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|t| std::ptr::eq(Arc::as_ptr(t), q))
     }
 
     /// An IPv4 datagram from the raw socket (the filter passed only UDP to our address and
@@ -583,11 +643,16 @@ impl DevInner {
         };
         let sent: usize = msgs[..sent_msgs].iter().map(|m| m.count).sum();
         self.counters.sent_pkts.fetch_add(sent as u64, Ordering::Relaxed);
-        self.counters.tx_datagrams.fetch_add(sent_msgs as u64, Ordering::Relaxed);
+        self.counters
+            .tx_datagrams
+            .fetch_add(sent_msgs as u64, Ordering::Relaxed);
         self.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
         let Some(e) = err else { return };
         let failed = msgs[sent_msgs];
-        let refused = matches!(e.raw_os_error(), Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT));
+        let refused = matches!(
+            e.raw_os_error(),
+            Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
+        );
         if failed.count > 1 && refused {
             // The kernel takes no GSO on this route: send the rest one packet per datagram,
             // each sealed with ID 0, from now on.
@@ -610,7 +675,9 @@ impl DevInner {
             self.counters.sent_pkts.fetch_add(n as u64, Ordering::Relaxed);
             self.counters.tx_datagrams.fetch_add(n as u64, Ordering::Relaxed);
             self.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
-            self.counters.send_err.fetch_add((refs.len() - n) as u64, Ordering::Relaxed);
+            self.counters
+                .send_err
+                .fetch_add((refs.len() - n) as u64, Ordering::Relaxed);
             return;
         }
         // Lost like dropped frames: the RC retransmission recovers.
@@ -668,7 +735,10 @@ impl DevInner {
 /// headers (see [`IcrcRx::Raw`]).
 fn raw_socket(addr: Ipv4Addr) -> io::Result<socket2::Socket> {
     let r = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::UDP))?;
-    sys::attach_filter(r.as_fd(), &sys::rocev2_ipv4_filter_not_lo(addr, crate::wire::ROCEV2_UDP_PORT))?;
+    sys::attach_filter(
+        r.as_fd(),
+        &sys::rocev2_ipv4_filter_not_lo(addr, crate::wire::ROCEV2_UDP_PORT),
+    )?;
     if sys::set_rcvbuf_force(r.as_fd(), RCVBUF).is_err() {
         let _ = r.set_recv_buffer_size(RCVBUF);
     }
@@ -861,6 +931,7 @@ impl RoceProvider {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0x1234, |d| d.subsec_nanos());
         let cfg_impair = cfg.impair;
+        let cfg_gso = cfg.gso;
         let inner = Arc::new(DevInner {
             cfg,
             sock,
@@ -876,7 +947,9 @@ impl RoceProvider {
             waker,
             stop: AtomicBool::new(false),
             rx: Mutex::new(sys::RxBatch::new(RX_BATCH)),
-            gso: AtomicBool::new(true),
+            gso: AtomicBool::new(cfg_gso),
+            deferred: Mutex::new(Vec::new()),
+            has_deferred: AtomicBool::new(false),
             rx_poke: AtomicBool::new(false),
             gsi: Mutex::new(None),
             gsi_psn: AtomicU32::new(seed & 0x00ff_ffff),

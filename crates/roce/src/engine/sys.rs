@@ -455,7 +455,9 @@ pub(crate) fn interface_mtu(addr: std::net::IpAddr) -> io::Result<u32> {
     }
     // SAFETY: `list` came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(list) };
-    let name = name.or(subnet).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface has {addr}")))?;
+    let name = name
+        .or(subnet)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface has {addr}")))?;
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
     // SAFETY: an all-zero ifreq is a valid value of that plain C struct.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
