@@ -314,7 +314,6 @@ impl DevInner {
 
     /// Receives every queued datagram (or leaves a poke for the thread that is already
     /// doing so). Returns whether any packet was received.
-
     pub(crate) fn drain_rx(&self) -> bool {
         self.drain_rx_as(false)
     }
