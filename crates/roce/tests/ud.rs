@@ -21,8 +21,10 @@ struct Side {
 }
 
 fn side(addr: &str) -> Side {
+    // MTU 1024 (the receive slots are 2 KiB), not loopback's default 4096.
     let opts = DeviceOptions::new()
         .with("addr", addr)
+        .with("mtu", "1024")
         .with("name", format!("rxe_ud_{addr}"));
     let dev = roce::RoceFactory.open(&opts).expect("open a RoCEv2 device");
     ud_side(dev)

@@ -415,7 +415,7 @@ impl DevInner {
     }
 
     /// Receives what queued on the group sockets. Returns whether anything came.
-    pub(crate) fn drain_groups(&self, buf: &mut [u8], now: std::time::Instant) -> bool {
+    pub(crate) fn drain_groups(&self, buf: &mut super::sys::RxBatch, now: std::time::Instant) -> bool {
         let socks: Vec<(Arc<UdpSocket>, IpAddr)> = {
             let m = self.mcast.lock().unwrap();
             if m.is_empty() {
@@ -427,10 +427,14 @@ impl DevInner {
         let mut touched = Vec::new();
         for (s, group) in socks {
             loop {
-                match super::sys::recv_from_dontwait(s.as_fd(), buf) {
-                    Ok((n, from)) => {
+                match super::sys::recvmmsg_dontwait(s.as_fd(), buf) {
+                    Ok(n) => {
                         any = true;
-                        self.on_datagram(now, from, group, None, &buf[..n], &mut touched);
+                        for i in 0..n {
+                            if let (Some(d), Ok(from)) = (buf.data(i), buf.from(i)) {
+                                self.on_datagram(now, from, group, super::Rx::Solve, d, &mut touched);
+                            }
+                        }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(_) => break,
