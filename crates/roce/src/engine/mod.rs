@@ -905,10 +905,11 @@ impl RoceProvider {
         let raw = match (cfg.addr, cfg.icrc_rx) {
             (IpAddr::V4(a), IcrcRx::Auto | IcrcRx::Raw) => match raw_socket(a) {
                 Ok(r) => {
-                    // The UDP socket keeps what arrives on loopback: GSO trains sent on this
-                    // host reach the raw socket unsegmented, and only the UDP socket is told
-                    // their segment size.
-                    sys::attach_filter(s.as_fd(), &sys::loopback_filter(false))?;
+                    // The UDP socket keeps what arrives on loopback and the IDs of GSO
+                    // trains: a train that crosses loopback or a veth reaches the raw socket
+                    // unsegmented, and only the UDP socket segments it (or is told its
+                    // segment size).
+                    sys::attach_filter(s.as_fd(), &sys::udp_filter_beside_raw())?;
                     Some(r)
                 }
                 Err(e) if cfg.icrc_rx == IcrcRx::Raw => return Err(e),

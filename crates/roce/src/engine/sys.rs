@@ -201,31 +201,53 @@ pub(crate) fn set_udp_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
     setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, 1)
 }
 
-/// The classic BPF program that accepts only what arrived on the loopback interface
-/// (ifindex 1 in every network namespace) — or, `invert`, only what did not.
-pub(crate) fn loopback_filter(invert: bool) -> Vec<libc::sock_filter> {
+/// IPv4 IDs below this belong to the UDP socket when a raw socket is open: the segments of
+/// one GSO send on an unconnected DF socket (ours) carry IDs 0, 1, … up to
+/// [`GSO_MAX_SEGS`] − 1.
+pub(crate) const TRAIN_IDS: u32 = GSO_MAX_SEGS as u32;
+
+/// The UDP socket's program when a raw socket is open: keep what arrived on loopback
+/// (ifindex 1 in every namespace) and IPv4 packets with an ID below [`TRAIN_IDS`], drop the
+/// rest (the raw socket's). A GSO train that crosses a virtual link (veth, loopback) stays
+/// one unsegmented skb: the raw socket gets it whole, one IP header with ID 0 over
+/// concatenated packets it cannot split, while the UDP socket gets it segmented (IDs
+/// 0, 1, …) or, with `UDP_GRO`, whole with its segment size. The ID is read at the network
+/// header (`SKF_NET_OFF`), which UDP sockets' filters can reach.
+pub(crate) fn udp_filter_beside_raw() -> Vec<libc::sock_filter> {
     let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
     const LD_W_ABS: u16 = 0x20;
+    const LD_H_ABS: u16 = 0x28;
     const JEQ_K: u16 = 0x15;
+    const JGE_K: u16 = 0x35;
     const RET_K: u16 = 0x06;
     let ifindex = (libc::SKF_AD_OFF + libc::SKF_AD_IFINDEX) as u32;
-    let (on_lo, other) = if invert { (0, u32::MAX) } else { (u32::MAX, 0) };
+    let ip_id = (libc::SKF_NET_OFF + 4) as u32;
     vec![
-        op(LD_W_ABS, 0, 0, ifindex), // A = the receiving interface's index
-        op(JEQ_K, 0, 1, 1),          // loopback -> 2, else 3
-        op(RET_K, 0, 0, on_lo),
-        op(RET_K, 0, 0, other),
+        op(LD_W_ABS, 0, 0, ifindex), // 0: A = the receiving interface's index
+        op(JEQ_K, 2, 0, 1),          // 1: loopback -> 4
+        op(LD_H_ABS, 0, 0, ip_id),   // 2: A = IPv4 Identification
+        op(JGE_K, 1, 0, TRAIN_IDS),  // 3: a foreign ID -> 5
+        op(RET_K, 0, 0, u32::MAX),   // 4: accept
+        op(RET_K, 0, 0, 0),          // 5: drop
     ]
 }
 
 /// The raw socket's program: [`rocev2_ipv4_filter`] for packets that did not arrive on
-/// loopback (loopback's are the UDP socket's: GSO trains stay whole there).
+/// loopback and whose IPv4 ID is [`TRAIN_IDS`] or more; the others are the UDP socket's
+/// ([`udp_filter_beside_raw`]): each packet reaches exactly one of the two sockets, and
+/// no GSO train reaches the raw socket unsegmented. A foreign sender's packet with a small
+/// ID (rxe hashes its IDs) goes to the UDP socket, whose check solves for the ID.
 pub(crate) fn rocev2_ipv4_filter_not_lo(addr: std::net::Ipv4Addr, port: u16) -> Vec<libc::sock_filter> {
     let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
     let ifindex = (libc::SKF_AD_OFF + libc::SKF_AD_IFINDEX) as u32;
     let rest = rocev2_ipv4_filter(addr, port);
-    let drop_at = rest.len() as u8; // the jump target: the final "drop" below
-    let mut v = vec![op(0x20, 0, 0, ifindex), op(0x15, drop_at, 0, 1)];
+    let drop_at = rest.len() as u8; // from instruction 2: the final "drop" below
+    let mut v = vec![
+        op(0x20, 0, 0, ifindex),          // A = the receiving interface's index
+        op(0x15, drop_at + 2, 0, 1),      // loopback -> drop
+        op(0x28, 0, 0, 4),                // A = IPv4 Identification
+        op(0x35, 0, drop_at, TRAIN_IDS),  // an ID of our trains -> drop
+    ];
     v.extend(rest);
     v.push(op(0x06, 0, 0, 0));
     v
