@@ -367,8 +367,8 @@ impl DevInner {
                             self.on_ip_datagram(now, d, &mut touched);
                         } else if let Ok(from) = buf.from(i) {
                             match buf.seg[i] {
-                                0 => self.on_datagram(now, from, self.local.ip(), Rx::Solve, d, &mut touched),
-                                seg => self.on_train(now, from, usize::from(seg), d, &mut touched),
+                                0 => self.on_datagram(now, from, self.local.ip(), Rx::Solve, buf.ip[i], d, &mut touched),
+                                seg => self.on_train(now, from, usize::from(seg), buf.ip[i], d, &mut touched),
                             }
                         }
                         n_batch += 1;
@@ -457,6 +457,7 @@ impl DevInner {
             from,
             IpAddr::V4(dst),
             Rx::Headers(&d[..IP], &d[IP..IP + UDP]),
+            None,
             &d[IP + UDP..IP + udp_len],
             touched,
         );
@@ -469,7 +470,15 @@ impl DevInner {
     /// is ours and packet k must verify with ID k exactly; any other train (a GRO merge of a
     /// foreign sender's packets) has each packet's ID solved for, as single datagrams from
     /// the UDP socket do.
-    fn on_train(&self, now: Instant, from: SocketAddr, seg: usize, d: &[u8], touched: &mut Vec<Arc<qp::QpShared>>) {
+    fn on_train(
+        &self,
+        now: Instant,
+        from: SocketAddr,
+        seg: usize,
+        ip: Option<sys::RxIp>,
+        d: &[u8],
+        touched: &mut Vec<Arc<qp::QpShared>>,
+    ) {
         let dst = self.local.ip();
         let mut ours = None;
         for (k, pkt) in d.chunks(seg).enumerate() {
@@ -483,18 +492,21 @@ impl DevInner {
                 }
                 _ => Rx::Solve,
             };
-            self.on_datagram(now, from, dst, how, pkt, touched);
+            self.on_datagram(now, from, dst, how, ip, pkt, touched);
         }
     }
 
     /// One RoCEv2 packet (a UDP payload) from `from` to `dst` (our address or a multicast
-    /// group), its ICRC checked as `rx` says.
+    /// group), its ICRC checked as `rx` says; `ip` is its TTL and TOS when a UDP socket
+    /// reported them (a UD receive's GRH shows them).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_datagram(
         &self,
         now: Instant,
         from: SocketAddr,
         dst: IpAddr,
         rx: Rx<'_>,
+        ip: Option<sys::RxIp>,
         pkt: &[u8],
         touched: &mut Vec<Arc<qp::QpShared>>,
     ) {
@@ -537,7 +549,7 @@ impl DevInner {
             if targets.is_empty() {
                 self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
             } else {
-                self.on_ud_packet(from, dst, ip_hdr, pkt.len(), &p, &targets);
+                self.on_ud_packet(from, dst, ip_hdr, ip, pkt.len(), &p, &targets);
             }
             return;
         }
@@ -891,6 +903,9 @@ impl RoceProvider {
             let _ = s.set_recv_buffer_size(RCVBUF);
         }
         sys::set_pmtudisc_do(s.as_fd(), cfg.addr.is_ipv6())?;
+        if let Err(e) = sys::set_recv_ip_fields(s.as_fd(), cfg.addr.is_ipv6()) {
+            tracing::info!(device = %cfg.name, error = %e, "no IP TTL/TOS on receive: UD GRHs show TTL 64, TOS 0");
+        }
         // Multicast UD sends leave from the device's interface (loopback copies to the
         // host's other devices: IP_MULTICAST_LOOP, on by default).
         match cfg.addr {

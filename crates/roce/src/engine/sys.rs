@@ -367,11 +367,38 @@ pub(crate) struct RxBatch {
     pub len: Vec<Option<usize>>,
     /// Per datagram received: the GRO segment size (0: a single datagram).
     pub seg: Vec<u16>,
+    /// Per datagram received: its IPv4 TTL / IPv6 hop limit and TOS / traffic class, when
+    /// the socket asked for them ([`set_recv_ip_fields`]).
+    pub ip: Vec<Option<RxIp>>,
+}
+
+/// The IP header fields a UDP socket reports of a datagram (`IP_TTL`/`IP_TOS` or
+/// `IPV6_HOPLIMIT`/`IPV6_TCLASS` control messages): what a UD receive's GRH shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct RxIp {
+    /// IPv4 TTL / IPv6 hop limit.
+    pub ttl: u8,
+    /// IPv4 TOS / IPv6 traffic class.
+    pub tos: u8,
+}
+
+/// Asks the UDP socket for each datagram's TTL/hop limit and TOS/traffic class
+/// (`IP_RECVTTL` + `IP_RECVTOS`, or `IPV6_RECVHOPLIMIT` + `IPV6_RECVTCLASS`): a UD
+/// receive's GRH carries them, as rxe copies them from the IP header it received.
+pub(crate) fn set_recv_ip_fields(fd: BorrowedFd<'_>, v6: bool) -> io::Result<()> {
+    if v6 {
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1)?;
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)
+    } else {
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)
+    }
 }
 
 /// Octets of one receive slot: the largest UDP datagram (a GRO train) or IP packet.
 pub(crate) const RX_SLOT: usize = 65_536;
-const RX_CTRL_WORDS: usize = 8;
+/// Control space per datagram: UDP_GRO, TTL and TOS cmsgs, 16 octets each, with room.
+const RX_CTRL_WORDS: usize = 12;
 
 // SAFETY: the raw pointers in `hdrs`/`iov` point only into the batch's own vectors, which
 // move with it; they are rebuilt before every call.
@@ -394,6 +421,7 @@ impl RxBatch {
                 .collect(),
             len: Vec::with_capacity(n),
             seg: Vec::with_capacity(n),
+            ip: Vec::with_capacity(n),
         }
     }
 
@@ -447,23 +475,40 @@ pub(crate) fn recvmmsg_dontwait(fd: BorrowedFd<'_>, b: &mut RxBatch) -> io::Resu
     let got = r as usize;
     b.len.clear();
     b.seg.clear();
+    b.ip.clear();
     for i in 0..got {
         let h = &b.hdrs[i].msg_hdr;
         let truncated = h.msg_flags & libc::MSG_TRUNC != 0;
         b.len.push((!truncated).then_some(b.hdrs[i].msg_len as usize));
         let mut seg = 0u16;
+        let (mut ttl, mut tos) = (None, None);
         // SAFETY: the kernel filled `msg_controllen` octets of the control block with
         // well-formed cmsghdrs; CMSG_FIRSTHDR/NXTHDR stay inside it.
         unsafe {
             let mut cm = libc::CMSG_FIRSTHDR(h);
             while !cm.is_null() {
-                if (*cm).cmsg_level == libc::SOL_UDP && (*cm).cmsg_type == UDP_GRO {
-                    seg = std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast::<libc::c_int>()) as u16;
+                let data = libc::CMSG_DATA(cm);
+                match ((*cm).cmsg_level, (*cm).cmsg_type) {
+                    (libc::SOL_UDP, UDP_GRO) => seg = std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u16,
+                    // IP_TTL comes as an int, IP_TOS as one octet.
+                    (libc::IPPROTO_IP, libc::IP_TTL) => ttl = Some(std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u8),
+                    (libc::IPPROTO_IP, libc::IP_TOS) => tos = Some(*data),
+                    (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                        ttl = Some(std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u8)
+                    }
+                    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                        tos = Some(std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u8)
+                    }
+                    _ => {}
                 }
                 cm = libc::CMSG_NXTHDR(h, cm);
             }
         }
         b.seg.push(seg);
+        b.ip.push(ttl.map(|ttl| RxIp {
+            ttl,
+            tos: tos.unwrap_or(0),
+        }));
     }
     Ok(got)
 }
