@@ -84,7 +84,9 @@ const MR: usize = 4 << 20;
 /// Opens a device on `addr` inside namespace `ns` with `opts` (its sockets live there).
 fn open_in(ns: &str, addr: &str, opts: &[(&str, &str)]) -> End {
     let path = format!("/var/run/netns/{ns}");
-    let mut o = DeviceOptions::new().with("addr", addr).with("name", format!("rxe_rcns_{addr}"));
+    let mut o = DeviceOptions::new()
+        .with("addr", addr)
+        .with("name", format!("rxe_rcns_{addr}"));
     for (k, v) in opts {
         o = o.with(k, v);
     }
@@ -189,12 +191,8 @@ fn run(x: &End, y: &End) {
                 sg_list: vec![r.mr.sge(2 << 20, 2 << 20)],
             }])
             .unwrap();
-            s.qp.post_send_one(SendWr::new(
-                u64::from(n),
-                WrOpcode::Send,
-                vec![s.mr.sge(0, len as u32)],
-            ))
-            .unwrap();
+            s.qp.post_send_one(SendWr::new(u64::from(n), WrOpcode::Send, vec![s.mr.sge(0, len as u32)]))
+                .unwrap();
             wait(&s.cq, &format!("Send {len}"));
             let wc = wait(&r.cq, &format!("receive of {len}"));
             assert_eq!(wc.byte_len as usize, len);

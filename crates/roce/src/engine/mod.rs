@@ -372,7 +372,9 @@ impl DevInner {
                             self.on_ip_datagram(now, d, &mut touched);
                         } else if let Ok(from) = buf.from(i) {
                             match buf.seg[i] {
-                                0 => self.on_datagram(now, from, self.local.ip(), Rx::Solve, buf.ip[i], d, &mut touched),
+                                0 => {
+                                    self.on_datagram(now, from, self.local.ip(), Rx::Solve, buf.ip[i], d, &mut touched)
+                                }
                                 seg => self.on_train(now, from, usize::from(seg), buf.ip[i], d, &mut touched),
                             }
                         }
@@ -577,13 +579,21 @@ impl DevInner {
     fn check_single(&self, src: IpAddr, dst: IpAddr, sport: u16, dport: u16, pkt: &[u8]) -> bool {
         let guess = self.rx_next_id.load(Ordering::Relaxed) as u16;
         if guess != 0 && src.is_ipv4() && icrc_verify_id(src, dst, sport, dport, guess, pkt) {
-            let next = if usize::from(guess) + 1 < sys::GSO_MAX_SEGS { guess + 1 } else { 0 };
+            let next = if usize::from(guess) + 1 < sys::GSO_MAX_SEGS {
+                guess + 1
+            } else {
+                0
+            };
             self.rx_next_id.store(u32::from(next), Ordering::Relaxed);
             return true;
         }
         match icrc_check(src, dst, sport, dport, pkt) {
             Ok(id) => {
-                let next = if usize::from(id) + 1 < sys::GSO_MAX_SEGS { id + 1 } else { 0 };
+                let next = if usize::from(id) + 1 < sys::GSO_MAX_SEGS {
+                    id + 1
+                } else {
+                    0
+                };
                 self.rx_next_id.store(u32::from(next), Ordering::Relaxed);
                 true
             }

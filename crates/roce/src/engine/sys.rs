@@ -243,10 +243,10 @@ pub(crate) fn rocev2_ipv4_filter_not_lo(addr: std::net::Ipv4Addr, port: u16) -> 
     let rest = rocev2_ipv4_filter(addr, port);
     let drop_at = rest.len() as u8; // from instruction 2: the final "drop" below
     let mut v = vec![
-        op(0x20, 0, 0, ifindex),          // A = the receiving interface's index
-        op(0x15, drop_at + 2, 0, 1),      // loopback -> drop
-        op(0x28, 0, 0, 4),                // A = IPv4 Identification
-        op(0x35, 0, drop_at, TRAIN_IDS),  // an ID of our trains -> drop
+        op(0x20, 0, 0, ifindex),         // A = the receiving interface's index
+        op(0x15, drop_at + 2, 0, 1),     // loopback -> drop
+        op(0x28, 0, 0, 4),               // A = IPv4 Identification
+        op(0x35, 0, drop_at, TRAIN_IDS), // an ID of our trains -> drop
     ];
     v.extend(rest);
     v.push(op(0x06, 0, 0, 0));
@@ -491,7 +491,9 @@ pub(crate) fn recvmmsg_dontwait(fd: BorrowedFd<'_>, b: &mut RxBatch) -> io::Resu
                 match ((*cm).cmsg_level, (*cm).cmsg_type) {
                     (libc::SOL_UDP, UDP_GRO) => seg = std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u16,
                     // IP_TTL comes as an int, IP_TOS as one octet.
-                    (libc::IPPROTO_IP, libc::IP_TTL) => ttl = Some(std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u8),
+                    (libc::IPPROTO_IP, libc::IP_TTL) => {
+                        ttl = Some(std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u8)
+                    }
                     (libc::IPPROTO_IP, libc::IP_TOS) => tos = Some(*data),
                     (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
                         ttl = Some(std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u8)
