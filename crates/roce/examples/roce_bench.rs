@@ -289,6 +289,17 @@ fn main() {
         println!("64 B Writes: {:.2} M msg/s", small_writes(secs) / 1e6);
         return;
     }
+    if std::env::var("ROCE_BENCH_ONLY").as_deref() == Ok("lat") {
+        let udp = udp_latency(iters);
+        let send = send_latency(iters);
+        println!(
+            "8 B Send p50: {:.1} us; busy-polling UDP ping-pong p50: {:.1} us; ratio {:.2}",
+            send.as_secs_f64() * 1e6,
+            udp.as_secs_f64() * 1e6,
+            send.as_secs_f64() / udp.as_secs_f64()
+        );
+        return;
+    }
     if std::env::var("ROCE_BENCH_ONLY").as_deref() == Ok("write") {
         println!("RDMA Write 1 MiB: {:.0} MB/s", rdma_write_bw(secs) / 1e6);
         return;

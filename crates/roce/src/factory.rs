@@ -26,13 +26,18 @@ impl RoceFactory {
             ),
             p(
                 "mtu",
-                d.mtu.bytes().to_string(),
-                "the port's active MTU: 256, 512, 1024, 2048 or 4096",
+                "auto".into(),
+                "the port's active MTU: 256, 512, 1024, 2048 or 4096; auto: from the interface's MTU as rxe does (4096 on loopback, 1024 on a 1500-octet link)",
             ),
             p(
                 "icrc_rx",
                 "auto".into(),
                 "how IPv4 packets are received for the ICRC check: raw (raw socket with the IP header; CAP_NET_RAW), udp (the IPv4 ID solved for from the ICRC), auto (raw if permitted)",
+            ),
+            p(
+                "gso",
+                "on".into(),
+                "on: runs of equal-size packets go as UDP GSO trains (one datagram through the kernel each); off: one datagram per packet (a capture on loopback then shows every packet as its own frame)",
             ),
             p(
                 "impair",
@@ -56,7 +61,9 @@ impl RoceFactory {
                 expected: "an IPv4 or IPv6 address",
             })?;
         }
-        if let Some(m) = opts.get_num::<u32>("mtu")? {
+        if opts.get("mtu").is_none_or(|m| m == "auto") {
+            c.mtu = crate::engine::default_mtu(c.addr);
+        } else if let Some(m) = opts.get_num::<u32>("mtu")? {
             c.mtu = match Mtu::at_most(m) {
                 Some(mtu) if mtu.bytes() == m => mtu,
                 _ => {
@@ -69,6 +76,18 @@ impl RoceFactory {
                 }
             };
         }
+        c.gso = match opts.get("gso") {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(v) => {
+                return Err(InvalidArg::OptionValue {
+                    key: "gso".into(),
+                    value: v.to_string(),
+                    expected: "on or off",
+                }
+                .into());
+            }
+        };
         c.icrc_rx = match opts.get("icrc_rx") {
             None | Some("auto") => IcrcRx::Auto,
             Some("raw") => IcrcRx::Raw,

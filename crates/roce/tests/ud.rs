@@ -21,8 +21,10 @@ struct Side {
 }
 
 fn side(addr: &str) -> Side {
+    // MTU 1024 (the receive slots are 2 KiB), not loopback's default 4096.
     let opts = DeviceOptions::new()
         .with("addr", addr)
+        .with("mtu", "1024")
         .with("name", format!("rxe_ud_{addr}"));
     let dev = roce::RoceFactory.open(&opts).expect("open a RoCEv2 device");
     ud_side(dev)
@@ -231,8 +233,9 @@ fn grh_is_ipv4_header_after_20_zero_octets() {
 
 /// Issue 14 (address handles from GID, port, traffic class and hop limit), C2: the AH's
 /// hop limit and traffic class become the IPv4 TTL and TOS of its packets, as rxe's
-/// `prepare_ipv4_hdr` makes them; the receiver's raw socket shows the real header in the
-/// GRH area. Two AHs to one QP in one `post_send` keep their own values. Needs CAP_NET_RAW
+/// `prepare_ipv4_hdr` makes them; the receiver shows the real header's values in the GRH
+/// area (off loopback from its raw socket's header, on loopback from the UDP socket's
+/// `IP_TTL`/`IP_TOS` control messages). Two AHs to one QP in one `post_send` keep their own values. Needs CAP_NET_RAW
 /// for the receiver's raw socket (skips with a message without it).
 #[test]
 fn ah_hop_limit_and_traffic_class_are_the_ip_ttl_and_tos() {

@@ -18,8 +18,10 @@ pub(super) const FIRST_GROUP: usize = 2;
 
 /// Registers the device's socket with `poll` and starts the thread.
 pub(super) fn start(poll: Poll, dev: &Arc<DevInner>) -> std::io::Result<()> {
-    poll.registry()
-        .register(&mut SourceFd(&dev.rx_fd()), SOCKET, Interest::READABLE)?;
+    for fd in dev.rx_fds() {
+        poll.registry()
+            .register(&mut SourceFd(&fd), SOCKET, Interest::READABLE)?;
+    }
     let _ = dev.registry.set(poll.registry().try_clone()?);
     let weak = Arc::downgrade(dev);
     std::thread::Builder::new()
@@ -44,20 +46,29 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
             if d.stop.load(Ordering::SeqCst) {
                 return;
             }
-            let fd = d.rx_fd();
+            let fds = d.rx_fds();
             let busy = d.busy_polled(BUSY_POLL_RECENT);
             if busy && !muted {
-                muted = poll.registry().deregister(&mut SourceFd(&fd)).is_ok();
+                muted = fds
+                    .iter()
+                    .all(|fd| match poll.registry().deregister(&mut SourceFd(fd)) {
+                        Ok(()) => true,
+                        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+                    });
             } else if !busy && muted {
                 // EPOLL_CTL_ADD checks readiness: datagrams queued meanwhile raise an event.
-                muted = poll
-                    .registry()
-                    .register(&mut SourceFd(&fd), SOCKET, Interest::READABLE)
-                    .is_err();
+                muted = !fds.iter().all(|fd| {
+                    match poll.registry().register(&mut SourceFd(fd), SOCKET, Interest::READABLE) {
+                        Ok(()) => true,
+                        Err(e) => e.kind() == std::io::ErrorKind::AlreadyExists,
+                    }
+                });
                 d.drain_rx();
             }
             let t = d.sleep_deadline().map(|t| t.saturating_duration_since(Instant::now()));
-            if muted {
+            // Deferred transmissions (a busy poller's) are sent within MUTED_CHECK even if
+            // the poller stops calling.
+            if muted || d.has_deferred.load(Ordering::Acquire) {
                 Some(t.map_or(MUTED_CHECK, |t| t.min(MUTED_CHECK)))
             } else {
                 t
@@ -80,5 +91,7 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
             d.drain_rx();
         }
         d.fire_timers(Instant::now());
+        // What a busy-polling application deferred, if it stopped calling.
+        d.flush_deferred();
     }
 }

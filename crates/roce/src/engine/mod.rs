@@ -22,8 +22,10 @@
 //!
 //! IPv4 ICRC: rxe covers the IPv4 Identification, which a UDP socket does not show. The
 //! socket sends with `IP_PMTUDISC_DO`, which makes Linux put ID 0 in datagrams of an
-//! unconnected socket, and the receive side computes the ICRC with ID 0. Peers that send a
-//! non-zero ID (rxe does not on its RC path with DF set) fail the check; see docs/roce.md.
+//! unconnected socket, and IDs 0, 1, 2, … in the segments of a UDP GSO train, so packet k
+//! of a train is sealed with ID k. The receive side checks against the IP header (raw
+//! socket), with ID k for packet k of one of our trains, or solves for the ID (peers such
+//! as rxe send hashed IDs); see docs/roce.md, "The ICRC".
 
 mod driver;
 pub mod impair;
@@ -64,6 +66,9 @@ pub struct RoceConfig {
     pub impair: Option<impair::ImpairConfig>,
     /// Where IPv4 packets are received, which decides how their ICRC is checked.
     pub icrc_rx: IcrcRx,
+    /// Whether runs of equal-size packets go as UDP GSO trains (a capture on loopback shows
+    /// a train as one frame: tests that decode captures turn it off).
+    pub gso: bool,
 }
 
 /// How the device receives IPv4 packets, which decides what their ICRC is checked against
@@ -73,10 +78,12 @@ pub enum IcrcRx {
     /// `Raw` if the process may open raw sockets (CAP_NET_RAW), else `Udp`.
     #[default]
     Auto,
-    /// A raw `IPPROTO_UDP` socket with a classic BPF filter (our address, port 4791) gives
-    /// every datagram with its IP header, so every ICRC is checked against the header it
-    /// came in, rxe's hashed IDs included. The UDP socket stays bound, with a drop-all
-    /// filter, so the host sends no ICMP port-unreachable. Needs CAP_NET_RAW.
+    /// A raw `IPPROTO_UDP` socket with a classic BPF filter (not arrived on loopback, our
+    /// address, port 4791) gives every such datagram with its IP header, so its ICRC is
+    /// checked against the header it came in, rxe's hashed IDs included. The UDP socket
+    /// keeps what arrives on loopback (GSO trains sent on this host reach it whole, with
+    /// their segment size; the raw socket could not split them), and its being bound keeps
+    /// the host from sending ICMP port-unreachable. Needs CAP_NET_RAW.
     Raw,
     /// The UDP socket receives; the IPv4 ICRC is checked with ID 0 (what our own devices
     /// send) and, failing that, the ID is solved for ([`icrc::verify_any_ipv4_id`]), so rxe's
@@ -92,6 +99,21 @@ impl Default for RoceConfig {
             mtu: Mtu::Mtu1024,
             impair: None,
             icrc_rx: IcrcRx::Auto,
+            gso: true,
+        }
+    }
+}
+
+/// The port MTU a device on `addr` gets by default, as rxe derives its active MTU from its
+/// interface's (`eth_mtu_int_to_enum`: the interface MTU less 80 octets of headers, rounded
+/// down to an IB MTU): 4096 on loopback (MTU 65536) or a 9000-octet link, 1024 on a
+/// 1500-octet Ethernet link. 1024 when the interface is not found.
+pub fn default_mtu(addr: IpAddr) -> Mtu {
+    match sys::interface_mtu(addr) {
+        Ok(m) => Mtu::at_most(m.saturating_sub(80)).unwrap_or(Mtu::Mtu256),
+        Err(e) => {
+            tracing::debug!(%addr, error = %e, "interface MTU unknown: port MTU 1024");
+            Mtu::Mtu1024
         }
     }
 }
@@ -147,11 +169,24 @@ pub(crate) struct DevCounters {
     pub send_err: AtomicU64,
     pub retry_exceeded_err: AtomicU64,
     pub retry_rnr_exceeded_err: AtomicU64,
+    /// Datagrams handed to the kernel (a GSO train counts once).
+    pub tx_datagrams: AtomicU64,
+    /// `sendmmsg`/`sendto` calls.
+    pub tx_syscalls: AtomicU64,
+    /// Datagrams received (a GRO train counts once).
+    pub rx_datagrams: AtomicU64,
+    /// `recvmmsg` calls that returned datagrams.
+    pub rx_syscalls: AtomicU64,
 }
 
 /// The state a device's QPs and its progress thread share.
 pub(crate) struct DevInner {
     pub cfg: RoceConfig,
+    /// The IPv4 ID the next single datagram from the UDP socket most likely carries: a GSO
+    /// train the kernel segmented on receive (a veth with a raw socket beside: no
+    /// `UDP_GRO`) arrives as datagrams with IDs 0, 1, 2, …, so after ID k comes k + 1.
+    /// Tried after ID 0 and before solving for the ID (which costs far more).
+    rx_next_id: AtomicU32,
     pub sock: UdpSocket,
     /// The raw socket IPv4 packets are received from (with their IP headers), if any.
     pub raw: Option<socket2::Socket>,
@@ -161,8 +196,14 @@ pub(crate) struct DevInner {
     timers: Mutex<Timers>,
     waker: mio::Waker,
     pub stop: AtomicBool,
-    /// The receive lock: whoever holds it drains the socket.
-    rx: Mutex<Vec<u8>>,
+    /// The receive lock: whoever holds it drains the sockets.
+    rx: Mutex<sys::RxBatch>,
+    /// Whether sends group equal-size packets into UDP GSO trains (cleared for good when
+    /// the kernel refuses one: no checksum offload on the route's device, say).
+    gso: AtomicBool,
+    /// QPs whose transmissions a busy-polling application thread's receive deferred.
+    deferred: Mutex<Vec<Arc<qp::QpShared>>>,
+    pub(crate) has_deferred: AtomicBool,
     /// Set by a thread that found the receive lock taken: the holder drains once more.
     rx_poke: AtomicBool,
     gsi: Mutex<Option<Weak<dyn GsiHandler>>>,
@@ -202,8 +243,8 @@ struct Timers {
 /// overhead, about twice the payload for 1 KiB packets).
 const RCVBUF: usize = 32 << 20;
 
-/// Largest datagram accepted (a 4096 MTU packet with every header fits easily).
-const RX_BUF: usize = 9000;
+/// Datagrams one `recvmmsg` takes at most (each slot holds a 64 KiB GRO train).
+const RX_BATCH: usize = 16;
 
 impl DevInner {
     fn nanos(&self, t: Instant) -> u64 {
@@ -267,18 +308,28 @@ impl DevInner {
         self.qps.read().unwrap().get(&qpn).and_then(Weak::upgrade)
     }
 
-    /// Receives every queued datagram (or leaves a poke for the thread that is already
-    /// doing so). Returns whether any packet was received.
-    /// The socket the progress thread waits on.
-    pub(crate) fn rx_fd(&self) -> std::os::fd::RawFd {
+    /// The sockets the progress thread waits on: the UDP socket (everything, or with a raw
+    /// socket what arrives on loopback) and the raw socket if any.
+    pub(crate) fn rx_fds(&self) -> Vec<std::os::fd::RawFd> {
         use std::os::fd::AsRawFd;
-        match &self.raw {
-            Some(r) => r.as_raw_fd(),
-            None => self.sock.as_raw_fd(),
-        }
+        let mut v = vec![self.sock.as_raw_fd()];
+        v.extend(self.raw.as_ref().map(|r| r.as_raw_fd()));
+        v
     }
 
+    /// Receives every queued datagram (or leaves a poke for the thread that is already
+    /// doing so). Returns whether any packet was received.
     pub(crate) fn drain_rx(&self) -> bool {
+        self.drain_rx_as(false)
+    }
+
+    /// [`DevInner::drain_rx`] from an application thread that busy-polls (`defer`): what
+    /// the QPs have to send (ACKs above all) waits for that thread's next call or post
+    /// instead of costing a system call before it sees its completion, so an ACK leaves
+    /// with the reply the application posts next, in the same `sendmmsg`. The progress
+    /// thread sends what is still deferred within its 1 ms muted check.
+    pub(crate) fn drain_rx_as(&self, defer: bool) -> bool {
+        self.flush_deferred();
         self.rx_poke.store(true, Ordering::SeqCst);
         let mut any = false;
         loop {
@@ -289,46 +340,102 @@ impl DevInner {
             let mut touched: Vec<Arc<qp::QpShared>> = Vec::new();
             let now = Instant::now();
             let mut n_batch = 0;
-            loop {
-                let fd = match &self.raw {
-                    Some(r) => r.as_fd(),
-                    None => self.sock.as_fd(),
-                };
-                match sys::recv_from_dontwait(fd, &mut buf) {
-                    Ok((n, from)) => {
-                        any = true;
-                        if self.raw.is_some() {
-                            self.on_ip_datagram(now, &buf[..n], &mut touched);
-                        } else {
-                            self.on_datagram(now, from, self.local.ip(), None, &buf[..n], &mut touched);
+            let sockets = [Some(self.sock.as_fd()), self.raw.as_ref().map(|r| r.as_fd())];
+            for (is_raw, fd) in sockets
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, f)| f.map(|f| (i == 1, f)))
+            {
+                loop {
+                    let got = match sys::recvmmsg_dontwait(fd, &mut buf) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            // ICMP errors reported on the socket (port unreachable): nothing
+                            // to read, the RC timers deal with the lost peer.
+                            tracing::debug!(device = %self.cfg.name, error = %e, "recvmmsg");
+                            continue;
                         }
-                        n_batch += 1;
-                        // Let ACKs and responses out now and then during a long burst.
-                        if n_batch % 64 == 0 {
-                            for q in touched.drain(..) {
-                                q.service_locked();
+                    };
+                    any = true;
+                    self.counters.rx_syscalls.fetch_add(1, Ordering::Relaxed);
+                    self.counters.rx_datagrams.fetch_add(got as u64, Ordering::Relaxed);
+                    for i in 0..got {
+                        let Some(d) = buf.data(i) else {
+                            // Longer than a slot: no RoCEv2 packet or train is.
+                            self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
+                            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        };
+                        if is_raw {
+                            self.on_ip_datagram(now, d, &mut touched);
+                        } else if let Ok(from) = buf.from(i) {
+                            match buf.seg[i] {
+                                0 => {
+                                    self.on_datagram(now, from, self.local.ip(), Rx::Solve, buf.ip[i], d, &mut touched)
+                                }
+                                seg => self.on_train(now, from, usize::from(seg), buf.ip[i], d, &mut touched),
                             }
                         }
+                        n_batch += 1;
                     }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        // ICMP errors reported on the socket (port unreachable): nothing to
-                        // read, the RC timers deal with the lost peer.
-                        tracing::debug!(device = %self.cfg.name, error = %e, "recvfrom");
-                        continue;
+                    // Let ACKs and responses out now and then during a long burst.
+                    if n_batch >= 64 {
+                        n_batch = 0;
+                        for q in touched.drain(..) {
+                            q.service_locked();
+                        }
+                    }
+                    if got < RX_BATCH {
+                        break;
                     }
                 }
             }
             any |= self.drain_groups(&mut buf, now);
             drop(buf);
-            for q in touched {
-                q.service_locked();
+            if defer {
+                for q in &touched {
+                    q.deliver_locked();
+                }
+                let mut d = self.deferred.lock().unwrap();
+                for q in touched {
+                    if !d.iter().any(|t| Arc::ptr_eq(t, &q)) {
+                        d.push(q);
+                    }
+                }
+                self.has_deferred.store(!d.is_empty(), Ordering::Release);
+            } else {
+                for q in touched {
+                    q.service_locked();
+                }
             }
             if !self.rx_poke.load(Ordering::SeqCst) {
                 return any;
             }
         }
+    }
+
+    /// Sends what [`DevInner::drain_rx_as`] deferred.
+    pub(crate) fn flush_deferred(&self) {
+        if !self.has_deferred.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let qs = std::mem::take(&mut *self.deferred.lock().unwrap());
+        for q in qs {
+            q.service_locked();
+        }
+    }
+
+    /// Whether `q`'s transmissions are deferred.
+    pub(crate) fn is_deferred(&self, q: &qp::QpShared) -> bool {
+        self.has_deferred.load(Ordering::Acquire)
+            && self
+                .deferred
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|t| std::ptr::eq(Arc::as_ptr(t), q))
     }
 
     /// An IPv4 datagram from the raw socket (the filter passed only UDP to our address and
@@ -356,28 +463,67 @@ impl DevInner {
             now,
             from,
             IpAddr::V4(dst),
-            Some((&d[..IP], &d[IP..IP + UDP])),
+            Rx::Headers(&d[..IP], &d[IP..IP + UDP]),
+            None,
             &d[IP + UDP..IP + udp_len],
             touched,
         );
     }
 
+    /// A GSO/GRO train from the UDP socket: RoCEv2 packets of `seg` octets back to back
+    /// (the last may be shorter). Every packet's ICRC is checked. IPv4: the sender's kernel
+    /// gives the segments of one GSO send consecutive IDs from the first one's, which is 0
+    /// on an unconnected DF socket (ours), so a train whose first packet verifies with ID 0
+    /// is ours and packet k must verify with ID k exactly; any other train (a GRO merge of a
+    /// foreign sender's packets) has each packet's ID solved for, as single datagrams from
+    /// the UDP socket do.
+    fn on_train(
+        &self,
+        now: Instant,
+        from: SocketAddr,
+        seg: usize,
+        ip: Option<sys::RxIp>,
+        d: &[u8],
+        touched: &mut Vec<Arc<qp::QpShared>>,
+    ) {
+        let dst = self.local.ip();
+        let mut ours = None;
+        for (k, pkt) in d.chunks(seg).enumerate() {
+            let how = match (from.ip(), dst) {
+                (IpAddr::V4(_), IpAddr::V4(_)) => {
+                    let id = k as u16;
+                    let is_ours = *ours.get_or_insert_with(|| {
+                        icrc_verify_id(from.ip(), dst, from.port(), crate::wire::ROCEV2_UDP_PORT, 0, pkt)
+                    });
+                    if is_ours { Rx::Id(id) } else { Rx::Solve }
+                }
+                _ => Rx::Solve,
+            };
+            self.on_datagram(now, from, dst, how, ip, pkt, touched);
+        }
+    }
+
     /// One RoCEv2 packet (a UDP payload) from `from` to `dst` (our address or a multicast
-    /// group); `headers` are the IP and UDP headers it arrived in when the raw socket gave
-    /// them.
+    /// group), its ICRC checked as `rx` says; `ip` is its TTL and TOS when a UDP socket
+    /// reported them (a UD receive's GRH shows them).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_datagram(
         &self,
         now: Instant,
         from: SocketAddr,
         dst: IpAddr,
-        headers: Option<(&[u8], &[u8])>,
+        rx: Rx<'_>,
+        ip: Option<sys::RxIp>,
         pkt: &[u8],
         touched: &mut Vec<Arc<qp::QpShared>>,
     ) {
         self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
-        let ok = match headers {
-            Some((ip, udp)) => icrc::verify(ip, udp, pkt).is_ok(),
-            None => icrc_check(from.ip(), dst, from.port(), crate::wire::ROCEV2_UDP_PORT, pkt).is_ok(),
+        let sport = from.port();
+        let dport = crate::wire::ROCEV2_UDP_PORT;
+        let (ok, ip_hdr) = match rx {
+            Rx::Headers(ip, udp) => (icrc::verify(ip, udp, pkt).is_ok(), Some(ip)),
+            Rx::Solve => (self.check_single(from.ip(), dst, sport, dport, pkt), None),
+            Rx::Id(id) => (icrc_verify_id(from.ip(), dst, sport, dport, id, pkt), None),
         };
         if !ok {
             self.counters.icrc_err.fetch_add(1, Ordering::Relaxed);
@@ -410,7 +556,7 @@ impl DevInner {
             if targets.is_empty() {
                 self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
             } else {
-                self.on_ud_packet(from, dst, headers.map(|h| h.0), pkt.len(), &p, &targets);
+                self.on_ud_packet(from, dst, ip_hdr, ip, pkt.len(), &p, &targets);
             }
             return;
         }
@@ -424,6 +570,34 @@ impl DevInner {
             None => {
                 self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// The ICRC check of a single datagram from a UDP socket: ID 0 (our unsegmented
+    /// packets), then the ID after the last one solved (the next segment of a train the
+    /// kernel segmented), then solved for (rxe's hashed IDs).
+    fn check_single(&self, src: IpAddr, dst: IpAddr, sport: u16, dport: u16, pkt: &[u8]) -> bool {
+        let guess = self.rx_next_id.load(Ordering::Relaxed) as u16;
+        if guess != 0 && src.is_ipv4() && icrc_verify_id(src, dst, sport, dport, guess, pkt) {
+            let next = if usize::from(guess) + 1 < sys::GSO_MAX_SEGS {
+                guess + 1
+            } else {
+                0
+            };
+            self.rx_next_id.store(u32::from(next), Ordering::Relaxed);
+            return true;
+        }
+        match icrc_check(src, dst, sport, dport, pkt) {
+            Ok(id) => {
+                let next = if usize::from(id) + 1 < sys::GSO_MAX_SEGS {
+                    id + 1
+                } else {
+                    0
+                };
+                self.rx_next_id.store(u32::from(next), Ordering::Relaxed);
+                true
+            }
+            Err(_) => false,
         }
     }
 
@@ -444,7 +618,7 @@ impl DevInner {
     /// Seals the ICRC of `pkt` (the ICRC field is its last four octets) and sends it,
     /// through the impairment if the device has one.
     pub(crate) fn send_packet(&self, to: SocketAddr, pkt: &mut [u8]) {
-        if icrc_seal(self.local.ip(), to.ip(), self.local.port(), to.port(), pkt).is_err() {
+        if icrc_seal(self.local.ip(), to.ip(), self.local.port(), to.port(), 0, pkt).is_err() {
             self.counters.send_err.fetch_add(1, Ordering::Relaxed);
             return;
         }
@@ -481,8 +655,13 @@ impl DevInner {
         }
     }
 
-    /// Seals and sends a batch of packets to `to` (`sendmmsg`), or one by one through the
-    /// impairment if the device has one.
+    /// Seals and sends a batch of packets to `to`, or one by one through the impairment if
+    /// the device has one. Runs of equal-size packets (the last of a run may be shorter)
+    /// go as one UDP GSO train each (`UDP_SEGMENT`), all trains in one `sendmmsg`: one
+    /// crossing of the kernel and, on loopback, one skb per train. IPv4: Linux gives the
+    /// segments of a GSO send on an unconnected DF socket IDs 0, 1, 2, … (the datagram gets
+    /// ID 0, segmentation counts up from it), so packet k of a train is sealed with ID k,
+    /// the ID it carries on the wire.
     pub(crate) fn send_batch(&self, to: SocketAddr, pkts: &mut [&mut [u8]]) {
         self.send_batch_with(to, pkts, None)
     }
@@ -497,26 +676,68 @@ impl DevInner {
             }
             return;
         }
-        for p in pkts.iter_mut() {
-            if icrc_seal(self.local.ip(), to.ip(), self.local.port(), to.port(), p).is_err() {
-                // Cannot happen for packets the core built; the peer sees a bad ICRC.
-                self.counters.send_err.fetch_add(1, Ordering::Relaxed);
+        // Not to multicast groups: their sockets take no trains.
+        let gso = self.gso.load(Ordering::Relaxed) && !to.ip().is_multicast();
+        let msgs = gso_trains(pkts.iter().map(|p| p.len()), gso);
+        for m in &msgs {
+            for (k, p) in pkts[m.first..m.first + m.count].iter_mut().enumerate() {
+                if icrc_seal(self.local.ip(), to.ip(), self.local.port(), to.port(), k as u16, p).is_err() {
+                    // Cannot happen for packets the core built; the peer sees a bad ICRC.
+                    self.counters.send_err.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
-        let refs: Vec<&[u8]> = pkts.iter().map(|p| &**p).collect();
         let sa = socket2::SockAddr::from(to);
-        match sys::sendmmsg_to_with(self.sock.as_fd(), &sa, &refs, ip) {
-            Ok(n) => {
-                self.counters.sent_pkts.fetch_add(n as u64, Ordering::Relaxed);
-                self.counters
-                    .send_err
-                    .fetch_add((refs.len() - n) as u64, Ordering::Relaxed);
+        let refs: Vec<&[u8]> = pkts.iter().map(|p| &**p).collect();
+        let (sent_msgs, err) = match sys::sendmmsg_gso(self.sock.as_fd(), &sa, &refs, &msgs, ip) {
+            Ok(n) if n == msgs.len() => (n, None),
+            Ok(n) => (n, Some(io::Error::other("short sendmmsg"))),
+            Err(e) => (0, Some(e)),
+        };
+        let sent: usize = msgs[..sent_msgs].iter().map(|m| m.count).sum();
+        self.counters.sent_pkts.fetch_add(sent as u64, Ordering::Relaxed);
+        self.counters
+            .tx_datagrams
+            .fetch_add(sent_msgs as u64, Ordering::Relaxed);
+        self.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
+        let Some(e) = err else { return };
+        let failed = msgs[sent_msgs];
+        let refused = matches!(
+            e.raw_os_error(),
+            Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
+        );
+        if failed.count > 1 && refused {
+            // The kernel takes no GSO on this route: send the rest one packet per datagram,
+            // each sealed with ID 0, from now on.
+            tracing::info!(device = %self.cfg.name, error = %e, %to, "UDP GSO refused: single datagrams from now on");
+            self.gso.store(false, Ordering::Relaxed);
+            drop(refs);
+            let rest = &mut pkts[failed.first..];
+            for p in rest.iter_mut() {
+                let _ = icrc_seal(self.local.ip(), to.ip(), self.local.port(), to.port(), 0, p);
             }
-            Err(e) => {
-                tracing::debug!(device = %self.cfg.name, error = %e, %to, "sendmmsg");
-                self.counters.send_err.fetch_add(refs.len() as u64, Ordering::Relaxed);
-            }
+            let refs: Vec<&[u8]> = rest.iter().map(|p| &**p).collect();
+            let singles = gso_trains(refs.iter().map(|p| p.len()), false);
+            let n = match sys::sendmmsg_gso(self.sock.as_fd(), &sa, &refs, &singles, ip) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::debug!(device = %self.cfg.name, error = %e, %to, "sendmmsg");
+                    0
+                }
+            };
+            self.counters.sent_pkts.fetch_add(n as u64, Ordering::Relaxed);
+            self.counters.tx_datagrams.fetch_add(n as u64, Ordering::Relaxed);
+            self.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .send_err
+                .fetch_add((refs.len() - n) as u64, Ordering::Relaxed);
+            return;
         }
+        // Lost like dropped frames: the RC retransmission recovers.
+        tracing::debug!(device = %self.cfg.name, error = %e, %to, "sendmmsg");
+        self.counters
+            .send_err
+            .fetch_add((pkts.len() - sent) as u64, Ordering::Relaxed);
     }
 
     /// Sends the held packets that are due.
@@ -535,9 +756,11 @@ impl DevInner {
     }
 
     fn send_raw(&self, to: SocketAddr, pkt: &[u8]) {
+        self.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
         match self.sock.send_to(pkt, to) {
             Ok(_) => {
                 self.counters.sent_pkts.fetch_add(1, Ordering::Relaxed);
+                self.counters.tx_datagrams.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
                 // Lost like a dropped frame: the RC retransmission recovers.
@@ -565,7 +788,10 @@ impl DevInner {
 /// headers (see [`IcrcRx::Raw`]).
 fn raw_socket(addr: Ipv4Addr) -> io::Result<socket2::Socket> {
     let r = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::RAW, Some(socket2::Protocol::UDP))?;
-    sys::attach_filter(r.as_fd(), &sys::rocev2_ipv4_filter(addr, crate::wire::ROCEV2_UDP_PORT))?;
+    sys::attach_filter(
+        r.as_fd(),
+        &sys::rocev2_ipv4_filter_not_lo(addr, crate::wire::ROCEV2_UDP_PORT),
+    )?;
     if sys::set_rcvbuf_force(r.as_fd(), RCVBUF).is_err() {
         let _ = r.set_recv_buffer_size(RCVBUF);
     }
@@ -579,12 +805,45 @@ fn raw_socket(addr: Ipv4Addr) -> io::Result<socket2::Socket> {
     Ok(r)
 }
 
+/// How the sockets' datagrams go into trains: runs of equal-size packets (the last of a run
+/// may be shorter), at most [`sys::GSO_MAX_SEGS`] packets and [`sys::GSO_MAX_BYTES`] octets
+/// each; every packet alone without `gso`.
+pub(crate) fn gso_trains(lens: impl IntoIterator<Item = usize>, gso: bool) -> Vec<sys::TxMsg> {
+    let mut out: Vec<sys::TxMsg> = Vec::new();
+    // Whether the last train is closed (its last packet was shorter than its segments).
+    let mut closed = true;
+    let mut bytes = 0;
+    for (i, len) in lens.into_iter().enumerate() {
+        if gso
+            && !closed
+            && let Some(m) = out.last_mut()
+            && len <= usize::from(m.seg)
+            && m.count < sys::GSO_MAX_SEGS
+            && bytes + len <= sys::GSO_MAX_BYTES
+        {
+            m.count += 1;
+            bytes += len;
+            closed = len < usize::from(m.seg);
+            continue;
+        }
+        out.push(sys::TxMsg {
+            first: i,
+            count: 1,
+            seg: len.min(usize::from(u16::MAX)) as u16,
+        });
+        bytes = len;
+        closed = false;
+    }
+    out
+}
+
 /// The IP header the ICRC covers, as Linux sends a datagram of `payload_len` UDP payload
-/// octets from an unconnected socket with DF (IPv4 ID 0).
-fn ip_header(src: IpAddr, dst: IpAddr, payload_len: usize, out: &mut [u8; 40]) -> &[u8] {
+/// octets from an unconnected socket with DF (IPv4 ID `id`: 0, or k for the k-th segment of
+/// a GSO train).
+fn ip_header(src: IpAddr, dst: IpAddr, payload_len: usize, id: u16, out: &mut [u8; 40]) -> &[u8] {
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            out[..20].copy_from_slice(&icrc::ipv4_header(s.octets(), d.octets(), 0, payload_len));
+            out[..20].copy_from_slice(&icrc::ipv4_header(s.octets(), d.octets(), id, payload_len));
             &out[..20]
         }
         _ => {
@@ -614,10 +873,11 @@ fn icrc_seal(
     dst: IpAddr,
     sport: u16,
     dport: u16,
+    id: u16,
     pkt: &mut [u8],
 ) -> std::result::Result<u32, icrc::IcrcError> {
     let mut ipb = [0u8; 40];
-    let ip = ip_header(src, dst, pkt.len(), &mut ipb);
+    let ip = ip_header(src, dst, pkt.len(), id, &mut ipb);
     let udp = icrc::udp_header(sport, dport, pkt.len());
     icrc::seal(ip, &udp, pkt)
 }
@@ -628,13 +888,32 @@ fn icrc_check(
     sport: u16,
     dport: u16,
     pkt: &[u8],
-) -> std::result::Result<(), icrc::IcrcError> {
+) -> std::result::Result<u16, icrc::IcrcError> {
     let mut ipb = [0u8; 40];
-    let ip = ip_header(src, dst, pkt.len(), &mut ipb);
+    let ip = ip_header(src, dst, pkt.len(), 0, &mut ipb);
     let udp = icrc::udp_header(sport, dport, pkt.len());
     // rxe sends IPv4 with a hashed random ID, which a UDP socket does not show: solve for it
     // (ID 0, what our own devices send, is the first case).
-    icrc::verify_any_ipv4_id(ip, &udp, pkt).map(|_| ())
+    icrc::verify_any_ipv4_id(ip, &udp, pkt)
+}
+
+/// Whether `pkt`'s ICRC verifies with IPv4 ID `id` (the ID is not looked at for IPv6).
+fn icrc_verify_id(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, id: u16, pkt: &[u8]) -> bool {
+    let mut ipb = [0u8; 40];
+    let ip = ip_header(src, dst, pkt.len(), id, &mut ipb);
+    let udp = icrc::udp_header(sport, dport, pkt.len());
+    icrc::verify(ip, &udp, pkt).is_ok()
+}
+
+/// How a received packet's ICRC is checked.
+#[derive(Clone, Copy)]
+pub(crate) enum Rx<'a> {
+    /// Against the IP and UDP headers it arrived in (the raw socket).
+    Headers(&'a [u8], &'a [u8]),
+    /// From a UDP socket: IPv4 ID 0, else the ID solved for ([`icrc::verify_any_ipv4_id`]).
+    Solve,
+    /// From a UDP socket, packet of a GSO train: exactly this IPv4 ID.
+    Id(u16),
 }
 
 /// The RoCEv2 provider: what [`verbs::Device`] calls.
@@ -659,6 +938,9 @@ impl RoceProvider {
             let _ = s.set_recv_buffer_size(RCVBUF);
         }
         sys::set_pmtudisc_do(s.as_fd(), cfg.addr.is_ipv6())?;
+        if let Err(e) = sys::set_recv_ip_fields(s.as_fd(), cfg.addr.is_ipv6()) {
+            tracing::info!(device = %cfg.name, error = %e, "no IP TTL/TOS on receive: UD GRHs show TTL 64, TOS 0");
+        }
         // Multicast UD sends leave from the device's interface (loopback copies to the
         // host's other devices: IP_MULTICAST_LOOP, on by default).
         match cfg.addr {
@@ -673,7 +955,11 @@ impl RoceProvider {
         let raw = match (cfg.addr, cfg.icrc_rx) {
             (IpAddr::V4(a), IcrcRx::Auto | IcrcRx::Raw) => match raw_socket(a) {
                 Ok(r) => {
-                    sys::attach_filter(s.as_fd(), &sys::drop_all_filter())?;
+                    // The UDP socket keeps what arrives on loopback and the IDs of GSO
+                    // trains: a train that crosses loopback or a veth reaches the raw socket
+                    // unsegmented, and only the UDP socket segments it (or is told its
+                    // segment size).
+                    sys::attach_filter(s.as_fd(), &sys::udp_filter_beside_raw())?;
                     Some(r)
                 }
                 Err(e) if cfg.icrc_rx == IcrcRx::Raw => return Err(e),
@@ -687,6 +973,14 @@ impl RoceProvider {
             },
             _ => None,
         };
+        // UDP_GRO: trains arrive whole with their segment size (one receive per train). Not
+        // with a raw socket on a non-loopback address: GRO on a real interface would merge
+        // the raw socket's packets too, and it cannot split them.
+        if (raw.is_none() || cfg.addr.is_loopback())
+            && let Err(e) = sys::set_udp_gro(s.as_fd())
+        {
+            tracing::info!(device = %cfg.name, error = %e, "no UDP_GRO: trains arrive segmented");
+        }
         let sock: UdpSocket = s.into();
         let poll = mio::Poll::new()?;
         let waker = mio::Waker::new(poll.registry(), driver::WAKER)?;
@@ -694,6 +988,7 @@ impl RoceProvider {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0x1234, |d| d.subsec_nanos());
         let cfg_impair = cfg.impair;
+        let cfg_gso = cfg.gso;
         let inner = Arc::new(DevInner {
             cfg,
             sock,
@@ -708,7 +1003,10 @@ impl RoceProvider {
             }),
             waker,
             stop: AtomicBool::new(false),
-            rx: Mutex::new(vec![0; RX_BUF]),
+            rx: Mutex::new(sys::RxBatch::new(RX_BATCH)),
+            gso: AtomicBool::new(cfg_gso),
+            deferred: Mutex::new(Vec::new()),
+            has_deferred: AtomicBool::new(false),
             rx_poke: AtomicBool::new(false),
             gsi: Mutex::new(None),
             gsi_psn: AtomicU32::new(seed & 0x00ff_ffff),
@@ -720,6 +1018,7 @@ impl RoceProvider {
             mcast: Mutex::new(HashMap::new()),
             registry: std::sync::OnceLock::new(),
             next_group_token: AtomicUsize::new(0),
+            rx_next_id: AtomicU32::new(0),
             netns: std::fs::File::open("/proc/thread-self/ns/net").ok(),
             impair: cfg_impair.map(|c| Mutex::new(impair::Impair::new(c))),
             epoch: Instant::now(),
@@ -795,6 +1094,10 @@ impl Provider for RoceProvider {
             ("malformed_pkts", ld(&c.malformed)),
             ("unknown_qp_pkts", ld(&c.unknown_qp)),
             ("misdirected_pkts", rc.misdirected_dropped),
+            ("tx_datagrams", ld(&c.tx_datagrams)),
+            ("tx_syscalls", ld(&c.tx_syscalls)),
+            ("rx_datagrams", ld(&c.rx_datagrams)),
+            ("rx_syscalls", ld(&c.rx_syscalls)),
         ];
         let ud = self.ud_totals();
         v.extend([
@@ -942,11 +1245,14 @@ impl GsiPort for RoceProvider {
             dst.ip(),
             self.inner.local.port(),
             dst.port(),
+            0,
             &mut buf,
         )
         .map_err(io::Error::other)?;
         self.inner.sock.send_to(&buf, dst)?;
         self.inner.counters.sent_pkts.fetch_add(1, Ordering::Relaxed);
+        self.inner.counters.tx_datagrams.fetch_add(1, Ordering::Relaxed);
+        self.inner.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

@@ -109,12 +109,23 @@ impl QpShared {
         self.service(&mut g, Instant::now());
     }
 
+    /// Delivers the core's completions and queues its timer, sending nothing (the device
+    /// sends this QP's packets later: `DevInner::flush_deferred`).
+    pub(crate) fn deliver_locked(&self) {
+        let mut g = self.inner.lock().unwrap();
+        self.service_tx(&mut g, Instant::now(), false);
+    }
+
     /// Sends every packet the core has ready, delivers its completions and queues its
     /// timer. Returns whether anything happened.
     fn service(&self, g: &mut QpInner, now: Instant) -> bool {
+        self.service_tx(g, now, true)
+    }
+
+    fn service_tx(&self, g: &mut QpInner, now: Instant, tx: bool) -> bool {
         let mut any = false;
         let need = g.core.max_packet_len();
-        if let Some(to) = g.dest {
+        if let Some(to) = g.dest.filter(|_| tx) {
             let core = &mut g.core;
             TX_BATCH.with_borrow_mut(|buf| {
                 if buf.len() < BATCH * need {
@@ -193,14 +204,16 @@ impl Drop for QpShared {
 impl Progress for QpShared {
     fn progress(&self) -> bool {
         self.dev.note_poll();
-        let mut any = self.dev.drain_rx();
+        let mut any = self.dev.drain_rx_as(true);
+        // Deferred by that drain: sent at the next call or post.
+        let tx = !self.dev.is_deferred(self);
         let now = Instant::now();
         let mut g = self.inner.lock().unwrap();
         if g.core.poll_timeout().is_some_and(|t| t <= now) {
             g.core.handle_timeout(now);
             any = true;
         }
-        any |= self.service(&mut g, now);
+        any |= self.service_tx(&mut g, now, tx);
         any
     }
 }

@@ -35,31 +35,6 @@ fn setsockopt_int(fd: BorrowedFd<'_>, level: libc::c_int, name: libc::c_int, val
     }
 }
 
-/// `recvfrom(2)` with `MSG_DONTWAIT` into `buf`: the datagram's length and sender, or
-/// `WouldBlock` when none is queued. The socket itself stays blocking, so sends wait for
-/// socket buffer space instead of dropping packets.
-pub(crate) fn recv_from_dontwait(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, std::net::SocketAddr)> {
-    // SAFETY: an all-zero sockaddr_storage is a valid value of that plain C struct.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let mut sl = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-    // SAFETY: `buf` is a live, writable slice of `buf.len()` octets; `ss`/`sl` are a
-    // sockaddr_storage and its size, which the kernel fills at most up to `sl`.
-    let n = unsafe {
-        libc::recvfrom(
-            fd.as_raw_fd(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            libc::MSG_DONTWAIT,
-            (&mut ss as *mut libc::sockaddr_storage).cast(),
-            &mut sl,
-        )
-    };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok((n as usize, sockaddr_to_std(&ss)?))
-}
-
 fn sockaddr_to_std(ss: &libc::sockaddr_storage) -> io::Result<std::net::SocketAddr> {
     use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
     match libc::c_int::from(ss.ss_family) {
@@ -111,17 +86,6 @@ pub(crate) fn rocev2_ipv4_filter(addr: std::net::Ipv4Addr, port: u16) -> Vec<lib
     ]
 }
 
-/// The program that drops everything (kept on the UDP socket when a raw socket receives:
-/// the UDP socket still exists, so the host answers no ICMP port-unreachable).
-pub(crate) fn drop_all_filter() -> Vec<libc::sock_filter> {
-    vec![libc::sock_filter {
-        code: 0x06,
-        jt: 0,
-        jf: 0,
-        k: 0,
-    }]
-}
-
 /// `SO_ATTACH_FILTER` (classic BPF).
 pub(crate) fn attach_filter(fd: BorrowedFd<'_>, prog: &[libc::sock_filter]) -> io::Result<()> {
     let fprog = libc::sock_fprog {
@@ -159,93 +123,6 @@ pub(crate) struct IpFields {
     /// Whether the destination is IPv6 (`IPV6_HOPLIMIT`/`IPV6_TCLASS` instead of
     /// `IP_TTL`/`IP_TOS`).
     pub v6: bool,
-}
-
-/// Space for two `int` control messages.
-const CMSG_SPACE_2: usize = 64;
-
-/// Writes the control messages of `f` into `buf`; returns their length.
-fn ip_fields_cmsg(f: IpFields, buf: &mut [u64; CMSG_SPACE_2 / 8]) -> usize {
-    let (level, ttl_type, tos_type) = if f.v6 {
-        (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, libc::IPV6_TCLASS)
-    } else {
-        (libc::IPPROTO_IP, libc::IP_TTL, libc::IP_TOS)
-    };
-    let mut items: Vec<(libc::c_int, libc::c_int)> = Vec::with_capacity(2);
-    if f.ttl != 0 {
-        items.push((ttl_type, libc::c_int::from(f.ttl)));
-    }
-    items.push((tos_type, libc::c_int::from(f.tos)));
-    // SAFETY: a msghdr whose control buffer is `buf` (8-aligned, CMSG_SPACE_2 octets, enough
-    // for two int cmsgs); CMSG_FIRSTHDR/CMSG_NXTHDR stay inside it and we write only
-    // through the pointers they return, each with room for one int.
-    unsafe {
-        let mut mh: libc::msghdr = std::mem::zeroed();
-        mh.msg_control = buf.as_mut_ptr().cast();
-        mh.msg_controllen = CMSG_SPACE_2 as _;
-        let mut c = libc::CMSG_FIRSTHDR(&mh);
-        let mut len = 0usize;
-        for (ty, v) in items {
-            debug_assert!(!c.is_null());
-            (*c).cmsg_level = level;
-            (*c).cmsg_type = ty;
-            (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<libc::c_int>(), v);
-            len += libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize;
-            c = libc::CMSG_NXTHDR(&mh, c);
-        }
-        len
-    }
-}
-
-/// `sendmmsg(2)`: sends every packet of `pkts` to `to` in as few calls as the kernel allows,
-/// with the IP fields of an address handle on every datagram when `ip` is given. Returns how
-/// many were sent before an error (the error is returned if none was).
-pub(crate) fn sendmmsg_to_with(
-    fd: BorrowedFd<'_>,
-    to: &socket2::SockAddr,
-    pkts: &[&[u8]],
-    ip: Option<IpFields>,
-) -> io::Result<usize> {
-    let mut control = [0u64; CMSG_SPACE_2 / 8];
-    let control_len = ip.map_or(0, |f| ip_fields_cmsg(f, &mut control));
-    let mut iov: Vec<libc::iovec> = pkts
-        .iter()
-        .map(|p| libc::iovec {
-            iov_base: p.as_ptr().cast_mut().cast(),
-            iov_len: p.len(),
-        })
-        .collect();
-    // SAFETY: an all-zero mmsghdr is a valid value of that plain C struct.
-    let mut msgs: Vec<libc::mmsghdr> = (0..pkts.len()).map(|_| unsafe { std::mem::zeroed() }).collect();
-    for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
-        m.msg_hdr.msg_name = to.as_ptr().cast_mut().cast();
-        m.msg_hdr.msg_namelen = to.len();
-        m.msg_hdr.msg_iov = v;
-        m.msg_hdr.msg_iovlen = 1;
-        if control_len > 0 {
-            // Every datagram carries the same control messages; the kernel only reads them.
-            m.msg_hdr.msg_control = control.as_mut_ptr().cast();
-            m.msg_hdr.msg_controllen = control_len as _;
-        }
-    }
-    let mut sent = 0;
-    while sent < msgs.len() {
-        let rest = &mut msgs[sent..];
-        // SAFETY: every header points at `to` (alive for the call) and at one iovec of
-        // `iov`, which points into a packet of `pkts`; the kernel only reads them and writes
-        // `msg_len` into the headers, which we own mutably.
-        let r = unsafe { libc::sendmmsg(fd.as_raw_fd(), rest.as_mut_ptr(), rest.len() as libc::c_uint, 0) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return if sent == 0 { Err(e) } else { Ok(sent) };
-        }
-        sent += r as usize;
-    }
-    Ok(sent)
 }
 
 /// `SO_RCVBUFFORCE`: a receive buffer above `net.core.rmem_max` (needs CAP_NET_ADMIN; the
@@ -307,4 +184,404 @@ pub(crate) fn ifindex_of_v6(addr: std::net::Ipv6Addr) -> io::Result<u32> {
     // SAFETY: `list` came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(list) };
     found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface has {addr}")))
+}
+
+/// `UDP_SEGMENT` (linux/udp.h): the GSO segment size of a send.
+const UDP_SEGMENT: libc::c_int = 103;
+/// `UDP_GRO` (linux/udp.h): accept GSO/GRO trains whole, with their segment size in a cmsg.
+const UDP_GRO: libc::c_int = 104;
+/// Segments of one GSO send at most (`UDP_MAX_SEGMENTS` is 64 in Linux 4.18–6.x).
+pub(crate) const GSO_MAX_SEGS: usize = 64;
+/// UDP payload octets of one GSO send at most (an IPv4 datagram's limit, with room).
+pub(crate) const GSO_MAX_BYTES: usize = 65_000;
+
+/// `UDP_GRO` on: GSO trains sent on this host (loopback does not segment them) and GRO
+/// trains reach the socket whole, each with its segment size ([`RxBatch::seg`]).
+pub(crate) fn set_udp_gro(fd: BorrowedFd<'_>) -> io::Result<()> {
+    setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, 1)
+}
+
+/// IPv4 IDs below this belong to the UDP socket when a raw socket is open: the segments of
+/// one GSO send on an unconnected DF socket (ours) carry IDs 0, 1, … up to
+/// [`GSO_MAX_SEGS`] − 1.
+pub(crate) const TRAIN_IDS: u32 = GSO_MAX_SEGS as u32;
+
+/// The UDP socket's program when a raw socket is open: keep what arrived on loopback
+/// (ifindex 1 in every namespace) and IPv4 packets with an ID below [`TRAIN_IDS`], drop the
+/// rest (the raw socket's). A GSO train that crosses a virtual link (veth, loopback) stays
+/// one unsegmented skb: the raw socket gets it whole, one IP header with ID 0 over
+/// concatenated packets it cannot split, while the UDP socket gets it segmented (IDs
+/// 0, 1, …) or, with `UDP_GRO`, whole with its segment size. The ID is read at the network
+/// header (`SKF_NET_OFF`), which UDP sockets' filters can reach.
+pub(crate) fn udp_filter_beside_raw() -> Vec<libc::sock_filter> {
+    let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    const LD_W_ABS: u16 = 0x20;
+    const LD_H_ABS: u16 = 0x28;
+    const JEQ_K: u16 = 0x15;
+    const JGE_K: u16 = 0x35;
+    const RET_K: u16 = 0x06;
+    let ifindex = (libc::SKF_AD_OFF + libc::SKF_AD_IFINDEX) as u32;
+    let ip_id = (libc::SKF_NET_OFF + 4) as u32;
+    vec![
+        op(LD_W_ABS, 0, 0, ifindex), // 0: A = the receiving interface's index
+        op(JEQ_K, 2, 0, 1),          // 1: loopback -> 4
+        op(LD_H_ABS, 0, 0, ip_id),   // 2: A = IPv4 Identification
+        op(JGE_K, 1, 0, TRAIN_IDS),  // 3: a foreign ID -> 5
+        op(RET_K, 0, 0, u32::MAX),   // 4: accept
+        op(RET_K, 0, 0, 0),          // 5: drop
+    ]
+}
+
+/// The raw socket's program: [`rocev2_ipv4_filter`] for packets that did not arrive on
+/// loopback and whose IPv4 ID is [`TRAIN_IDS`] or more; the others are the UDP socket's
+/// ([`udp_filter_beside_raw`]): each packet reaches exactly one of the two sockets, and
+/// no GSO train reaches the raw socket unsegmented. A foreign sender's packet with a small
+/// ID (rxe hashes its IDs) goes to the UDP socket, whose check solves for the ID.
+pub(crate) fn rocev2_ipv4_filter_not_lo(addr: std::net::Ipv4Addr, port: u16) -> Vec<libc::sock_filter> {
+    let op = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    let ifindex = (libc::SKF_AD_OFF + libc::SKF_AD_IFINDEX) as u32;
+    let rest = rocev2_ipv4_filter(addr, port);
+    let drop_at = rest.len() as u8; // from instruction 2: the final "drop" below
+    let mut v = vec![
+        op(0x20, 0, 0, ifindex),         // A = the receiving interface's index
+        op(0x15, drop_at + 2, 0, 1),     // loopback -> drop
+        op(0x28, 0, 0, 4),               // A = IPv4 Identification
+        op(0x35, 0, drop_at, TRAIN_IDS), // an ID of our trains -> drop
+    ];
+    v.extend(rest);
+    v.push(op(0x06, 0, 0, 0));
+    v
+}
+
+/// One datagram of a [`sendmmsg_gso`] batch: packets `first..first + count` of the batch,
+/// sent as one GSO train of `seg`-octet segments (the last may be shorter) when `count > 1`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TxMsg {
+    pub first: usize,
+    pub count: usize,
+    pub seg: u16,
+}
+
+/// `sendmmsg(2)` of GSO trains: each [`TxMsg`] is one `msghdr` whose iovecs are its packets
+/// and, for a train, a `UDP_SEGMENT` cmsg; with `ip`, every datagram also carries the
+/// address handle's TTL/TOS (`IP_TTL`/`IP_TOS` or `IPV6_HOPLIMIT`/`IPV6_TCLASS`) cmsgs.
+/// Returns how many messages were sent before an error (the error if none was).
+pub(crate) fn sendmmsg_gso(
+    fd: BorrowedFd<'_>,
+    to: &socket2::SockAddr,
+    pkts: &[&[u8]],
+    msgs: &[TxMsg],
+    ip: Option<IpFields>,
+) -> io::Result<usize> {
+    let mut iov: Vec<libc::iovec> = pkts
+        .iter()
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr().cast_mut().cast(),
+            iov_len: p.len(),
+        })
+        .collect();
+    // Control messages per datagram: UDP_SEGMENT (u16) for a train, IP_TTL and IP_TOS (ints)
+    // for an address handle's fields; each takes CMSG_SPACE(4) = 16 octets or less.
+    const WORDS: usize = 8;
+    let mut ctrl = vec![0u64; WORDS * msgs.len()];
+    let mut items: Vec<(libc::c_int, libc::c_int, libc::c_int)> = Vec::with_capacity(2);
+    if let Some(f) = ip {
+        let (level, ttl_type, tos_type) = if f.v6 {
+            (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT, libc::IPV6_TCLASS)
+        } else {
+            (libc::IPPROTO_IP, libc::IP_TTL, libc::IP_TOS)
+        };
+        if f.ttl != 0 {
+            items.push((level, ttl_type, libc::c_int::from(f.ttl)));
+        }
+        items.push((level, tos_type, libc::c_int::from(f.tos)));
+    }
+    // SAFETY: an all-zero mmsghdr is a valid value of that plain C struct.
+    let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len()).map(|_| unsafe { std::mem::zeroed() }).collect();
+    for (i, (h, m)) in hdrs.iter_mut().zip(msgs).enumerate() {
+        assert!(m.count >= 1 && m.first + m.count <= pkts.len());
+        h.msg_hdr.msg_name = to.as_ptr().cast_mut().cast();
+        h.msg_hdr.msg_namelen = to.len();
+        h.msg_hdr.msg_iov = iov[m.first..].as_mut_ptr();
+        h.msg_hdr.msg_iovlen = m.count;
+        if m.count == 1 && items.is_empty() {
+            continue;
+        }
+        let c = &mut ctrl[i * WORDS..(i + 1) * WORDS];
+        h.msg_hdr.msg_control = c.as_mut_ptr().cast();
+        h.msg_hdr.msg_controllen = WORDS * 8;
+        // SAFETY: msg_control points at WORDS * 8 zeroed, 8-aligned octets we own; at most
+        // three cmsgs of CMSG_SPACE(4) = 16 octets each fit, so CMSG_FIRSTHDR/CMSG_NXTHDR
+        // return headers inside it with room for their payload, and we write only there.
+        unsafe {
+            let mut cm = libc::CMSG_FIRSTHDR(&h.msg_hdr);
+            let mut len = 0usize;
+            if m.count > 1 {
+                (*cm).cmsg_level = libc::SOL_UDP;
+                (*cm).cmsg_type = UDP_SEGMENT;
+                (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as libc::c_uint) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), m.seg);
+                len += libc::CMSG_SPACE(std::mem::size_of::<u16>() as libc::c_uint) as usize;
+                cm = libc::CMSG_NXTHDR(&h.msg_hdr, cm);
+            }
+            for &(level, ty, v) in &items {
+                debug_assert!(!cm.is_null());
+                (*cm).cmsg_level = level;
+                (*cm).cmsg_type = ty;
+                (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as libc::c_uint) as usize;
+                std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<libc::c_int>(), v);
+                len += libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as libc::c_uint) as usize;
+                cm = libc::CMSG_NXTHDR(&h.msg_hdr, cm);
+            }
+            h.msg_hdr.msg_controllen = len;
+        }
+    }
+    let mut sent = 0;
+    while sent < hdrs.len() {
+        let rest = &mut hdrs[sent..];
+        // SAFETY: every header points at `to`, at iovecs of `iov` (into packets of `pkts`)
+        // and at its control block in `ctrl`, all alive for the call; the kernel reads them
+        // and writes `msg_len` into the headers, which we own mutably.
+        let r = unsafe { libc::sendmmsg(fd.as_raw_fd(), rest.as_mut_ptr(), rest.len() as libc::c_uint, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return if sent == 0 { Err(e) } else { Ok(sent) };
+        }
+        sent += r as usize;
+    }
+    Ok(sent)
+}
+
+/// Buffers for `recvmmsg(2)`: `n` datagrams of up to 64 KiB (a GRO train), each with its
+/// length, sender and GRO segment size.
+pub(crate) struct RxBatch {
+    buf: Vec<u8>,
+    ctrl: Vec<u64>,
+    names: Vec<libc::sockaddr_storage>,
+    hdrs: Vec<libc::mmsghdr>,
+    iov: Vec<libc::iovec>,
+    /// Per datagram received: its length, or `None` if it was truncated.
+    pub len: Vec<Option<usize>>,
+    /// Per datagram received: the GRO segment size (0: a single datagram).
+    pub seg: Vec<u16>,
+    /// Per datagram received: its IPv4 TTL / IPv6 hop limit and TOS / traffic class, when
+    /// the socket asked for them ([`set_recv_ip_fields`]).
+    pub ip: Vec<Option<RxIp>>,
+}
+
+/// The IP header fields a UDP socket reports of a datagram (`IP_TTL`/`IP_TOS` or
+/// `IPV6_HOPLIMIT`/`IPV6_TCLASS` control messages): what a UD receive's GRH shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct RxIp {
+    /// IPv4 TTL / IPv6 hop limit.
+    pub ttl: u8,
+    /// IPv4 TOS / IPv6 traffic class.
+    pub tos: u8,
+}
+
+/// Asks the UDP socket for each datagram's TTL/hop limit and TOS/traffic class
+/// (`IP_RECVTTL` + `IP_RECVTOS`, or `IPV6_RECVHOPLIMIT` + `IPV6_RECVTCLASS`): a UD
+/// receive's GRH carries them, as rxe copies them from the IP header it received.
+pub(crate) fn set_recv_ip_fields(fd: BorrowedFd<'_>, v6: bool) -> io::Result<()> {
+    if v6 {
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVHOPLIMIT, 1)?;
+        setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, 1)
+    } else {
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTTL, 1)?;
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVTOS, 1)
+    }
+}
+
+/// Octets of one receive slot: the largest UDP datagram (a GRO train) or IP packet.
+pub(crate) const RX_SLOT: usize = 65_536;
+/// Control space per datagram: UDP_GRO, TTL and TOS cmsgs, 16 octets each, with room.
+const RX_CTRL_WORDS: usize = 12;
+
+// SAFETY: the raw pointers in `hdrs`/`iov` point only into the batch's own vectors, which
+// move with it; they are rebuilt before every call.
+unsafe impl Send for RxBatch {}
+
+impl RxBatch {
+    /// Room for `n` datagrams.
+    pub(crate) fn new(n: usize) -> RxBatch {
+        RxBatch {
+            buf: vec![0; n * RX_SLOT],
+            ctrl: vec![0; n * RX_CTRL_WORDS],
+            // SAFETY: all-zero sockaddr_storage / mmsghdr are valid values of those C structs.
+            names: (0..n).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            hdrs: (0..n).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            iov: (0..n)
+                .map(|_| libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                })
+                .collect(),
+            len: Vec::with_capacity(n),
+            seg: Vec::with_capacity(n),
+            ip: Vec::with_capacity(n),
+        }
+    }
+
+    /// Datagram `i` of the last [`recvmmsg_dontwait`].
+    pub(crate) fn data(&self, i: usize) -> Option<&[u8]> {
+        self.len[i].map(|n| &self.buf[i * RX_SLOT..i * RX_SLOT + n])
+    }
+
+    /// The sender of datagram `i` (a UDP socket's; a raw socket's carries no port).
+    pub(crate) fn from(&self, i: usize) -> io::Result<std::net::SocketAddr> {
+        sockaddr_to_std(&self.names[i])
+    }
+}
+
+/// `recvmmsg(2)` with `MSG_DONTWAIT`: as many queued datagrams as `b` holds (their data,
+/// lengths, senders and GRO segment sizes in `b`), or `WouldBlock` when none is queued.
+pub(crate) fn recvmmsg_dontwait(fd: BorrowedFd<'_>, b: &mut RxBatch) -> io::Result<usize> {
+    let n = b.hdrs.len();
+    let base = b.buf.as_mut_ptr();
+    for i in 0..n {
+        b.iov[i] = libc::iovec {
+            // SAFETY: slot i lies inside `buf` (n * RX_SLOT octets).
+            iov_base: unsafe { base.add(i * RX_SLOT) }.cast(),
+            iov_len: RX_SLOT,
+        };
+        let h = &mut b.hdrs[i].msg_hdr;
+        h.msg_name = (&mut b.names[i] as *mut libc::sockaddr_storage).cast();
+        h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        h.msg_iov = &mut b.iov[i];
+        h.msg_iovlen = 1;
+        h.msg_control = b.ctrl[i * RX_CTRL_WORDS..].as_mut_ptr().cast();
+        h.msg_controllen = RX_CTRL_WORDS * 8;
+        h.msg_flags = 0;
+        b.hdrs[i].msg_len = 0;
+    }
+    // SAFETY: every header points at its own name, iovec (a slot of `buf`) and control
+    // block, all owned by `b` and alive for the call; the kernel writes at most the sizes
+    // given.
+    let r = unsafe {
+        libc::recvmmsg(
+            fd.as_raw_fd(),
+            b.hdrs.as_mut_ptr(),
+            n as libc::c_uint,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let got = r as usize;
+    b.len.clear();
+    b.seg.clear();
+    b.ip.clear();
+    for i in 0..got {
+        let h = &b.hdrs[i].msg_hdr;
+        let truncated = h.msg_flags & libc::MSG_TRUNC != 0;
+        b.len.push((!truncated).then_some(b.hdrs[i].msg_len as usize));
+        let mut seg = 0u16;
+        let (mut ttl, mut tos) = (None, None);
+        // SAFETY: the kernel filled `msg_controllen` octets of the control block with
+        // well-formed cmsghdrs; CMSG_FIRSTHDR/NXTHDR stay inside it.
+        unsafe {
+            let mut cm = libc::CMSG_FIRSTHDR(h);
+            while !cm.is_null() {
+                let data = libc::CMSG_DATA(cm);
+                match ((*cm).cmsg_level, (*cm).cmsg_type) {
+                    (libc::SOL_UDP, UDP_GRO) => seg = std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u16,
+                    // IP_TTL comes as an int, IP_TOS as one octet.
+                    (libc::IPPROTO_IP, libc::IP_TTL) => {
+                        ttl = Some(std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u8)
+                    }
+                    (libc::IPPROTO_IP, libc::IP_TOS) => tos = Some(*data),
+                    (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                        ttl = Some(std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u8)
+                    }
+                    (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                        tos = Some(std::ptr::read_unaligned(data.cast::<libc::c_int>()) as u8)
+                    }
+                    _ => {}
+                }
+                cm = libc::CMSG_NXTHDR(h, cm);
+            }
+        }
+        b.seg.push(seg);
+        b.ip.push(ttl.map(|ttl| RxIp {
+            ttl,
+            tos: tos.unwrap_or(0),
+        }));
+    }
+    Ok(got)
+}
+
+/// The MTU of the interface that has address `addr`, or else an IPv4 subnet holding it
+/// (127.x.y.z: loopback) (`getifaddrs(3)`, then `SIOCGIFMTU` in the calling thread's
+/// network namespace).
+pub(crate) fn interface_mtu(addr: std::net::IpAddr) -> io::Result<u32> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut name: Option<[libc::c_char; libc::IFNAMSIZ]> = None;
+    let mut subnet: Option<[libc::c_char; libc::IFNAMSIZ]> = None;
+    let copy_name = |ifa: &libc::ifaddrs| {
+        let mut n = [0 as libc::c_char; libc::IFNAMSIZ];
+        // SAFETY: ifa_name is a NUL-terminated interface name (at most IFNAMSIZ octets
+        // with the NUL); strncpy leaves `n` NUL-terminated for shorter ones.
+        unsafe { libc::strncpy(n.as_mut_ptr(), ifa.ifa_name, libc::IFNAMSIZ - 1) };
+        n
+    };
+    let mut p = list;
+    while !p.is_null() && name.is_none() {
+        // SAFETY: `p` is a node of the list getifaddrs returned, alive until freeifaddrs.
+        let ifa = unsafe { &*p };
+        if !ifa.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points at a sockaddr of the family it names (getifaddrs).
+            let a = unsafe {
+                match libc::c_int::from((*ifa.ifa_addr).sa_family) {
+                    libc::AF_INET => {
+                        let s = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                        Some(std::net::IpAddr::from(u32::from_be(s.sin_addr.s_addr).to_be_bytes()))
+                    }
+                    libc::AF_INET6 => {
+                        let s = &*ifa.ifa_addr.cast::<libc::sockaddr_in6>();
+                        Some(std::net::IpAddr::from(s.sin6_addr.s6_addr))
+                    }
+                    _ => None,
+                }
+            };
+            if a == Some(addr) {
+                name = Some(copy_name(ifa));
+            } else if let (Some(std::net::IpAddr::V4(a)), std::net::IpAddr::V4(want)) = (a, addr)
+                && !ifa.ifa_netmask.is_null()
+                && subnet.is_none()
+            {
+                // SAFETY: the netmask of an AF_INET address is a sockaddr_in (getifaddrs).
+                let m = u32::from_be(unsafe { (*ifa.ifa_netmask.cast::<libc::sockaddr_in>()).sin_addr.s_addr });
+                if m != 0 && u32::from(a) & m == u32::from(want) & m {
+                    subnet = Some(copy_name(ifa));
+                }
+            }
+        }
+        p = ifa.ifa_next;
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    let name = name
+        .or(subnet)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface has {addr}")))?;
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    // SAFETY: an all-zero ifreq is a valid value of that plain C struct.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    req.ifr_name = name;
+    // SAFETY: `req` is an ifreq with the interface name set; SIOCGIFMTU writes its MTU
+    // into the union, which is inside `req`.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCGIFMTU, &mut req) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFMTU filled the union's `ifru_mtu` member.
+    Ok(unsafe { req.ifr_ifru.ifru_mtu } as u32)
 }

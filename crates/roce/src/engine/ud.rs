@@ -411,11 +411,12 @@ impl DevInner {
         }
         s.set_nonblocking(true)?;
         let _ = s.set_recv_buffer_size(4 << 20);
+        let _ = super::sys::set_recv_ip_fields(s.as_fd(), addr.is_ipv6());
         Ok(s.into())
     }
 
     /// Receives what queued on the group sockets. Returns whether anything came.
-    pub(crate) fn drain_groups(&self, buf: &mut [u8], now: std::time::Instant) -> bool {
+    pub(crate) fn drain_groups(&self, buf: &mut super::sys::RxBatch, now: std::time::Instant) -> bool {
         let socks: Vec<(Arc<UdpSocket>, IpAddr)> = {
             let m = self.mcast.lock().unwrap();
             if m.is_empty() {
@@ -427,10 +428,14 @@ impl DevInner {
         let mut touched = Vec::new();
         for (s, group) in socks {
             loop {
-                match super::sys::recv_from_dontwait(s.as_fd(), buf) {
-                    Ok((n, from)) => {
+                match super::sys::recvmmsg_dontwait(s.as_fd(), buf) {
+                    Ok(n) => {
                         any = true;
-                        self.on_datagram(now, from, group, None, &buf[..n], &mut touched);
+                        for i in 0..n {
+                            if let (Some(d), Ok(from)) = (buf.data(i), buf.from(i)) {
+                                self.on_datagram(now, from, group, super::Rx::Solve, buf.ip[i], d, &mut touched);
+                            }
+                        }
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(_) => break,
@@ -445,11 +450,13 @@ impl DevInner {
 
     /// A UD packet for `dqp` (a QPN, or 0xFFFFFF with `group` the multicast group it came
     /// to): builds the GRH area and delivers to the QP or to every attached QP.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_ud_packet(
         &self,
         from: SocketAddr,
         dst: IpAddr,
         ip_header: Option<&[u8]>,
+        ip: Option<super::sys::RxIp>,
         pkt_len: usize,
         p: &Packet<'_>,
         targets: &[Arc<UdShared>],
@@ -460,10 +467,18 @@ impl DevInner {
                 a.copy_from_slice(h);
                 grh::from_ipv4(&a)
             }
+            // From a UDP socket: the TTL/TOS it reported (else rxe's defaults).
             (_, IpAddr::V4(s), IpAddr::V4(d)) => {
-                grh::from_ipv4(&grh::synth_ipv4(s.octets(), d.octets(), pkt_len, 64, 0))
+                let f = ip.unwrap_or(super::sys::RxIp { ttl: 64, tos: 0 });
+                grh::from_ipv4(&grh::synth_ipv4(s.octets(), d.octets(), pkt_len, f.ttl, f.tos))
             }
-            (_, s, d) => grh::from_ipv6(&grh::synth_ipv6(Gid::from_ip(s).0, Gid::from_ip(d).0, pkt_len, 64)),
+            (_, s, d) => {
+                let f = ip.unwrap_or(super::sys::RxIp { ttl: 64, tos: 0 });
+                let mut h = grh::synth_ipv6(Gid::from_ip(s).0, Gid::from_ip(d).0, pkt_len, f.ttl);
+                // Version 6, traffic class, flow label 0.
+                h[..4].copy_from_slice(&(6u32 << 28 | u32::from(f.tos) << 20).to_be_bytes());
+                grh::from_ipv6(&h)
+            }
         };
         for q in targets {
             q.on_packet(p, &g);
