@@ -59,6 +59,9 @@ pub struct ServerStats {
     pub refused: AtomicU64,
     /// Connections closed by the idle timeout.
     pub idle_closed: AtomicU64,
+    /// Connections closed because the peer did not answer an RDMA Read of ours or
+    /// acknowledge a Reply's Send within [`RdmaConfig::timeout`] (also counted in `fatal`).
+    pub timeouts: AtomicU64,
     /// Calls whose Read chunks came back short (answered ERR_CHUNK).
     pub short_reads: AtomicU64,
     /// Calls refused because the staging budget had no room (answered SYSTEM_ERR).
@@ -87,6 +90,7 @@ pub struct StatsSnapshot {
     pub replies_long: u64,
     pub refused: u64,
     pub idle_closed: u64,
+    pub timeouts: u64,
     pub short_reads: u64,
     pub no_stage: u64,
     pub copied_octets: u64,
@@ -307,6 +311,7 @@ impl RdmaServer {
             replies_long: g(&s.replies_long),
             refused: g(&s.refused),
             idle_closed: g(&s.idle_closed),
+            timeouts: g(&s.timeouts),
             short_reads: g(&s.short_reads),
             no_stage: g(&s.no_stage),
             copied_octets: g(&s.copied_octets),
@@ -357,8 +362,8 @@ enum Fatal {
     /// More Calls than granted (RPCR-CRD-01 violated by the peer).
     #[error("credit overrun by the requester")]
     CreditOverrun,
-    /// An RDMA Read or Write of ours did not complete in time.
-    #[error("RDMA operation timed out")]
+    /// An RDMA Read of ours, or a Reply's Send, did not complete within the timeout.
+    #[error("RDMA operation timed out (the peer does not answer our RDMA Read or acknowledge our Send)")]
     Timeout,
     /// A reply (or error reply) larger than the inline threshold and the send buffer.
     #[error("reply of {0} bytes exceeds the inline threshold")]
@@ -897,6 +902,7 @@ fn worker(w: &WorkerHandle, stop: &AtomicBool, live: &AtomicUsize, idle: Option<
         let now = Instant::now();
         for (qpn, c) in &mut st.conns {
             if c.failed.is_none() && c.op_deadline().is_some_and(|d| d <= now) {
+                c.stats.timeouts.fetch_add(1, Ordering::Relaxed);
                 c.failed = Some(Fatal::Timeout);
                 if !st.pending.contains(qpn) {
                     st.pending.push_back(*qpn);
@@ -1403,56 +1409,56 @@ impl Conn {
             carry: self.carry(&lists),
             max_reply: self.max_reply,
         };
-                let (registry, home, qpn, serial) = (self.registry.clone(), self.home.clone(), self.qpn, self.serial);
-                let job = move || {
-                    let run = |pulled: &[u8]| {
-                        let base: &[u8] = match &base {
-                            None => &inline,
-                            Some(r) => &pulled[r.clone()],
-                        };
-                        let inserted: Vec<InsertedChunk<'_>> = positions
-                            .iter()
-                            .map(|(position, r)| InsertedChunk {
-                                position: *position,
-                                data: &pulled[r.clone()],
-                            })
-                            .collect();
-                        let mut dec = Decoder::with_chunks(base, ChunkSource::Read(&inserted));
-                        match dispatch_within(&registry, &mut dec, "rdma", room) {
-                            Ok(Dispatch::Reply { stream, items, .. }) => Outcome::Reply { stream, items },
-                            Err(t) => Outcome::NoRoom {
-                                bound: t.bound,
-                                carry: t.carry,
-                            },
-                            Ok(Dispatch::ChunkError { .. }) => Outcome::ChunkError,
-                            Ok(Dispatch::Drop) => Outcome::Garbage,
-                        }
-                    };
-                    let outcome = pulled.with_bytes(run).unwrap_or(Outcome::Garbage);
-                    let f = Finished {
-                        qpn,
-                        serial,
-                        fixed,
-                        lists,
-                        outcome,
-                        pulled,
-                        _charge: charge,
-                    };
-                    if let Some(h) = home.upgrade() {
-                        let mut d = h.done.lock().unwrap_or_else(|e| e.into_inner());
-                        let first = d.is_empty();
-                        d.push(f);
-                        drop(d);
-                        // one wake-up for every batch the worker takes
-                        if first {
-                            h.wake();
-                        }
-                    }
+        let (registry, home, qpn, serial) = (self.registry.clone(), self.home.clone(), self.qpn, self.serial);
+        let job = move || {
+            let run = |pulled: &[u8]| {
+                let base: &[u8] = match &base {
+                    None => &inline,
+                    Some(r) => &pulled[r.clone()],
                 };
-                self.in_pool += 1;
-                self.pool
-                    .submit(self.pool_key, crate::pool::group_of(&self.registry), Box::new(job));
-                Ok(())
+                let inserted: Vec<InsertedChunk<'_>> = positions
+                    .iter()
+                    .map(|(position, r)| InsertedChunk {
+                        position: *position,
+                        data: &pulled[r.clone()],
+                    })
+                    .collect();
+                let mut dec = Decoder::with_chunks(base, ChunkSource::Read(&inserted));
+                match dispatch_within(&registry, &mut dec, "rdma", room) {
+                    Ok(Dispatch::Reply { stream, items, .. }) => Outcome::Reply { stream, items },
+                    Err(t) => Outcome::NoRoom {
+                        bound: t.bound,
+                        carry: t.carry,
+                    },
+                    Ok(Dispatch::ChunkError { .. }) => Outcome::ChunkError,
+                    Ok(Dispatch::Drop) => Outcome::Garbage,
+                }
+            };
+            let outcome = pulled.with_bytes(run).unwrap_or(Outcome::Garbage);
+            let f = Finished {
+                qpn,
+                serial,
+                fixed,
+                lists,
+                outcome,
+                pulled,
+                _charge: charge,
+            };
+            if let Some(h) = home.upgrade() {
+                let mut d = h.done.lock().unwrap_or_else(|e| e.into_inner());
+                let first = d.is_empty();
+                d.push(f);
+                drop(d);
+                // one wake-up for every batch the worker takes
+                if first {
+                    h.wake();
+                }
+            }
+        };
+        self.in_pool += 1;
+        self.pool
+            .submit(self.pool_key, crate::pool::group_of(&self.registry), Box::new(job));
+        Ok(())
     }
 
     /// A Call of this connection came back from the I/O pool: send its Reply (or the
