@@ -26,13 +26,13 @@ use rawpeer::{Ask, RawPeer, op, untagged};
 use rpcrdma::demo;
 use rpcrdma::private_data::PrivateData;
 use rpcrdma::transport::{RdmaClient, RdmaConfig, RdmaServer};
-use rpcrdma::wire::{Body, ChunkLists, Header, ReadSegment, Segment};
+use rpcrdma::wire::{Body, ChunkLists, Header, ReadSegment, Segment, WriteChunk};
 use rpcrdma::xdr::Encoder;
 use verbs::{Access, CmEvent, Device, DeviceFactory, DeviceOptions, QpOptions, SendWr, WrOpcode};
 
 /// The server's per-operation timeout: generous, so that on a loaded machine the healthy
 /// clients finish long before it (they need milliseconds).
-const TIMEOUT: Duration = Duration::from_secs(6);
+const TIMEOUT: Duration = Duration::from_secs(4);
 const HEALTHY: usize = 4;
 const CALLS: usize = 16;
 
@@ -158,6 +158,41 @@ fn iwarp_client_that_never_answers_a_read_request_holds_no_one_up() {
         end.eof || !end.terminates().is_empty(),
         "the stalled connection was closed"
     );
+}
+
+/// Issue 17. IUT = Responder, iWARP. A Requester that asks for 16 MiB in a Write chunk and
+/// stops reading its socket: our RDMA Writes fill the TCP window and the Reply's Send never
+/// completes; the worker goes on with the others, and the timeout ends the stalled one.
+#[test]
+fn iwarp_client_that_stops_reading_its_socket_holds_no_one_up() {
+    let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
+    let srv = server(&dev, "127.83.17.4:0");
+    let ask = Ask {
+        private_data: PrivateData::default().encode().to_vec(),
+        ..Ask::default()
+    };
+    let mut peer = RawPeer::start(srv.local_addr(), &ask).finish(&ask);
+    let n = 16u32 << 20;
+    let lists = ChunkLists {
+        writes: vec![WriteChunk {
+            segments: vec![Segment {
+                handle: 0x6161_6100,
+                length: n,
+                offset: 0,
+            }],
+        }],
+        ..Default::default()
+    };
+    let call = msg(8, lists, &rpc_call(8, demo::READ, &[n, 1]));
+    peer.send(&untagged(op::SEND, 0, 1, 0, true, 0, &call));
+    // the Reply is posted (its Writes now meet a closed window)
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while srv.snapshot().replies_write_chunks == 0 {
+        assert!(Instant::now() < deadline, "the server never answered the READ");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    healthy_pass_the_stall(&srv, &dev);
+    drop(peer);
 }
 
 fn roce_device(addr: &str) -> Device {
