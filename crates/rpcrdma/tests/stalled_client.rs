@@ -14,7 +14,6 @@
 //! timeout) while its other connections' Calls waited behind it. Addresses: 127.83.17.x.
 
 #[path = "../../iwarp/tests/rawpeer/mod.rs"]
-#[allow(dead_code)]
 mod rawpeer;
 
 use std::net::SocketAddr;
