@@ -194,6 +194,84 @@ fn iwarp_client_that_stops_reading_its_socket_holds_no_one_up() {
     drop(peer);
 }
 
+/// Issue 17, RPCR-MEM-05. IUT = Responder, iWARP. A Call retransmitted on a new connection
+/// while the connection that pulled its chunks still lives waits for that connection's fate
+/// (up to 2 s) — without its worker: the healthy clients' calls complete while it waits, and
+/// it is answered afterwards.
+#[test]
+fn a_retransmission_waiting_for_its_first_connection_holds_no_one_up() {
+    let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
+    let srv = server(&dev, "127.83.17.5:0");
+    let ask = Ask {
+        private_data: PrivateData::default().encode().to_vec(),
+        ..Ask::default()
+    };
+    let is_read_request = |u: &[u8]| {
+        DdpHeader::parse(u)
+            .is_ok_and(|h| matches!(h.addr, Addr::Untagged { qn: 1, .. }) && h.rdmap_ctrl & 0x0f == op::READ_REQUEST)
+    };
+    // the first connection: XID 0x55's Read chunk is asked for and never answered
+    let mut first = RawPeer::start(srv.local_addr(), &ask).finish(&ask);
+    let n = 4096u32;
+    let lists = ChunkLists {
+        reads: vec![ReadSegment {
+            position: 48,
+            target: Segment {
+                handle: 0x7171_7100,
+                length: n,
+                offset: 0,
+            },
+        }],
+        ..Default::default()
+    };
+    first.send(&untagged(
+        op::SEND,
+        0,
+        1,
+        0,
+        true,
+        0,
+        &msg(0x55, lists, &rpc_call(0x55, demo::WRITE, &[7, n])),
+    ));
+    first
+        .read_until(is_read_request)
+        .expect("the Responder asks for the Read chunk");
+    // the retransmission (as a NULL) on a second connection waits for the first one's fate
+    let mut second = RawPeer::start(srv.local_addr(), &ask).finish(&ask);
+    let t0 = Instant::now();
+    second.send(&untagged(
+        op::SEND,
+        0,
+        1,
+        0,
+        true,
+        0,
+        &msg(0x55, ChunkLists::default(), &rpc_call(0x55, demo::NULL, &[])),
+    ));
+    std::thread::sleep(Duration::from_millis(100));
+    healthy_clients(&dev, srv.local_addr());
+    let healthy = t0.elapsed();
+    let replies = srv.snapshot().replies;
+    assert_eq!(
+        replies,
+        (HEALTHY * CALLS * 2) as u64,
+        "the retransmission was answered before the healthy calls"
+    );
+    // it is answered once it has waited its 2 s (the first connection still lives: its timeout is 4 s)
+    let a = second
+        .read_until(|u| DdpHeader::parse(u).is_ok_and(|h| matches!(h.addr, Addr::Untagged { qn: 0, .. })))
+        .expect("the retransmission is answered");
+    let waited = t0.elapsed();
+    eprintln!("healthy calls done after {healthy:?}; the retransmission answered after {waited:?}");
+    assert!(
+        waited >= Duration::from_millis(1900),
+        "it waited for the first connection: {waited:?}"
+    );
+    assert!(healthy < waited);
+    assert!(a.len() > 28);
+    drop(first);
+}
+
 fn roce_device(addr: &str) -> Device {
     let opts = DeviceOptions::new()
         .with("addr", addr)

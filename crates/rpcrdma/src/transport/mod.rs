@@ -44,7 +44,9 @@
 //!   Reads of a Call's Read chunks, or a Reply's Writes and Send, and goes on with whatever
 //!   completed on any of its connections; the Reads' completions send the Call to the I/O
 //!   pool, the Send's completion frees its buffer (each connection takes up its Calls in
-//!   arrival order: the Calls after one whose chunks are being pulled wait for it).
+//!   arrival order: the Calls after one whose chunks are being pulled wait for it). A Call
+//!   retransmitted while the connection that touched its chunks lives waits (up to 2 s, RFC
+//!   8166 §4.5.3) on its connection too, never on the worker.
 //! * **CPU while idle**: a worker sleeps in its completion queue with no timeout, or with
 //!   the nearest idle deadline; nothing wakes periodically (the verbs CQ's blocking wait
 //!   has no slices). The accept thread looks at the stop flag four times a second (a verbs

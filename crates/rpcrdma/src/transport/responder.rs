@@ -436,6 +436,10 @@ struct Conn {
     /// The Call whose Read chunks are being pulled: the connection takes up no other
     /// Call until they are in (its Calls in arrival order), its other connections go on.
     pulling: Option<Pulling>,
+    /// A Call whose XID another live connection of this server touched the chunks of
+    /// (RPCR-MEM-05): it waits, until the time given, for that connection to end, and the
+    /// Calls after it wait with it; the worker goes on with its other connections.
+    settling: Option<(Vec<u8>, Instant)>,
     /// Replies posted whose Send has not completed, in the order posted.
     sending: VecDeque<InFlight>,
     /// Replies waiting for a send buffer (at most one per Call in flight: the credits bound them).
@@ -677,14 +681,10 @@ struct Recovery {
     failed: Mutex<FailedXids>,
     /// XIDs whose chunks were read or whose Replies wrote into Requester memory, by the serial
     /// of the connection that did it, while that connection lives. A retransmission of one of them on another
-    /// connection waits (up to [`SETTLE`]) until the first connection has ended and its fate
-    /// is known: ended by a Terminate, the XID is in `failed`.
+    /// connection waits (up to [`SETTLE`], in [`Conn::settling`]: its worker goes on with the
+    /// others) until the first connection has ended and its fate is known: ended by a
+    /// Terminate, the XID is in `failed`.
     unsettled: Mutex<std::collections::HashMap<u32, u64>>,
-    settled: std::sync::Condvar,
-    /// Threads waiting on `settled` (changed under the `unsettled` lock): `settle` wakes
-    /// only when there are some (a condition variable's notify is a system call even with
-    /// no waiter, and `settle` runs for every Call with chunks, issue 18).
-    waiters: AtomicUsize,
     serials: AtomicU64,
 }
 
@@ -693,8 +693,6 @@ impl Default for Recovery {
         Recovery {
             failed: Mutex::new(FailedXids::new(1024)),
             unsettled: Mutex::default(),
-            settled: std::sync::Condvar::new(),
-            waiters: AtomicUsize::new(0),
             serials: AtomicU64::new(1),
         }
     }
@@ -702,6 +700,9 @@ impl Default for Recovery {
 
 /// The longest a retransmission waits for the connection that first answered it to end.
 const SETTLE: Duration = Duration::from_secs(2);
+/// How often a worker with a retransmission waiting looks whether its XID has settled (the
+/// connection that holds it may be another worker's).
+const SETTLE_POLL: Duration = Duration::from_millis(10);
 
 impl Recovery {
     fn lock(&self) -> std::sync::MutexGuard<'_, FailedXids> {
@@ -719,25 +720,12 @@ impl Recovery {
                 u.remove(x);
             }
         }
-        if self.waiters.load(Ordering::Relaxed) > 0 {
-            self.settled.notify_all();
-        }
     }
 
-    /// Before `xid` is validated on connection `serial`: wait while another live connection
-    /// holds it as unsettled.
-    fn wait_settled(&self, xid: u32, serial: u64) {
-        let held = |u: &mut std::collections::HashMap<u32, u64>| u.get(&xid).is_some_and(|&s| s != serial);
-        let mut u = self.unsettled.lock().unwrap();
-        if !held(&mut u) {
-            return;
-        }
-        self.waiters.fetch_add(1, Ordering::Relaxed);
-        let (_u, t) = self.settled.wait_timeout_while(u, SETTLE, held).unwrap();
-        self.waiters.fetch_sub(1, Ordering::Relaxed);
-        if t.timed_out() {
-            tracing::debug!(xid, "rpcrdma server: retransmission while its first connection lives");
-        }
+    /// Whether another live connection than `serial` holds `xid` as unsettled (a Call of
+    /// that XID on `serial` then waits for it, see [`Conn::settling`]).
+    fn held(&self, xid: u32, serial: u64) -> bool {
+        self.unsettled.lock().unwrap().get(&xid).is_some_and(|&s| s != serial)
     }
 }
 
@@ -824,6 +812,7 @@ fn accept_conn(
         slot_len,
         free_slots: (0..slots).rev().collect(),
         pulling: None,
+        settling: None,
         sending: VecDeque::new(),
         queued: VecDeque::new(),
         send_wrs: 0,
@@ -878,6 +867,12 @@ fn worker(w: &WorkerHandle, stop: &AtomicBool, live: &AtomicUsize, idle: Option<
                     .min(ORPHAN_RETRY),
             ),
         };
+        // a retransmission waiting for its XID to settle is looked at again soon
+        let wait = if st.conns.values().any(|c| c.settling.is_some()) {
+            Some(wait.map_or(SETTLE_POLL, |w| w.min(SETTLE_POLL)))
+        } else {
+            wait
+        };
         // a Reply from the pool whose wake-up a connection's wait consumed
         let wait = if w.done.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
             wait
@@ -901,6 +896,9 @@ fn worker(w: &WorkerHandle, stop: &AtomicBool, live: &AtomicUsize, idle: Option<
         // timeout loses its connection; nothing of it ever held the others
         let now = Instant::now();
         for (qpn, c) in &mut st.conns {
+            if c.settling.is_some() && !st.pending.contains(qpn) {
+                st.pending.push_back(*qpn);
+            }
             if c.failed.is_none() && c.op_deadline().is_some_and(|d| d <= now) {
                 c.stats.timeouts.fetch_add(1, Ordering::Relaxed);
                 c.failed = Some(Fatal::Timeout);
@@ -1053,10 +1051,25 @@ impl Conn {
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
+        if let Some((msg, until)) = self.settling.take() {
+            if Instant::now() < until && xid_of(&msg).is_some_and(|x| self.recovery.held(x, self.serial)) {
+                self.settling = Some((msg, until));
+            } else {
+                if Instant::now() >= until {
+                    tracing::debug!(xid = ?xid_of(&msg), "rpcrdma server: retransmission while its first connection lives");
+                }
+                let r = self.on_message(&msg);
+                if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
+                    self.release_stage();
+                }
+                r?;
+            }
+        }
         loop {
-            // while a Call's chunks are being pulled, the arrivals after it wait (each
-            // connection's Calls in arrival order); completions of our operations do not
-            let next = if self.pulling.is_some() {
+            // while a Call's chunks are being pulled (or its XID settles), the arrivals after
+            // it wait (each connection's Calls in arrival order); completions of our
+            // operations do not
+            let next = if self.pulling.is_some() || self.settling.is_some() {
                 self.backlog.iter().position(|wc| wc.wr_id & wrid::KIND != wrid::RECV)
             } else if self.backlog.is_empty() {
                 None
@@ -1119,6 +1132,12 @@ impl Conn {
         if self.overrun {
             // more Calls than granted (RPCR-CRD-01 violated by the peer)
             return Err(Fatal::CreditOverrun);
+        }
+        if xid_of(&msg).is_some_and(|x| self.recovery.held(x, self.serial)) {
+            // RPCR-MEM-05: wait (without the worker) for the fate of the connection that
+            // touched this XID's chunks
+            self.settling = Some((msg, Instant::now() + SETTLE));
+            return Ok(true);
         }
         let r = self.on_message(&msg);
         if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
@@ -1233,10 +1252,6 @@ impl Conn {
 
     fn on_message(&mut self, msg: &[u8]) -> Result<(), Fatal> {
         let decision = {
-            if let Some(x) = msg.get(..4) {
-                let xid = u32::from_be_bytes(x.try_into().expect("4 bytes"));
-                self.recovery.wait_settled(xid, self.serial);
-            }
             let failed = self.recovery.lock();
             validate_call(msg, &self.policy, &failed)
         };
@@ -1840,6 +1855,11 @@ impl Conn {
             (a, b) => a.or(b),
         }
     }
+}
+
+/// The XID of a message (its first word).
+fn xid_of(msg: &[u8]) -> Option<u32> {
+    msg.get(..4).map(|x| u32::from_be_bytes(x.try_into().expect("4 bytes")))
 }
 
 /// A completion of an operation this connection does not wait for (a reverse Call's Send):
