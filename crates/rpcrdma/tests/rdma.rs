@@ -56,6 +56,7 @@ fn delta(s: &Setup, f: impl FnOnce()) -> StatsSnapshot {
         replies_long: b.replies_long - a.replies_long,
         refused: b.refused - a.refused,
         idle_closed: b.idle_closed - a.idle_closed,
+        timeouts: b.timeouts - a.timeouts,
         short_reads: b.short_reads - a.short_reads,
         no_stage: b.no_stage - a.no_stage,
         // compared by `write_chunk_results_are_not_copied_in_user_space` alone ([`copied`])

@@ -40,9 +40,13 @@
 //! * **Threads**: [`RdmaConfig::workers`] (default 4) worker threads serve every connection, plus
 //!   one accept thread; no thread per connection. Each worker owns one completion queue that
 //!   the QPs of its connections share; the QP number in each completion says which
-//!   connection it belongs to. A worker answers the Calls of its connections one at a time
-//!   (each connection's in arrival order); while it waits for an RDMA Read or Send of one
-//!   connection, completions of the others are kept for them.
+//!   connection it belongs to. A worker never waits for one connection: it posts the RDMA
+//!   Reads of a Call's Read chunks, or a Reply's Writes and Send, and goes on with whatever
+//!   completed on any of its connections; the Reads' completions send the Call to the I/O
+//!   pool, the Send's completion frees its buffer (each connection takes up its Calls in
+//!   arrival order: the Calls after one whose chunks are being pulled wait for it). A Call
+//!   retransmitted while the connection that touched its chunks lives waits (up to 2 s, RFC
+//!   8166 §4.5.3) on its connection too, never on the worker.
 //! * **CPU while idle**: a worker sleeps in its completion queue with no timeout, or with
 //!   the nearest idle deadline; nothing wakes periodically (the verbs CQ's blocking wait
 //!   has no slices). The accept thread looks at the stop flag four times a second (a verbs
@@ -83,15 +87,17 @@
 //!   Write-chunk results are sent from the reply vector itself, registered for the Writes and
 //!   charged while they are in flight. A Call that finds no room gets an RPC SYSTEM_ERR.
 //! * **Per connection** besides: `(credits + 8) × inline_recv` of receive buffers (40 KiB by default)
-//!   and one send buffer of the inline reply threshold.
+//!   and up to 8 send buffers of the inline reply threshold (one per Reply in flight; further
+//!   Replies wait in a queue that the credits bound: one Reply per Call).
 //! * **Diagnostics**: the end of every connection is logged with its QP number and peer
 //!   address: "peer closed the connection" (info) when the peer disconnected, "connection
 //!   failed: ..." (warn) with the Terminate (received or sent) or RDMA error otherwise.
 //!
-//! A worker waits at most [`RdmaConfig::timeout`] for one RDMA operation of a Call (the RDMA
-//! Reads of its Read chunks, the Send of its Reply): a peer that never answers an RDMA Read,
-//! or whose TCP window stays closed under our Reply, holds its worker's other connections
-//! that long. The procedures themselves never run on a worker.
+//! A connection whose peer does not answer an RDMA Read of ours, or acknowledge a Reply's
+//! Send (an iWARP peer whose TCP window stays closed, a RoCE peer that RNR-NAKs forever),
+//! within [`RdmaConfig::timeout`] is closed ([`ServerStats::timeouts`], logged at warn level);
+//! the worker's other connections are served meanwhile (tests/stalled_client.rs). The
+//! procedures themselves never run on a worker.
 
 pub mod backchannel;
 #[allow(unsafe_code)]

@@ -25,7 +25,7 @@ use crate::validate::{
     CallPayload, FailedXids, ResponderDecision, ResponderPolicy, check_payload_xid, garbage_args_message, validate_call,
 };
 use crate::wire::chunks::ReadChunk;
-use crate::wire::{ChunkLists, ErrorBody, FixedHeader, Header, Limits, Segment};
+use crate::wire::{ChunkLists, ErrorBody, FixedHeader, Header, Limits};
 use crate::xdr::{ChunkSource, Decoder, InsertedChunk};
 
 /// Counters of a running server (all connections).
@@ -59,6 +59,9 @@ pub struct ServerStats {
     pub refused: AtomicU64,
     /// Connections closed by the idle timeout.
     pub idle_closed: AtomicU64,
+    /// Connections closed because the peer did not answer an RDMA Read of ours or
+    /// acknowledge a Reply's Send within [`RdmaConfig::timeout`] (also counted in `fatal`).
+    pub timeouts: AtomicU64,
     /// Calls whose Read chunks came back short (answered ERR_CHUNK).
     pub short_reads: AtomicU64,
     /// Calls refused because the staging budget had no room (answered SYSTEM_ERR).
@@ -87,6 +90,7 @@ pub struct StatsSnapshot {
     pub replies_long: u64,
     pub refused: u64,
     pub idle_closed: u64,
+    pub timeouts: u64,
     pub short_reads: u64,
     pub no_stage: u64,
     pub copied_octets: u64,
@@ -137,6 +141,12 @@ const KEEP_STAGE: usize = 4 << 20;
 /// Stages a connection keeps for reuse when they come back from the I/O pool with their
 /// Calls (a client with this many WRITEs in flight pulls each into its own).
 const SPARE_STAGES: usize = 4;
+/// Replies of one connection whose Sends may be in flight at once (each has its own send
+/// buffer); more wait in the connection's queue.
+const SEND_SLOTS: usize = 8;
+/// Work requests (RDMA Writes and Sends) of one connection's Replies on its send queue at
+/// once (the QP's send queue holds 256); a Reply that would pass it waits.
+const MAX_SEND_WRS: usize = 192;
 
 /// Staging memory of all connections of one server ([`RdmaConfig::max_staging`]).
 struct Budget {
@@ -301,6 +311,7 @@ impl RdmaServer {
             replies_long: g(&s.replies_long),
             refused: g(&s.refused),
             idle_closed: g(&s.idle_closed),
+            timeouts: g(&s.timeouts),
             short_reads: g(&s.short_reads),
             no_stage: g(&s.no_stage),
             copied_octets: g(&s.copied_octets),
@@ -351,8 +362,8 @@ enum Fatal {
     /// More Calls than granted (RPCR-CRD-01 violated by the peer).
     #[error("credit overrun by the requester")]
     CreditOverrun,
-    /// An RDMA Read or Write of ours did not complete in time.
-    #[error("RDMA operation timed out")]
+    /// An RDMA Read of ours, or a Reply's Send, did not complete within the timeout.
+    #[error("RDMA operation timed out (the peer does not answer our RDMA Read or acknowledge our Send)")]
     Timeout,
     /// A reply (or error reply) larger than the inline threshold and the send buffer.
     #[error("reply of {0} bytes exceeds the inline threshold")]
@@ -383,10 +394,6 @@ struct Conn {
     qpn: u32,
     peer: SocketAddr,
     bc: Arc<backchannel::Shared>,
-    /// The worker's completion queue, shared with its other connections.
-    cq: CompletionQueue,
-    /// Completions of the worker's other connections met while this one waited.
-    others: Vec<WorkCompletion>,
     pd: ProtectionDomain,
     th: Thresholds,
     remote_inv: bool,
@@ -421,7 +428,24 @@ struct Conn {
     budget: Arc<Budget>,
     max_call: u64,
     max_reply: u64,
+    /// [`SEND_SLOTS`] send buffers of `slot_len` octets each.
     send_mr: MemoryRegion,
+    slot_len: usize,
+    /// Send buffers not under a posted Send.
+    free_slots: Vec<usize>,
+    /// The Call whose Read chunks are being pulled: the connection takes up no other
+    /// Call until they are in (its Calls in arrival order), its other connections go on.
+    pulling: Option<Pulling>,
+    /// A Call whose XID another live connection of this server touched the chunks of
+    /// (RPCR-MEM-05): it waits, until the time given, for that connection to end, and the
+    /// Calls after it wait with it; the worker goes on with its other connections.
+    settling: Option<(Vec<u8>, Instant)>,
+    /// Replies posted whose Send has not completed, in the order posted.
+    sending: VecDeque<InFlight>,
+    /// Replies waiting for a send buffer (at most one per Call in flight: the credits bound them).
+    queued: VecDeque<Outgoing>,
+    /// Work requests of `sending` on the send queue.
+    send_wrs: usize,
     next_wr: u64,
     timeout: Duration,
     /// Last time a message arrived (for the idle timeout).
@@ -430,7 +454,7 @@ struct Conn {
     idle_closed: bool,
     /// We closed it because the server stops.
     stopping: bool,
-    /// The status of the last work request that failed in [`Conn::wait_for`].
+    /// The status of the last RDMA Read or Send that failed.
     failed_status: Option<WcStatus>,
     /// Sending a Reply from the pool failed: the connection ends at its next step.
     failed: Option<Fatal>,
@@ -547,20 +571,94 @@ impl CallData {
 enum WriteSource<'a> {
     /// No Writes.
     Nothing,
-    /// These slices, concatenated, copied into the connection's stage first.
+    /// These slices, concatenated, copied into a stage first.
     Staged(&'a [&'a [u8]]),
-    /// A region registered over the reply as the procedure encoded it.
-    Registered(&'a MemoryRegion),
+    /// A region registered over the reply as the procedure encoded it, with the staging
+    /// budget it holds while the Writes are in flight.
+    Registered(MemoryRegion, Option<Charge>),
 }
 
-/// What [`Conn::pull`] got.
+/// The memory a posted Reply's RDMA Writes read, held until its Send completes.
+enum Held {
+    /// No Writes.
+    Nothing,
+    /// The reply vector, registered (see [`WriteSource::Registered`]).
+    Registered {
+        mr: MemoryRegion,
+        /// Given back when the Send completes (or the connection ends).
+        _charge: Option<Charge>,
+    },
+    /// A stage the results were copied into, with its budget.
+    Stage(MemoryRegion, Charge),
+}
+
+impl Held {
+    fn region(&self) -> Option<&MemoryRegion> {
+        match self {
+            Held::Nothing => None,
+            Held::Registered { mr, .. } | Held::Stage(mr, _) => Some(mr),
+        }
+    }
+}
+
+/// A Reply (or RDMA_ERROR) built and waiting for a send buffer.
+struct Outgoing {
+    msg: Vec<u8>,
+    held: Held,
+    inv: Option<u32>,
+    writes: Vec<(u32, u64, std::ops::Range<usize>)>,
+    xid: u32,
+}
+
+/// A Reply whose Writes and Send are posted; its Send's completion ends it.
+struct InFlight {
+    id: u64,
+    slot: usize,
+    wrs: usize,
+    held: Held,
+    xid: u32,
+    writes: bool,
+    deadline: Instant,
+}
+
+/// What a Call needs, besides its pulled Read chunks, to go to the I/O pool.
+struct CallPlan {
+    fixed: FixedHeader,
+    lists: ChunkLists,
+    /// The inline Payload stream (`None`: it is the Position-Zero Read chunk).
+    inline: Option<Vec<u8>>,
+    /// Octets of each Read chunk (Position-Zero first), as pulled one after another.
+    lens: Vec<usize>,
+    /// Positions of the Read chunks of reduced items.
+    positions: Vec<u32>,
+}
+
+/// RDMA Reads of one Call's chunks into a stage, posted.
+struct PullIo {
+    /// The Reads not completed yet: work request id, octets asked for.
+    reads: Vec<(u64, u32)>,
+    /// A Read Response placed fewer octets than its Read asked for.
+    short: bool,
+    mr: MemoryRegion,
+    charge: Charge,
+    len: usize,
+    deadline: Instant,
+}
+
+/// A Call waiting for its Read chunks ([`Conn::pulling`]).
+struct Pulling {
+    plan: CallPlan,
+    io: PullIo,
+}
+
+/// What [`Conn::pull`] did.
 enum Pulled {
-    /// Every chunk, concatenated.
-    Data(CallData),
+    /// No chunks: nothing to read.
+    Nothing,
+    /// The Reads are posted; their completions continue the Call ([`Conn::on_read`]).
+    Posted(PullIo),
     /// The chunks add up to more than [`RdmaConfig::max_call`].
     TooLarge(u64),
-    /// A Read Response placed fewer octets than its Read asked for.
-    Short,
     /// The server's staging budget has no room now.
     NoStage,
 }
@@ -583,14 +681,10 @@ struct Recovery {
     failed: Mutex<FailedXids>,
     /// XIDs whose chunks were read or whose Replies wrote into Requester memory, by the serial
     /// of the connection that did it, while that connection lives. A retransmission of one of them on another
-    /// connection waits (up to [`SETTLE`]) until the first connection has ended and its fate
-    /// is known: ended by a Terminate, the XID is in `failed`.
+    /// connection waits (up to [`SETTLE`], in [`Conn::settling`]: its worker goes on with the
+    /// others) until the first connection has ended and its fate is known: ended by a
+    /// Terminate, the XID is in `failed`.
     unsettled: Mutex<std::collections::HashMap<u32, u64>>,
-    settled: std::sync::Condvar,
-    /// Threads waiting on `settled` (changed under the `unsettled` lock): `settle` wakes
-    /// only when there are some (a condition variable's notify is a system call even with
-    /// no waiter, and `settle` runs for every Call with chunks, issue 18).
-    waiters: AtomicUsize,
     serials: AtomicU64,
 }
 
@@ -599,8 +693,6 @@ impl Default for Recovery {
         Recovery {
             failed: Mutex::new(FailedXids::new(1024)),
             unsettled: Mutex::default(),
-            settled: std::sync::Condvar::new(),
-            waiters: AtomicUsize::new(0),
             serials: AtomicU64::new(1),
         }
     }
@@ -608,6 +700,9 @@ impl Default for Recovery {
 
 /// The longest a retransmission waits for the connection that first answered it to end.
 const SETTLE: Duration = Duration::from_secs(2);
+/// How often a worker with a retransmission waiting looks whether its XID has settled (the
+/// connection that holds it may be another worker's).
+const SETTLE_POLL: Duration = Duration::from_millis(10);
 
 impl Recovery {
     fn lock(&self) -> std::sync::MutexGuard<'_, FailedXids> {
@@ -625,25 +720,12 @@ impl Recovery {
                 u.remove(x);
             }
         }
-        if self.waiters.load(Ordering::Relaxed) > 0 {
-            self.settled.notify_all();
-        }
     }
 
-    /// Before `xid` is validated on connection `serial`: wait while another live connection
-    /// holds it as unsettled.
-    fn wait_settled(&self, xid: u32, serial: u64) {
-        let held = |u: &mut std::collections::HashMap<u32, u64>| u.get(&xid).is_some_and(|&s| s != serial);
-        let mut u = self.unsettled.lock().unwrap();
-        if !held(&mut u) {
-            return;
-        }
-        self.waiters.fetch_add(1, Ordering::Relaxed);
-        let (_u, t) = self.settled.wait_timeout_while(u, SETTLE, held).unwrap();
-        self.waiters.fetch_sub(1, Ordering::Relaxed);
-        if t.timed_out() {
-            tracing::debug!(xid, "rpcrdma server: retransmission while its first connection lives");
-        }
+    /// Whether another live connection than `serial` holds `xid` as unsettled (a Call of
+    /// that XID on `serial` then waits for it, see [`Conn::settling`]).
+    fn held(&self, xid: u32, serial: u64) -> bool {
+        self.unsettled.lock().unwrap().get(&xid).is_some_and(|&s| s != serial)
     }
 }
 
@@ -690,17 +772,15 @@ fn accept_conn(
     let bc = backchannel::Shared::new(qp.clone(), pd.clone(), neg.thresholds);
     ctx.conns.lock().unwrap().push(Arc::downgrade(&bc));
     ctx.stats.connections.fetch_add(1, Ordering::Relaxed);
-    let send_mr = pd
-        .reg_mr(neg.thresholds.reply.max(1024) as usize, Access::LOCAL_WRITE)
-        .map_err(e)?;
+    let slot_len = neg.thresholds.reply.max(1024) as usize;
+    let slots = SEND_SLOTS.min(credits as usize);
+    let send_mr = pd.reg_mr(slot_len * slots, Access::LOCAL_WRITE).map_err(e)?;
     let serial = ctx.recovery.serials.fetch_add(1, Ordering::Relaxed);
     Ok(Conn {
         qpn: qp.qp_num(),
         qp,
         peer: peer_addr,
         bc,
-        cq: cq.clone(),
-        others: Vec::new(),
         pd: pd.clone(),
         th: neg.thresholds,
         remote_inv: neg.remote_invalidation,
@@ -729,6 +809,13 @@ fn accept_conn(
         max_call: cfg.max_call,
         max_reply: cfg.max_reply,
         send_mr,
+        slot_len,
+        free_slots: (0..slots).rev().collect(),
+        pulling: None,
+        settling: None,
+        sending: VecDeque::new(),
+        queued: VecDeque::new(),
+        send_wrs: 0,
         next_wr: 1,
         timeout: cfg.timeout,
         last_active: Instant::now(),
@@ -766,6 +853,12 @@ fn worker(w: &WorkerHandle, stop: &AtomicBool, live: &AtomicUsize, idle: Option<
                 .map(|c| c.last_active + t)
                 .min()
         });
+        // and the nearest timeout of an RDMA operation in flight
+        let ops = st.conns.values().filter_map(Conn::op_deadline).min();
+        let deadline = match (deadline, ops) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         // a completion that came before its connection reached the inbox is retried soon
         let wait = match (deadline, st.orphans.is_empty()) {
             (d, true) => d.map(|d| d.saturating_duration_since(now)),
@@ -773,6 +866,12 @@ fn worker(w: &WorkerHandle, stop: &AtomicBool, live: &AtomicUsize, idle: Option<
                 d.map_or(ORPHAN_RETRY, |d| d.saturating_duration_since(now))
                     .min(ORPHAN_RETRY),
             ),
+        };
+        // a retransmission waiting for its XID to settle is looked at again soon
+        let wait = if st.conns.values().any(|c| c.settling.is_some()) {
+            Some(wait.map_or(SETTLE_POLL, |w| w.min(SETTLE_POLL)))
+        } else {
+            wait
         };
         // a Reply from the pool whose wake-up a connection's wait consumed
         let wait = if w.done.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
@@ -793,11 +892,24 @@ fn worker(w: &WorkerHandle, stop: &AtomicBool, live: &AtomicUsize, idle: Option<
             st.route((wc, Instant::now()));
         }
         st.collect_done(w);
+        // a peer that does not answer our RDMA Read or acknowledge our Send within the
+        // timeout loses its connection; nothing of it ever held the others
+        let now = Instant::now();
+        for (qpn, c) in &mut st.conns {
+            if c.settling.is_some() && !st.pending.contains(qpn) {
+                st.pending.push_back(*qpn);
+            }
+            if c.failed.is_none() && c.op_deadline().is_some_and(|d| d <= now) {
+                c.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                c.failed = Some(Fatal::Timeout);
+                if !st.pending.contains(qpn) {
+                    st.pending.push_back(*qpn);
+                }
+            }
+        }
         while let Some(qpn) = st.pending.pop_front() {
             let Some(c) = st.conns.get_mut(&qpn) else { continue };
             let r = c.step();
-            // what this connection met for its neighbours while it waited, in order
-            let others = std::mem::take(&mut c.others);
             if !matches!(r, Ok(true)) {
                 let mut c = st.conns.remove(&qpn).expect("present");
                 c.finish(r.err());
@@ -809,9 +921,6 @@ fn worker(w: &WorkerHandle, stop: &AtomicBool, live: &AtomicUsize, idle: Option<
                 st.closed.push_back(qpn);
             }
             st.take_inbox(w, stopping);
-            for o in others {
-                st.route((o, Instant::now()));
-            }
         }
         if let Some(t) = idle {
             let now = Instant::now();
@@ -872,12 +981,8 @@ impl WorkerState {
             {
                 c.failed = Some(e);
             }
-            let others = std::mem::take(&mut c.others);
             if !self.pending.contains(&qpn) {
                 self.pending.push_back(qpn);
-            }
-            for o in others {
-                self.route((o, Instant::now()));
             }
         }
     }
@@ -946,63 +1051,99 @@ impl Conn {
         if let Some(e) = self.failed.take() {
             return Err(e);
         }
-        while let Some(wc) = self.backlog.pop_front() {
-            if wc.wr_id & wrid::KIND != wrid::RECV {
-                // a completion of an operation we no longer wait for (a reverse Call's Send)
-                if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
-                    return Err(Fatal::WorkRequest {
-                        opcode: wc.opcode,
-                        status: wc.status,
-                        vendor_err: wc.vendor_err,
-                    });
+        if let Some((msg, until)) = self.settling.take() {
+            if Instant::now() < until && xid_of(&msg).is_some_and(|x| self.recovery.held(x, self.serial)) {
+                self.settling = Some((msg, until));
+            } else {
+                if Instant::now() >= until {
+                    tracing::debug!(xid = ?xid_of(&msg), "rpcrdma server: retransmission while its first connection lives");
                 }
-                continue;
+                let r = self.on_message(&msg);
+                if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
+                    self.release_stage();
+                }
+                r?;
             }
-            if wc.status != WcStatus::Success {
-                if wc.status == WcStatus::WrFlushErr {
-                    // flushed: closed by the peer, by us, or a Terminate put the QP in error
-                    while let Some(ev) = self.qp.get_event(Some(Duration::ZERO)) {
-                        if !matches!(ev, CmEvent::Established | CmEvent::Disconnected) {
-                            return Err(self.ended_by(ev));
-                        }
+        }
+        loop {
+            // while a Call's chunks are being pulled (or its XID settles), the arrivals after
+            // it wait (each connection's Calls in arrival order); completions of our
+            // operations do not
+            let next = if self.pulling.is_some() || self.settling.is_some() {
+                self.backlog.iter().position(|wc| wc.wr_id & wrid::KIND != wrid::RECV)
+            } else if self.backlog.is_empty() {
+                None
+            } else {
+                Some(0)
+            };
+            let Some(i) = next else { break };
+            let wc = self.backlog.remove(i).expect("index");
+            match wc.wr_id & wrid::KIND {
+                wrid::RECV => {
+                    if !self.on_recv(&wc)? {
+                        return Ok(false);
                     }
-                    return Ok(false);
                 }
-                return Err(Fatal::WorkRequest {
-                    opcode: wc.opcode,
-                    status: wc.status,
-                    vendor_err: wc.vendor_err,
-                });
+                wrid::READ => self.on_read(&wc)?,
+                wrid::SEND => self.on_sent(&wc)?,
+                _ => stray(&wc)?,
             }
-            self.last_active = Instant::now();
-            let slot = (wc.wr_id & !wrid::KIND) as usize;
-            let off = slot * self.recv_size;
-            let msg = self
-                .recv_mr
-                .to_vec(off, (wc.byte_len as usize).min(self.recv_size))
-                .map_err(|_| Fatal::ReceiveSlot(slot))?;
-            self.qp.post_recv(&[RecvWr {
-                wr_id: wc.wr_id,
-                sg_list: vec![self.recv_mr.sge(off, self.recv_size as u32)],
-            }])?;
-            if let backchannel::Kind::Reply { xid, payload } = backchannel::classify(&msg) {
-                // RFC 8167: a reverse-direction Reply, not a forward Call
-                if !self.bc.deliver(xid, payload) {
-                    self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                }
-                continue;
-            }
-            if self.overrun {
-                // more Calls than granted (RPCR-CRD-01 violated by the peer)
-                return Err(Fatal::CreditOverrun);
-            }
-            let r = self.on_message(&msg);
-            if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
-                self.release_stage();
-            }
-            r?;
         }
         Ok(true)
+    }
+
+    /// A receive completed: a Call (or a reverse-direction Reply) arrived, or the receive
+    /// was flushed. `Ok(false)` when the connection ended cleanly.
+    fn on_recv(&mut self, wc: &WorkCompletion) -> Result<bool, Fatal> {
+        if wc.status != WcStatus::Success {
+            if wc.status == WcStatus::WrFlushErr {
+                // flushed: closed by the peer, by us, or a Terminate put the QP in error
+                while let Some(ev) = self.qp.get_event(Some(Duration::ZERO)) {
+                    if !matches!(ev, CmEvent::Established | CmEvent::Disconnected) {
+                        return Err(self.ended_by(ev));
+                    }
+                }
+                return Ok(false);
+            }
+            return Err(Fatal::WorkRequest {
+                opcode: wc.opcode,
+                status: wc.status,
+                vendor_err: wc.vendor_err,
+            });
+        }
+        self.last_active = Instant::now();
+        let slot = (wc.wr_id & !wrid::KIND) as usize;
+        let off = slot * self.recv_size;
+        let msg = self
+            .recv_mr
+            .to_vec(off, (wc.byte_len as usize).min(self.recv_size))
+            .map_err(|_| Fatal::ReceiveSlot(slot))?;
+        self.qp.post_recv(&[RecvWr {
+            wr_id: wc.wr_id,
+            sg_list: vec![self.recv_mr.sge(off, self.recv_size as u32)],
+        }])?;
+        if let backchannel::Kind::Reply { xid, payload } = backchannel::classify(&msg) {
+            // RFC 8167: a reverse-direction Reply, not a forward Call
+            if !self.bc.deliver(xid, payload) {
+                self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(true);
+        }
+        if self.overrun {
+            // more Calls than granted (RPCR-CRD-01 violated by the peer)
+            return Err(Fatal::CreditOverrun);
+        }
+        if xid_of(&msg).is_some_and(|x| self.recovery.held(x, self.serial)) {
+            // RPCR-MEM-05: wait (without the worker) for the fate of the connection that
+            // touched this XID's chunks
+            self.settling = Some((msg, Instant::now() + SETTLE));
+            return Ok(true);
+        }
+        let r = self.on_message(&msg);
+        if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
+            self.release_stage();
+        }
+        r.map(|()| true)
     }
 
     fn release_stage(&mut self) {
@@ -1050,58 +1191,6 @@ impl Conn {
             CmEvent::ErrorSent(d) => Fatal::ErrorSent(d),
             CmEvent::ConnectionError(e) => Fatal::Transport(e),
             other => Fatal::Event(other),
-        }
-    }
-
-    /// One completion of this connection; Receives (arrivals) are counted against the grant.
-    /// Completions of the worker's other connections are kept for them.
-    fn poll(&mut self, timeout: Duration) -> Result<Option<WorkCompletion>, Fatal> {
-        let Some(wc) = self.cq.wait(Some(timeout)) else {
-            return Ok(None);
-        };
-        if wc.qp_num != self.qpn || wc.wr_id == wrid::WAKE {
-            // the worker looks at its inbox and the stop flag after this step anyway
-            if wc.wr_id != wrid::WAKE {
-                self.others.push(wc);
-            }
-            return Ok(None);
-        }
-        self.admit(&wc);
-        Ok(Some(wc))
-    }
-
-    /// Wait for the completion of work request `id`, keeping arrivals.
-    fn wait_for(&mut self, id: u64) -> Result<WorkCompletion, Fatal> {
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            let Some(wc) = self.poll(Duration::from_millis(20))? else {
-                if Instant::now() > deadline {
-                    return Err(Fatal::Timeout);
-                }
-                continue;
-            };
-            if wc.wr_id & wrid::KIND == wrid::RECV {
-                if wc.status != WcStatus::Success {
-                    return Err(Fatal::WorkRequest {
-                        opcode: wc.opcode,
-                        status: wc.status,
-                        vendor_err: wc.vendor_err,
-                    });
-                }
-                self.backlog.push_back(wc);
-                continue;
-            }
-            if wc.status != WcStatus::Success {
-                self.failed_status = Some(wc.status);
-                return Err(Fatal::WorkRequest {
-                    opcode: wc.opcode,
-                    status: wc.status,
-                    vendor_err: wc.vendor_err,
-                });
-            }
-            if wc.wr_id == id {
-                return Ok(wc);
-            }
         }
     }
 
@@ -1163,10 +1252,6 @@ impl Conn {
 
     fn on_message(&mut self, msg: &[u8]) -> Result<(), Fatal> {
         let decision = {
-            if let Some(x) = msg.get(..4) {
-                let xid = u32::from_be_bytes(x.try_into().expect("4 bytes"));
-                self.recovery.wait_settled(xid, self.serial);
-            }
             let failed = self.recovery.lock();
             validate_call(msg, &self.policy, &failed)
         };
@@ -1200,123 +1285,195 @@ impl Conn {
                 if !chunks.is_empty() {
                     self.note_rdma(xid);
                 }
-                let lists = vc.lists().clone();
-                let pulled = match self.pull(&chunks) {
-                    Ok(Pulled::Data(p)) => p,
+                let plan = CallPlan {
+                    fixed,
+                    lists: vc.lists().clone(),
+                    inline: match &vc.payload {
+                        CallPayload::Inline(p) => Some(p.to_vec()),
+                        CallPayload::PositionZero(_) => None,
+                    },
+                    lens: chunks.iter().map(|c| c.total_len() as usize).collect(),
+                    positions: vc.read_chunks.iter().map(|c| c.position).collect(),
+                };
+                match self.pull(&chunks) {
+                    Ok(Pulled::Nothing) => self.run_call(plan, CallData::Heap(Vec::new())),
+                    Ok(Pulled::Posted(io)) => {
+                        // the Read completions continue the Call (`on_read`); the worker
+                        // goes on with its other connections meanwhile
+                        self.pulling = Some(Pulling { plan, io });
+                        Ok(())
+                    }
                     Ok(Pulled::TooLarge(total)) => {
                         tracing::debug!(xid, total, max = self.max_call, "rpcrdma server: Read chunks too large");
-                        return self.send_error(&fixed, ErrorBody::Chunk);
-                    }
-                    Ok(Pulled::Short) => {
-                        // a Read Response shorter than its Read: the chunk is not what the
-                        // Requester said it is (RFC 8166 §4.5.3)
-                        tracing::info!(xid, qp = self.qpn, peer = %self.peer, "rpcrdma server: short RDMA Read Response");
-                        self.stats.short_reads.fetch_add(1, Ordering::Relaxed);
-                        return self.send_error(&fixed, ErrorBody::Chunk);
+                        self.send_error(&plan.fixed, ErrorBody::Chunk)
                     }
                     Ok(Pulled::NoStage) => {
                         tracing::info!(xid, qp = self.qpn, "rpcrdma server: staging budget exhausted");
                         self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
-                        return self.send_system_err(&fixed, &lists);
+                        self.send_system_err(&plan.fixed, &plan.lists)
                     }
                     Err(e) => {
                         // RPCR-MEM-05: when the Requester refused the chunk, remember the
                         // XID; its retransmission gets ERR_CHUNK
                         self.record_if_refused(xid);
-                        return Err(e);
+                        Err(e)
                     }
-                };
-                let mut ranges = Vec::with_capacity(chunks.len());
-                let mut at = 0;
-                for c in &chunks {
-                    let n = c.total_len() as usize;
-                    ranges.push(at..at + n);
-                    at += n;
                 }
-                let (inline, base, rest) = match &vc.payload {
-                    CallPayload::Inline(p) => (p.to_vec(), None, &ranges[..]),
-                    CallPayload::PositionZero(_) => {
-                        if pulled.with_bytes(|p| check_payload_xid(xid, &p[ranges[0].clone()]).is_err()) != Some(false)
-                        {
-                            return self.send_error(&fixed, ErrorBody::Chunk);
-                        }
-                        (Vec::new(), Some(ranges[0].clone()), &ranges[1..])
-                    }
-                };
-                let positions: Vec<(u32, std::ops::Range<usize>)> = vc
-                    .read_chunks
-                    .iter()
-                    .zip(rest)
-                    .map(|(c, r)| (c.position, r.clone()))
-                    .collect();
-                // the Call's octets stay charged to the staging budget while it is in the pool
-                // (a stage that travels with the Call carries its own charge)
-                let charge = (inline.len() + pulled.heap_len()) as u64;
-                if !self.budget.take(charge) {
-                    tracing::info!(xid, qp = self.qpn, "rpcrdma server: staging budget exhausted");
-                    self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
-                    return self.send_system_err(&fixed, &lists);
-                }
-                let charge = Charge {
-                    budget: self.budget.clone(),
-                    n: charge,
-                };
-                let room = ReplyRoom {
-                    carry: self.carry(&lists),
-                    max_reply: self.max_reply,
-                };
-                let (registry, home, qpn, serial) = (self.registry.clone(), self.home.clone(), self.qpn, self.serial);
-                let job = move || {
-                    let run = |pulled: &[u8]| {
-                        let base: &[u8] = match &base {
-                            None => &inline,
-                            Some(r) => &pulled[r.clone()],
-                        };
-                        let inserted: Vec<InsertedChunk<'_>> = positions
-                            .iter()
-                            .map(|(position, r)| InsertedChunk {
-                                position: *position,
-                                data: &pulled[r.clone()],
-                            })
-                            .collect();
-                        let mut dec = Decoder::with_chunks(base, ChunkSource::Read(&inserted));
-                        match dispatch_within(&registry, &mut dec, "rdma", room) {
-                            Ok(Dispatch::Reply { stream, items, .. }) => Outcome::Reply { stream, items },
-                            Err(t) => Outcome::NoRoom {
-                                bound: t.bound,
-                                carry: t.carry,
-                            },
-                            Ok(Dispatch::ChunkError { .. }) => Outcome::ChunkError,
-                            Ok(Dispatch::Drop) => Outcome::Garbage,
-                        }
-                    };
-                    let outcome = pulled.with_bytes(run).unwrap_or(Outcome::Garbage);
-                    let f = Finished {
-                        qpn,
-                        serial,
-                        fixed,
-                        lists,
-                        outcome,
-                        pulled,
-                        _charge: charge,
-                    };
-                    if let Some(h) = home.upgrade() {
-                        let mut d = h.done.lock().unwrap_or_else(|e| e.into_inner());
-                        let first = d.is_empty();
-                        d.push(f);
-                        drop(d);
-                        // one wake-up for every batch the worker takes
-                        if first {
-                            h.wake();
-                        }
-                    }
-                };
-                self.in_pool += 1;
-                self.pool
-                    .submit(self.pool_key, crate::pool::group_of(&self.registry), Box::new(job));
-                Ok(())
             }
         }
+    }
+
+    /// The Reads of the Call in [`Conn::pulling`] came back: `wc` is one of them.
+    fn on_read(&mut self, wc: &WorkCompletion) -> Result<(), Fatal> {
+        let Some(p) = self.pulling.as_mut() else {
+            return stray(wc);
+        };
+        let Some(i) = p.io.reads.iter().position(|(id, _)| *id == wc.wr_id) else {
+            return stray(wc);
+        };
+        if wc.status != WcStatus::Success {
+            let xid = p.plan.fixed.xid;
+            self.failed_status = Some(wc.status);
+            // RPCR-MEM-05: when the Requester refused the chunk, remember the XID
+            self.record_if_refused(xid);
+            return Err(Fatal::WorkRequest {
+                opcode: wc.opcode,
+                status: wc.status,
+                vendor_err: wc.vendor_err,
+            });
+        }
+        // only what the completion says was placed counts (issue 12 point 1)
+        let (_, want) = p.io.reads.swap_remove(i);
+        if wc.byte_len != want {
+            p.io.short = true;
+        }
+        if !p.io.reads.is_empty() {
+            return Ok(());
+        }
+        let Pulling { plan, io } = self.pulling.take().expect("pulling");
+        if io.short {
+            // a Read Response shorter than its Read: the chunk is not what the
+            // Requester said it is (RFC 8166 §4.5.3)
+            tracing::info!(xid = plan.fixed.xid, qp = self.qpn, peer = %self.peer, "rpcrdma server: short RDMA Read Response");
+            self.stats.short_reads.fetch_add(1, Ordering::Relaxed);
+            self.keep_spare(io.mr, io.charge);
+            return self.send_error(&plan.fixed, ErrorBody::Chunk);
+        }
+        // the stage goes with the Call (quiet: every Read into it completed, and it was never
+        // advertised); the next Call's chunks go into a spare one
+        self.run_call(
+            plan,
+            CallData::Stage {
+                mr: io.mr,
+                len: io.len,
+                charge: io.charge,
+            },
+        )
+    }
+
+    /// A stage back from a Call is kept for the next Calls' chunks (at most SPARE_STAGES,
+    /// each at most KEEP_STAGE), its budget still held; otherwise it goes and the budget
+    /// comes back.
+    fn keep_spare(&mut self, mr: MemoryRegion, mut charge: Charge) {
+        if self.spare.len() < SPARE_STAGES && mr.len() <= KEEP_STAGE && charge.n == mr.len() as u64 {
+            charge.n = 0;
+            self.spare.push(mr);
+        }
+    }
+
+    /// A Call whose Read chunks are in `pulled` goes to the I/O pool.
+    fn run_call(&mut self, plan: CallPlan, pulled: CallData) -> Result<(), Fatal> {
+        let CallPlan {
+            fixed,
+            lists,
+            inline,
+            lens,
+            positions,
+        } = plan;
+        let xid = fixed.xid;
+        let mut ranges = Vec::with_capacity(lens.len());
+        let mut at = 0;
+        for n in lens {
+            ranges.push(at..at + n);
+            at += n;
+        }
+        let (inline, base, rest) = match inline {
+            Some(p) => (p, None, &ranges[..]),
+            None => {
+                if pulled.with_bytes(|p| check_payload_xid(xid, &p[ranges[0].clone()]).is_err()) != Some(false) {
+                    return self.send_error(&fixed, ErrorBody::Chunk);
+                }
+                (Vec::new(), Some(ranges[0].clone()), &ranges[1..])
+            }
+        };
+        let positions: Vec<(u32, std::ops::Range<usize>)> =
+            positions.into_iter().zip(rest).map(|(p, r)| (p, r.clone())).collect();
+        // the Call's octets stay charged to the staging budget while it is in the pool
+        // (a stage that travels with the Call carries its own charge)
+        let charge = (inline.len() + pulled.heap_len()) as u64;
+        if !self.budget.take(charge) {
+            tracing::info!(xid, qp = self.qpn, "rpcrdma server: staging budget exhausted");
+            self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
+            return self.send_system_err(&fixed, &lists);
+        }
+        let charge = Charge {
+            budget: self.budget.clone(),
+            n: charge,
+        };
+        let room = ReplyRoom {
+            carry: self.carry(&lists),
+            max_reply: self.max_reply,
+        };
+        let (registry, home, qpn, serial) = (self.registry.clone(), self.home.clone(), self.qpn, self.serial);
+        let job = move || {
+            let run = |pulled: &[u8]| {
+                let base: &[u8] = match &base {
+                    None => &inline,
+                    Some(r) => &pulled[r.clone()],
+                };
+                let inserted: Vec<InsertedChunk<'_>> = positions
+                    .iter()
+                    .map(|(position, r)| InsertedChunk {
+                        position: *position,
+                        data: &pulled[r.clone()],
+                    })
+                    .collect();
+                let mut dec = Decoder::with_chunks(base, ChunkSource::Read(&inserted));
+                match dispatch_within(&registry, &mut dec, "rdma", room) {
+                    Ok(Dispatch::Reply { stream, items, .. }) => Outcome::Reply { stream, items },
+                    Err(t) => Outcome::NoRoom {
+                        bound: t.bound,
+                        carry: t.carry,
+                    },
+                    Ok(Dispatch::ChunkError { .. }) => Outcome::ChunkError,
+                    Ok(Dispatch::Drop) => Outcome::Garbage,
+                }
+            };
+            let outcome = pulled.with_bytes(run).unwrap_or(Outcome::Garbage);
+            let f = Finished {
+                qpn,
+                serial,
+                fixed,
+                lists,
+                outcome,
+                pulled,
+                _charge: charge,
+            };
+            if let Some(h) = home.upgrade() {
+                let mut d = h.done.lock().unwrap_or_else(|e| e.into_inner());
+                let first = d.is_empty();
+                d.push(f);
+                drop(d);
+                // one wake-up for every batch the worker takes
+                if first {
+                    h.wake();
+                }
+            }
+        };
+        self.in_pool += 1;
+        self.pool
+            .submit(self.pool_key, crate::pool::group_of(&self.registry), Box::new(job));
+        Ok(())
     }
 
     /// A Call of this connection came back from the I/O pool: send its Reply (or the
@@ -1332,12 +1489,8 @@ impl Conn {
         } = f;
         // its stage is kept for the next Calls' chunks (at most SPARE_STAGES, each at most
         // KEEP_STAGE), its budget still held; otherwise it goes and the budget comes back
-        if let CallData::Stage { mr, mut charge, .. } = pulled
-            && self.spare.len() < SPARE_STAGES
-            && mr.len() <= KEEP_STAGE
-        {
-            charge.n = 0;
-            self.spare.push(mr);
+        if let CallData::Stage { mr, charge, .. } = pulled {
+            self.keep_spare(mr, charge);
         }
         let xid = fixed.xid;
         let r = match outcome {
@@ -1377,73 +1530,60 @@ impl Conn {
         self.send(&e.finish().0, WriteSource::Nothing, None, &[], failed.xid)
     }
 
-    /// RDMA Read every chunk into the stage, in order. Every Read is signalled, and only
-    /// what its completion says was placed counts: a Read Response shorter than the
-    /// segment it answers makes the chunk short (issue 12 point 1).
+    /// Post an RDMA Read of every chunk into a stage, in order; their completions come to
+    /// [`Conn::on_read`]. Every Read is signalled, and only what its completion says was
+    /// placed counts: a Read Response shorter than the segment it answers makes the chunk
+    /// short (issue 12 point 1).
     fn pull(&mut self, chunks: &[&ReadChunk]) -> Result<Pulled, Fatal> {
         let total: u64 = chunks.iter().map(|c| c.total_len()).sum();
         if total == 0 {
-            return Ok(Pulled::Data(CallData::Heap(Vec::new())));
+            return Ok(Pulled::Nothing);
         }
         if total > self.max_call {
             // RPCR-SEC-05: more than this server takes in one Call, and no RDMA Read for it
             return Ok(Pulled::TooLarge(total));
         }
         let total = total as usize;
-        let segs: Vec<Segment> = chunks.iter().flat_map(|c| c.segments.iter().copied()).collect();
-        let mut wrs = Vec::new();
-        let mut off = 0usize;
-        let Some(stage) = self.stage(total)? else {
+        if self.stage(total)?.is_none() {
             return Ok(Pulled::NoStage);
-        };
-        let stage_sges: Vec<_> = segs
-            .iter()
-            .map(|s| {
-                let sge = stage.sge(off, s.length);
-                off += s.length as usize;
-                sge
-            })
-            .collect();
-        for (s, sge) in segs.iter().zip(stage_sges) {
-            if s.length == 0 {
-                continue;
-            }
-            let id = self.wr(wrid::READ);
-            wrs.push((
-                id,
-                s.length,
-                SendWr::new(
-                    id,
-                    WrOpcode::RdmaRead {
-                        remote: RemoteAddr {
-                            addr: s.offset,
-                            rkey: s.handle,
-                        },
-                    },
-                    vec![sge],
-                ),
-            ));
         }
-        let posts: Vec<SendWr> = wrs.iter().map(|(_, _, w)| w.clone()).collect();
-        self.qp.post_send(&posts)?;
-        let mut short = false;
-        for (id, want, _) in &wrs {
-            let wc = self.wait_for(*id)?;
-            if wc.byte_len != *want {
-                short = true;
-            }
-        }
-        if short {
-            return Ok(Pulled::Short);
-        }
-        // the stage goes with the Call (quiet: every Read into it completed, and it was never
-        // advertised); the next Call's chunks go into a spare one
+        // the stage is the Call's from now on (a Reply sent meanwhile stages elsewhere)
         let mr = self.stage.take().ok_or(Fatal::Stage)?;
         let charge = Charge {
             budget: self.budget.clone(),
             n: mr.len() as u64,
         };
-        Ok(Pulled::Data(CallData::Stage { mr, len: total, charge }))
+        let mut posts = Vec::new();
+        let mut reads = Vec::new();
+        let mut off = 0usize;
+        for s in chunks.iter().flat_map(|c| c.segments.iter()) {
+            let sge = mr.sge(off, s.length);
+            off += s.length as usize;
+            if s.length == 0 {
+                continue;
+            }
+            let id = self.wr(wrid::READ);
+            reads.push((id, s.length));
+            posts.push(SendWr::new(
+                id,
+                WrOpcode::RdmaRead {
+                    remote: RemoteAddr {
+                        addr: s.offset,
+                        rkey: s.handle,
+                    },
+                },
+                vec![sge],
+            ));
+        }
+        self.qp.post_send(&posts)?;
+        Ok(Pulled::Posted(PullIo {
+            reads,
+            short: false,
+            mr,
+            charge,
+            len: total,
+            deadline: Instant::now() + self.timeout,
+        }))
     }
 
     /// An RPC reply of SYSTEM_ERR (the server lacks the resources for this Call now).
@@ -1558,9 +1698,7 @@ impl Conn {
         form.fetch_add(1, Ordering::Relaxed);
         if direct {
             let mr = self.pd.reg_mr_vec(stream, Access::LOCAL_WRITE)?;
-            let r = self.send(&msg, WriteSource::Registered(&mr), inv, &writes, fixed.xid);
-            drop((mr, charge));
-            r
+            self.send(&msg, WriteSource::Registered(mr, charge), inv, &writes, fixed.xid)
         } else if pr.form == ReplyForm::Long && !writes.is_empty() {
             self.send(
                 &msg,
@@ -1574,7 +1712,9 @@ impl Conn {
         }
     }
 
-    /// Post the RDMA Writes (from `source`), then the Send, and wait for it.
+    /// Post the RDMA Writes (from `source`), then the Send, or queue them while the
+    /// connection's send buffers are all under Sends in flight. Nothing waits here: the
+    /// Send's completion comes to [`Conn::on_sent`] (or the timeout ends the connection).
     fn send(
         &mut self,
         msg: &[u8],
@@ -1583,16 +1723,17 @@ impl Conn {
         writes: &[(u32, u64, std::ops::Range<usize>)],
         xid: u32,
     ) -> Result<(), Fatal> {
-        if msg.len() > self.send_mr.len() || msg.len() > self.th.reply as usize {
+        if msg.len() > self.slot_len || msg.len() > self.th.reply as usize {
             return Err(Fatal::ReplyTooLarge(msg.len()));
         }
         if !writes.is_empty() {
             self.note_rdma(xid);
         }
-        let mut wrs = Vec::with_capacity(writes.len() + 1);
-        if !writes.is_empty() {
-            let from = match source {
-                WriteSource::Registered(mr) => mr,
+        let held = if writes.is_empty() {
+            Held::Nothing
+        } else {
+            match source {
+                WriteSource::Registered(mr, charge) => Held::Registered { mr, _charge: charge },
                 WriteSource::Staged(staged) => {
                     let total: usize = staged.iter().map(|s| s.len()).sum();
                     let Some(stage) = self.stage(total)? else {
@@ -1604,46 +1745,134 @@ impl Conn {
                         at += s.len();
                     }
                     self.stats.copied_octets.fetch_add(at as u64, Ordering::Relaxed);
-                    self.stage.as_ref().expect("staged")
+                    // the stage is this Reply's until its Send completes
+                    let mr = self.stage.take().ok_or(Fatal::Stage)?;
+                    let charge = Charge {
+                        budget: self.budget.clone(),
+                        n: mr.len() as u64,
+                    };
+                    Held::Stage(mr, charge)
                 }
                 WriteSource::Nothing => return Err(Fatal::Stage),
-            };
-            for (handle, addr, src) in writes {
-                wrs.push(
-                    SendWr::new(
-                        wrid::WRITE,
-                        WrOpcode::RdmaWrite {
-                            remote: RemoteAddr {
-                                addr: *addr,
-                                rkey: *handle,
-                            },
-                        },
-                        vec![from.sge(src.start, src.len() as u32)],
-                    )
-                    .flags(SendFlags::empty()),
-                );
             }
-        }
-        self.send_mr.write(0, msg).map_err(verbs::Error::from)?;
-        let id = self.wr(wrid::SEND);
-        let opcode = match inv {
-            Some(rkey) => {
-                self.stats.remote_invalidations.fetch_add(1, Ordering::Relaxed);
-                WrOpcode::SendWithInv { invalidate_rkey: rkey }
-            }
-            None => WrOpcode::Send,
         };
-        wrs.push(SendWr::new(id, opcode, vec![self.send_mr.sge(0, msg.len() as u32)]));
-        // RPCR-MEM-03: a reply we cannot transmit ends the connection
-        self.qp.post_send(&wrs)?;
-        if let Err(e) = self.wait_for(id) {
-            if !writes.is_empty() {
-                self.record_if_refused(xid);
+        if inv.is_some() {
+            self.stats.remote_invalidations.fetch_add(1, Ordering::Relaxed);
+        }
+        self.queued.push_back(Outgoing {
+            msg: msg.to_vec(),
+            held,
+            inv,
+            writes: writes.to_vec(),
+            xid,
+        });
+        self.post_queued()
+    }
+
+    /// Post the queued Replies that have a send buffer and room on the send queue, in order.
+    fn post_queued(&mut self) -> Result<(), Fatal> {
+        while let Some(o) = self.queued.front() {
+            let n = o.writes.len() + 1;
+            if self.free_slots.is_empty() || (self.send_wrs > 0 && self.send_wrs + n > MAX_SEND_WRS) {
+                break;
             }
-            return Err(e);
+            let o = self.queued.pop_front().expect("front");
+            let slot = self.free_slots.pop().expect("a free slot");
+            let mut wrs = Vec::with_capacity(n);
+            if let Some(from) = o.held.region() {
+                for (handle, addr, src) in &o.writes {
+                    wrs.push(
+                        SendWr::new(
+                            wrid::WRITE,
+                            WrOpcode::RdmaWrite {
+                                remote: RemoteAddr {
+                                    addr: *addr,
+                                    rkey: *handle,
+                                },
+                            },
+                            vec![from.sge(src.start, src.len() as u32)],
+                        )
+                        .flags(SendFlags::empty()),
+                    );
+                }
+            }
+            let at = slot * self.slot_len;
+            self.send_mr.write(at, &o.msg).map_err(verbs::Error::from)?;
+            let id = self.wr(wrid::SEND);
+            let opcode = match o.inv {
+                Some(rkey) => WrOpcode::SendWithInv { invalidate_rkey: rkey },
+                None => WrOpcode::Send,
+            };
+            wrs.push(SendWr::new(id, opcode, vec![self.send_mr.sge(at, o.msg.len() as u32)]));
+            // RPCR-MEM-03: a reply we cannot transmit ends the connection
+            self.qp.post_send(&wrs)?;
+            self.send_wrs += wrs.len();
+            self.sending.push_back(InFlight {
+                id,
+                slot,
+                wrs: wrs.len(),
+                held: o.held,
+                xid: o.xid,
+                writes: !o.writes.is_empty(),
+                deadline: Instant::now() + self.timeout,
+            });
         }
         Ok(())
     }
+
+    /// A Reply's Send completed (its Writes before it): its buffer and memory come back.
+    fn on_sent(&mut self, wc: &WorkCompletion) -> Result<(), Fatal> {
+        let Some(i) = self.sending.iter().position(|f| f.id == wc.wr_id) else {
+            return stray(wc);
+        };
+        let f = self.sending.remove(i).expect("position");
+        self.send_wrs -= f.wrs;
+        self.free_slots.push(f.slot);
+        if wc.status != WcStatus::Success {
+            self.failed_status = Some(wc.status);
+            if f.writes {
+                self.record_if_refused(f.xid);
+            }
+            return Err(Fatal::WorkRequest {
+                opcode: wc.opcode,
+                status: wc.status,
+                vendor_err: wc.vendor_err,
+            });
+        }
+        if let Held::Stage(mr, charge) = f.held {
+            self.keep_spare(mr, charge);
+        }
+        self.post_queued()
+    }
+
+    /// When the oldest RDMA operation of this connection still outstanding (its Read
+    /// chunks' Reads, a Reply's Send) times out.
+    fn op_deadline(&self) -> Option<Instant> {
+        let pull = self.pulling.as_ref().map(|p| p.io.deadline);
+        let send = self.sending.front().map(|f| f.deadline);
+        match (pull, send) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// The XID of a message (its first word).
+fn xid_of(msg: &[u8]) -> Option<u32> {
+    msg.get(..4).map(|x| u32::from_be_bytes(x.try_into().expect("4 bytes")))
+}
+
+/// A completion of an operation this connection does not wait for (a reverse Call's Send):
+/// nothing to do unless it failed.
+fn stray(wc: &WorkCompletion) -> Result<(), Fatal> {
+    if wc.status != WcStatus::Success && wc.status != WcStatus::WrFlushErr {
+        return Err(Fatal::WorkRequest {
+            opcode: wc.opcode,
+            status: wc.status,
+            vendor_err: wc.vendor_err,
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
