@@ -25,15 +25,66 @@ fn perftest(test: &str, args: &[&str], port: u16, extra: &[&str]) -> Command {
     c
 }
 
-fn server(test: &str, port: u16, extra: &[&str]) -> Child {
-    let child = perftest(test, &["--bind", "127.0.0.1"], port, extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("server");
-    // No readiness probe (a bare TCP connect is not an MPA peer): the client retries a
-    // refused connect as perftest's does.
-    child
+/// A perftest server started with `-p 0`: it listens on a port the system chose and names it on
+/// stderr, so no test picks a "free" port that another one (or another process) can take
+/// between the check and the server's bind (the bandwidth test failed once that way under load).
+struct Server {
+    child: Child,
+    port: u16,
+    /// Stderr read so far (up to the port line) and the reader of the rest.
+    head: String,
+    rest: std::thread::JoinHandle<String>,
+}
+
+impl Server {
+    /// Spawns `cmd` (which must carry `-p 0` and pipe stdout and stderr) and waits for the
+    /// port line.
+    fn spawn(mut cmd: Command) -> Server {
+        use std::io::{BufRead, BufReader, Read};
+        let mut child = cmd.spawn().expect("server");
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut head = String::new();
+        let port = loop {
+            let mut line = String::new();
+            if err.read_line(&mut line).unwrap() == 0 {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "the server exited without naming its port: {head}{}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
+            head.push_str(&line);
+            if let Some(a) = line.trim().strip_prefix("perftest server: listening on ") {
+                break a.rsplit(':').next().unwrap().parse().unwrap();
+            }
+        };
+        let rest = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Server { child, port, head, rest }
+    }
+
+    /// Waits for the server (killed after 30 s) and returns its output, stderr whole.
+    fn finish(self) -> Output {
+        let mut o = finish(self.child);
+        let mut e = self.head.into_bytes();
+        e.extend(self.rest.join().unwrap().into_bytes());
+        e.extend(o.stderr);
+        o.stderr = e;
+        o
+    }
+}
+
+/// `softrdma perftest TEST --bind 127.0.0.1 -p 0 --timeout 20 EXTRA..`
+fn server(test: &str, extra: &[&str]) -> Server {
+    let mut c = perftest(test, &["--bind", "127.0.0.1"], 0, extra);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    // No readiness probe (a bare TCP connect is not an MPA peer): the server listens before
+    // it names its port, and the client retries a refused connect as perftest's does anyway.
+    Server::spawn(c)
 }
 
 fn client(test: &str, port: u16, extra: &[&str]) -> Output {
@@ -68,11 +119,10 @@ fn json(o: &Output) -> serde_json::Value {
 
 /// Runs one test both ends with --json and returns (server, client) JSON.
 fn pair(test: &str, size: &str, iters: &str) -> (serde_json::Value, serde_json::Value) {
-    let port = free_port();
     let args = ["-s", size, "-n", iters, "--json"];
-    let s = server(test, port, &args);
-    let c = client(test, port, &args);
-    let s = finish(s);
+    let s = server(test, &args);
+    let c = client(test, s.port, &args);
+    let s = s.finish();
     assert!(c.status.success(), "client: {}\nserver: {}", text(&c), text(&s));
     assert!(s.status.success(), "server: {}\nclient: {}", text(&s), text(&c));
     (json(&s), json(&c))
@@ -137,10 +187,9 @@ fn latency_tests_between_two_softrdma_ends() {
 
 #[test]
 fn table_output_has_perftest_result_line() {
-    let port = free_port();
-    let s = server("write_bw", port, &["-s", "4096", "-n", "50"]);
-    let c = client("write_bw", port, &["-s", "4096", "-n", "50"]);
-    let s = finish(s);
+    let s = server("write_bw", &["-s", "4096", "-n", "50"]);
+    let c = client("write_bw", s.port, &["-s", "4096", "-n", "50"]);
+    let s = s.finish();
     assert!(c.status.success() && s.status.success(), "{}\n{}", text(&c), text(&s));
     for o in [&c, &s] {
         let out = String::from_utf8_lossy(&o.stdout);
@@ -159,8 +208,8 @@ fn table_output_has_perftest_result_line() {
 #[test]
 fn server_refuses_a_peer_older_than_5_70() {
     use verbs::*;
-    let port = free_port();
-    let s = server("write_bw", port, &[]);
+    let s = server("write_bw", &[]);
+    let port = s.port;
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(16).unwrap();
@@ -189,7 +238,7 @@ fn server_refuses_a_peer_older_than_5_70() {
         .unwrap();
     let wc = cq.wait(Some(Duration::from_secs(5))).expect("send completion");
     assert_eq!(wc.status, WcStatus::Success);
-    let s = finish(s);
+    let s = s.finish();
     drop(qp);
     let st = text(&s);
     assert!(!s.status.success(), "server accepted version 5.60: {st}");
@@ -234,8 +283,8 @@ fn wait_established(port: u16) {
 /// once the comm connection is accepted), and the first session still completes.
 #[test]
 fn perftest_server_refuses_a_second_client() {
-    let port = free_port();
-    let s = server("write_bw", port, &["-s", "4096", "-n", "50", "--json"]);
+    let s = server("write_bw", &["-s", "4096", "-n", "50", "--json"]);
+    let port = s.port;
     let first = perftest("write_bw", &["127.0.0.1"], port, &["-s", "4096", "-n", "50", "--json"])
         .args(["--first-send-delay-ms", "5000"])
         .stdout(Stdio::piped())
@@ -255,7 +304,7 @@ fn perftest_server_refuses_a_second_client() {
     assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
     assert!(text(&second).contains("connection refused"), "{}", text(&second));
     let c = finish(first);
-    let s = finish(s);
+    let s = s.finish();
     assert!(c.status.success(), "{}", text(&c));
     assert!(s.status.success(), "{}", text(&s));
 }
@@ -266,10 +315,12 @@ fn perftest_server_refuses_a_second_client() {
 #[test]
 fn perftest_server_reports_a_dead_or_silent_client() {
     for (kill, server_timeout) in [(true, "30"), (false, "2")] {
-        let port = free_port();
-        let s = bare("send_bw", port, &["--bind", "127.0.0.1", "--timeout", server_timeout])
-            .spawn()
-            .unwrap();
+        let s = Server::spawn(bare(
+            "send_bw",
+            0,
+            &["--bind", "127.0.0.1", "--timeout", server_timeout],
+        ));
+        let port = s.port;
         let mut c = bare("send_bw", port, &["127.0.0.1", "--first-send-delay-ms", "60000"])
             .spawn()
             .unwrap();
@@ -277,7 +328,7 @@ fn perftest_server_reports_a_dead_or_silent_client() {
         if kill {
             c.kill().unwrap();
         }
-        let out = finish(s);
+        let out = s.finish();
         let _ = c.kill();
         let _ = c.wait();
         let e = String::from_utf8_lossy(&out.stderr);

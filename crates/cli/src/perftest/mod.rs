@@ -151,7 +151,8 @@ pub struct Args {
     /// rdma_cm mode (always on; accepted for perftest's command line).
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
-    /// Listen on / connect to this port.
+    /// Listen on / connect to this port. A server given 0 listens on a port the system
+    /// chooses and prints it on stderr (`perftest server: listening on ADDR:PORT`).
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
     /// Message size in bytes; K, M, G suffixes (powers of 1024) [default: 65536 for bw, 2 for lat].
@@ -640,6 +641,11 @@ fn session(dev: &Device, args: &Args, mut p: Params, role: Role) -> Result<Outco
         }
         Role::Server(addr) => {
             let l = dev.listen(addr).with_context(|| format!("listening on {addr}"))?;
+            if addr.port() == 0 {
+                // `-p 0`: the system chose the port; say which, so a caller (a test) can use it
+                // without finding a free port first and racing others for it.
+                eprintln!("perftest server: listening on {}", l.local_addr());
+            }
             if !args.json {
                 println!("\n************************************");
                 println!("* Waiting for client to connect... *");
