@@ -64,7 +64,12 @@ impl Server {
             let _ = err.read_to_string(&mut s);
             s
         });
-        Server { child, port, head, rest }
+        Server {
+            child,
+            port,
+            head,
+            rest,
+        }
     }
 
     /// Waits for the server (killed after 30 s) and returns its output, stderr whole.
@@ -166,6 +171,30 @@ fn bandwidth_tests_between_two_softrdma_ends() {
     );
 }
 
+/// read_bw and read_lat between two softrdma ends check what the client read against the
+/// pattern the server put in its region. The server must put it there before the exchange that
+/// lets the client start reading: a server that is slow after the exchange (here paused, under
+/// load descheduled) made the check fail with "the RDMA Read target does not hold the pattern"
+/// when it wrote the pattern after it (issue 18's flake of the bandwidth test above).
+#[test]
+fn read_tests_find_the_pattern_when_the_server_is_slow_after_the_exchange() {
+    for (test, size) in [("read_bw", "4096"), ("read_lat", "64")] {
+        let args = ["-s", size, "-n", "50", "--json"];
+        let mut sargs = args.to_vec();
+        sargs.extend(["--pause-after-exchange-ms", "300"]);
+        let s = server(test, &sargs);
+        let c = client(test, s.port, &args);
+        let s = s.finish();
+        assert!(c.status.success(), "{test} client: {}\nserver: {}", text(&c), text(&s));
+        assert!(s.status.success(), "{test} server: {}\nclient: {}", text(&s), text(&c));
+        let c = json(&c);
+        assert!(
+            c["verified"].as_str().unwrap().contains("payload pattern checked"),
+            "{c}"
+        );
+    }
+}
+
 #[test]
 fn latency_tests_between_two_softrdma_ends() {
     for test in ["write_lat", "send_lat", "read_lat"] {
@@ -250,14 +279,20 @@ fn server_refuses_a_peer_older_than_5_70() {
 // The perftest server's resource model and diagnostics (issue 12: one client at a time with
 // a clear refusal, an idle timeout, "peer closed" with QP and address, non-zero exit).
 
-/// Whether a TCP connection to local `port` is ESTABLISHED (from /proc/net/tcp): the
-/// client's comm connection is up, whatever the scheduler did.
-fn established_to(port: u16) -> bool {
+/// Whether a TCP socket on local `port` is in `state` (from /proc/net/tcp: "01" ESTABLISHED,
+/// "0A" LISTEN).
+fn tcp_state_on(port: u16, state: &str) -> bool {
     let t = std::fs::read_to_string("/proc/net/tcp").unwrap();
     t.lines().skip(1).any(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        f.len() > 3 && f[3] == "01" && f[1].ends_with(&format!(":{port:04X}"))
+        f.len() > 3 && f[3] == state && f[1].ends_with(&format!(":{port:04X}"))
     })
+}
+
+/// Whether a TCP connection to local `port` is ESTABLISHED: the client's comm connection is
+/// up, whatever the scheduler did.
+fn established_to(port: u16) -> bool {
+    tcp_state_on(port, "01")
 }
 
 /// `softrdma perftest TEST ARGS.. -p PORT` without the helper's `--timeout`.
@@ -292,6 +327,14 @@ fn perftest_server_refuses_a_second_client() {
         .spawn()
         .unwrap();
     wait_established(port);
+    // ESTABLISHED is the kernel's handshake; the server drops its listener only after it has
+    // accepted the comm connection (MPA included). A second client that came before that
+    // would sit in the backlog and be closed during MPA instead of refused.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tcp_state_on(port, "0A") {
+        assert!(Instant::now() < deadline, "the server still listens on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let t0 = Instant::now();
     let second = bare(
         "write_bw",
