@@ -25,15 +25,71 @@ fn perftest(test: &str, args: &[&str], port: u16, extra: &[&str]) -> Command {
     c
 }
 
-fn server(test: &str, port: u16, extra: &[&str]) -> Child {
-    let child = perftest(test, &["--bind", "127.0.0.1"], port, extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("server");
-    // No readiness probe (a bare TCP connect is not an MPA peer): the client retries a
-    // refused connect as perftest's does.
-    child
+/// A perftest server started with `-p 0`: it listens on a port the system chose and names it on
+/// stderr, so no test picks a "free" port that another one (or another process) can take
+/// between the check and the server's bind (the bandwidth test failed once that way under load).
+struct Server {
+    child: Child,
+    port: u16,
+    /// Stderr read so far (up to the port line) and the reader of the rest.
+    head: String,
+    rest: std::thread::JoinHandle<String>,
+}
+
+impl Server {
+    /// Spawns `cmd` (which must carry `-p 0` and pipe stdout and stderr) and waits for the
+    /// port line.
+    fn spawn(mut cmd: Command) -> Server {
+        use std::io::{BufRead, BufReader, Read};
+        let mut child = cmd.spawn().expect("server");
+        let mut err = BufReader::new(child.stderr.take().unwrap());
+        let mut head = String::new();
+        let port = loop {
+            let mut line = String::new();
+            if err.read_line(&mut line).unwrap() == 0 {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "the server exited without naming its port: {head}{}",
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
+            head.push_str(&line);
+            if let Some(a) = line.trim().strip_prefix("perftest server: listening on ") {
+                break a.rsplit(':').next().unwrap().parse().unwrap();
+            }
+        };
+        let rest = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            s
+        });
+        Server {
+            child,
+            port,
+            head,
+            rest,
+        }
+    }
+
+    /// Waits for the server (killed after 30 s) and returns its output, stderr whole.
+    fn finish(self) -> Output {
+        let mut o = finish(self.child);
+        let mut e = self.head.into_bytes();
+        e.extend(self.rest.join().unwrap().into_bytes());
+        e.extend(o.stderr);
+        o.stderr = e;
+        o
+    }
+}
+
+/// `softrdma perftest TEST --bind 127.0.0.1 -p 0 --timeout 20 EXTRA..`
+fn server(test: &str, extra: &[&str]) -> Server {
+    let mut c = perftest(test, &["--bind", "127.0.0.1"], 0, extra);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    // No readiness probe (a bare TCP connect is not an MPA peer): the server listens before
+    // it names its port, and the client retries a refused connect as perftest's does anyway.
+    Server::spawn(c)
 }
 
 fn client(test: &str, port: u16, extra: &[&str]) -> Output {
@@ -68,11 +124,10 @@ fn json(o: &Output) -> serde_json::Value {
 
 /// Runs one test both ends with --json and returns (server, client) JSON.
 fn pair(test: &str, size: &str, iters: &str) -> (serde_json::Value, serde_json::Value) {
-    let port = free_port();
     let args = ["-s", size, "-n", iters, "--json"];
-    let s = server(test, port, &args);
-    let c = client(test, port, &args);
-    let s = finish(s);
+    let s = server(test, &args);
+    let c = client(test, s.port, &args);
+    let s = s.finish();
     assert!(c.status.success(), "client: {}\nserver: {}", text(&c), text(&s));
     assert!(s.status.success(), "server: {}\nclient: {}", text(&s), text(&c));
     (json(&s), json(&c))
@@ -116,6 +171,30 @@ fn bandwidth_tests_between_two_softrdma_ends() {
     );
 }
 
+/// read_bw and read_lat between two softrdma ends check what the client read against the
+/// pattern the server put in its region. The server must put it there before the exchange that
+/// lets the client start reading: a server that is slow after the exchange (here paused, under
+/// load descheduled) made the check fail with "the RDMA Read target does not hold the pattern"
+/// when it wrote the pattern after it (issue 18's flake of the bandwidth test above).
+#[test]
+fn read_tests_find_the_pattern_when_the_server_is_slow_after_the_exchange() {
+    for (test, size) in [("read_bw", "4096"), ("read_lat", "64")] {
+        let args = ["-s", size, "-n", "50", "--json"];
+        let mut sargs = args.to_vec();
+        sargs.extend(["--pause-after-exchange-ms", "300"]);
+        let s = server(test, &sargs);
+        let c = client(test, s.port, &args);
+        let s = s.finish();
+        assert!(c.status.success(), "{test} client: {}\nserver: {}", text(&c), text(&s));
+        assert!(s.status.success(), "{test} server: {}\nclient: {}", text(&s), text(&c));
+        let c = json(&c);
+        assert!(
+            c["verified"].as_str().unwrap().contains("payload pattern checked"),
+            "{c}"
+        );
+    }
+}
+
 #[test]
 fn latency_tests_between_two_softrdma_ends() {
     for test in ["write_lat", "send_lat", "read_lat"] {
@@ -137,10 +216,9 @@ fn latency_tests_between_two_softrdma_ends() {
 
 #[test]
 fn table_output_has_perftest_result_line() {
-    let port = free_port();
-    let s = server("write_bw", port, &["-s", "4096", "-n", "50"]);
-    let c = client("write_bw", port, &["-s", "4096", "-n", "50"]);
-    let s = finish(s);
+    let s = server("write_bw", &["-s", "4096", "-n", "50"]);
+    let c = client("write_bw", s.port, &["-s", "4096", "-n", "50"]);
+    let s = s.finish();
     assert!(c.status.success() && s.status.success(), "{}\n{}", text(&c), text(&s));
     for o in [&c, &s] {
         let out = String::from_utf8_lossy(&o.stdout);
@@ -159,8 +237,8 @@ fn table_output_has_perftest_result_line() {
 #[test]
 fn server_refuses_a_peer_older_than_5_70() {
     use verbs::*;
-    let port = free_port();
-    let s = server("write_bw", port, &[]);
+    let s = server("write_bw", &[]);
+    let port = s.port;
     let dev = iwarp::open_device(iwarp::IwarpConfig::default()).unwrap();
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(16).unwrap();
@@ -189,7 +267,7 @@ fn server_refuses_a_peer_older_than_5_70() {
         .unwrap();
     let wc = cq.wait(Some(Duration::from_secs(5))).expect("send completion");
     assert_eq!(wc.status, WcStatus::Success);
-    let s = finish(s);
+    let s = s.finish();
     drop(qp);
     let st = text(&s);
     assert!(!s.status.success(), "server accepted version 5.60: {st}");
@@ -201,14 +279,20 @@ fn server_refuses_a_peer_older_than_5_70() {
 // The perftest server's resource model and diagnostics (issue 12: one client at a time with
 // a clear refusal, an idle timeout, "peer closed" with QP and address, non-zero exit).
 
-/// Whether a TCP connection to local `port` is ESTABLISHED (from /proc/net/tcp): the
-/// client's comm connection is up, whatever the scheduler did.
-fn established_to(port: u16) -> bool {
+/// Whether a TCP socket on local `port` is in `state` (from /proc/net/tcp: "01" ESTABLISHED,
+/// "0A" LISTEN).
+fn tcp_state_on(port: u16, state: &str) -> bool {
     let t = std::fs::read_to_string("/proc/net/tcp").unwrap();
     t.lines().skip(1).any(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
-        f.len() > 3 && f[3] == "01" && f[1].ends_with(&format!(":{port:04X}"))
+        f.len() > 3 && f[3] == state && f[1].ends_with(&format!(":{port:04X}"))
     })
+}
+
+/// Whether a TCP connection to local `port` is ESTABLISHED: the client's comm connection is
+/// up, whatever the scheduler did.
+fn established_to(port: u16) -> bool {
+    tcp_state_on(port, "01")
 }
 
 /// `softrdma perftest TEST ARGS.. -p PORT` without the helper's `--timeout`.
@@ -234,8 +318,8 @@ fn wait_established(port: u16) {
 /// once the comm connection is accepted), and the first session still completes.
 #[test]
 fn perftest_server_refuses_a_second_client() {
-    let port = free_port();
-    let s = server("write_bw", port, &["-s", "4096", "-n", "50", "--json"]);
+    let s = server("write_bw", &["-s", "4096", "-n", "50", "--json"]);
+    let port = s.port;
     let first = perftest("write_bw", &["127.0.0.1"], port, &["-s", "4096", "-n", "50", "--json"])
         .args(["--first-send-delay-ms", "5000"])
         .stdout(Stdio::piped())
@@ -243,6 +327,14 @@ fn perftest_server_refuses_a_second_client() {
         .spawn()
         .unwrap();
     wait_established(port);
+    // ESTABLISHED is the kernel's handshake; the server drops its listener only after it has
+    // accepted the comm connection (MPA included). A second client that came before that
+    // would sit in the backlog and be closed during MPA instead of refused.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tcp_state_on(port, "0A") {
+        assert!(Instant::now() < deadline, "the server still listens on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let t0 = Instant::now();
     let second = bare(
         "write_bw",
@@ -255,7 +347,7 @@ fn perftest_server_refuses_a_second_client() {
     assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
     assert!(text(&second).contains("connection refused"), "{}", text(&second));
     let c = finish(first);
-    let s = finish(s);
+    let s = s.finish();
     assert!(c.status.success(), "{}", text(&c));
     assert!(s.status.success(), "{}", text(&s));
 }
@@ -266,10 +358,12 @@ fn perftest_server_refuses_a_second_client() {
 #[test]
 fn perftest_server_reports_a_dead_or_silent_client() {
     for (kill, server_timeout) in [(true, "30"), (false, "2")] {
-        let port = free_port();
-        let s = bare("send_bw", port, &["--bind", "127.0.0.1", "--timeout", server_timeout])
-            .spawn()
-            .unwrap();
+        let s = Server::spawn(bare(
+            "send_bw",
+            0,
+            &["--bind", "127.0.0.1", "--timeout", server_timeout],
+        ));
+        let port = s.port;
         let mut c = bare("send_bw", port, &["127.0.0.1", "--first-send-delay-ms", "60000"])
             .spawn()
             .unwrap();
@@ -277,7 +371,7 @@ fn perftest_server_reports_a_dead_or_silent_client() {
         if kill {
             c.kill().unwrap();
         }
-        let out = finish(s);
+        let out = s.finish();
         let _ = c.kill();
         let _ = c.wait();
         let e = String::from_utf8_lossy(&out.stderr);

@@ -57,6 +57,49 @@ struct Inner {
     attached: Mutex<Vec<Weak<dyn Progress>>>,
 }
 
+thread_local! {
+    /// CQs whose waiters this thread owes a wake-up, while inside [`defer_wakeups`].
+    static DEFERRED: std::cell::RefCell<Option<Vec<CompletionQueue>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with the wake-ups of the completions this thread delivers meanwhile held back
+/// until `f` returns (or [`flush_wakeups`]). A provider wraps the work it does under its QP's
+/// lock in it, so a thread woken by a completion does not run straight into that lock (issue
+/// 18: with `--events` the woken application re-posted its receive while the progress thread
+/// still held the QP, slept on the lock and was woken a second time: two more `futex` calls
+/// and a second context switch per message). Nested calls join the outer one.
+pub(crate) fn defer_wakeups<R>(f: impl FnOnce() -> R) -> R {
+    struct Flush;
+    impl Drop for Flush {
+        fn drop(&mut self) {
+            flush_wakeups();
+            DEFERRED.with(|d| *d.borrow_mut() = None);
+        }
+    }
+    let outer = DEFERRED.with(|d| {
+        let mut d = d.borrow_mut();
+        let outer = d.is_some();
+        if !outer {
+            *d = Some(Vec::new());
+        }
+        outer
+    });
+    if outer {
+        return f();
+    }
+    let _flush = Flush;
+    f()
+}
+
+/// Wakes now the waiters that [`defer_wakeups`] held back so far on this thread (a provider
+/// calls it before it blocks or starts a long piece of work, so a wake-up waits only for the
+/// end of the current one).
+pub(crate) fn flush_wakeups() {
+    let owed = DEFERRED.with(|d| d.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default());
+    owed.iter().for_each(CompletionQueue::wake);
+}
+
 /// A completion queue (`ibv_cq`). Cheap to clone; clones share the queue.
 #[derive(Clone)]
 pub struct CompletionQueue {
@@ -105,10 +148,12 @@ impl CompletionQueue {
     }
 
     /// Deliver a completion; wakes blocking and async waiters
-    /// ([`CqProviderExt::push`](crate::provider::CqProviderExt::push)).
+    /// ([`CqProviderExt::push`](crate::provider::CqProviderExt::push)), or, inside
+    /// [`defer_wakeups`] on this thread, leaves the wake-up for the end of it.
     pub(crate) fn deliver(&self, wc: WorkCompletion) -> Result<(), CqOverflow> {
         let wakers;
         let sleepers;
+        let defer = DEFERRED.with(|d| d.borrow().is_some());
         {
             let mut s = self.inner.state.lock().unwrap();
             if s.entries.len() >= self.inner.capacity {
@@ -122,6 +167,17 @@ impl CompletionQueue {
                 s.events += 1;
             }
             s.entries.push_back(wc);
+            if defer && (s.sleepers > 0 || !s.wakers.is_empty()) {
+                drop(s);
+                DEFERRED.with(|d| {
+                    if let Some(v) = d.borrow_mut().as_mut()
+                        && !v.iter().any(|c| c.same(self))
+                    {
+                        v.push(self.clone());
+                    }
+                });
+                return Ok(());
+            }
             wakers = std::mem::take(&mut s.wakers);
             sleepers = s.sleepers > 0;
             s.notifies += u64::from(sleepers);
@@ -131,6 +187,20 @@ impl CompletionQueue {
         }
         wakers.into_iter().for_each(Waker::wake);
         Ok(())
+    }
+
+    /// Wakes whoever waits on this CQ (a deferred [`deliver`](Self::deliver)'s wake-up).
+    fn wake(&self) {
+        let (wakers, sleepers) = {
+            let mut s = self.inner.state.lock().unwrap();
+            let sleepers = s.sleepers > 0;
+            s.notifies += u64::from(sleepers);
+            (std::mem::take(&mut s.wakers), sleepers)
+        };
+        if sleepers {
+            self.inner.cond.notify_all();
+        }
+        wakers.into_iter().for_each(Waker::wake);
     }
 
     /// How many completions woke a thread asleep in [`wait`](Self::wait),
@@ -381,6 +451,48 @@ mod tests {
         assert_eq!(t.join().unwrap().unwrap().wr_id, 7);
         assert_eq!(cq.notifies(), 1);
         assert_eq!(cq.inner.state.lock().unwrap().sleepers, 0);
+    }
+
+    #[test]
+    fn deferred_wakeups_come_when_the_scope_ends() {
+        // Issue 18: a provider delivering under its QP's lock wakes the sleeper only after it
+        // (the scope) ends, so the woken thread does not sleep again on that lock.
+        let cq = CompletionQueue::create(8);
+        let c2 = cq.clone();
+        let t = std::thread::spawn(move || c2.wait_spin(Duration::ZERO, Some(Duration::from_secs(30))));
+        while cq.inner.state.lock().unwrap().sleepers == 0 {
+            std::thread::yield_now();
+        }
+        defer_wakeups(|| {
+            cq.deliver(wc(1, false)).unwrap();
+            // Nested scopes join the outer one.
+            defer_wakeups(|| cq.deliver(wc(2, false)).unwrap());
+            assert_eq!(cq.notifies(), 0, "woken inside the scope");
+            assert_eq!(cq.len(), 2, "the completions themselves are queued at once");
+        });
+        assert_eq!(cq.notifies(), 1, "one wake-up for the CQ at the end of the scope");
+        assert_eq!(t.join().unwrap().unwrap().wr_id, 1);
+        // flush_wakeups wakes inside the scope; outside one, deliver wakes at once.
+        let c2 = cq.clone();
+        let t = std::thread::spawn(move || {
+            let first = c2.wait_spin(Duration::ZERO, Some(Duration::from_secs(30)));
+            (first, c2.wait_spin(Duration::ZERO, Some(Duration::from_secs(30))))
+        });
+        let asleep = |n: u64| {
+            while cq.inner.state.lock().unwrap().sleepers == 0 || cq.notifies() != n {
+                std::thread::yield_now();
+            }
+        };
+        // Completion 2 is still queued: the thread returns it without sleeping.
+        asleep(1);
+        defer_wakeups(|| {
+            cq.deliver(wc(3, false)).unwrap();
+            flush_wakeups();
+            assert_eq!(cq.notifies(), 2);
+        });
+        let (a, b) = t.join().unwrap();
+        assert_eq!((a.unwrap().wr_id, b.unwrap().wr_id), (2, 3));
+        assert_eq!(cq.notifies(), 2);
     }
 
     #[test]

@@ -297,6 +297,21 @@ pub trait CqProviderExt {
     fn push(&self, wc: WorkCompletion) -> std::result::Result<(), CqOverflow>;
 }
 
+/// Runs `f` with the wake-ups of the completions this thread delivers meanwhile (through
+/// [`CqProviderExt::push`]) held back until `f` returns: wrap the work done under a QP's lock
+/// in it, so a waiter woken by a completion does not find the lock still held and sleep on
+/// it. Nested calls join the outer one; completions themselves are queued at once (a poller
+/// sees them), only the waking of sleepers and async waiters is deferred.
+pub fn defer_cq_wakeups<R>(f: impl FnOnce() -> R) -> R {
+    crate::cq::defer_wakeups(f)
+}
+
+/// Inside [`defer_cq_wakeups`]: wakes now the waiters held back so far (call it before
+/// anything that may take long, e.g. the next read of a stream that keeps coming).
+pub fn flush_cq_wakeups() {
+    crate::cq::flush_wakeups()
+}
+
 impl CqProviderExt for CompletionQueue {
     fn attach(&self, p: Weak<dyn Progress>) {
         self.attach_progress(p)

@@ -151,7 +151,8 @@ pub struct Args {
     /// rdma_cm mode (always on; accepted for perftest's command line).
     #[arg(short = 'R', long = "rdma_cm")]
     pub rdma_cm: bool,
-    /// Listen on / connect to this port.
+    /// Listen on / connect to this port. A server given 0 listens on a port the system
+    /// chooses and prints it on stderr (`perftest server: listening on ADDR:PORT`).
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     pub port: u16,
     /// Message size in bytes; K, M, G suffixes (powers of 1024) [default: 65536 for bw, 2 for lat].
@@ -201,6 +202,10 @@ pub struct Args {
     /// Reply (see docs/interop-siw.md); 0 sends at once.
     #[arg(long, default_value_t = 50)]
     pub first_send_delay_ms: u64,
+    /// Wait this long after the address exchange before the traffic (hidden: tests use it to
+    /// stand for a descheduled end, e.g. a read_bw server that is slow after the exchange).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub pause_after_exchange_ms: u64,
     /// Give up when a step (connection, message, completion) takes longer than this many seconds.
     #[arg(long, default_value_t = 60)]
     pub timeout: u64,
@@ -640,6 +645,11 @@ fn session(dev: &Device, args: &Args, mut p: Params, role: Role) -> Result<Outco
         }
         Role::Server(addr) => {
             let l = dev.listen(addr).with_context(|| format!("listening on {addr}"))?;
+            if addr.port() == 0 {
+                // `-p 0`: the system chose the port; say which, so a caller (a test) can use it
+                // without finding a free port first and racing others for it.
+                eprintln!("perftest server: listening on {}", l.local_addr());
+            }
             if !args.json {
                 println!("\n************************************");
                 println!("* Waiting for client to connect... *");
@@ -724,6 +734,16 @@ fn session(dev: &Device, args: &Args, mut p: Params, role: Role) -> Result<Outco
         srqn: 0,
         gid_index: 0,
     };
+    // The payload goes in before the exchanges that tell the peer where it is: a read_bw
+    // client reads the server's target as soon as the last exchange reaches it, so a pattern
+    // written after it could be read before it was there (under load the check failed with
+    // "the RDMA Read target does not hold the pattern": issue 18's perftest_loopback flake).
+    let verify = peer.softrdma;
+    let src = pattern(p.size as usize);
+    data.mr.write(0, &src).map_err(|_| anyhow!("data region"))?;
+    if verify && p.test.verb() == Verb::Read && !client {
+        data.mr.write(p.half, &src).map_err(|_| anyhow!("data region"))?;
+    }
     let mut rem: Option<PingpongDest> = None;
     for i in 0..p.test.preamble() {
         let d = comm.hand_shake(&my, "pingpong_dest")?;
@@ -738,14 +758,9 @@ fn session(dev: &Device, args: &Args, mut p: Params, role: Role) -> Result<Outco
         rem = Some(d);
     }
     let rem = rem.expect("preamble has exchanges");
+    std::thread::sleep(Duration::from_millis(args.pause_after_exchange_ms));
     if !args.json {
         print_header(&p, role_name, &peer_name, &my, &rem);
-    }
-    let verify = peer.softrdma;
-    let src = pattern(p.size as usize);
-    data.mr.write(0, &src).map_err(|_| anyhow!("data region"))?;
-    if verify && p.test.verb() == Verb::Read && !client {
-        data.mr.write(p.half, &src).map_err(|_| anyhow!("data region"))?;
     }
 
     // 5. traffic and the closing exchanges.
@@ -918,22 +933,84 @@ fn remote_of(rem: &PingpongDest) -> RemoteAddr {
 /// Retries a refused connect, as perftest's client does while the server is not listening
 /// yet (`rdma_cm_client_connection`: 10 tries 100 ms apart; here until `step` runs out).
 fn connect_retry(pd: &ProtectionDomain, addr: SocketAddr, opts: &QpOptions, step: Duration) -> Result<QueuePair> {
+    retry_refused(
+        step,
+        |t| pd.connect(addr, opts.clone(), t),
+        || {
+            format!(
+                "no perftest server at {addr}: still refused after {} s of retries",
+                step.as_secs()
+            )
+        },
+        || format!("connecting to {addr}"),
+    )
+}
+
+/// Runs `attempt` (given the time one try may take) until it is neither refused nor rejected
+/// (the server not listening yet), 100 ms apart, for at most `step`: the retry loop of
+/// perftest's `rdma_cm_client_connection`, for an RC connect and a UD resolution alike.
+/// `gave_up` and `failed` name the two ways it ends in an error.
+fn retry_refused<T>(
+    step: Duration,
+    mut attempt: impl FnMut(Duration) -> verbs::Result<T>,
+    gave_up: impl Fn() -> String,
+    failed: impl Fn() -> String,
+) -> Result<T> {
     let deadline = Instant::now() + step;
     loop {
-        match pd.connect(addr, opts.clone(), step.min(Duration::from_secs(10))) {
-            Ok(qp) => return Ok(qp),
+        match attempt(step.min(Duration::from_secs(10))) {
+            Ok(v) => return Ok(v),
             Err(e @ (Error::ConnectionRefused | Error::Rejected { .. })) => {
                 if Instant::now() >= deadline {
-                    return Err(anyhow!(e).context(format!(
-                        "no perftest server at {addr}: still refused after {} s of retries",
-                        step.as_secs()
-                    )));
+                    return Err(anyhow!(e).context(gave_up()));
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            Err(e) => return Err(anyhow!(e).context(format!("connecting to {addr}"))),
+            Err(e) => return Err(anyhow!(e).context(failed())),
         }
     }
+}
+
+/// The data QP's completion queues and capacities (`ctx_init` / `create_qp_main`), the same
+/// for an RC and a UD data QP.
+fn data_resources(dev: &Device, p: &Params) -> Result<(CompletionQueue, CompletionQueue, QpInitAttr)> {
+    let send_cq = dev.create_cq((p.tx_depth as usize + 16).max(64))?;
+    let recv_cq = dev.create_cq((p.rx_depth as usize + 16).max(64))?;
+    let cap = QpInitAttr {
+        max_send_wr: p.tx_depth + 4,
+        max_recv_wr: p.rx_depth + 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        ..QpInitAttr::default()
+    };
+    Ok((send_cq, recv_cq, cap))
+}
+
+/// The server's side of the data connection (`rdma_cm_server_connection`): listens anew on the
+/// comm connection's address in port space `ps`, takes one request within `step` and checks
+/// that it comes from the comm connection's peer. `what` names the request in errors. The
+/// caller accepts it and then drops the listener.
+fn data_request(
+    dev: &Device,
+    addr: SocketAddr,
+    ps: PortSpace,
+    peer: SocketAddr,
+    step: Duration,
+    what: &str,
+) -> Result<(Listener, ConnectRequest)> {
+    let l = dev
+        .listen_in(addr, ps)
+        .with_context(|| format!("listening on {addr} ({ps:?} port space) for {what}"))?;
+    let req = l
+        .get_request(Some(step))
+        .with_context(|| format!("waiting for {what} (rdma_cm_server_connection)"))?;
+    if req.peer_addr().ip() != peer.ip() {
+        bail!(
+            "{what} from {}, but the comm connection came from {peer}",
+            req.peer_addr()
+        );
+    }
+    Ok((l, req))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -947,8 +1024,7 @@ fn data_connection(
     step: Duration,
     softrdma_peer: bool,
 ) -> Result<Data> {
-    let send_cq = dev.create_cq((p.tx_depth as usize + 16).max(64))?;
-    let recv_cq = dev.create_cq((p.rx_depth as usize + 16).max(64))?;
+    let (send_cq, recv_cq, cap) = data_resources(dev, p)?;
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
     let mr = pd.reg_mr(2 * p.half, access)?;
     let credit = if p.test == Test::SendBw && p.iwarp {
@@ -965,13 +1041,7 @@ fn data_connection(
     } else {
         0
     };
-    let mut opts = QpOptions::new(&send_cq).rd_atomic(rd, rd).attr(QpInitAttr {
-        max_send_wr: p.tx_depth + 4,
-        max_recv_wr: p.rx_depth + 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        ..QpInitAttr::default()
-    });
+    let mut opts = QpOptions::new(&send_cq).rd_atomic(rd, rd).attr(cap);
     opts.recv_cq = recv_cq.clone();
     let qp = match role {
         Role::Client(addr) => {
@@ -979,18 +1049,7 @@ fn data_connection(
         }
         Role::Server(_) => {
             let addr = listen_on.expect("server has listened");
-            let l = dev
-                .listen(addr)
-                .with_context(|| format!("listening on {addr} for the data connection"))?;
-            let req = l
-                .get_request(Some(step))
-                .context("waiting for the data connection (rdma_cm_server_connection)")?;
-            if req.peer_addr().ip() != peer.ip() {
-                bail!(
-                    "data connection from {}, but the comm connection came from {peer}",
-                    req.peer_addr()
-                );
-            }
+            let (_l, req) = data_request(dev, addr, PortSpace::Tcp, peer, step, "the data connection")?;
             req.accept(pd, opts).context("accepting the data connection")?
         }
     };
@@ -1677,6 +1736,7 @@ mod tests {
             crc: None,
             connection: Connection::Rc,
             first_send_delay_ms: 0,
+            pause_after_exchange_ms: 0,
             timeout: 1,
             connect_timeout: 1,
         };

@@ -85,17 +85,9 @@ pub(super) fn data_connection(
     peer: SocketAddr,
     step: Duration,
 ) -> Result<Data> {
-    let send_cq = dev.create_cq((p.tx_depth as usize + 16).max(64))?;
-    let recv_cq = dev.create_cq((p.rx_depth as usize + 16).max(64))?;
+    let (send_cq, recv_cq, cap) = super::data_resources(dev, p)?;
     // The source half, then the target half with room for the GRH before the payload.
     let mr = pd.reg_mr(2 * p.half + GRH_LEN, Access::LOCAL_WRITE)?;
-    let cap = QpInitAttr {
-        max_send_wr: p.tx_depth + 4,
-        max_recv_wr: p.rx_depth + 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        ..QpInitAttr::default()
-    };
     let qp = pd
         .create_qp(QpInit::new(QpType::Ud, &send_cq).recv_cq(&recv_cq).cap(cap))
         .context("creating the UD data QP")?;
@@ -122,18 +114,7 @@ pub(super) fn data_connection(
         }
         Role::Server(_) => {
             let addr = listen_on.expect("server has listened");
-            let l = dev
-                .listen_in(addr, PortSpace::Udp)
-                .with_context(|| format!("listening on {addr} in RDMA_PS_UDP for the UD data QP"))?;
-            let req = l
-                .get_request(Some(step))
-                .context("waiting for the data QP's SIDR_REQ (rdma_cm_server_connection)")?;
-            if req.peer_addr().ip() != peer.ip() {
-                bail!(
-                    "UD data QP resolved from {}, but the comm connection came from {peer}",
-                    req.peer_addr()
-                );
-            }
+            let (l, req) = super::data_request(dev, addr, PortSpace::Udp, peer, step, "the UD data QP's SIDR_REQ")?;
             if server_sends {
                 qp.post_recv(&[RecvWr {
                     wr_id: QPN_WR,
@@ -163,22 +144,17 @@ pub(super) fn data_connection(
 /// `rdma_cm_client_connection` in RDMA_PS_UDP: SIDR until the server listens (a SIDR_REP with
 /// status 1 while it does not), for at most `step`.
 fn resolve_retry(qp: &QueuePair, addr: SocketAddr, step: Duration) -> Result<UdParam> {
-    let deadline = Instant::now() + step;
-    loop {
-        match qp.connect_ud(addr, &[], step.min(Duration::from_secs(10))) {
-            Ok(p) => return Ok(p),
-            Err(e @ (Error::ConnectionRefused | Error::Rejected { .. })) => {
-                if Instant::now() >= deadline {
-                    return Err(anyhow!(e).context(format!(
-                        "no perftest UD server at {addr}: SIDR still refused after {} s",
-                        step.as_secs()
-                    )));
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            Err(e) => return Err(anyhow!(e).context(format!("resolving the UD data QP at {addr} (SIDR)"))),
-        }
-    }
+    super::retry_refused(
+        step,
+        |t| qp.connect_ud(addr, &[], t),
+        || {
+            format!(
+                "no perftest UD server at {addr}: SIDR still refused after {} s",
+                step.as_secs()
+            )
+        },
+        || format!("resolving the UD data QP at {addr} (SIDR)"),
+    )
 }
 
 /// `rdma_cm_send_ud_connection_parameters`: 4 octets, Send with immediate = our QPN.

@@ -194,15 +194,14 @@ fn send_terminate(mpa: &mut Mpa, sock: &mut TcpStream) {
     }
 }
 
-fn to_negotiated(n: &crate::proto::mpa::Negotiated, sock: &TcpStream) -> Negotiated {
+/// The connection's outcome; `local`/`peer` are the addresses known from connect or accept
+/// (`getpeername` fails once the peer has reset the connection, which may already have
+/// happened here, and the QP's diagnostics name the peer: issue 12).
+fn to_negotiated(n: &crate::proto::mpa::Negotiated, local: SocketAddr, peer: SocketAddr) -> Negotiated {
     let rtr = n
         .rtr_to_send()
         .map(RtrRole::Send)
         .or(n.rtr_to_receive().map(RtrRole::Expect));
-    let local = sock
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    let peer = sock.peer_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     Negotiated {
         crc: n.framing.crc,
         markers_tx: n.framing.markers_tx,
@@ -338,7 +337,12 @@ impl CmBackend for IwarpProvider {
         let mut pending = Vec::new();
         match drive(&mut mpa, &mut sock, &mut pending)? {
             Event::Negotiated(n) => {
-                let neg = to_negotiated(&n, &sock);
+                let unspecified = SocketAddr::from(([0, 0, 0, 0], 0));
+                let neg = to_negotiated(
+                    &n,
+                    sock.local_addr().unwrap_or(unspecified),
+                    sock.peer_addr().unwrap_or(addr),
+                );
                 tracing::debug!("connected to {addr}: {}", neg.info.detail);
                 bind(handle, sock, pending, neg, &self.driver, &self.cfg)
             }
@@ -826,13 +830,15 @@ impl ConnRequestOps for IncomingRequest {
             mut sock,
             mpa,
             mut pending,
+            local,
+            peer,
             ..
         } = *self;
         let mut mpa = mpa.into_inner().unwrap();
         mpa.accept(ird_ord(param), &param.private_data).map_err(mpa_err)?;
         match drive(&mut mpa, &mut sock, &mut pending)? {
             Event::Negotiated(n) => {
-                let neg = to_negotiated(&n, &sock);
+                let neg = to_negotiated(&n, local, peer);
                 bind(handle, sock, pending, neg, &ctx.driver, &ctx.cfg)
             }
             _ => Err(Error::Protocol("unexpected MPA event after accept".into())),

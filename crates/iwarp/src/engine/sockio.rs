@@ -66,9 +66,10 @@ pub enum IoPart<'a> {
 /// The most parts one [`writev`] call takes (Linux's `IOV_MAX`).
 pub const MAX_IO_PARTS: usize = 1024;
 
-/// `writev(2)` of up to [`MAX_IO_PARTS`] parts to `fd`: the kernel copies
-/// straight from registered buffers into socket buffers. Returns the octets
-/// written (possibly fewer than asked, as `writev` does).
+/// `writev(2)` of up to [`MAX_IO_PARTS`] parts to the socket `fd` (as `sendmsg` with
+/// `MSG_NOSIGNAL`): the kernel copies straight from registered buffers into socket
+/// buffers. Returns the octets written (possibly fewer than asked, as `writev` does); a
+/// reset connection is `EPIPE`, never SIGPIPE.
 pub fn writev(fd: RawFd, parts: &[IoPart<'_>]) -> std::io::Result<usize> {
     let mut iov: Vec<libc::iovec> = Vec::with_capacity(parts.len().min(MAX_IO_PARTS));
     for part in parts.iter().take(MAX_IO_PARTS) {
@@ -81,10 +82,20 @@ pub fn writev(fd: RawFd, parts: &[IoPart<'_>]) -> std::io::Result<usize> {
             iov_len: len,
         });
     }
+    // `sendmsg` with MSG_NOSIGNAL rather than `writev`: a write to a connection the peer
+    // has reset must fail with EPIPE (the QP goes to error), not raise SIGPIPE, whose
+    // default action ends the whole process (the CLI restores it for `| head`; the bench
+    // server died of it when its client was killed, cli.rs
+    // bench_server_reports_a_client_that_died_and_exits_non_zero).
+    // SAFETY: an all-zero msghdr is valid (no address, no control data); msg_iov points at
+    // `iov`, alive for the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len() as _;
     // SAFETY: every iovec points at live memory of its stated length: a
     // borrowed slice, or a bounds-checked range of a Buffer borrowed for the
     // call. The kernel only reads them.
-    let n = unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as libc::c_int) };
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
     if n < 0 {
         Err(std::io::Error::last_os_error())
     } else {
@@ -135,5 +146,32 @@ mod tests {
         assert_eq!(&got[..4], b"head");
         assert_eq!(&tail[..8], &[&data[26..30], &b"tail"[..]].concat()[..]);
         let _ = (&mut r, &mut w);
+    }
+
+    /// A write to a socket whose peer is gone is EPIPE and raises no SIGPIPE (whose default
+    /// action, which the CLI restores, ends the process). SIGPIPE is blocked in this thread
+    /// meanwhile, so one raised would stay pending (a blocked signal is queued even when
+    /// ignored) instead of touching the rest of the test process.
+    #[test]
+    fn writev_to_a_closed_peer_is_epipe_not_sigpipe() {
+        use std::os::fd::AsRawFd;
+        // SAFETY: plain signal-mask calls on this thread with sigset_t values on the stack.
+        let pending = unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPIPE);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+            let (r, w) = std::os::unix::net::UnixStream::pair().unwrap();
+            drop(r);
+            let e = writev(w.as_raw_fd(), &[IoPart::Bytes(b"x")]).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPIPE));
+            let mut p: libc::sigset_t = std::mem::zeroed();
+            libc::sigpending(&mut p);
+            let pending = libc::sigismember(&p, libc::SIGPIPE) == 1;
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            pending
+        };
+        assert!(!pending, "writev raised SIGPIPE");
     }
 }

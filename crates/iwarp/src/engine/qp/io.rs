@@ -111,8 +111,10 @@ impl IwarpQp {
     }
 
     /// Runs transmit and receive progress if no other thread is doing it.
+    /// Waiters woken by the completions it delivers are woken after the QP's lock is
+    /// released ([`verbs::provider::defer_cq_wakeups`]), so they do not sleep on it.
     fn kick(&self) -> bool {
-        self.poke.run(&self.core, |c| self.work(c))
+        verbs::provider::defer_cq_wakeups(|| self.poke.run(&self.core, |c| self.work(c)))
     }
 
     /// Reads until the socket is drained, then sends what that produced and
@@ -170,6 +172,9 @@ impl IwarpQp {
                 any |= self.discard_rx(rx, p);
                 break;
             }
+            // More of a stream that keeps coming: wake now whoever the completions so far
+            // are for, rather than after the whole run of reads.
+            verbs::provider::flush_cq_wakeups();
             SOCKET_READS.fetch_add(1, Ordering::Relaxed);
             let res = match rx.direct.as_mut() {
                 Some(d) if d.done < d.len => {
@@ -266,7 +271,14 @@ impl IwarpQp {
     /// and an epoll edge that came while this thread held the lock left a
     /// poke, which is run before returning.
     fn with_core<R>(&self, f: impl FnOnce(&mut Proto) -> R) -> R {
-        let mut c = self.core.lock().unwrap();
+        let mut c = match self.core.try_lock() {
+            Ok(c) => c,
+            Err(std::sync::TryLockError::WouldBlock) => {
+                CORE_LOCK_WAITS.fetch_add(1, Ordering::Relaxed);
+                self.core.lock().unwrap()
+            }
+            Err(std::sync::TryLockError::Poisoned(e)) => panic!("{e}"),
+        };
         let r = f(&mut c.p);
         self.pump_tx(&mut c.p);
         drop(c);
@@ -288,12 +300,14 @@ impl Pollable for IwarpQp {
             // Room to write, nothing to read: no `read` that would say EAGAIN.
             // A poke left meanwhile may be a readable edge, so re-runs do everything.
             let mut first = true;
-            self.poke.run(&self.core, |c| {
-                if std::mem::take(&mut first) {
-                    self.pump_tx(&mut c.p)
-                } else {
-                    self.work(c)
-                }
+            verbs::provider::defer_cq_wakeups(|| {
+                self.poke.run(&self.core, |c| {
+                    if std::mem::take(&mut first) {
+                        self.pump_tx(&mut c.p)
+                    } else {
+                        self.work(c)
+                    }
+                })
             });
         }
     }
@@ -316,6 +330,18 @@ static SOCKET_READS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64
 /// `post_recv`).
 pub fn socket_reads() -> u64 {
     SOCKET_READS.load(Ordering::Relaxed)
+}
+
+/// Times `post_send`/`post_recv` found the QP's lock held and had to wait for it.
+static CORE_LOCK_WAITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times a `post_send` or `post_recv` on a QP of this process found the QP's lock
+/// held by another thread (the progress thread, usually) and waited for it: a diagnostic for
+/// tests that count per message. A thread woken by a completion should not find the lock
+/// still held by the thread that woke it (issue 18: completions' wake-ups are deferred until
+/// the lock is released).
+pub fn core_lock_waits() -> u64 {
+    CORE_LOCK_WAITS.load(Ordering::Relaxed)
 }
 
 /// A poller that has polled without a gap this long is busy-polling.

@@ -815,5 +815,5 @@ mod rx;
 mod rx_buf;
 mod tx;
 
-pub use io::{IwarpQp, socket_reads};
+pub use io::{IwarpQp, core_lock_waits, socket_reads};
 use tx::frame_copy;
