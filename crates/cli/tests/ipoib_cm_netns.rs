@@ -17,63 +17,11 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "common/netns.rs"]
+mod netns;
+use netns::{Lab, have, have_iputils_ping, is_root, must, ping, rfc4391_link_local, wait_up};
+
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
-
-fn have(prog: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {prog}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// iputils ping (the `-M do` and "message too long" of the issue; busybox has neither).
-fn have_iputils_ping() -> bool {
-    Command::new("ping")
-        .arg("-V")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains("iputils"))
-        .unwrap_or(false)
-}
-
-fn sh(cmd: &str) -> (bool, String) {
-    let o = Command::new("sh").args(["-c", cmd]).output().expect("sh");
-    let mut s = String::from_utf8_lossy(&o.stdout).into_owned();
-    s += &String::from_utf8_lossy(&o.stderr);
-    (o.status.success(), s)
-}
-
-fn must(cmd: &str) -> String {
-    let (ok, out) = sh(cmd);
-    assert!(ok, "{cmd}: {out}");
-    out
-}
-
-/// Namespaces and processes, removed on drop (also when a check fails).
-struct Lab {
-    ns: Vec<String>,
-    procs: Vec<Child>,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.procs {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for n in &self.ns {
-            let _ = sh(&format!("ip netns del {n}"));
-        }
-    }
-}
 
 fn skip() -> bool {
     if !is_root() || !have("ip") || !have_iputils_ping() {
@@ -84,60 +32,27 @@ fn skip() -> bool {
 }
 
 fn daemon(ns: &str, mode: &str, underlay: &str, addrs: &[String], log: &str) -> Child {
-    let log = std::fs::File::create(std::env::temp_dir().join(log)).unwrap();
-    let mut c = Command::new("ip");
-    c.args([
-        "netns",
-        "exec",
-        ns,
-        BIN,
-        "ipoib",
-        "up",
-        "--dev",
-        "ib0",
-        "--mode",
-        mode,
-        "--underlay",
-        underlay,
-    ]);
-    for a in addrs {
-        c.args(["--addr", a]);
-    }
-    c.env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn softrdma ipoib up")
-}
-
-fn wait_up(ns: &str, addr: &str) {
-    let end = Instant::now() + Duration::from_secs(20);
-    while !sh(&format!("ip -n {ns} addr show dev ib0")).1.contains(addr) {
-        assert!(Instant::now() < end, "ib0 in {ns} did not come up with {addr}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    netns::daemon(BIN, ns, mode, underlay, addrs, &[], log)
 }
 
 fn show(ns: &str, what: &str) -> String {
-    sh(&format!("ip netns exec {ns} {BIN} ipoib show {what} --dev ib0")).1
+    netns::show(BIN, ns, what)
 }
 
-/// Waits until `show WHAT` in `ns` satisfies `want` (the status file is rewritten each
-/// second).
 fn wait_show(ns: &str, what: &str, want: impl Fn(&str) -> bool) -> String {
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let s = show(ns, what);
-        if want(&s) {
-            return s;
-        }
-        assert!(Instant::now() < end, "show {what} in {ns}: {s}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    netns::wait_show(BIN, ns, what, want)
 }
 
-fn ping(ns: &str, args: &str) -> (bool, String) {
-    sh(&format!("ip netns exec {ns} ping {args}"))
+/// An iperf3 server for one test on `addr`:`port` in `ns`, then the client in `from` with
+/// `args`; the `bits_per_second` of `section` in its JSON report.
+fn iperf3(lab: &mut Lab, ns: &str, from: &str, addr: &str, port: u16, args: &str, section: &str) -> f64 {
+    let port = port.to_string();
+    lab.spawn_in(ns, &["iperf3", "-s", "-1", "-B", addr, "-p", &port]);
+    std::thread::sleep(Duration::from_millis(400));
+    let out = must(&format!(
+        "ip netns exec {from} iperf3 -c {addr} -p {port} -t 1 --connect-timeout 3000 -J {args}"
+    ));
+    json_number(&out, section, "\"bits_per_second\"")
 }
 
 #[test]
@@ -148,22 +63,7 @@ fn ipoib_connected_mode_between_two_namespaces() {
     let id = std::process::id() % 100_000;
     let ns = vec![format!("icmA{id}"), format!("icmB{id}")];
     let veth = [format!("cma{id}"), format!("cmb{id}")];
-    let mut lab = Lab {
-        ns: ns.clone(),
-        procs: Vec::new(),
-    };
-    for n in &ns {
-        must(&format!("ip netns add {n} && ip -n {n} link set lo up"));
-    }
-    must(&format!("ip link add {} type veth peer name {}", veth[0], veth[1]));
-    for i in 0..2 {
-        must(&format!(
-            "ip link set {v} netns {n} && ip -n {n} addr add 10.128.0.{k}/24 dev {v} && ip -n {n} link set {v} mtu 9000 up",
-            v = veth[i],
-            n = ns[i],
-            k = i + 1
-        ));
-    }
+    let mut lab = Lab::veth_pair([ns[0].clone(), ns[1].clone()], veth.clone(), "10.128.0");
     let pcap = std::env::temp_dir().join(format!("ipoib-cm-netns-{id}.pcap"));
     let mut tcpdump = None;
     if have("tcpdump") && have("tshark") {
@@ -212,14 +112,7 @@ fn ipoib_connected_mode_between_two_namespaces() {
     assert!(ok && out.contains("1 received"), "{out}");
     let (ok, out) = ping(a, "-6 -c 1 -W 3 -M do -s 65473 fd29::2");
     assert!(!ok && out.contains("message too long"), "{out}");
-    let v6 = must(&format!("ip -n {b} -6 addr show dev ib0"));
-    let ll = v6
-        .split_whitespace()
-        .find(|w| w.starts_with("fe80::"))
-        .expect("a link-local on B")
-        .trim_end_matches("/64")
-        .to_string();
-    assert!(ll.starts_with("fe80::200:ffff:"), "only the RFC 4391 link-local: {v6}");
+    let ll = rfc4391_link_local(b);
     let (ok, out) = ping(a, &format!("-6 -c 2 -i 0.3 -W 3 {ll}%ib0"));
     assert!(ok && out.contains("2 received"), "{out}");
     // Broadcast and all-nodes (over UD, IPCM-2).
@@ -292,54 +185,10 @@ fn ipoib_connected_mode_between_two_namespaces() {
     }
     // iperf3 TCP and UDP through the connection.
     if have("iperf3") {
-        let server = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                b,
-                "iperf3",
-                "-s",
-                "-1",
-                "-B",
-                "10.129.0.2",
-                "-p",
-                "5329",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        lab.procs.push(server);
-        std::thread::sleep(Duration::from_millis(400));
-        let out = must(&format!(
-            "ip netns exec {a} iperf3 -c 10.129.0.2 -p 5329 -t 1 -l 1M --connect-timeout 3000 -J"
-        ));
-        let bps = json_number(&out, "\"sum_received\"", "\"bits_per_second\"");
+        let bps = iperf3(&mut lab, b, a, "10.129.0.2", 5329, "-l 1M", "\"sum_received\"");
         assert!(bps > 1e6, "iperf3 TCP over IPoIB-CM: {bps} bit/s");
         eprintln!("iperf3 TCP over IPoIB connected mode: {:.0} Mbit/s", bps / 1e6);
-        let server = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                b,
-                "iperf3",
-                "-s",
-                "-1",
-                "-B",
-                "10.129.0.2",
-                "-p",
-                "5330",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        lab.procs.push(server);
-        std::thread::sleep(Duration::from_millis(400));
-        let out = must(&format!(
-            "ip netns exec {a} iperf3 -c 10.129.0.2 -p 5330 -u -b 50M -l 8000 -t 1 --connect-timeout 3000 -J"
-        ));
-        let bps = json_number(&out, "\"sum\"", "\"bits_per_second\"");
+        let bps = iperf3(&mut lab, b, a, "10.129.0.2", 5330, "-u -b 50M -l 8000", "\"sum\"");
         assert!(bps > 1e6, "iperf3 UDP over IPoIB-CM: {bps} bit/s");
     }
     // Restart B: a new daemon (new UD QPN, its gratuitous ARP) is reached on the next ping
