@@ -180,6 +180,20 @@ pub fn status_text(node: &Node, device: &verbs::Device) -> String {
          counters ipoib_rc_connected {}\ncounters ipoib_rc_closed {}\n",
         rc.sent, rc.received, rc.dropped, rc.connected, rc.closed
     );
+    let k = l.counters();
+    for (name, v) in [
+        ("bad_encap", k.bad_encap),
+        ("malformed_arp", k.malformed_arp),
+        ("spoofed_arp_nd", k.spoofed_arp_nd),
+        ("malformed_nd", k.malformed_nd),
+        ("malformed_ip", k.malformed_ip),
+        ("oversize", k.oversize),
+        ("arp_nd_on_rc", k.arp_nd_on_rc),
+        ("req_rejected", k.req_rejected),
+        ("rep_refused", k.rep_refused),
+    ] {
+        s += &format!("counters ipoib_{name} {v}\n");
+    }
     for c in l.connections(now) {
         s += &format!(
             "conn {} peer {} {:?} {:?} mtu {} idle {}s\n",
