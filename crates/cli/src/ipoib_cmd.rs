@@ -81,6 +81,10 @@ struct UpArgs {
     /// Connected mode: seconds without traffic after which a connection is torn down.
     #[arg(long, default_value = "120")]
     idle: u64,
+    /// Testing: send no gratuitous ARP at start, as if it were lost, so peers must notice
+    /// a restart by themselves (RC retries, neighbour revalidation).
+    #[arg(long)]
+    no_announce: bool,
 }
 
 fn parse_pkey(s: &str) -> std::result::Result<u16, String> {
@@ -165,6 +169,7 @@ fn up(a: UpArgs) -> Result<()> {
             ModeArg::Connected => ipoib::link::Mode::Connected,
         },
         conn_idle: Some(std::time::Duration::from_secs(a.idle.max(1))),
+        announce: !a.no_announce,
     };
     let stop = Arc::new(AtomicBool::new(false));
     ipoib::daemon::run(&device, &cfg, stop)?;

@@ -302,3 +302,103 @@ fn ipoib_mixed_connected_and_datagram_three_namespaces() {
         assert!(c.try_wait().unwrap().is_none(), "a daemon exited");
     }
 }
+
+/// Issue 16 "a restarted daemon is reconnected on next traffic with no black hole longer
+/// than the configured timeout", the silent case: B is killed (SIGKILL: no DREQ) and
+/// restarted with `--no-announce` (its gratuitous ARP lost), so A hears nothing (checked:
+/// A still lists B's old link address and connection 1.2 s later). A's
+/// next packets go into the old RC connection, whose QP no longer exists; A's RC retries
+/// run out (local ACK timeout code 18 ≈ 1.07 s, 7 retries: ≈ 8.6 s configured), the
+/// connection closes, A re-resolves B at once (ARP over UD) and connects to B's new QPN.
+/// Measured from the first ping after the restart to the first answer; asserted
+/// generously (< 25 s: the RC timeout plus the resolution and ping timeouts).
+/// Addresses: underlay 10.134.0.0/24, IPoIB 10.135.0.0/24 (unique to this file).
+#[test]
+fn ipoib_silent_restart_recovers_within_rc_timeout() {
+    if skip() {
+        return;
+    }
+    let id = std::process::id() % 100_000;
+    let ns = [format!("icsA{id}"), format!("icsB{id}")];
+    let veth = [format!("csa{id}"), format!("csb{id}")];
+    let mut lab = Lab::veth_pair(ns.clone(), veth.clone(), "10.134.0");
+    let addr = |k: usize| vec![format!("10.135.0.{k}/24")];
+    for i in 0..2 {
+        let d = daemon(
+            &ns[i],
+            "connected",
+            &veth[i],
+            &addr(i + 1),
+            &format!("ipoib-silent-{id}-{i}.log"),
+        );
+        lab.procs.push(d);
+    }
+    let (a, b) = (&ns[0], &ns[1]);
+    wait_up(a, "10.135.0.1");
+    wait_up(b, "10.135.0.2");
+    let (ok, out) = ping(a, "-c 2 -i 0.3 -W 3 10.135.0.2");
+    assert!(ok && out.contains("2 received"), "{out}");
+    let conn = wait_show(a, "conn", |s| s.contains("Established"));
+    let neigh_of_b = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("10.135.0.2 "))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .map(str::to_string)
+    };
+    let old_lla = neigh_of_b(&show(a, "neigh")).expect("B in A's neighbours");
+    // Kill B without a word (SIGKILL: no DREQ) and restart it without its announcement.
+    let mut old = lab.procs.remove(1);
+    let _ = old.kill();
+    let _ = old.wait();
+    let d = netns::daemon(
+        BIN,
+        b,
+        "connected",
+        &veth[1],
+        &addr(2),
+        &["--no-announce"],
+        &format!("ipoib-silent-{id}-1b.log"),
+    );
+    lab.procs.push(d);
+    wait_up(b, "10.135.0.2");
+    // A's status file is rewritten each second: after 1.2 s it shows what A knows now.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(
+        neigh_of_b(&show(a, "neigh")).as_deref(),
+        Some(old_lla.as_str()),
+        "A must not have heard of B's restart (the case under test)"
+    );
+    let still = show(a, "conn");
+    assert!(
+        still.lines().count() == 1 && still.contains(&old_lla) && still.contains("Established"),
+        "A still holds the old connection: {still} (before: {conn})"
+    );
+    let t0 = Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let (ok, _) = ping(a, "-c 1 -W 1 10.135.0.2");
+        if ok {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(25),
+            "no answer 25 s after a silent restart; A: {}",
+            show(a, "neigh")
+        );
+    }
+    let black_hole = t0.elapsed();
+    eprintln!("silent restart: first answer after {black_hole:?} ({tries} pings)");
+    let neigh = wait_show(a, "neigh", |s| neigh_of_b(s).is_some_and(|l| l != old_lla));
+    let conn = wait_show(a, "conn", |s| s.contains("Established"));
+    assert_eq!(
+        conn.lines().count(),
+        1,
+        "exactly one connection after the restart: {conn}\n{neigh}"
+    );
+    let counters = show(a, "counters");
+    assert!(
+        counters.contains("ipoib_rc_closed 1"),
+        "the old connection closed by RC retry exhaustion: {counters}"
+    );
+}

@@ -49,6 +49,8 @@ pub struct DaemonConfig {
     /// Idle time after which a connection is torn down (the link default, 120 s, if
     /// `None`).
     pub conn_idle: Option<Duration>,
+    /// Gratuitous ARP when the node opens (`NodeOptions::announce`).
+    pub announce: bool,
 }
 
 impl DaemonConfig {
@@ -59,6 +61,7 @@ impl DaemonConfig {
             ipv4: self.ipv4.clone(),
             ipv6: self.ipv6.clone(),
             conn_idle: self.conn_idle,
+            announce: self.announce,
         }
     }
 }

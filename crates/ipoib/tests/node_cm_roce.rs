@@ -158,6 +158,7 @@ fn idle_connection_is_torn_down_and_remade() {
         ipv4: vec![(ip4(n), 24)],
         ipv6: vec![],
         conn_idle: Some(Duration::from_millis(300)),
+        announce: true,
     };
     let mut nodes = [
         Node::open_with(&da, &opts(1)).unwrap(),

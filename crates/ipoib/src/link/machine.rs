@@ -75,6 +75,10 @@ pub struct LinkConfig {
     pub cm_backoff: Duration,
     /// Connection bound.
     pub max_conns: usize,
+    /// Announce each IPv4 address with a gratuitous ARP at [`Link::start`] (true by
+    /// default). `false` models the announcement's loss (UD is unreliable): a restarted
+    /// node whose peers must notice by themselves (RC retries, revalidation).
+    pub announce: bool,
 }
 
 impl LinkConfig {
@@ -101,6 +105,7 @@ impl LinkConfig {
             conn_setup: defaults::CONN_SETUP,
             cm_backoff: defaults::CM_BACKOFF,
             max_conns: defaults::MAX_CONNS,
+            announce: true,
         }
     }
 }
@@ -367,7 +372,12 @@ impl Link {
         self.out.extend(groups.into_iter().map(Action::Join));
         // Gratuitous ARP for each IPv4 address: neighbours that knew an earlier instance of
         // this interface (another QPN after a restart) update at once.
-        for (a, _) in self.cfg.ipv4.clone() {
+        let announced = if self.cfg.announce {
+            self.cfg.ipv4.clone()
+        } else {
+            Vec::new()
+        };
+        for (a, _) in announced {
             let arp = ArpPacket {
                 op: ArpOp::Request,
                 sender_hw: self.me,

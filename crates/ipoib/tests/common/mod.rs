@@ -51,6 +51,7 @@ pub fn node(d: &verbs::Device, mode: Mode, pkey: u16, n: u8) -> Node {
             ipv4: vec![(ip4(n), 24)],
             ipv6: vec![],
             conn_idle: None,
+            announce: true,
         },
     )
     .unwrap()
