@@ -4,15 +4,18 @@
 //! 65,520. Checked with iputils ping: `-M do -s 65492` passes and 65,493 fails locally with
 //! "message too long" (IPv6: 65,472 / 65,473), IPv4 and IPv6 global and link-local,
 //! broadcast and `ff02::1` over UD; iperf3 TCP and UDP; tshark decodes the RC and UD
-//! traffic as RoCEv2 + IPoIB + IP; a restarted daemon is reached again on the next ping.
+//! traffic as RoCEv2 + IPoIB + IP; a restarted daemon is reached again on the next ping,
+//! `show neigh|conn|counters --json` describe the connection, an idle connection is torn
+//! down and remade; a silently restarted daemon (no announcement) is reached again after
+//! A's RC retries run out.
 //! Three namespaces (a bridge in a fourth) mix connected and datagram-only nodes: 65,520 to
 //! the connected peer, 2,044 per destination to the datagram one (ICMP "fragmentation
 //! needed" into the route cache), datagram edges 2,016 / 2,017.
 //! Skips with a reason when not root or without ip(8)/iputils ping.
-//! Addresses: underlay 10.128.0.0/24 and 10.130.0.0/24, IPoIB 10.129.0.0/24, fd29::/64 and
-//! 10.131.0.0/24 (unique to this file).
+//! Addresses: underlay 10.128.0.0/24, 10.130.0.0/24 and 10.134.0.0/24, IPoIB 10.129.0.0/24,
+//! fd29::/64, 10.131.0.0/24 and 10.135.0.0/24 (unique to this file).
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` IPCM-2, IPCM-3, IPCM-6, IPCM-7,
-//! IPCM-11, IPCM-13, IPCM-16, IPCM-S4, C2, D3.
+//! IPCM-11, IPCM-13, IPCM-16, IPCM-S2, IPCM-S4, C2, D3.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -198,7 +201,16 @@ fn ipoib_connected_mode_between_two_namespaces() {
     let _ = old.kill();
     let _ = old.wait();
     std::thread::sleep(Duration::from_millis(300));
-    let d = daemon(b, "connected", &veth[1], &addrs(2), &format!("ipoib-cm-{id}-1b.log"));
+    // The new B tears connections down after 4 s without traffic (IPCM-S2).
+    let d = netns::daemon(
+        BIN,
+        b,
+        "connected",
+        &veth[1],
+        &addrs(2),
+        &["--idle", "4"],
+        &format!("ipoib-cm-{id}-1b.log"),
+    );
     lab.procs.push(d);
     wait_up(b, "10.129.0.2");
     let t0 = Instant::now();
@@ -211,6 +223,54 @@ fn ipoib_connected_mode_between_two_namespaces() {
         1,
         "exactly one connection after the restart: {conn}"
     );
+    // `show neigh|conn --json` (IPCM-7): a ping keeps B's idle timer away, then the JSON
+    // (status at most 1 s old) lists B reached over the connection.
+    let (ok, out) = ping(a, "-c 1 -W 3 10.129.0.2");
+    assert!(ok, "{out}");
+    std::thread::sleep(Duration::from_millis(1100));
+    let conns: serde_json::Value = serde_json::from_str(&show(a, "conn --json")).expect("conn --json");
+    let conns = conns.as_array().expect("an array");
+    assert_eq!(conns.len(), 1, "{conns:?}");
+    let c = &conns[0];
+    assert_eq!(
+        (c["role"].as_str(), c["state"].as_str()),
+        (Some("active"), Some("established")),
+        "{c}"
+    );
+    assert_eq!(c["mtu"], 65520);
+    let neigh: serde_json::Value = serde_json::from_str(&show(a, "neigh --json")).expect("neigh --json");
+    let nb = neigh
+        .as_array()
+        .expect("an array")
+        .iter()
+        .find(|n| n["ip"] == "10.129.0.2")
+        .unwrap_or_else(|| panic!("B in {neigh}"));
+    assert_eq!(
+        (nb["state"].as_str(), nb["via"].as_str()),
+        (Some("REACHABLE"), Some("rc")),
+        "{nb}"
+    );
+    assert_eq!(
+        (nb["mtu"].clone(), nb["conn"].clone()),
+        (serde_json::json!(65520), c["conn"].clone())
+    );
+    assert_eq!(nb["lladdr"], c["peer"]);
+    let counters: serde_json::Value = serde_json::from_str(&show(a, "counters --json")).expect("counters --json");
+    assert_eq!(counters["ipoib_bad_encap"], 0, "{counters}");
+    // Idle teardown (IPCM-S2): B drops the unused connection (DREQ) after 4 s, A lists
+    // none; the next ping makes a new one.
+    let end = Instant::now() + Duration::from_secs(12);
+    while show(a, "conn --json").trim() != "[]" {
+        assert!(
+            Instant::now() < end,
+            "idle connection not torn down: {}",
+            show(a, "conn")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (ok, out) = ping(a, "-c 1 -W 3 -M do -s 65492 10.129.0.2");
+    assert!(ok && out.contains("1 received"), "after the idle teardown: {out}");
+    wait_show(a, "conn", |s| s.contains("Established"));
 }
 
 /// The number after `key` in the JSON object that starts at the first `section`.
