@@ -64,9 +64,9 @@ fn ipoib_connected_mode_between_two_namespaces() {
         return;
     }
     let id = std::process::id() % 100_000;
-    let ns = vec![format!("icmA{id}"), format!("icmB{id}")];
+    let ns = [format!("icmA{id}"), format!("icmB{id}")];
     let veth = [format!("cma{id}"), format!("cmb{id}")];
-    let mut lab = Lab::veth_pair([ns[0].clone(), ns[1].clone()], veth.clone(), "10.128.0");
+    let mut lab = Lab::veth_pair(ns.clone(), veth.clone(), "10.128.0");
     let pcap = std::env::temp_dir().join(format!("ipoib-cm-netns-{id}.pcap"));
     let mut tcpdump = None;
     if have("tcpdump") && have("tshark") {
