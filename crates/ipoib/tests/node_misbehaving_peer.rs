@@ -703,12 +703,14 @@ fn ipcm11_missing_or_bad_encapsulation_header_is_dropped() {
     healthy(&mut nodes, 20);
 }
 
-/// IPCM-16 (ARP and ND only over UD), receive side: an ARP request and a Neighbor
-/// Solicitation for A sent on an RC connection are dropped and counted, not answered
-/// (the peer's first UD message is the reply to the good ARP request sent over UD after
-/// them); IPCM-15: an IP packet over UD from a peer with an RC connection is delivered.
+/// IPCM-16 (ARP and ND responses only over UD): an ARP request sent on an RC connection
+/// is dropped and counted, not answered; a Neighbor Solicitation on the connection (what
+/// a Linux peer's NUD probe does) is answered over UD, never on the connection. The
+/// peer's UD messages are, in order, the NA and the reply to the good ARP request sent
+/// over UD last; nothing comes on the connection. IPCM-15: an IP packet over UD from a
+/// peer with an RC connection is delivered.
 #[test]
-fn ipcm16_arp_nd_on_rc_dropped_ipcm15_ud_unicast_delivered_while_connected() {
+fn ipcm16_arp_nd_on_rc_answered_over_ud_only_ipcm15_ud_unicast_delivered_while_connected() {
     let (mut nodes, mut peer, _d) = setup(30, 0x8030, 2048);
     peer.introduce(&mut nodes);
     let a = nodes[0].link().local_addr();
@@ -721,14 +723,23 @@ fn ipcm16_arp_nd_on_rc_dropped_ipcm15_ud_unicast_delivered_while_connected() {
     peer.send_rc(&mut nodes, &EncapHeader::encapsulate(EtherType::Ipv6, &ns));
     let good = peer.arp(ArpOp::Request, peer.lla, ip4(2), ip4(1));
     peer.send_ud(a, &good);
+    let na = peer.recv_ud(&mut nodes);
+    match nd::parse(&na[4..]).unwrap() {
+        Some((ip6, nd::NdMessage::Advert { target: t, .. })) => assert_eq!((t, ip6.dst), (target, src)),
+        other => panic!("expected the NA over UD first, got {other:?}"),
+    }
     let reply = peer.recv_ud(&mut nodes);
     let r = ArpPacket::parse(&reply[4..]).unwrap();
     assert_eq!(
         (r.op, r.target_ip),
         (ArpOp::Reply, ip4(2)),
-        "no answer to ARP/ND over RC"
+        "no answer to the ARP over RC"
     );
     assert_eq!(nodes[0].link().counters().arp_nd_on_rc, 2);
+    assert!(
+        peer.rc.as_ref().unwrap().cq.poll_one().is_none(),
+        "nothing on the connection"
+    );
     let now = nodes[0].now();
     assert!(nodes[0].link().neighbours(now).iter().all(|n| n.ip != ip4(7)));
     // IPCM-15: unicast IP over UD while the connection exists.

@@ -245,7 +245,8 @@ pub struct LinkCounters {
     /// Messages bigger than the UD MTU (UD) or the connection MTU (RC) plus the header
     /// (requirements B4.5).
     pub oversize: u64,
-    /// ARP or ND on a connection (IPCM-16: only over UD).
+    /// ARP or ND received on a connection: ARP is dropped (Linux sends ARP only over UD);
+    /// ND is handled and answered over UD (IPCM-16 binds what we send).
     pub arp_nd_on_rc: u64,
     /// REQs answered with REJ (bad service ID, private data, Receive MTU, crossing,
     /// limit).
@@ -1200,10 +1201,19 @@ impl Link {
         }
         match h.ether_type {
             EtherType::Ipv4 => self.deliver_v4(body),
-            // IPCM-16: ND only over UD.
+            // A Linux peer sends unicast ND (NUD probes) on its connection, as all IPv6 to a
+            // connected neighbour: handled as over UD, and the answer goes over UD
+            // (IPCM-16 binds what we send).
             EtherType::Ipv6 if is_nd(body) => {
                 self.counters.arp_nd_on_rc += 1;
-                debug!(conn = conn.0, "ND on a connection dropped");
+                match nd::parse(body) {
+                    Ok(Some((ip6, m))) => self.on_nd(now, ip6, m),
+                    Ok(None) => self.deliver_v6(body),
+                    Err(e) => {
+                        self.counters.malformed_nd += 1;
+                        debug!(conn = conn.0, error = %e, "malformed ND on a connection dropped");
+                    }
+                }
             }
             EtherType::Ipv6 => self.deliver_v6(body),
             EtherType::Arp => {
