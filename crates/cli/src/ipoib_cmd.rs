@@ -4,7 +4,7 @@
 //!   RoCEv2 device on the underlay interface's IPv4 address, creates the TUN device, gives
 //!   it the RFC 4391 link-local address (and `--addr`s), and runs the IPoIB link daemon
 //!   (`ipoib::daemon`) in the foreground until killed.
-//! - `show neigh|conn|counters [--dev ib0]`: the running daemon's neighbour table /
+//! - `show neigh|conn|counters [--dev ib0] [--json]`: the running daemon's neighbour table /
 //!   connections / UD counters in
 //!   this network namespace (from its status file, refreshed every second).
 //!
@@ -39,6 +39,9 @@ enum IpoibCmd {
         /// The IPoIB interface.
         #[arg(long, default_value = "ib0")]
         dev: String,
+        /// Print JSON (an array of objects for neigh and conn, an object for counters).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -81,6 +84,10 @@ struct UpArgs {
     /// Connected mode: seconds without traffic after which a connection is torn down.
     #[arg(long, default_value = "120")]
     idle: u64,
+    /// Testing: send no gratuitous ARP at start, as if it were lost, so peers must notice
+    /// a restart by themselves (RC retries, neighbour revalidation).
+    #[arg(long)]
+    no_announce: bool,
 }
 
 fn parse_pkey(s: &str) -> std::result::Result<u16, String> {
@@ -121,7 +128,7 @@ fn underlay_ipv4(ifname: &str) -> Result<Ipv4Addr> {
 pub fn run(args: Args) -> Result<()> {
     match args.cmd {
         IpoibCmd::Up(a) => up(a),
-        IpoibCmd::Show { what, dev } => show(what, &dev),
+        IpoibCmd::Show { what, dev, json } => show(what, &dev, json),
     }
 }
 
@@ -165,13 +172,14 @@ fn up(a: UpArgs) -> Result<()> {
             ModeArg::Connected => ipoib::link::Mode::Connected,
         },
         conn_idle: Some(std::time::Duration::from_secs(a.idle.max(1))),
+        announce: !a.no_announce,
     };
     let stop = Arc::new(AtomicBool::new(false));
     ipoib::daemon::run(&device, &cfg, stop)?;
     Ok(())
 }
 
-fn show(what: ShowWhat, dev: &str) -> Result<()> {
+fn show(what: ShowWhat, dev: &str, json: bool) -> Result<()> {
     let path = ipoib::daemon::status_path(dev);
     let text = std::fs::read_to_string(&path).with_context(|| {
         format!(
@@ -184,10 +192,70 @@ fn show(what: ShowWhat, dev: &str) -> Result<()> {
         ShowWhat::Conn => "conn ",
         ShowWhat::Counters => "counters ",
     };
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix(prefix) {
-            println!("{rest}");
+    let lines: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix(prefix)).collect();
+    if !json {
+        for l in lines {
+            println!("{l}");
         }
+        return Ok(());
     }
+    let v = match what {
+        ShowWhat::Neigh => serde_json::Value::Array(lines.iter().map(|l| neigh_json(l)).collect::<Result<_>>()?),
+        ShowWhat::Conn => serde_json::Value::Array(lines.iter().map(|l| conn_json(l)).collect::<Result<_>>()?),
+        ShowWhat::Counters => {
+            let mut m = serde_json::Map::new();
+            for l in lines {
+                let (k, v) = l.split_once(' ').with_context(|| format!("counter line {l:?}"))?;
+                m.insert(k.to_string(), serde_json::json!(v.trim().parse::<u64>()?));
+            }
+            serde_json::Value::Object(m)
+        }
+    };
+    println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
+}
+
+/// `IP lladdr LLA STATE mtu N via ud|rc ID queued N` (the daemon's status line) as JSON.
+fn neigh_json(l: &str) -> Result<serde_json::Value> {
+    let w: Vec<&str> = l.split_whitespace().collect();
+    let bad = || anyhow::anyhow!("neighbour line {l:?}");
+    let at = |k: &str| {
+        w.iter()
+            .position(|x| *x == k)
+            .and_then(|i| w.get(i + 1))
+            .copied()
+            .ok_or_else(bad)
+    };
+    let lla = at("lladdr")?;
+    let via = at("via")?;
+    let conn = match via {
+        "rc" => Some(at("rc")?.parse::<u64>()?),
+        _ => None,
+    };
+    Ok(serde_json::json!({
+        "ip": w.first().ok_or_else(bad)?,
+        "lladdr": if lla == "-" { None } else { Some(lla) },
+        "state": w.get(3).ok_or_else(bad)?,
+        "mtu": at("mtu")?.parse::<u32>()?,
+        "via": via,
+        "conn": conn,
+        "queued": at("queued")?.parse::<u64>()?,
+    }))
+}
+
+/// `ID peer LLA ROLE STATE mtu N idle Ns` (the daemon's status line) as JSON.
+fn conn_json(l: &str) -> Result<serde_json::Value> {
+    let w: Vec<&str> = l.split_whitespace().collect();
+    let bad = || anyhow::anyhow!("connection line {l:?}");
+    if w.len() != 9 || w[1] != "peer" || w[5] != "mtu" || w[7] != "idle" {
+        return Err(bad());
+    }
+    Ok(serde_json::json!({
+        "conn": w[0].parse::<u64>()?,
+        "peer": w[2],
+        "role": w[3].to_lowercase(),
+        "state": w[4].to_lowercase(),
+        "mtu": w[6].parse::<u32>()?,
+        "idle_s": w[8].trim_end_matches('s').parse::<u64>()?,
+    }))
 }

@@ -4,76 +4,27 @@
 //! 65,520. Checked with iputils ping: `-M do -s 65492` passes and 65,493 fails locally with
 //! "message too long" (IPv6: 65,472 / 65,473), IPv4 and IPv6 global and link-local,
 //! broadcast and `ff02::1` over UD; iperf3 TCP and UDP; tshark decodes the RC and UD
-//! traffic as RoCEv2 + IPoIB + IP; a restarted daemon is reached again on the next ping.
+//! traffic as RoCEv2 + IPoIB + IP; a restarted daemon is reached again on the next ping,
+//! `show neigh|conn|counters --json` describe the connection, an idle connection is torn
+//! down and remade; a silently restarted daemon (no announcement) is reached again after
+//! A's RC retries run out.
 //! Three namespaces (a bridge in a fourth) mix connected and datagram-only nodes: 65,520 to
 //! the connected peer, 2,044 per destination to the datagram one (ICMP "fragmentation
 //! needed" into the route cache), datagram edges 2,016 / 2,017.
 //! Skips with a reason when not root or without ip(8)/iputils ping.
-//! Addresses: underlay 10.128.0.0/24 and 10.130.0.0/24, IPoIB 10.129.0.0/24, fd29::/64 and
-//! 10.131.0.0/24 (unique to this file).
+//! Addresses: underlay 10.128.0.0/24, 10.130.0.0/24 and 10.134.0.0/24, IPoIB 10.129.0.0/24,
+//! fd29::/64, 10.131.0.0/24 and 10.135.0.0/24 (unique to this file).
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` IPCM-2, IPCM-3, IPCM-6, IPCM-7,
-//! IPCM-11, IPCM-13, IPCM-16, IPCM-S4, C2, D3.
+//! IPCM-11, IPCM-13, IPCM-16, IPCM-S2, IPCM-S4, C2, D3.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "common/netns.rs"]
+mod netns;
+use netns::{Lab, have, have_iputils_ping, is_root, must, ping, rfc4391_link_local, wait_up};
+
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
-
-fn have(prog: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {prog}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-/// iputils ping (the `-M do` and "message too long" of the issue; busybox has neither).
-fn have_iputils_ping() -> bool {
-    Command::new("ping")
-        .arg("-V")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains("iputils"))
-        .unwrap_or(false)
-}
-
-fn sh(cmd: &str) -> (bool, String) {
-    let o = Command::new("sh").args(["-c", cmd]).output().expect("sh");
-    let mut s = String::from_utf8_lossy(&o.stdout).into_owned();
-    s += &String::from_utf8_lossy(&o.stderr);
-    (o.status.success(), s)
-}
-
-fn must(cmd: &str) -> String {
-    let (ok, out) = sh(cmd);
-    assert!(ok, "{cmd}: {out}");
-    out
-}
-
-/// Namespaces and processes, removed on drop (also when a check fails).
-struct Lab {
-    ns: Vec<String>,
-    procs: Vec<Child>,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.procs {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for n in &self.ns {
-            let _ = sh(&format!("ip netns del {n}"));
-        }
-    }
-}
 
 fn skip() -> bool {
     if !is_root() || !have("ip") || !have_iputils_ping() {
@@ -84,60 +35,27 @@ fn skip() -> bool {
 }
 
 fn daemon(ns: &str, mode: &str, underlay: &str, addrs: &[String], log: &str) -> Child {
-    let log = std::fs::File::create(std::env::temp_dir().join(log)).unwrap();
-    let mut c = Command::new("ip");
-    c.args([
-        "netns",
-        "exec",
-        ns,
-        BIN,
-        "ipoib",
-        "up",
-        "--dev",
-        "ib0",
-        "--mode",
-        mode,
-        "--underlay",
-        underlay,
-    ]);
-    for a in addrs {
-        c.args(["--addr", a]);
-    }
-    c.env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn softrdma ipoib up")
-}
-
-fn wait_up(ns: &str, addr: &str) {
-    let end = Instant::now() + Duration::from_secs(20);
-    while !sh(&format!("ip -n {ns} addr show dev ib0")).1.contains(addr) {
-        assert!(Instant::now() < end, "ib0 in {ns} did not come up with {addr}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    netns::daemon(BIN, ns, mode, underlay, addrs, &[], log)
 }
 
 fn show(ns: &str, what: &str) -> String {
-    sh(&format!("ip netns exec {ns} {BIN} ipoib show {what} --dev ib0")).1
+    netns::show(BIN, ns, what)
 }
 
-/// Waits until `show WHAT` in `ns` satisfies `want` (the status file is rewritten each
-/// second).
 fn wait_show(ns: &str, what: &str, want: impl Fn(&str) -> bool) -> String {
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let s = show(ns, what);
-        if want(&s) {
-            return s;
-        }
-        assert!(Instant::now() < end, "show {what} in {ns}: {s}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    netns::wait_show(BIN, ns, what, want)
 }
 
-fn ping(ns: &str, args: &str) -> (bool, String) {
-    sh(&format!("ip netns exec {ns} ping {args}"))
+/// An iperf3 server for one test on `addr`:`port` in `ns`, then the client in `from` with
+/// `args`; the `bits_per_second` of `section` in its JSON report.
+fn iperf3(lab: &mut Lab, ns: &str, from: &str, addr: &str, port: u16, args: &str, section: &str) -> f64 {
+    let port = port.to_string();
+    lab.spawn_in(ns, &["iperf3", "-s", "-1", "-B", addr, "-p", &port]);
+    std::thread::sleep(Duration::from_millis(400));
+    let out = must(&format!(
+        "ip netns exec {from} iperf3 -c {addr} -p {port} -t 1 --connect-timeout 3000 -J {args}"
+    ));
+    json_number(&out, section, "\"bits_per_second\"")
 }
 
 #[test]
@@ -146,24 +64,9 @@ fn ipoib_connected_mode_between_two_namespaces() {
         return;
     }
     let id = std::process::id() % 100_000;
-    let ns = vec![format!("icmA{id}"), format!("icmB{id}")];
+    let ns = [format!("icmA{id}"), format!("icmB{id}")];
     let veth = [format!("cma{id}"), format!("cmb{id}")];
-    let mut lab = Lab {
-        ns: ns.clone(),
-        procs: Vec::new(),
-    };
-    for n in &ns {
-        must(&format!("ip netns add {n} && ip -n {n} link set lo up"));
-    }
-    must(&format!("ip link add {} type veth peer name {}", veth[0], veth[1]));
-    for i in 0..2 {
-        must(&format!(
-            "ip link set {v} netns {n} && ip -n {n} addr add 10.128.0.{k}/24 dev {v} && ip -n {n} link set {v} mtu 9000 up",
-            v = veth[i],
-            n = ns[i],
-            k = i + 1
-        ));
-    }
+    let mut lab = Lab::veth_pair(ns.clone(), veth.clone(), "10.128.0");
     let pcap = std::env::temp_dir().join(format!("ipoib-cm-netns-{id}.pcap"));
     let mut tcpdump = None;
     if have("tcpdump") && have("tshark") {
@@ -212,14 +115,7 @@ fn ipoib_connected_mode_between_two_namespaces() {
     assert!(ok && out.contains("1 received"), "{out}");
     let (ok, out) = ping(a, "-6 -c 1 -W 3 -M do -s 65473 fd29::2");
     assert!(!ok && out.contains("message too long"), "{out}");
-    let v6 = must(&format!("ip -n {b} -6 addr show dev ib0"));
-    let ll = v6
-        .split_whitespace()
-        .find(|w| w.starts_with("fe80::"))
-        .expect("a link-local on B")
-        .trim_end_matches("/64")
-        .to_string();
-    assert!(ll.starts_with("fe80::200:ffff:"), "only the RFC 4391 link-local: {v6}");
+    let ll = rfc4391_link_local(b);
     let (ok, out) = ping(a, &format!("-6 -c 2 -i 0.3 -W 3 {ll}%ib0"));
     assert!(ok && out.contains("2 received"), "{out}");
     // Broadcast and all-nodes (over UD, IPCM-2).
@@ -292,54 +188,10 @@ fn ipoib_connected_mode_between_two_namespaces() {
     }
     // iperf3 TCP and UDP through the connection.
     if have("iperf3") {
-        let server = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                b,
-                "iperf3",
-                "-s",
-                "-1",
-                "-B",
-                "10.129.0.2",
-                "-p",
-                "5329",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        lab.procs.push(server);
-        std::thread::sleep(Duration::from_millis(400));
-        let out = must(&format!(
-            "ip netns exec {a} iperf3 -c 10.129.0.2 -p 5329 -t 1 -l 1M --connect-timeout 3000 -J"
-        ));
-        let bps = json_number(&out, "\"sum_received\"", "\"bits_per_second\"");
+        let bps = iperf3(&mut lab, b, a, "10.129.0.2", 5329, "-l 1M", "\"sum_received\"");
         assert!(bps > 1e6, "iperf3 TCP over IPoIB-CM: {bps} bit/s");
         eprintln!("iperf3 TCP over IPoIB connected mode: {:.0} Mbit/s", bps / 1e6);
-        let server = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                b,
-                "iperf3",
-                "-s",
-                "-1",
-                "-B",
-                "10.129.0.2",
-                "-p",
-                "5330",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        lab.procs.push(server);
-        std::thread::sleep(Duration::from_millis(400));
-        let out = must(&format!(
-            "ip netns exec {a} iperf3 -c 10.129.0.2 -p 5330 -u -b 50M -l 8000 -t 1 --connect-timeout 3000 -J"
-        ));
-        let bps = json_number(&out, "\"sum\"", "\"bits_per_second\"");
+        let bps = iperf3(&mut lab, b, a, "10.129.0.2", 5330, "-u -b 50M -l 8000", "\"sum\"");
         assert!(bps > 1e6, "iperf3 UDP over IPoIB-CM: {bps} bit/s");
     }
     // Restart B: a new daemon (new UD QPN, its gratuitous ARP) is reached on the next ping
@@ -349,7 +201,16 @@ fn ipoib_connected_mode_between_two_namespaces() {
     let _ = old.kill();
     let _ = old.wait();
     std::thread::sleep(Duration::from_millis(300));
-    let d = daemon(b, "connected", &veth[1], &addrs(2), &format!("ipoib-cm-{id}-1b.log"));
+    // The new B tears connections down after 4 s without traffic (IPCM-S2).
+    let d = netns::daemon(
+        BIN,
+        b,
+        "connected",
+        &veth[1],
+        &addrs(2),
+        &["--idle", "4"],
+        &format!("ipoib-cm-{id}-1b.log"),
+    );
     lab.procs.push(d);
     wait_up(b, "10.129.0.2");
     let t0 = Instant::now();
@@ -362,6 +223,54 @@ fn ipoib_connected_mode_between_two_namespaces() {
         1,
         "exactly one connection after the restart: {conn}"
     );
+    // `show neigh|conn --json` (IPCM-7): a ping keeps B's idle timer away, then the JSON
+    // (status at most 1 s old) lists B reached over the connection.
+    let (ok, out) = ping(a, "-c 1 -W 3 10.129.0.2");
+    assert!(ok, "{out}");
+    std::thread::sleep(Duration::from_millis(1100));
+    let conns: serde_json::Value = serde_json::from_str(&show(a, "conn --json")).expect("conn --json");
+    let conns = conns.as_array().expect("an array");
+    assert_eq!(conns.len(), 1, "{conns:?}");
+    let c = &conns[0];
+    assert_eq!(
+        (c["role"].as_str(), c["state"].as_str()),
+        (Some("active"), Some("established")),
+        "{c}"
+    );
+    assert_eq!(c["mtu"], 65520);
+    let neigh: serde_json::Value = serde_json::from_str(&show(a, "neigh --json")).expect("neigh --json");
+    let nb = neigh
+        .as_array()
+        .expect("an array")
+        .iter()
+        .find(|n| n["ip"] == "10.129.0.2")
+        .unwrap_or_else(|| panic!("B in {neigh}"));
+    assert_eq!(
+        (nb["state"].as_str(), nb["via"].as_str()),
+        (Some("REACHABLE"), Some("rc")),
+        "{nb}"
+    );
+    assert_eq!(
+        (nb["mtu"].clone(), nb["conn"].clone()),
+        (serde_json::json!(65520), c["conn"].clone())
+    );
+    assert_eq!(nb["lladdr"], c["peer"]);
+    let counters: serde_json::Value = serde_json::from_str(&show(a, "counters --json")).expect("counters --json");
+    assert_eq!(counters["ipoib_bad_encap"], 0, "{counters}");
+    // Idle teardown (IPCM-S2): B drops the unused connection (DREQ) after 4 s, A lists
+    // none; the next ping makes a new one.
+    let end = Instant::now() + Duration::from_secs(12);
+    while show(a, "conn --json").trim() != "[]" {
+        assert!(
+            Instant::now() < end,
+            "idle connection not torn down: {}",
+            show(a, "conn")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (ok, out) = ping(a, "-c 1 -W 3 -M do -s 65492 10.129.0.2");
+    assert!(ok && out.contains("1 received"), "after the idle teardown: {out}");
+    wait_show(a, "conn", |s| s.contains("Established"));
 }
 
 /// The number after `key` in the JSON object that starts at the first `section`.
@@ -452,4 +361,104 @@ fn ipoib_mixed_connected_and_datagram_three_namespaces() {
     for c in &mut lab.procs {
         assert!(c.try_wait().unwrap().is_none(), "a daemon exited");
     }
+}
+
+/// Issue 16 "a restarted daemon is reconnected on next traffic with no black hole longer
+/// than the configured timeout", the silent case: B is killed (SIGKILL: no DREQ) and
+/// restarted with `--no-announce` (its gratuitous ARP lost), so A hears nothing (checked:
+/// A still lists B's old link address and connection 1.2 s later). A's
+/// next packets go into the old RC connection, whose QP no longer exists; A's RC retries
+/// run out (local ACK timeout code 18 ≈ 1.07 s, 7 retries: ≈ 8.6 s configured), the
+/// connection closes, A re-resolves B at once (ARP over UD) and connects to B's new QPN.
+/// Measured from the first ping after the restart to the first answer; asserted
+/// generously (< 25 s: the RC timeout plus the resolution and ping timeouts).
+/// Addresses: underlay 10.134.0.0/24, IPoIB 10.135.0.0/24 (unique to this file).
+#[test]
+fn ipoib_silent_restart_recovers_within_rc_timeout() {
+    if skip() {
+        return;
+    }
+    let id = std::process::id() % 100_000;
+    let ns = [format!("icsA{id}"), format!("icsB{id}")];
+    let veth = [format!("csa{id}"), format!("csb{id}")];
+    let mut lab = Lab::veth_pair(ns.clone(), veth.clone(), "10.134.0");
+    let addr = |k: usize| vec![format!("10.135.0.{k}/24")];
+    for i in 0..2 {
+        let d = daemon(
+            &ns[i],
+            "connected",
+            &veth[i],
+            &addr(i + 1),
+            &format!("ipoib-silent-{id}-{i}.log"),
+        );
+        lab.procs.push(d);
+    }
+    let (a, b) = (&ns[0], &ns[1]);
+    wait_up(a, "10.135.0.1");
+    wait_up(b, "10.135.0.2");
+    let (ok, out) = ping(a, "-c 2 -i 0.3 -W 3 10.135.0.2");
+    assert!(ok && out.contains("2 received"), "{out}");
+    let conn = wait_show(a, "conn", |s| s.contains("Established"));
+    let neigh_of_b = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("10.135.0.2 "))
+            .and_then(|l| l.split_whitespace().nth(2))
+            .map(str::to_string)
+    };
+    let old_lla = neigh_of_b(&show(a, "neigh")).expect("B in A's neighbours");
+    // Kill B without a word (SIGKILL: no DREQ) and restart it without its announcement.
+    let mut old = lab.procs.remove(1);
+    let _ = old.kill();
+    let _ = old.wait();
+    let d = netns::daemon(
+        BIN,
+        b,
+        "connected",
+        &veth[1],
+        &addr(2),
+        &["--no-announce"],
+        &format!("ipoib-silent-{id}-1b.log"),
+    );
+    lab.procs.push(d);
+    wait_up(b, "10.135.0.2");
+    // A's status file is rewritten each second: after 1.2 s it shows what A knows now.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(
+        neigh_of_b(&show(a, "neigh")).as_deref(),
+        Some(old_lla.as_str()),
+        "A must not have heard of B's restart (the case under test)"
+    );
+    let still = show(a, "conn");
+    assert!(
+        still.lines().count() == 1 && still.contains(&old_lla) && still.contains("Established"),
+        "A still holds the old connection: {still} (before: {conn})"
+    );
+    let t0 = Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let (ok, _) = ping(a, "-c 1 -W 1 10.135.0.2");
+        if ok {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(25),
+            "no answer 25 s after a silent restart; A: {}",
+            show(a, "neigh")
+        );
+    }
+    let black_hole = t0.elapsed();
+    eprintln!("silent restart: first answer after {black_hole:?} ({tries} pings)");
+    let neigh = wait_show(a, "neigh", |s| neigh_of_b(s).is_some_and(|l| l != old_lla));
+    let conn = wait_show(a, "conn", |s| s.contains("Established"));
+    assert_eq!(
+        conn.lines().count(),
+        1,
+        "exactly one connection after the restart: {conn}\n{neigh}"
+    );
+    let counters = show(a, "counters");
+    assert!(
+        counters.contains("ipoib_rc_closed 1"),
+        "the old connection closed by RC retry exhaustion: {counters}"
+    );
 }

@@ -8,57 +8,14 @@
 //! Addresses: underlay 10.118.0.0/24, IPoIB 10.119.0.0/24 (unique to this file).
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` IPCM-1, IPCM-5, C2, D3.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "common/netns.rs"]
+mod netns;
+use netns::{Lab, daemon, have, is_root, must, rfc4391_link_local, sh};
+
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
-
-fn have(prog: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {prog}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
-fn is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-fn sh(cmd: &str) -> (bool, String) {
-    let o = Command::new("sh").args(["-c", cmd]).output().expect("sh");
-    let mut s = String::from_utf8_lossy(&o.stdout).into_owned();
-    s += &String::from_utf8_lossy(&o.stderr);
-    (o.status.success(), s)
-}
-
-fn must(cmd: &str) -> String {
-    let (ok, out) = sh(cmd);
-    assert!(ok, "{cmd}: {out}");
-    out
-}
-
-/// Namespaces and daemons, removed on drop (also when a check fails).
-struct Lab {
-    ns: [String; 2],
-    daemons: Vec<Child>,
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for c in &mut self.daemons {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for n in &self.ns {
-            let _ = sh(&format!("ip netns del {n}"));
-        }
-    }
-}
 
 #[test]
 fn ipoib_datagram_mode_between_two_namespaces() {
@@ -69,22 +26,7 @@ fn ipoib_datagram_mode_between_two_namespaces() {
     let id = std::process::id() % 100_000;
     let ns = [format!("ipoA{id}"), format!("ipoB{id}")];
     let veth = [format!("ipa{id}"), format!("ipb{id}")];
-    let mut lab = Lab {
-        ns: ns.clone(),
-        daemons: Vec::new(),
-    };
-    for n in &ns {
-        must(&format!("ip netns add {n} && ip -n {n} link set lo up"));
-    }
-    must(&format!("ip link add {} type veth peer name {}", veth[0], veth[1]));
-    for i in 0..2 {
-        must(&format!(
-            "ip link set {v} netns {n} && ip -n {n} addr add 10.118.0.{k}/24 dev {v} && ip -n {n} link set {v} mtu 9000 up",
-            v = veth[i],
-            n = ns[i],
-            k = i + 1
-        ));
-    }
+    let mut lab = Lab::veth_pair(ns.clone(), veth.clone(), "10.118.0");
     // Capture the RoCEv2 traffic on A's veth when tcpdump and tshark are there.
     let pcap = std::env::temp_dir().join(format!("ipoib-netns-{id}.pcap"));
     if have("tcpdump") && have("tshark") {
@@ -96,29 +38,20 @@ fn ipoib_datagram_mode_between_two_namespaces() {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn tcpdump");
-        lab.daemons.push(child);
+        lab.procs.push(child);
         std::thread::sleep(Duration::from_millis(500));
     }
     for i in 0..2 {
-        let log = std::fs::File::create(std::env::temp_dir().join(format!("ipoib-netns-{id}-{i}.log"))).unwrap();
-        let child = Command::new("ip")
-            .args([
-                "netns", "exec", &ns[i], BIN, "ipoib", "up", "--dev", "ib0", "--mode", "datagram",
-            ])
-            .args([
-                "--underlay",
-                &veth[i],
-                "--pkey",
-                "0x8003",
-                "--addr",
-                &format!("10.119.0.{}/24", i + 1),
-            ])
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn softrdma ipoib up");
-        lab.daemons.push(child);
+        let d = daemon(
+            BIN,
+            &ns[i],
+            "datagram",
+            &veth[i],
+            &[format!("10.119.0.{}/24", i + 1)],
+            &["--pkey", "0x8003"],
+            &format!("ipoib-netns-{id}-{i}.log"),
+        );
+        lab.procs.push(d);
     }
     // both interfaces up (the daemon configures ib0 once its node is open)
     let end = Instant::now() + Duration::from_secs(20);
@@ -143,13 +76,7 @@ fn ipoib_datagram_mode_between_two_namespaces() {
     ));
     assert!(out.contains("2 packets received"), "{out}");
     // IPv6 to B's RFC 4391 link-local address (fe80::/64 + GUID with the u/l bit)
-    let v6 = must(&format!("ip -n {} -6 addr show dev ib0", ns[1]));
-    let ll = v6
-        .split_whitespace()
-        .find(|w| w.starts_with("fe80::200:ffff:"))
-        .expect("RFC 4391 link-local on B")
-        .trim_end_matches("/64")
-        .to_string();
+    let ll = rfc4391_link_local(&ns[1]);
     let out = must(&format!("ip netns exec {} busybox ping -6 -c 2 -W 3 {ll}%ib0", ns[0]));
     assert!(out.contains("2 packets received"), "{out}");
     // show neigh: B resolved, by UD, with the UD MTU (the status file is written each second)
@@ -163,7 +90,7 @@ fn ipoib_datagram_mode_between_two_namespaces() {
         assert!(Instant::now() < end, "show neigh: {show}");
         std::thread::sleep(Duration::from_millis(200));
     }
-    for c in &mut lab.daemons {
+    for c in &mut lab.procs {
         assert!(c.try_wait().unwrap().is_none(), "a daemon exited");
     }
     // tshark decodes every frame as RoCEv2 (infiniband) + IPoIB + ARP / IPv4 / IPv6, none

@@ -49,6 +49,8 @@ pub struct DaemonConfig {
     /// Idle time after which a connection is torn down (the link default, 120 s, if
     /// `None`).
     pub conn_idle: Option<Duration>,
+    /// Gratuitous ARP when the node opens (`NodeOptions::announce`).
+    pub announce: bool,
 }
 
 impl DaemonConfig {
@@ -59,6 +61,7 @@ impl DaemonConfig {
             ipv4: self.ipv4.clone(),
             ipv6: self.ipv6.clone(),
             conn_idle: self.conn_idle,
+            announce: self.announce,
         }
     }
 }
@@ -180,6 +183,20 @@ pub fn status_text(node: &Node, device: &verbs::Device) -> String {
          counters ipoib_rc_connected {}\ncounters ipoib_rc_closed {}\n",
         rc.sent, rc.received, rc.dropped, rc.connected, rc.closed
     );
+    let k = l.counters();
+    for (name, v) in [
+        ("bad_encap", k.bad_encap),
+        ("malformed_arp", k.malformed_arp),
+        ("spoofed_arp_nd", k.spoofed_arp_nd),
+        ("malformed_nd", k.malformed_nd),
+        ("malformed_ip", k.malformed_ip),
+        ("oversize", k.oversize),
+        ("arp_nd_on_rc", k.arp_nd_on_rc),
+        ("req_rejected", k.req_rejected),
+        ("rep_refused", k.rep_refused),
+    ] {
+        s += &format!("counters ipoib_{name} {v}\n");
+    }
     for c in l.connections(now) {
         s += &format!(
             "conn {} peer {} {:?} {:?} mtu {} idle {}s\n",

@@ -110,6 +110,9 @@ pub struct NodeOptions {
     pub ipv6: Vec<Ipv6Addr>,
     /// Idle time after which a connection is torn down (the link default if `None`).
     pub conn_idle: Option<Duration>,
+    /// Gratuitous ARP at start ([`LinkConfig::announce`]; `false` only to test a silent
+    /// restart).
+    pub announce: bool,
 }
 
 impl NodeOptions {
@@ -121,6 +124,7 @@ impl NodeOptions {
             ipv4: ipv4.to_vec(),
             ipv6: ipv6.to_vec(),
             conn_idle: None,
+            announce: true,
         }
     }
 }
@@ -230,6 +234,7 @@ impl Node {
         cfg.ipv6 = o.ipv6.clone();
         cfg.ud_mtu = (ib_mtu - EncapHeader::LEN).min(crate::wire::cm::UD_MTU as usize) as u32;
         cfg.max_conns = cfg.max_conns.min(MAX_RC_CONNS);
+        cfg.announce = o.announce;
         if let Some(idle) = o.conn_idle {
             cfg.conn_idle = idle;
         }

@@ -8,80 +8,19 @@
 //! issue's 1,000: `IPOIB_CROSSING_ROUNDS=1000 cargo test --release -p ipoib --test
 //! node_cm_roce crossing`).
 //!
-//! Requirements: `../shared/requirements/smcr-ipoibcm.md` IPCM-3, IPCM-6, IPCM-7, IPCM-8,
-//! IPCM-9, IPCM-13, IPCM-15, IPCM-S1, IPCM-S4, C1, C2.
+//! Scripted misbehaving peers (bad REQs, REPs, ARP/ND, encapsulation, sizes) are in
+//! `node_misbehaving_peer.rs`.
+//!
+//! Requirements: `../shared/requirements/smcr-ipoibcm.md` IPCM-3, IPCM-6, IPCM-7, IPCM-9,
+//! IPCM-13, IPCM-15, IPCM-S1, IPCM-S4, C1, C2.
 
-use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use ipoib::link::{ConnState, Mode, Role};
 use ipoib::node::{Node, NodeOptions};
-use ipoib::wire::cm::{CmPrivateData, ServiceId, ServiceIdPrefix};
-use ipoib::wire::ip::emit_ipv4_header;
-use verbs::{DeviceFactory, DeviceOptions, Error, Gid};
 
-fn dev(addr: &str) -> verbs::Device {
-    let opts = DeviceOptions::new()
-        .with("addr", addr)
-        .with("mtu", "2048")
-        .with("name", format!("rxe_ipcm_{addr}"));
-    roce::RoceFactory.open(&opts).expect("open a RoCEv2 device")
-}
-
-fn ip4(n: u8) -> Ipv4Addr {
-    Ipv4Addr::new(10, 31, 0, n)
-}
-
-fn v4(src: Ipv4Addr, dst: Ipv4Addr, len: usize, id: u16) -> Vec<u8> {
-    let mut p = vec![0u8; len];
-    emit_ipv4_header(&mut p, len as u16, id, 0x4000, 17, src, dst).unwrap();
-    for (i, b) in p[20..].iter_mut().enumerate() {
-        *b = (i * 7 + usize::from(id)) as u8;
-    }
-    p
-}
-
-fn node(d: &verbs::Device, mode: Mode, pkey: u16, n: u8) -> Node {
-    Node::open_with(
-        d,
-        &NodeOptions {
-            mode,
-            pkey,
-            ipv4: vec![(ip4(n), 24)],
-            ipv6: vec![],
-            conn_idle: None,
-        },
-    )
-    .unwrap()
-}
-
-/// Polls every node until `want` holds for what the nodes' kernels got (per node), or 10 s
-/// pass.
-fn run_until(nodes: &mut [Node], want: impl Fn(&[Node], &[Vec<Vec<u8>>]) -> bool) -> Vec<Vec<Vec<u8>>> {
-    let end = Instant::now() + Duration::from_secs(10);
-    let mut got: Vec<Vec<Vec<u8>>> = vec![Vec::new(); nodes.len()];
-    while Instant::now() < end {
-        for (i, n) in nodes.iter_mut().enumerate() {
-            got[i].extend(n.poll(Duration::from_millis(1)).expect("poll"));
-        }
-        if want(nodes, &got) {
-            return got;
-        }
-    }
-    panic!(
-        "not reached in 10 s: {:?}",
-        got.iter().map(Vec::len).collect::<Vec<_>>()
-    );
-}
-
-fn established(n: &Node) -> usize {
-    let now = n.now();
-    n.link()
-        .connections(now)
-        .iter()
-        .filter(|c| c.state == ConnState::Established)
-        .count()
-}
+mod common;
+use common::{dev, established, ip4, node, run_until, v4};
 
 /// IPCM-3, IPCM-7, IPCM-13, C2: the first unicast resolves the peer over UD, a packet
 /// bigger than the UD MTU waits for the connection and arrives whole (65,520 octets, one
@@ -143,62 +82,6 @@ fn connected_to_datagram_only_peer_uses_ud_mtu() {
     let now = nodes[0].now();
     assert_eq!(nodes[0].link().mtu_to(now, ip4(2).into()), Some(2044));
     assert!(nodes.iter().all(|n| n.rc_connections() == 0));
-}
-
-/// IPCM-8, IPCM-9, IPCM-10, C1.6 (issue 16 "scripted misbehaving peers"): a raw verbs
-/// client plays a bad peer against a connected-mode node. A REQ with 8 octets of private
-/// data whose Receive MTU is below the minimum (1,283) gets REJ 28 carrying the node's own
-/// private data (its UD QPN, IPCM-8); a REQ whose service ID names another UD QPN gets REJ 8
-/// (nobody listens), and so does one to a datagram-mode node's service ID.
-#[test]
-fn bad_reqs_are_rejected_with_private_data() {
-    let (da, dc, dd) = (dev("127.117.3.1"), dev("127.117.3.3"), dev("127.117.3.4"));
-    let mut a = node(&da, Mode::Connected, 0x8013, 1);
-    let d = node(&dd, Mode::Datagram, 0x8013, 4);
-    let qpn = a.link().local_addr().qpn;
-    let ga = Gid(a.link().local_addr().gid);
-    let connect = |gid: Gid, sid: u64, pd: Vec<u8>| {
-        let dev = dc.clone();
-        std::thread::spawn(move || {
-            let pdom = dev.alloc_pd().unwrap();
-            let cq = dev.create_cq(16).unwrap();
-            let qp = pdom.create_qp(verbs::QpInit::new(verbs::QpType::Rc, &cq)).unwrap();
-            let param = verbs::ConnParam {
-                private_data: pd,
-                ..Default::default()
-            };
-            qp.connect_ib_service(gid, sid, &param, Duration::from_secs(5))
-        })
-    };
-    let sid = ServiceId::new(ServiceIdPrefix::Linux, qpn).value();
-    let t = connect(ga, sid, CmPrivateData::new(0x77, 1283).to_bytes().to_vec());
-    let end = Instant::now() + Duration::from_secs(10);
-    while !t.is_finished() {
-        a.poll(Duration::from_millis(2)).unwrap();
-        assert!(Instant::now() < end, "no answer to the REQ");
-    }
-    match t.join().unwrap() {
-        Err(Error::Rejected { private_data, detail }) => {
-            assert_eq!(detail.and_then(|d| d.code()), Some(28));
-            let pd = CmPrivateData::parse(&private_data).unwrap();
-            assert_eq!(pd.ud_qpn, qpn, "IPCM-8: the REJ carries the rejecter's UD QPN");
-        }
-        other => panic!("expected REJ 28, got {other:?}"),
-    }
-    for (gid, sid) in [
-        (ga, ServiceId::new(ServiceIdPrefix::Linux, qpn ^ 1).value()),
-        (
-            Gid(d.link().local_addr().gid),
-            ServiceId::new(ServiceIdPrefix::Linux, d.link().local_addr().qpn).value(),
-        ),
-    ] {
-        let t = connect(gid, sid, CmPrivateData::new(0x77, 65524).to_bytes().to_vec());
-        match t.join().unwrap() {
-            Err(Error::Rejected { detail, .. }) => assert_eq!(detail.and_then(|d| d.code()), Some(8)),
-            other => panic!("expected REJ 8, got {other:?}"),
-        }
-    }
-    assert_eq!(a.rc_connections(), 0);
 }
 
 /// Issue 16 "both sides start traffic at the same instant": each round both nodes hand
@@ -275,6 +158,7 @@ fn idle_connection_is_torn_down_and_remade() {
         ipv4: vec![(ip4(n), 24)],
         ipv6: vec![],
         conn_idle: Some(Duration::from_millis(300)),
+        announce: true,
     };
     let mut nodes = [
         Node::open_with(&da, &opts(1)).unwrap(),

@@ -75,6 +75,10 @@ pub struct LinkConfig {
     pub cm_backoff: Duration,
     /// Connection bound.
     pub max_conns: usize,
+    /// Announce each IPv4 address with a gratuitous ARP at [`Link::start`] (true by
+    /// default). `false` models the announcement's loss (UD is unreliable): a restarted
+    /// node whose peers must notice by themselves (RC retries, revalidation).
+    pub announce: bool,
 }
 
 impl LinkConfig {
@@ -101,6 +105,7 @@ impl LinkConfig {
             conn_setup: defaults::CONN_SETUP,
             cm_backoff: defaults::CM_BACKOFF,
             max_conns: defaults::MAX_CONNS,
+            announce: true,
         }
     }
 }
@@ -221,6 +226,35 @@ struct Conn {
     awaiting_peer: bool,
 }
 
+/// What the machine dropped or refused, by cause (`show counters`): how a misbehaving
+/// peer shows up (issue 16). Every drop also logs at debug level.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkCounters {
+    /// Messages (UD or RC) shorter than the 4-octet encapsulation header or with a type
+    /// other than IPv4 / IPv6 (/ ARP on UD) (IPCM-11).
+    pub bad_encap: u64,
+    /// ARP that is not hardware type 32 / length 20 / IPv4, or truncated (RFC 4391 §9.2).
+    pub malformed_arp: u64,
+    /// ARP or ND claiming a multicast link address or one of our own addresses.
+    pub spoofed_arp_nd: u64,
+    /// IPv6 ND failing RFC 4861 §7.1 or with an IPoIB address option not of length 3
+    /// (RFC 4391 §9.3).
+    pub malformed_nd: u64,
+    /// IPv4 / IPv6 whose header does not parse or whose length exceeds the message.
+    pub malformed_ip: u64,
+    /// Messages bigger than the UD MTU (UD) or the connection MTU (RC) plus the header
+    /// (requirements B4.5).
+    pub oversize: u64,
+    /// ARP or ND received on a connection: ARP is dropped (Linux sends ARP only over UD);
+    /// ND is handled and answered over UD (IPCM-16 binds what we send).
+    pub arp_nd_on_rc: u64,
+    /// REQs answered with REJ (bad service ID, private data, Receive MTU, crossing,
+    /// limit).
+    pub req_rejected: u64,
+    /// REPs refused (bad private data or Receive MTU, or a superseded crossing REQ).
+    pub rep_refused: u64,
+}
+
 /// A neighbour as `show neigh` prints it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NeighView {
@@ -257,6 +291,12 @@ pub struct ConnView {
 
 type PeerKey = [u8; 20];
 
+/// An IPv6 packet whose next header is ICMPv6 with an ND type (133..=137, RFC 4861 §4).
+fn is_nd(ip6: &[u8]) -> bool {
+    ip6.get(6) == Some(&crate::wire::ip::PROTO_ICMPV6)
+        && ip6.get(Ipv6Header::LEN).is_some_and(|t| (133..=137).contains(t))
+}
+
 fn key(l: &LinkAddr) -> PeerKey {
     l.without_flags().to_bytes()
 }
@@ -273,6 +313,7 @@ pub struct Link {
     peer_conn: HashMap<PeerKey, ConnId>,
     next_conn: u64,
     out: Vec<Action>,
+    counters: LinkCounters,
 }
 
 impl Link {
@@ -288,6 +329,7 @@ impl Link {
             peer_conn: HashMap::new(),
             next_conn: 1,
             out: Vec::new(),
+            counters: LinkCounters::default(),
         }
     }
 
@@ -304,6 +346,11 @@ impl Link {
     /// The configuration.
     pub fn config(&self) -> &LinkConfig {
         &self.cfg
+    }
+
+    /// What was dropped or refused so far, by cause.
+    pub fn counters(&self) -> LinkCounters {
+        self.counters
     }
 
     /// The actions produced so far, in order.
@@ -326,7 +373,12 @@ impl Link {
         self.out.extend(groups.into_iter().map(Action::Join));
         // Gratuitous ARP for each IPv4 address: neighbours that knew an earlier instance of
         // this interface (another QPN after a restart) update at once.
-        for (a, _) in self.cfg.ipv4.clone() {
+        let announced = if self.cfg.announce {
+            self.cfg.ipv4.clone()
+        } else {
+            Vec::new()
+        };
+        for (a, _) in announced {
             let arp = ArpPacket {
                 op: ArpOp::Request,
                 sender_hw: self.me,
@@ -693,26 +745,50 @@ impl Link {
 
     /// An IPoIB message received on the UD QP (GRH already stripped).
     pub fn on_ud_recv(&mut self, now: Duration, msg: &[u8]) {
-        let Ok((h, body)) = EncapHeader::parse(msg) else { return };
+        let Ok((h, body)) = EncapHeader::parse(msg) else {
+            self.counters.bad_encap += 1;
+            debug!(
+                len = msg.len(),
+                "UD message shorter than the encapsulation header dropped"
+            );
+            return;
+        };
+        if body.len() > self.ud_mtu() as usize {
+            self.counters.oversize += 1;
+            debug!(len = msg.len(), "UD message over the UD MTU dropped");
+            return;
+        }
         match h.ether_type {
             EtherType::Arp => match ArpPacket::parse(body) {
                 Ok(arp) => self.on_arp(now, arp),
-                Err(e) => debug!(error = %e, "malformed ARP dropped"),
+                Err(e) => {
+                    self.counters.malformed_arp += 1;
+                    debug!(error = %e, "malformed ARP dropped");
+                }
             },
             EtherType::Ipv4 => self.deliver_v4(body),
             EtherType::Ipv6 => match nd::parse(body) {
                 Ok(Some((ip6, m))) => self.on_nd(now, ip6, m),
                 Ok(None) => self.deliver_v6(body),
-                Err(e) => debug!(error = %e, "malformed IPv6/ND dropped"),
+                Err(e) => {
+                    self.counters.malformed_nd += 1;
+                    debug!(error = %e, "malformed IPv6/ND dropped");
+                }
             },
-            other => trace!(?other, "unknown encapsulation type dropped"),
+            other => {
+                self.counters.bad_encap += 1;
+                debug!(?other, "unknown encapsulation type dropped");
+            }
         }
     }
 
     fn deliver_v4(&mut self, body: &[u8]) {
         match Ipv4Info::parse(body) {
             Ok(i) => self.out.push(Action::ToKernel(body[..i.total_len].to_vec())),
-            Err(e) => debug!(error = %e, "malformed IPv4 dropped"),
+            Err(e) => {
+                self.counters.malformed_ip += 1;
+                debug!(error = %e, "malformed IPv4 dropped");
+            }
         }
     }
 
@@ -721,12 +797,16 @@ impl Link {
             Ok((h, _)) => self.out.push(Action::ToKernel(
                 body[..Ipv6Header::LEN + usize::from(h.payload_len)].to_vec(),
             )),
-            Err(e) => debug!(error = %e, "malformed IPv6 dropped"),
+            Err(e) => {
+                self.counters.malformed_ip += 1;
+                debug!(error = %e, "malformed IPv6 dropped");
+            }
         }
     }
 
     fn on_arp(&mut self, now: Duration, arp: ArpPacket) {
         if arp.sender_hw.is_multicast() || arp.sender_ip.is_unspecified() || self.is_our_v4(arp.sender_ip) {
+            self.counters.spoofed_arp_nd += 1;
             debug!(ip = %arp.sender_ip, "ARP with a multicast sender or our own address ignored");
             return;
         }
@@ -759,6 +839,8 @@ impl Link {
                 }
                 if let Some(l) = source_lla {
                     if l.is_multicast() {
+                        self.counters.spoofed_arp_nd += 1;
+                        debug!(src = %h.src, "NS with a multicast source link address ignored");
                         return;
                     }
                     self.learn(now, IpAddr::V6(h.src), l);
@@ -877,6 +959,7 @@ impl Link {
     pub fn on_cm_req(&mut self, now: Duration, req: u64, service_id: u64, peer_gid: [u8; 16], private_data: &[u8]) {
         let pd_ours = self.our_pd();
         let reject = |me: &mut Link, reason: u16, why: &str| {
+            me.counters.req_rejected += 1;
             debug!(req, reason, why, "REQ rejected");
             me.out.push(Action::RejectReq {
                 req,
@@ -995,6 +1078,7 @@ impl Link {
         if c.superseded {
             // We accepted the peer's crossing REQ (our LLA is smaller); the peer should
             // have rejected ours. Exactly one connection per pair: refuse this one.
+            self.counters.rep_refused += 1;
             self.out.push(Action::RejectRep {
                 conn,
                 reason: REJ_CONSUMER,
@@ -1009,6 +1093,7 @@ impl Link {
             .filter(|pd| pd.ud_qpn == peer_qpn)
             .and_then(|pd| cm::connection_mtu(self.cfg.cm_recv_mtu, pd.recv_mtu).ok());
         let Some(mtu) = mtu else {
+            self.counters.rep_refused += 1;
             debug!(conn = conn.0, "REP with bad private data / Receive MTU rejected");
             self.out.push(Action::RejectRep {
                 conn,
@@ -1086,19 +1171,64 @@ impl Link {
 
     /// An IPoIB message arrived on a connection (IPCM-15: delivered whatever mode).
     pub fn on_rc_recv(&mut self, now: Duration, conn: ConnId, msg: &[u8]) {
+        let mut mtu = self.cfg.cm_recv_mtu.saturating_sub(EncapHeader::LEN as u32);
         if let Some(c) = self.conns.get_mut(&conn) {
             c.last_used = now;
+            mtu = c.mtu;
             if c.state == ConnState::Connecting && c.role == Role::Passive {
-                let mtu = c.mtu;
                 self.establish(now, conn, mtu);
             }
         }
-        let Ok((h, body)) = EncapHeader::parse(msg) else { return };
+        let Ok((h, body)) = EncapHeader::parse(msg) else {
+            self.counters.bad_encap += 1;
+            debug!(
+                conn = conn.0,
+                len = msg.len(),
+                "RC message shorter than the encapsulation header dropped"
+            );
+            return;
+        };
+        // B4.5: nothing bigger than the connection MTU both sides agreed on.
+        if body.len() > mtu as usize {
+            self.counters.oversize += 1;
+            debug!(
+                conn = conn.0,
+                len = msg.len(),
+                mtu,
+                "RC message over the connection MTU dropped"
+            );
+            return;
+        }
         match h.ether_type {
             EtherType::Ipv4 => self.deliver_v4(body),
+            // A Linux peer sends unicast ND (NUD probes) on its connection, as all IPv6 to a
+            // connected neighbour: handled as over UD, and the answer goes over UD
+            // (IPCM-16 binds what we send).
+            EtherType::Ipv6 if is_nd(body) => {
+                self.counters.arp_nd_on_rc += 1;
+                match nd::parse(body) {
+                    Ok(Some((ip6, m))) => self.on_nd(now, ip6, m),
+                    Ok(None) => self.deliver_v6(body),
+                    Err(e) => {
+                        self.counters.malformed_nd += 1;
+                        debug!(conn = conn.0, error = %e, "malformed ND on a connection dropped");
+                    }
+                }
+            }
             EtherType::Ipv6 => self.deliver_v6(body),
-            // IPCM-16: ARP/ND only over UD.
-            other => debug!(?other, "non-IP message on a connection dropped"),
+            EtherType::Arp => {
+                // IPCM-16: ARP only over UD.
+                self.counters.arp_nd_on_rc += 1;
+                debug!(conn = conn.0, "ARP on a connection dropped");
+            }
+            other => {
+                self.counters.bad_encap += 1;
+                debug!(
+                    conn = conn.0,
+                    ?other,
+                    "unknown encapsulation type on a connection dropped"
+                );
+            }
         }
     }
 

@@ -21,8 +21,8 @@ mod machine;
 pub mod neigh;
 
 pub use machine::{
-    Action, ConnId, ConnState, ConnView, Link, LinkConfig, Mode, NeighView, REJ_CONSUMER, REJ_INVALID_SERVICE_ID,
-    REJ_NO_QP, Role, UdDest,
+    Action, ConnId, ConnState, ConnView, Link, LinkConfig, LinkCounters, Mode, NeighView, REJ_CONSUMER,
+    REJ_INVALID_SERVICE_ID, REJ_NO_QP, Role, UdDest,
 };
 
 use std::time::Duration;
