@@ -175,6 +175,20 @@ pub enum ConnError {
     UrgentOutstanding,
 }
 
+/// Why there is no urgent octet to read out of band (`recv(MSG_OOB)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+pub enum UrgentError {
+    /// No urgent data, or it was read already (Linux: EINVAL).
+    #[error("no urgent data")]
+    NoUrgent,
+    /// Announced (P) but not yet arrived (Linux: EAGAIN).
+    #[error("urgent data announced, not yet arrived")]
+    NotYet,
+    /// SO_OOBINLINE is set: urgent data is in the stream (Linux: EINVAL).
+    #[error("urgent data is in line")]
+    Inline,
+}
+
 /// An output of the machine, in the order the engine must carry them out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -224,6 +238,10 @@ pub struct Conn {
     peer_conn: ConnStateFlags,
     urg_mark: Option<Cursor>,
     urg_pending_in: bool,
+    /// The urgent octet at `urg_mark` was taken out of band ([`Conn::take_urgent`]).
+    urg_taken: bool,
+    /// SO_OOBINLINE: the urgent octet stays in the stream and is not offered out of band.
+    oob_inline: bool,
     // --- close ---
     state: CloseState,
     active_close: Option<bool>,
@@ -259,6 +277,8 @@ impl Conn {
             peer_conn: ConnStateFlags::empty(),
             urg_mark: None,
             urg_pending_in: false,
+            urg_taken: false,
+            oob_inline: false,
             state: CloseState::Active,
             active_close: None,
             app_shut_wr: false,
@@ -358,6 +378,72 @@ impl Conn {
     /// Octets until one past the urgent octet (`Some(1)` = the next octet is the urgent one).
     pub fn bytes_to_urgent_mark(&self) -> Option<u64> {
         self.urg_mark.map(|m| self.p.local_rmbe.distance(m, self.cons))
+    }
+
+    /// SO_OOBINLINE: with `true` the urgent octet stays in the data stream (reads still stop
+    /// at the mark, as TCP's); with `false` (the default, as Linux) it is skipped by reads and
+    /// offered out of band by [`Conn::urgent_octet`] / [`Conn::take_urgent`].
+    pub fn set_oob_inline(&mut self, inline: bool) {
+        self.oob_inline = inline;
+    }
+
+    /// Whether urgent data stays in line (SO_OOBINLINE).
+    pub fn oob_inline(&self) -> bool {
+        self.oob_inline
+    }
+
+    /// Octets a read may return now. As Linux's TCP (`tcp_recvmsg`) a read stops before the
+    /// urgent octet; at the mark it goes on through it (in line) or, out of line, after
+    /// [`Conn::skip_urgent`] has dropped it from the stream.
+    pub fn readable_in_band(&self) -> u64 {
+        let r = self.readable();
+        match self.bytes_to_urgent_mark() {
+            Some(d) if d > 1 => r.min(d - 1),
+            Some(1) if !self.oob_inline => 0,
+            _ => r,
+        }
+    }
+
+    /// SIOCATMARK: the next octet to read is the urgent octet.
+    pub fn at_urgent_mark(&self) -> bool {
+        self.abort.is_none() && self.bytes_to_urgent_mark() == Some(1)
+    }
+
+    /// Out of line at the mark: consume the urgent octet so that reads go on after it (it was
+    /// offered out of band; TCP drops it from the stream whether it was taken or not). Emits
+    /// the consumer update SMC-URG-3 asks for. Returns whether an octet was skipped.
+    pub fn skip_urgent(&mut self) -> bool {
+        if self.oob_inline || !self.at_urgent_mark() {
+            return false;
+        }
+        self.consume(1).is_ok()
+    }
+
+    /// Where the urgent octet is in the local element, for `recv(MSG_OOB)`: the offset of the
+    /// octet if it arrived and was not taken yet; [`UrgentError`] otherwise (Linux's answers:
+    /// EINVAL when there is none, it was taken, or SO_OOBINLINE is set; EAGAIN when announced
+    /// (P) but not yet written).
+    pub fn urgent_octet(&self) -> Result<u32, UrgentError> {
+        if self.oob_inline {
+            return Err(UrgentError::Inline);
+        }
+        if self.abort.is_some() {
+            return Err(UrgentError::NoUrgent);
+        }
+        match self.bytes_to_urgent_mark() {
+            Some(d) if d >= 1 && !self.urg_taken => Ok(self.p.local_rmbe.advance(self.cons, d - 1).count),
+            Some(_) => Err(UrgentError::NoUrgent),
+            None if self.urg_pending_in => Err(UrgentError::NotYet),
+            None => Err(UrgentError::NoUrgent),
+        }
+    }
+
+    /// The application read the urgent octet out of band (`recv(MSG_OOB)` without MSG_PEEK):
+    /// a second read of it is EINVAL, as TCP's.
+    pub fn take_urgent(&mut self) {
+        if self.urgent_octet().is_ok() {
+            self.urg_taken = true;
+        }
     }
 
     /// True in states that need a guard timer (wait states and PeerAbortWait, SMC-CLS-9).
@@ -538,10 +624,16 @@ impl Conn {
         self.peer_prod = m.prod;
         self.peer_cons = m.cons;
         self.peer_prod_flags = m.prod_flags;
-        if m.prod_flags.contains(ProducerFlags::URGENT_PRESENT) {
+        // The writer holds further data until it sees the urgent octet consumed, so every
+        // CDC with U names the same mark; one that reaches us after we read past the mark
+        // (our update still on its way) names an octet already consumed and is no news.
+        let stale_urgent = m.prod_flags.contains(ProducerFlags::URGENT_PRESENT)
+            && self.p.local_rmbe.distance(m.prod, self.cons) == 0;
+        if m.prod_flags.contains(ProducerFlags::URGENT_PRESENT) && !stale_urgent && self.urg_mark != Some(m.prod) {
             self.urg_mark = Some(m.prod);
+            self.urg_taken = false;
         }
-        self.urg_pending_in = m.prod_flags.contains(ProducerFlags::URGENT_PENDING);
+        self.urg_pending_in = m.prod_flags.contains(ProducerFlags::URGENT_PENDING) && !stale_urgent;
         if let Some(u) = self.urg_written
             && self.p.peer_rmbe.distance(u, self.peer_cons) == 0
         {

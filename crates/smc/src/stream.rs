@@ -46,6 +46,12 @@ use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAdd
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
+mod abort;
+#[cfg(feature = "tokio")]
+pub mod async_io;
+mod sys;
+mod urgent;
+
 use verbs::{
     Access, AhAttr, CompletionQueue, Device, Gid, MemoryRegion, Mtu, ProtectionDomain, QpAttr, QpInit, QpInitAttr,
     QpType, QueuePair, RecvWr, RemoteAddr, RtrAttr, RtsAttr, SendWr, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
@@ -242,6 +248,8 @@ struct Slot {
     tcp_eof_since: Option<Instant>,
     local: String,
     peer: String,
+    /// SO_LINGER {1, 0}: the last handle's drop aborts (Figure 23) instead of closing.
+    linger_zero: bool,
 }
 
 struct GState {
@@ -255,6 +263,9 @@ struct GState {
     link_state: LinkState,
     terminated_at: Option<Instant>,
     unknown_tokens: u64,
+    /// Async tasks waiting on a connection of the group (`async_io`): woken with the
+    /// condition variable's waiters.
+    wakers: Vec<std::task::Waker>,
 }
 
 /// A link group with its one link.
@@ -467,6 +478,7 @@ impl Group {
                 link_state: LinkState::Activating,
                 terminated_at: None,
                 unknown_tokens: 0,
+                wakers: Vec::new(),
             }),
             cv: Condvar::new(),
         })
@@ -558,6 +570,7 @@ impl Group {
                 tcp_eof_since: None,
                 local: tcp.local_addr().map(|a| a.to_string()).unwrap_or_default(),
                 peer: tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
+                linger_zero: false,
             },
         );
         st.lgr.conn_added();
@@ -921,7 +934,15 @@ impl Group {
                     }
                     sq.outstanding += 1;
                 }
-                Action::TcpReset => s.tcp_reset = true,
+                Action::TcpReset => {
+                    s.tcp_reset = true;
+                    // Figure 23 / SMC-ABT-1: a real RST on the TCP path with the CDC's A.
+                    if let Some(t) = &s.tcp
+                        && let Err(e) = sys::reset(t)
+                    {
+                        tracing::debug!(error = %e, "TCP reset");
+                    }
+                }
                 Action::ReleaseElement => {}
             }
             s.pending.pop_front();
@@ -956,6 +977,7 @@ impl Group {
             }
         }
         self.cv.notify_all();
+        st.wakers.drain(..).for_each(std::task::Waker::wake);
     }
 
     fn on_completion(&self, st: &mut GState, wc: &WorkCompletion, now: Instant) {
@@ -1120,6 +1142,7 @@ impl Group {
             self.housekeeping(&mut st, now);
             self.lgr_actions(&mut st);
             self.cv.notify_all();
+            st.wakers.drain(..).for_each(std::task::Waker::wake);
             if let Some(t) = st.terminated_at
                 && st.conns.is_empty()
                 && (st.sq.outstanding == 0 || now.duration_since(t) > Duration::from_secs(1))
@@ -1727,10 +1750,17 @@ impl Read for SmcStream {
                 return Ok(0);
             }
             if let Some(c) = sl.conn.as_mut() {
-                if c.readable() > 0 {
+                // Urgent data (A2.9, Linux's TCP behaviour): out of line the urgent octet is
+                // dropped from the stream at the mark; reads stop before it.
+                if c.skip_urgent() {
+                    s.g.drive(sq, s.cid, sl);
+                    continue;
+                }
+                let in_band = c.readable_in_band();
+                if in_band > 0 {
                     let base = sl.elem as usize * sl.elem_len as usize;
                     let rmb = &rmbs[sl.rmb].mr;
-                    let (a, b) = c.read_spans(buf.len() as u64);
+                    let (a, b) = c.read_spans((buf.len() as u64).min(in_band));
                     let la = a.len as usize;
                     rmb.read(base + a.off as usize, &mut buf[..la])
                         .map_err(|_| io_err(io::ErrorKind::Other, "RMB read"))?;
@@ -1829,11 +1859,11 @@ impl SmcStream {
 
     /// Sends `buf` as urgent data (`send(MSG_OOB)`): the last octet accepted is the urgent
     /// mark (A2.9; TCP-like, as Linux). Waits while earlier urgent data is unacknowledged.
-    /// On a fallback connection this is a plain write (std sockets have no MSG_OOB).
+    /// On a fallback connection it is TCP's `send(MSG_OOB)`.
     pub fn send_urgent(&mut self, buf: &[u8]) -> io::Result<usize> {
         match &self.kind {
             Kind::Tcp(_) => {
-                let n = self.tcp.write(buf)?;
+                let n = sys::send_oob(&self.tcp, buf)?;
                 if let Kind::Tcp(Some(i)) = &self.kind {
                     i.sent.fetch_add(n as u64, Ordering::Relaxed);
                 }
@@ -1897,7 +1927,11 @@ impl Drop for SmcStream {
                 // (SMC-CLS-2). The group's progress thread finishes the close handshake
                 // (the application does not wait, as with close(2)) and frees the element.
                 if let Some(c) = sl.conn.as_mut() {
-                    c.close();
+                    if sl.linger_zero {
+                        c.abort();
+                    } else {
+                        c.close();
+                    }
                 }
                 sl.dropped = true;
                 s.g.drive(sq, s.cid, sl);
