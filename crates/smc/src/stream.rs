@@ -51,6 +51,7 @@ mod abort;
 pub mod async_io;
 mod sys;
 mod urgent;
+pub use urgent::Relayed;
 
 use verbs::{
     Access, AhAttr, CompletionQueue, Device, Gid, MemoryRegion, Mtu, ProtectionDomain, QpAttr, QpInit, QpInitAttr,

@@ -12,9 +12,19 @@
 //!
 //! A fallback connection uses the kernel's TCP calls for all of them.
 
-use super::{Kind, SmcStream, sys};
+use super::{GState, Kind, SmcStream, sys};
 use crate::conn::UrgentError;
-use std::io;
+use std::io::{self, Read};
+use std::time::Duration;
+
+/// What [`SmcStream::read_relay`] read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Relayed {
+    /// This many octets of normal data (0 = end of stream).
+    Data(usize),
+    /// The urgent octet, at its place in the stream.
+    Urgent(u8),
+}
 
 fn urgent_err(e: UrgentError) -> io::Error {
     match e {
@@ -97,6 +107,81 @@ impl SmcStream {
                     .and_then(|sl| sl.conn.as_ref())
                     .is_some_and(|c| c.oob_inline()))
             }
+        }
+    }
+
+    /// A read for a relay (the `smc run` daemon) that keeps the urgent mark's place: data
+    /// before the mark as [`Relayed::Data`] (a read never crosses the mark), then the urgent
+    /// octet itself as [`Relayed::Urgent`] (consumed; SO_OOBINLINE does not matter here), then
+    /// the data after it. Blocks as `read` does (or `WouldBlock` when nonblocking). A
+    /// fallback connection gives its data only.
+    pub fn read_relay(&mut self, buf: &mut [u8]) -> io::Result<Relayed> {
+        let s = match &self.kind {
+            Kind::Tcp(_) => return self.read(buf).map(Relayed::Data),
+            Kind::Smc(s) => s,
+        };
+        if buf.is_empty() {
+            return Ok(Relayed::Data(0));
+        }
+        let mut st = s.g.lock();
+        loop {
+            let GState { conns, sq, rmbs, .. } = &mut *st;
+            let sl = conns.get_mut(&s.cid).ok_or_else(|| Self::smc_err(None))?;
+            if sl.read_shut {
+                return Ok(Relayed::Data(0));
+            }
+            if let Some(c) = sl.conn.as_mut() {
+                let base = sl.elem as usize * sl.elem_len as usize;
+                let rmb = &rmbs[sl.rmb].mr;
+                let rd = |off: u32, dst: &mut [u8]| {
+                    rmb.read(base + off as usize, dst)
+                        .map_err(|_| io::Error::other("RMB read"))
+                };
+                if c.at_urgent_mark() {
+                    let (a, _) = c.read_spans(1);
+                    let mut b = [0u8; 1];
+                    rd(a.off, &mut b)?;
+                    c.consume(1).map_err(io::Error::other)?;
+                    sl.received += 1;
+                    s.g.drive(sq, s.cid, sl);
+                    return Ok(Relayed::Urgent(b[0]));
+                }
+                let avail = match c.bytes_to_urgent_mark() {
+                    Some(d) if d > 1 => c.readable().min(d - 1),
+                    _ => c.readable(),
+                };
+                if avail > 0 {
+                    let (a, b) = c.read_spans((buf.len() as u64).min(avail));
+                    let la = a.len as usize;
+                    rd(a.off, &mut buf[..la])?;
+                    let mut n = la;
+                    if let Some(b) = b {
+                        rd(b.off, &mut buf[la..la + b.len as usize])?;
+                        n += b.len as usize;
+                    }
+                    c.consume(n as u64).map_err(io::Error::other)?;
+                    sl.received += n as u64;
+                    s.g.drive(sq, s.cid, sl);
+                    return Ok(Relayed::Data(n));
+                }
+                if c.read_eof() {
+                    return Ok(Relayed::Data(0));
+                }
+                if c.abort_reason().is_some() {
+                    return Err(Self::smc_err(Some(&*sl)));
+                }
+            }
+            if sl.link_error.is_some() {
+                return Err(Self::smc_err(Some(&*sl)));
+            }
+            if sl.nonblocking {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            st =
+                s.g.cv
+                    .wait_timeout(st, Duration::from_millis(200))
+                    .map(|r| r.0)
+                    .unwrap_or_else(|p| p.into_inner().0);
         }
     }
 }
