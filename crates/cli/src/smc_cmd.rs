@@ -701,8 +701,8 @@ impl Daemon {
         };
         let local_ip = tcp.local_addr().map(|a| a.ip());
         let dev = match local_ip {
-            Ok(ip @ IpAddr::V4(_)) if indicated != Some(false) => self.device(ip).map_err(|e| format!("{e:#}")),
-            Ok(IpAddr::V6(_)) if indicated != Some(false) => Err("IPv6: SMC-R v1 needs IPv4".to_string()),
+            // SMC-R v1 runs over IPv6 TCP as well: a RoCEv2 device on the IPv6 address (its GID).
+            Ok(ip) if indicated != Some(false) => self.device(ip).map_err(|e| format!("{e:#}")),
             _ => Err(String::new()),
         };
         let (dev, dev_error) = match dev {

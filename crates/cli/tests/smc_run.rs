@@ -593,6 +593,84 @@ fn python_msg_oob_like_tcp() {
     let _ = (std::fs::remove_file(fs), std::fs::remove_file(fc));
 }
 
+/// IPv6 (issue 15: SMC-R v1 runs over IPv6 TCP): the namespaces get ULA addresses
+/// fd15:151:8::1/64 and ::2 on the veth; `curl -6` against `python3 -m http.server` on
+/// the IPv6 address, both wrapped: 3 MB byte-exact over SMC-R (RoCEv2 devices on the IPv6
+/// addresses, GIDs = the addresses, the Proposal carrying the /64 prefix), shown by
+/// `smc status` and by `smc stat --json` (the link's GIDs are the IPv6 addresses); then the
+/// urgent-data pair over IPv6 too.
+#[test]
+fn curl6_and_python6_over_smcr() {
+    skip_unless!("python3", "curl", "ss");
+    let lab = Lab::new("v6", 8);
+    let ip6 = ["fd15:151:8::1", "fd15:151:8::2"];
+    for (side, v) in ["smrv6a", "smrv6b"].iter().enumerate() {
+        assert!(sh(&format!(
+            "ip -n {} -6 addr add {}/64 dev {v} nodad",
+            lab.ns[side], ip6[side]
+        )));
+    }
+    let dir = tmp("www6");
+    std::fs::create_dir_all(&dir).unwrap();
+    let body = pattern(3_000_000, 8);
+    std::fs::write(dir.join("f.bin"), &body).unwrap();
+    let port = 5640;
+    let mut srv = lab
+        .smc_run(
+            0,
+            &["python3", "-m", "http.server", "--bind", ip6[0], &port.to_string(), "-d", dir.to_str().unwrap()],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_port(&lab, 0, port);
+    let out = tmp("curl6.bin");
+    let o = lab
+        .smc_run(
+            1,
+            &["curl", "-6", "-gsS", "-o", out.to_str().unwrap(), &format!("http://[{}]:{port}/f.bin", ip6[0])],
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "curl -6: {:?}", o);
+    assert!(std::fs::read(&out).unwrap() == body, "curl -6's file differs");
+    let c = lab.conn(1, port);
+    assert_eq!(c["mode"], "SMC-R", "{c}");
+    assert!(c["peer"].as_str().unwrap().starts_with(&format!("[{}]", ip6[0])), "{c}");
+    assert!(c["bytes_received"].as_u64().unwrap() > 3_000_000, "{c}");
+    let st = lab.cmd(0, &["smc", "stat", "--json"]).output().unwrap();
+    let text = String::from_utf8_lossy(&st.stdout).to_string();
+    eprintln!("smc stat --json: {text}");
+    assert!(text.contains(ip6[0]) && text.contains(ip6[1]), "GIDs in smc stat: {text}");
+    let _ = srv.kill();
+    let _ = srv.wait();
+    // Urgent data over IPv6 as well.
+    let (fs, fc) = (tmp("oob6-srv.py"), tmp("oob6-cli.py"));
+    std::fs::write(&fs, PY_OOB_SERVER).unwrap();
+    std::fs::write(&fc, PY_OOB_CLIENT).unwrap();
+    let port = 5641;
+    let p = port.to_string();
+    let srv = lab
+        .smc_run(0, &["python3", fs.to_str().unwrap(), ip6[0], &p])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_port(&lab, 0, port);
+    let cli = lab
+        .smc_run(1, &["python3", fc.to_str().unwrap(), ip6[0], &p])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c: serde_json::Value = serde_json::from_slice(&finish(cli, "python6 oob client").stdout).unwrap();
+    let s: serde_json::Value = serde_json::from_slice(&finish(srv, "python6 oob server").stdout).unwrap();
+    assert_eq!((s["oob"].as_str(), s["before"].clone()), (Some("U"), serde_json::json!([1002, "xy"])), "{s}");
+    assert_eq!((c["oob"].as_str(), c["after"].as_str()), (Some("!"), Some("world")), "{c}");
+    assert_eq!(lab.conn(0, port)["mode"], "SMC-R");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = (std::fs::remove_file(out), std::fs::remove_file(fs), std::fs::remove_file(fc));
+}
+
 /// D2 scenario 4: unmodified curl against `python3 -m http.server`, both wrapped: the 3 MB
 /// file arrives byte-exact over SMC-R.
 #[test]

@@ -74,6 +74,9 @@ pub struct SmcConfig {
     pub clc_timeout: Duration,
     /// IPv4 prefix length of the connection's subnet (the Proposal's IP area, E-4).
     pub prefix_len: u8,
+    /// IPv6 prefix length of an IPv6 connection's prefix (the Proposal's IPv6 prefix; the
+    /// server compares it with its own address under the same length).
+    pub prefix_len_v6: u8,
     /// Guard timer of the close wait states (SMC-CLS-9).
     pub close_timeout: Duration,
     /// How long a link group without connections stays for reuse (A4.9; the client adds
@@ -99,6 +102,7 @@ impl Default for SmcConfig {
             indication_wait: Duration::from_millis(500),
             clc_timeout: crate::clc_machine::CLC_WAIT,
             prefix_len: 24,
+            prefix_len_v6: 64,
             close_timeout: Duration::from_secs(10),
             linger: Duration::from_secs(10),
             keepalive: crate::lgr::KEEPALIVE,
@@ -1287,9 +1291,10 @@ impl std::fmt::Debug for SmcStream {
 
 fn local_caps(dev: &Device, tcp: &TcpStream, cfg: &SmcConfig) -> io::Result<LocalCaps> {
     let gid = dev.query_gid(1, 0).map_err(verbs_err)?;
-    let ipv4 = match tcp.local_addr()?.ip() {
-        IpAddr::V4(a) => Some((a, cfg.prefix_len)),
-        IpAddr::V6(_) => None,
+    let (ipv4, ipv6) = match tcp.local_addr()?.ip() {
+        IpAddr::V4(a) => (Some((a, cfg.prefix_len)), None),
+        // SMC-R v1 over IPv6 TCP: the Proposal carries the IPv6 prefix.
+        IpAddr::V6(a) => (None, Some((a, cfg.prefix_len_v6))),
     };
     let mac = [0x02, 0, gid.0[12], gid.0[13], gid.0[14], gid.0[15]];
     let mut hostname = [b' '; HOSTNAME_LEN];
@@ -1302,6 +1307,7 @@ fn local_caps(dev: &Device, tcp: &TcpStream, cfg: &SmcConfig) -> io::Result<Loca
         gid: gid.0,
         mac,
         ipv4,
+        ipv6,
         eids: Vec::new(),
         hostname,
         max_conns: 255,
@@ -2021,6 +2027,7 @@ impl SmcStream {
                 gid: [0; 16],
                 mac: [0; 6],
                 ipv4: None,
+                ipv6: None,
                 eids: Vec::new(),
                 hostname,
                 max_conns: 255,

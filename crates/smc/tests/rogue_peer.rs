@@ -47,6 +47,7 @@ fn caps(gid: [u8; 16]) -> LocalCaps {
         gid,
         mac: [2, 0, 0, 0, 0, 1],
         ipv4: Some(("127.0.0.1".parse().unwrap(), 8)),
+        ipv6: None,
         eids: Vec::new(),
         hostname: [b' '; HOSTNAME_LEN],
         max_conns: 255,
