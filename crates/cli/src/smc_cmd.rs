@@ -818,7 +818,14 @@ impl Daemon {
 fn send_urgent_unix(u: &UnixStream, b: u8) -> io::Result<()> {
     loop {
         // SAFETY: a descriptor we hold; one octet from the stack.
-        let r = unsafe { libc::send(u.as_raw_fd(), (&b as *const u8).cast(), 1, libc::MSG_OOB | libc::MSG_NOSIGNAL) };
+        let r = unsafe {
+            libc::send(
+                u.as_raw_fd(),
+                (&b as *const u8).cast(),
+                1,
+                libc::MSG_OOB | libc::MSG_NOSIGNAL,
+            )
+        };
         if r == 1 {
             return Ok(());
         }

@@ -585,7 +585,10 @@ fn python_msg_oob_like_tcp() {
     assert_eq!(s["oob_again"], "EINVAL");
     assert_eq!(s["before"], serde_json::json!([1002, "xy"]));
     assert_eq!(s["after"], "b".repeat(100));
-    assert_eq!((c["oob"].as_str(), c["before"].as_str(), c["after"].as_str()), (Some("!"), Some("hello"), Some("world")));
+    assert_eq!(
+        (c["oob"].as_str(), c["before"].as_str(), c["after"].as_str()),
+        (Some("!"), Some("hello"), Some("world"))
+    );
     assert_eq!(s["inline_oob"], "EINVAL");
     assert_eq!(s["inline_before"], 500);
     assert_eq!(s["inline_rest"], format!("U{}", "b".repeat(10)));
@@ -618,7 +621,16 @@ fn curl6_and_python6_over_smcr() {
     let mut srv = lab
         .smc_run(
             0,
-            &["python3", "-m", "http.server", "--bind", ip6[0], &port.to_string(), "-d", dir.to_str().unwrap()],
+            &[
+                "python3",
+                "-m",
+                "http.server",
+                "--bind",
+                ip6[0],
+                &port.to_string(),
+                "-d",
+                dir.to_str().unwrap(),
+            ],
         )
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -629,7 +641,14 @@ fn curl6_and_python6_over_smcr() {
     let o = lab
         .smc_run(
             1,
-            &["curl", "-6", "-gsS", "-o", out.to_str().unwrap(), &format!("http://[{}]:{port}/f.bin", ip6[0])],
+            &[
+                "curl",
+                "-6",
+                "-gsS",
+                "-o",
+                out.to_str().unwrap(),
+                &format!("http://[{}]:{port}/f.bin", ip6[0]),
+            ],
         )
         .output()
         .unwrap();
@@ -642,7 +661,10 @@ fn curl6_and_python6_over_smcr() {
     let st = lab.cmd(0, &["smc", "stat", "--json"]).output().unwrap();
     let text = String::from_utf8_lossy(&st.stdout).to_string();
     eprintln!("smc stat --json: {text}");
-    assert!(text.contains(ip6[0]) && text.contains(ip6[1]), "GIDs in smc stat: {text}");
+    assert!(
+        text.contains(ip6[0]) && text.contains(ip6[1]),
+        "GIDs in smc stat: {text}"
+    );
     let _ = srv.kill();
     let _ = srv.wait();
     // Urgent data over IPv6 as well.
@@ -664,11 +686,23 @@ fn curl6_and_python6_over_smcr() {
         .unwrap();
     let c: serde_json::Value = serde_json::from_slice(&finish(cli, "python6 oob client").stdout).unwrap();
     let s: serde_json::Value = serde_json::from_slice(&finish(srv, "python6 oob server").stdout).unwrap();
-    assert_eq!((s["oob"].as_str(), s["before"].clone()), (Some("U"), serde_json::json!([1002, "xy"])), "{s}");
-    assert_eq!((c["oob"].as_str(), c["after"].as_str()), (Some("!"), Some("world")), "{c}");
+    assert_eq!(
+        (s["oob"].as_str(), s["before"].clone()),
+        (Some("U"), serde_json::json!([1002, "xy"])),
+        "{s}"
+    );
+    assert_eq!(
+        (c["oob"].as_str(), c["after"].as_str()),
+        (Some("!"), Some("world")),
+        "{c}"
+    );
     assert_eq!(lab.conn(0, port)["mode"], "SMC-R");
     let _ = std::fs::remove_dir_all(&dir);
-    let _ = (std::fs::remove_file(out), std::fs::remove_file(fs), std::fs::remove_file(fc));
+    let _ = (
+        std::fs::remove_file(out),
+        std::fs::remove_file(fs),
+        std::fs::remove_file(fc),
+    );
 }
 
 /// D2 scenario 4: unmodified curl against `python3 -m http.server`, both wrapped: the 3 MB

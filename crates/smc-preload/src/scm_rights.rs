@@ -20,7 +20,10 @@ pub fn abstract_addr(name: &[u8]) -> io::Result<(libc::sockaddr_un, libc::sockle
     let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
     if name.is_empty() || name.len() + 1 > sa.sun_path.len() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "socket name empty or too long"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket name empty or too long",
+        ));
     }
     for (i, c) in name.iter().enumerate() {
         sa.sun_path[i + 1] = *c as libc::c_char; // abstract: sun_path[0] = 0

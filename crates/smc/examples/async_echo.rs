@@ -91,7 +91,12 @@ fn run(conns: usize, bytes: usize, server_ip: &str, client_ip: &str) -> usize {
                 let mut got = Vec::with_capacity(bytes);
                 r.read_to_end(&mut got).await.expect("client read");
                 writer.await.expect("writer");
-                assert!(got == data, "stream {i}: echo differs ({} of {} octets)", got.len(), bytes);
+                assert!(
+                    got == data,
+                    "stream {i}: echo differs ({} of {} octets)",
+                    got.len(),
+                    bytes
+                );
                 smc
             }));
         }

@@ -81,7 +81,11 @@ impl LocalCaps {
 
 /// `a` with the bits past prefix length `len` cleared.
 fn v6_prefix(a: Ipv6Addr, len: u8) -> Ipv6Addr {
-    let m = if len == 0 { 0 } else { u128::MAX << (128 - u32::from(len.min(128))) };
+    let m = if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(len.min(128)))
+    };
     Ipv6Addr::from(u128::from(a) & m)
 }
 

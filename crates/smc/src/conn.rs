@@ -627,8 +627,8 @@ impl Conn {
         // The writer holds further data until it sees the urgent octet consumed, so every
         // CDC with U names the same mark; one that reaches us after we read past the mark
         // (our update still on its way) names an octet already consumed and is no news.
-        let stale_urgent = m.prod_flags.contains(ProducerFlags::URGENT_PRESENT)
-            && self.p.local_rmbe.distance(m.prod, self.cons) == 0;
+        let stale_urgent =
+            m.prod_flags.contains(ProducerFlags::URGENT_PRESENT) && self.p.local_rmbe.distance(m.prod, self.cons) == 0;
         if m.prod_flags.contains(ProducerFlags::URGENT_PRESENT) && !stale_urgent && self.urg_mark != Some(m.prod) {
             self.urg_mark = Some(m.prod);
             self.urg_taken = false;

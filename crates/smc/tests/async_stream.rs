@@ -57,7 +57,9 @@ fn many_streams_one_runtime_thread_smc_r_and_fallback() {
         .unwrap();
     let before = threads();
     let (smc, fallback, during) = rt.block_on(async move {
-        let l = AsyncSmcListener::bind("127.115.47.1:0", &ds, base.clone()).await.unwrap();
+        let l = AsyncSmcListener::bind("127.115.47.1:0", &ds, base.clone())
+            .await
+            .unwrap();
         let addr = l.local_addr().unwrap();
         // Every stream waits here (mid-transfer) until all are set up and the threads counted.
         let gate = Arc::new(tokio::sync::Barrier::new(STREAMS + 1));

@@ -71,7 +71,10 @@ fn wait_urgent(s: &SmcStream) -> u8 {
         match s.recv_urgent(true) {
             Ok(b) => return b,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::InvalidInput) => {
-                assert!(t0.elapsed() < Duration::from_secs(10), "urgent octet never arrived: {e}");
+                assert!(
+                    t0.elapsed() < Duration::from_secs(10),
+                    "urgent octet never arrived: {e}"
+                );
                 thread::sleep(Duration::from_millis(2));
             }
             Err(e) => panic!("recv_urgent: {e}"),
@@ -85,7 +88,11 @@ fn wait_urgent(s: &SmcStream) -> u8 {
 fn urgent_out_of_line(server: &str, client: &str, smc: bool) {
     let (mut c, mut s, _k) = pair(server, client, smc);
     assert!(!s.oob_inline().unwrap());
-    assert_eq!(s.recv_urgent(false).unwrap_err().kind(), ErrorKind::InvalidInput, "no urgent data yet");
+    assert_eq!(
+        s.recv_urgent(false).unwrap_err().kind(),
+        ErrorKind::InvalidInput,
+        "no urgent data yet"
+    );
     c.write_all(&[b'a'; 1000]).unwrap();
     assert_eq!(c.send_urgent(b"xyU").unwrap(), 3);
     c.write_all(&[b'b'; 100]).unwrap();
@@ -155,7 +162,13 @@ fn tcp_state(t: &TcpStream) -> u8 {
     // SAFETY (test): the descriptor is open; the buffer and its length are valid.
     #[allow(unsafe_code)]
     let rc = unsafe {
-        libc::getsockopt(t.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, info.as_mut_ptr().cast(), &mut len)
+        libc::getsockopt(
+            t.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr().cast(),
+            &mut len,
+        )
     };
     assert_eq!(rc, 0);
     info[0]
@@ -184,7 +197,11 @@ fn abort_resets(server: &str, client: &str, smc: bool) {
     assert!(s.write_all(b"x").is_err(), "write after the peer's abort");
     let t0 = Instant::now();
     while tcp_state(&keep) != 7 {
-        assert!(t0.elapsed() < Duration::from_secs(5), "TCP state {} (no RST)", tcp_state(&keep));
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "TCP state {} (no RST)",
+            tcp_state(&keep)
+        );
         thread::sleep(Duration::from_millis(5));
     }
 }
@@ -232,7 +249,3 @@ fn abort_with_clone_open() {
     assert_eq!(c2.read(&mut b).unwrap_err().kind(), ErrorKind::ConnectionAborted);
     assert_eq!(s.read(&mut b).unwrap_err().kind(), ErrorKind::ConnectionReset);
 }
-
-
-
-

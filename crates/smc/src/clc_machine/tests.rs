@@ -193,7 +193,10 @@ fn v1_over_ipv6_prefix_match_and_mismatch() {
     let mut c = ClcMachine::client(v6(3, 8), true);
     let mut s = ClcMachine::server(caps(2, true, false), true);
     pipe(&mut c, &mut s);
-    assert_eq!(s.outcome(), &Outcome::Fallback(FallbackReason::Declined(Diagnosis::DIFF_PREFIX)));
+    assert_eq!(
+        s.outcome(),
+        &Outcome::Fallback(FallbackReason::Declined(Diagnosis::DIFF_PREFIX))
+    );
 }
 
 /// F2 / SMC-FC-1: subnet mismatch on v1 → Decline 0x03070000.

@@ -8,7 +8,11 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 
 fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
-    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc) }
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
 }
 
 fn set_int(tcp: &TcpStream, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
@@ -30,7 +34,15 @@ fn get_int(tcp: &TcpStream, level: libc::c_int, name: libc::c_int) -> io::Result
     let mut v: libc::c_int = 0;
     let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
     // SAFETY: the descriptor is open; `v` and `len` are valid for writes of their sizes.
-    let rc = unsafe { libc::getsockopt(tcp.as_raw_fd(), level, name, (&mut v as *mut libc::c_int).cast(), &mut len) };
+    let rc = unsafe {
+        libc::getsockopt(
+            tcp.as_raw_fd(),
+            level,
+            name,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
     check(rc).map(|_| v)
 }
 
@@ -85,7 +97,11 @@ pub(crate) fn send_oob(tcp: &TcpStream, buf: &[u8]) -> io::Result<usize> {
             libc::MSG_OOB | libc::MSG_NOSIGNAL,
         )
     };
-    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(rc as usize) }
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc as usize)
+    }
 }
 
 /// `recv(1, MSG_OOB [| MSG_PEEK])` on a plain TCP connection.
