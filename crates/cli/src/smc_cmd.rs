@@ -787,6 +787,9 @@ impl Daemon {
                     }
                 };
                 let _ = tcp2.set_nonblocking(false);
+                // The relay reads the TCP socket plainly: urgent octets stay in line rather
+                // than being skipped.
+                let _ = socket2::SockRef::from(&tcp2).set_out_of_band_inline(true);
                 let rec = self.record(role, &tcp, "TCP-relay", r.to_string());
                 reply(VERDICT_RELAY, &r.to_string(), Some(&app));
                 drop(app);
