@@ -383,7 +383,7 @@ impl Group {
     pub(super) fn lgr_actions(&self, st: &mut GState) {
         while let Some(a) = st.lgr.poll_action() {
             match a {
-                LgrAction::SendLlc(b) => {
+                LgrAction::SendLlc { msg: b, .. } => {
                     let slot = st.sq.next_slot;
                     st.sq.next_slot = st.sq.next_slot.wrapping_add(1);
                     if st.sq.outstanding < SQ_DEPTH && self.post_ctrl(slot, &b, WR_LLC).is_ok() {
@@ -403,6 +403,16 @@ impl Group {
                         }
                     }
                     unregister(self.id);
+                }
+                // The engine runs one link per group (max_links 1, no ADD LINK retry): the
+                // machine asks for none of the multi-link steps.
+                other @ (LgrAction::AddLinkDue
+                | LgrAction::AddLinkRequest { .. }
+                | LgrAction::AddLinkPeer { .. }
+                | LgrAction::LinkUp { .. }
+                | LgrAction::LinkFailed { .. }
+                | LgrAction::LinkFree { .. }) => {
+                    tracing::warn!(?other, "multi-link LLC step in a single-link group, ignored");
                 }
             }
         }
