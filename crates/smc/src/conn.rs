@@ -38,7 +38,18 @@
 //!   completed (SMC-CLS-3); after C nothing more is sent (SMC-CLS-8); connection-state flags
 //!   are sticky in later CDCs (as Linux sends them). `close()` with unread data, a peer's C
 //!   while local data is unsent, a TCP reset and a wait-state timeout abort (Figure 23).
-//! - Failover validation (F) CDCs are ignored here: failover belongs to the link layer.
+//! - **Failover** (RFC 7609 §2.3, §4.6; SMC-FO-2..5, A4.7): the engine reports each CDC
+//!   whose send completed ([`Conn::cdc_completed`]: SS is the last of them) and, once the
+//!   connection's link failed and every work request of that link has completed or
+//!   flushed, calls [`Conn::failover`] with the connection on the surviving link. The
+//!   machine then sends the validation CDC (F, sequence SS, not counted), replays every
+//!   write the peer may not have (from the later of the last completed write and the
+//!   peer's consumer cursor up to our producer cursor, at the same element offsets, so
+//!   nothing is lost and no octet lands twice where the peer could read it) and one CDC
+//!   with a new sequence number above all earlier ones carrying the current cursors and
+//!   flags (the "merged" replay of SMC-FO-5). A peer's F CDC whose sequence is after the
+//!   last CDC we processed (SR < SS) means data was lost: the connection is reset at once
+//!   (SMC-FO-4); otherwise it is ignored.
 
 use crate::wire::cdc::{Cdc, ConnStateFlags, ProducerFlags, seq_before};
 use crate::wire::cursor::{Cursor, Rmbe, Span};
@@ -107,6 +118,9 @@ pub enum AbortReason {
     /// The peer violated the protocol (A2.15).
     #[error("protocol error: {0}")]
     Protocol(ProtocolError),
+    /// A failover validation CDC showed that data was lost with the failed link (SMC-FO-4).
+    #[error("data lost in link failover")]
+    FailoverLoss,
 }
 
 /// A peer's CDC that cannot be correct (SMC-CDC-12, A2.15).
@@ -252,6 +266,10 @@ pub struct Conn {
     peer_abort_seen: bool,
     released: bool,
     wrong_tokens: u64,
+    /// SS: the sequence number of the last CDC whose send completed (0 = none yet).
+    ss: u16,
+    /// Failovers so far ([`Conn::failovers`]).
+    failovers: u32,
 }
 
 impl Conn {
@@ -288,6 +306,8 @@ impl Conn {
             peer_abort_seen: false,
             released: false,
             wrong_tokens: 0,
+            ss: 0,
+            failovers: 0,
             p,
         }
     }
@@ -505,6 +525,64 @@ impl Conn {
         self.flush();
     }
 
+    /// The engine saw the send of the CDC with sequence number `seq` complete (SS,
+    /// SMC-FO-2).
+    pub fn cdc_completed(&mut self, seq: u16) {
+        if self.ss == 0 || seq_before(self.ss, seq) {
+            self.ss = seq;
+        }
+    }
+
+    /// Failovers this connection went through.
+    pub fn failovers(&self) -> u32 {
+        self.failovers
+    }
+
+    /// The connection's link failed and the engine moved it to a surviving link, after
+    /// every work request of the failed link completed or flushed (completions of that
+    /// link arriving later must not be reported). Emits the validation CDC (F, SS), the
+    /// replay of what the peer may lack, and a CDC with the current cursors (SMC-FO-3,
+    /// SMC-FO-5).
+    pub fn failover(&mut self) {
+        if self.state == CloseState::Closed {
+            return;
+        }
+        self.failovers += 1;
+        self.actions.push_back(Action::SendCdc(Cdc {
+            seq: self.ss,
+            token: self.p.peer_token,
+            prod: self.prod,
+            cons: self.cons,
+            prod_flags: ProducerFlags::FAILOVER_VALIDATION,
+            conn_flags: ConnStateFlags::empty(),
+        }));
+        let pe = self.p.peer_rmbe;
+        // Octets the peer consumed are placed; the rest of what is not completed may not be.
+        let unconsumed = pe.distance(self.prod, self.peer_cons);
+        let replay = self.in_flight.min(unconsumed);
+        self.in_flight = replay;
+        if replay > 0 && self.abort.is_none() {
+            let start = pe.advance(self.peer_cons, unconsumed - replay);
+            let src = self.written - replay;
+            let (a, b) = pe.spans(start, replay as u32);
+            self.actions.push_back(Action::RdmaWrite {
+                src,
+                remote_off: a.off,
+                len: a.len,
+            });
+            if let Some(b) = b {
+                self.actions.push_back(Action::RdmaWrite {
+                    src: src + u64::from(a.len),
+                    remote_off: b.off,
+                    len: b.len,
+                });
+            }
+        }
+        // One CDC above every earlier sequence number: cursors, sticky flags (A included).
+        self.send_cdc();
+        self.flush();
+    }
+
     /// The application consumed `n` octets from [`Conn::read_spans`].
     pub fn consume(&mut self, n: u64) -> Result<(), ConnError> {
         if let Some(r) = self.abort {
@@ -592,7 +670,27 @@ impl Conn {
             self.wrong_tokens += 1;
             return CdcOutcome::WrongToken;
         }
-        if self.state == CloseState::Closed || m.prod_flags.contains(ProducerFlags::FAILOVER_VALIDATION) {
+        if m.prod_flags.contains(ProducerFlags::FAILOVER_VALIDATION) {
+            // SMC-FO-4: SR ≥ SS → go on; SR < SS → data was lost: reset at once. Not counted
+            // in the sequence.
+            let sr = self.last_seq_in.unwrap_or(0);
+            if self.state != CloseState::Closed
+                && self.abort.is_none()
+                && m.seq != 0
+                && (sr == 0 || seq_before(sr, m.seq))
+            {
+                tracing::warn!(
+                    token = m.token,
+                    sr,
+                    ss = m.seq,
+                    "failover validation: data lost, resetting"
+                );
+                self.start_abort(AbortReason::FailoverLoss, true);
+                return CdcOutcome::Applied;
+            }
+            return CdcOutcome::Ignored;
+        }
+        if self.state == CloseState::Closed {
             return CdcOutcome::Ignored;
         }
         if let Some(last) = self.last_seq_in
