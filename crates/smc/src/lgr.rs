@@ -54,6 +54,9 @@ pub struct LgrConfig {
     pub llc_wait: Duration,
     /// A group without connections is torn down after this long (A4.9).
     pub linger: Duration,
+    /// The group's LLC form: v1, or Linux's SMC-Rv2 form in a group set up by a v2 CLC
+    /// exchange. Messages of the other version are protocol errors.
+    pub version: LlcVersion,
 }
 
 impl LgrConfig {
@@ -66,6 +69,7 @@ impl LgrConfig {
             keepalive: KEEPALIVE,
             llc_wait: LLC_WAIT,
             linger: Duration::from_secs(10),
+            version: LlcVersion::V1,
         }
     }
 }
@@ -200,7 +204,13 @@ impl LgrMachine {
         self.counters
     }
 
-    /// The peer's RMBs announced with CONFIRM RKEY (RKey → VA).
+    /// The engine learned a peer RMB's RToken from a CLC Accept/Confirm (first contact, or a
+    /// subsequent contact naming an RMB): a DELETE RKEY for it is then answered positively.
+    pub fn peer_rkey_known(&mut self, rkey: u32, vaddr: u64) {
+        self.peer_rkeys.insert(rkey, vaddr);
+    }
+
+    /// The peer's RMBs announced with CONFIRM RKEY or the CLC (RKey → VA).
     pub fn peer_rkeys(&self) -> &BTreeMap<u32, u64> {
         &self.peer_rkeys
     }
@@ -229,7 +239,8 @@ impl LgrMachine {
         .min()
     }
 
-    fn send(&mut self, m: LlcMessage) {
+    fn send(&mut self, mut m: LlcMessage) {
+        m.version = self.cfg.version;
         let mut b = [0u8; LLC_LEN];
         if m.emit(&mut b).is_ok() {
             self.counters.llc_sent += 1;
@@ -366,11 +377,22 @@ impl LgrMachine {
             }
             Err(e) => return self.protocol_error(e.to_string()),
         };
-        if m.version != LlcVersion::V1 {
-            return self.protocol_error(format!("v2 LLC {:#04x} on a v1 link group", m.body.opcode()));
+        if m.version != self.cfg.version {
+            return self.protocol_error(format!(
+                "{:?} LLC {:#04x} on a {:?} link group",
+                m.version,
+                m.body.opcode(),
+                self.cfg.version
+            ));
         }
         let server = self.cfg.role == Role::Server;
         match (m.body, m.reply) {
+            (LlcBody::ConfirmLink(_), _) if self.cfg.version == LlcVersion::V2 => {
+                // Linux drops a CONFIRM LINK outside its flow (request or reply); so do we in
+                // a v2 group: a v2 server may repeat its first-contact request (engine).
+                tracing::debug!("out-of-flow CONFIRM LINK in a v2 group, dropped");
+                self.counters.discarded += 1;
+            }
             (LlcBody::TestLink(t), false) => {
                 // SMC-KA-2: answer at once, same user data.
                 self.send(LlcMessage::request(LlcBody::TestLink(t)).into_reply());
@@ -421,24 +443,42 @@ impl LgrMachine {
                 _ => self.protocol_error("CONFIRM RKEY reply without a request".into()),
             },
             (LlcBody::DeleteRkey(d), false) => {
-                // SMC-INV-9: unknown RKeys → negative reply with their bits in the mask.
+                // SMC-INV-9: unknown RKeys → negative reply with their bits in the mask (v1)
+                // or their number (Linux's v2 `num_inval_rkeys`).
                 let mut mask = 0u8;
                 for (i, k) in d.rkeys.iter().enumerate() {
                     if self.peer_rkeys.remove(k).is_none() {
-                        mask |= 0x80 >> i;
+                        mask = match self.cfg.version {
+                            LlcVersion::V1 => mask | 0x80u8.checked_shr(i as u32).unwrap_or(0),
+                            LlcVersion::V2 => mask.saturating_add(1),
+                        };
                     }
                 }
+                // Linux's v2 reply zeroes the RKey list and keeps its count (lab capture
+                // frames 80 → 84).
+                let rkeys = match self.cfg.version {
+                    LlcVersion::V1 => d.rkeys,
+                    LlcVersion::V2 => vec![0; d.rkeys.len()],
+                };
                 let rep = DeleteRkey {
                     negative: mask != 0,
                     err_mask: mask,
-                    rkeys: d.rkeys,
+                    rkeys,
                 };
                 self.send(LlcMessage::request(LlcBody::DeleteRkey(rep)).into_reply());
             }
             (LlcBody::AddLink(mut a), false) if !server => {
-                // SMC-FC-9: one RNIC here → reject, reason 1 "no alternate path".
+                // SMC-FC-9: one RNIC here → reject, reason 1 "no alternate path". The v2
+                // form has no room for a reason (Linux's v2 reject, lab capture frame 17,
+                // is flags 0xC0 with the reason nibble 0), and only the first 44 octets
+                // of the request are echoed, as Linux does.
                 a.reject = true;
-                a.reject_reason = add_link_reject::NO_ALTERNATE_PATH;
+                a.reject_reason = if self.cfg.version == LlcVersion::V1 {
+                    add_link_reject::NO_ALTERNATE_PATH
+                } else {
+                    0
+                };
+                a.v2_ext = None;
                 self.send(LlcMessage::request(LlcBody::AddLink(a)).into_reply());
             }
             (LlcBody::AddLink(_), false) => {
@@ -879,5 +919,125 @@ mod tests {
                 assert_eq!(m.poll_action(), None);
             }
         }
+    }
+
+    fn v2_machine(role: Role, now: Instant) -> LgrMachine {
+        let cfg = LgrConfig {
+            version: LlcVersion::V2,
+            ..LgrConfig::new(role)
+        };
+        let mut m = LgrMachine::new(cfg, now);
+        m.conn_added();
+        m
+    }
+
+    fn sent_raw(m: &mut LgrMachine) -> Vec<[u8; LLC_LEN]> {
+        let mut v = Vec::new();
+        while let Some(a) = m.poll_action() {
+            if let LgrAction::SendLlc(b) = a {
+                v.push(b);
+            }
+        }
+        v
+    }
+
+    /// C5, SMC-FC-9 in a v2 group, golden vector from Linux 6.12 (lab capture
+    /// smc-r-2vm-612-br0.pcap): the server's 88-octet v2 ADD LINK (frame 15) is answered
+    /// exactly as Linux's client did (frame 17): the first 44 octets echoed, length 44,
+    /// flags reply|reject (0xC0), no reason nibble.
+    #[test]
+    fn v2_add_link_is_rejected_as_linux_does() {
+        let now = t0();
+        let mut m = v2_machine(Role::Client, now);
+        let req = hex::decode(
+            "22580000525400770002000000000000000000000000ffffc0a84d02000014020353f30e00000000000000008000\
+             00000000000000000000ffffc0a84d0200000000000000000100000007ff000009d5ff25e247ff5b0000",
+        )
+        .unwrap();
+        m.on_llc(&req, now);
+        let out = sent_raw(&mut m);
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            hex::encode(out[0]),
+            "222c00c0525400770002000000000000000000000000ffffc0a84d02000014020353f30e0000000000000000"
+        );
+        assert!(m.terminated().is_none());
+    }
+
+    /// SMC-INV-9 in a v2 group, golden vectors from Linux 6.12 (lab capture frames 80 → 84):
+    /// DELETE RKEY of an RMB whose RToken came by CLC is answered positively with Linux's
+    /// octets (count kept, RKeys zeroed); an unknown RKey gives the negative reply with the
+    /// number of invalid RKeys (v2), not a bit mask.
+    #[test]
+    fn v2_delete_rkey_replies_as_linux_does() {
+        let now = t0();
+        let mut m = v2_machine(Role::Server, now);
+        m.peer_rkey_known(0x0395, 0x1000);
+        let req = hex::decode("292c000001000000000003950000000000000000000000000000000000000000000000000000000000000000")
+            .unwrap();
+        m.on_llc(&req, now);
+        let out = sent_raw(&mut m);
+        assert_eq!(
+            hex::encode(out[0]),
+            "292c008001000000000000000000000000000000000000000000000000000000000000000000000000000000"
+        );
+        m.on_llc(&req, now); // now unknown
+        let out = sent_raw(&mut m);
+        assert_eq!(&out[0][..6], &[0x29, 0x2c, 0x00, 0xa0, 0x01, 0x01]);
+        assert!(m.terminated().is_none());
+    }
+
+    /// A v2 group answers TEST LINK in the v2 form; a v1 message in it is a protocol error
+    /// (SMC-INV-11), as is a v2 one in a v1 group.
+    #[test]
+    fn llc_version_must_match_the_group() {
+        let now = t0();
+        let mut m = v2_machine(Role::Client, now);
+        let mut t = LlcMessage::request(LlcBody::TestLink(TestLink { user_data: [5; 16] }));
+        t.version = LlcVersion::V2;
+        let mut b = [0u8; LLC_LEN];
+        t.emit(&mut b).unwrap();
+        m.on_llc(&b, now);
+        let out = sent_raw(&mut m);
+        assert_eq!(&out[0][..4], &[0x27, 0x2c, 0x00, 0x80]);
+        m.on_llc(&llc(LlcBody::TestLink(TestLink { user_data: [5; 16] }), false), now);
+        assert!(matches!(terminated(&mut m), Some(TermReason::ProtocolError(_))));
+        let mut v1 = machine(Role::Client, now);
+        v1.on_llc(&b, now);
+        assert!(matches!(terminated(&mut v1), Some(TermReason::ProtocolError(_))));
+    }
+
+    /// A v2 group drops an out-of-flow CONFIRM LINK (request or reply) as Linux does; a v1
+    /// group keeps treating it as a protocol error (SMC-INV-11).
+    #[test]
+    fn v2_out_of_flow_confirm_link_is_dropped() {
+        let now = t0();
+        let cl = || {
+            LlcBody::ConfirmLink(ConfirmLink {
+                flags: 3,
+                mac: [2; 6],
+                gid: [1; 16],
+                qpn: 17,
+                link_num: 1,
+                link_uid: [0, 0, 0, 1],
+                max_links: 1,
+                max_conns: 255,
+            })
+        };
+        for reply in [false, true] {
+            let mut m = v2_machine(Role::Client, now);
+            let mut c = LlcMessage::request(cl());
+            c.version = LlcVersion::V2;
+            c.reply = reply;
+            let mut b = [0u8; LLC_LEN];
+            c.emit(&mut b).unwrap();
+            m.on_llc(&b, now);
+            assert!(sent_raw(&mut m).is_empty());
+            assert!(m.terminated().is_none());
+            assert_eq!(m.counters().discarded, 1);
+        }
+        let mut v1 = machine(Role::Client, now);
+        v1.on_llc(&llc(cl(), false), now);
+        assert!(matches!(terminated(&mut v1), Some(TermReason::ProtocolError(_))));
     }
 }

@@ -37,12 +37,12 @@ use crate::conn::{AbortReason, Action, CloseState, Conn, ConnError, ConnParams};
 use crate::lgr::{LgrAction, LgrConfig, LgrMachine, TermReason};
 use crate::stats::{self, ConnMode, ConnStat, LinkGroupStat, LinkStat, LinkState, Role, Snapshot};
 use crate::wire::cdc::{CDC_LEN, CDC_TYPE, Cdc};
-use crate::wire::clc::{AcceptConfirm, Diagnosis, EYECATCHER_SMCR, HOSTNAME_LEN, PeerId};
+use crate::wire::clc::{AcceptConfirm, Diagnosis, EID_LEN, EYECATCHER_SMCR, HOSTNAME_LEN, PeerId};
 use crate::wire::cursor::{EyecatcherMode, Rmbe};
-use crate::wire::llc::{CONFIRM_LINK_NO_RMBE_EYECATCHER, ConfirmLink, LlcBody, LlcMessage};
+use crate::wire::llc::{CONFIRM_LINK_NO_RMBE_EYECATCHER, ConfirmLink, LlcBody, LlcMessage, LlcVersion};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -81,6 +81,11 @@ pub struct SmcConfig {
     /// (fewer MRs and CONFIRM RKEY exchanges, but a rogue peer could then write into the
     /// neighbouring elements of its own link group's connections).
     pub elements_per_rmb: u32,
+    /// SMC-Rv2 user EID (`A-Z 0-9 . -`, at most 32 characters, blank padded on the wire):
+    /// when set, SMC-Rv2 is offered (client, next to v1) and accepted (server) with this
+    /// UEID, as Linux needs for RoCEv2 (`smc_test ueid add`, smc-tools `smc_ueid`). The
+    /// device's GID must be IPv4 (`::ffff:a.b.c.d`). None (default): v1 only.
+    pub ueid: Option<String>,
 }
 
 impl Default for SmcConfig {
@@ -96,6 +101,7 @@ impl Default for SmcConfig {
             linger: Duration::from_secs(10),
             keepalive: crate::lgr::KEEPALIVE,
             elements_per_rmb: 1,
+            ueid: None,
         }
     }
 }
@@ -113,9 +119,11 @@ pub enum Mode {
 const SQ_DEPTH: u32 = 512;
 /// Send WQEs kept free for LLC messages (data stops short of them).
 const SQ_LLC_RESERVE: u32 = 16;
-/// Receive WQEs kept posted (44-octet CDCs/LLCs in 64-octet slots, E-12).
+/// Receive WQEs kept posted (E-12): 44-octet CDCs and LLCs, and Linux's longer v2 LLC
+/// messages (a v2 ADD LINK with its RToken extension is 88 octets for one RMB), in
+/// 128-octet slots. A longer message fails the receive (local length error) and so the link.
 const RQ_DEPTH: u32 = 512;
-const SLOT: usize = 64;
+const SLOT: usize = 128;
 const WR_WRITE: u64 = 1 << 62;
 const WR_CDC: u64 = 1 << 61;
 const WR_SETUP: u64 = 1 << 60;
@@ -123,6 +131,12 @@ const WR_LLC: u64 = 1 << 59;
 const WR_CID_MASK: u64 = 0x07FF_FFFF;
 /// First-contact LLC wait (Linux: 5 s, SMC-TMR-S1).
 const CONFIRM_LINK_WAIT: Duration = Duration::from_secs(5);
+/// v2 server: pause between the client's Confirm and our first CONFIRM LINK.
+const CONFIRM_LINK_V2_DELAY: Duration = Duration::from_millis(20);
+/// v2 server: CONFIRM LINK repeated this often while unanswered.
+const CONFIRM_LINK_V2_REPEAT: Duration = Duration::from_millis(1000);
+/// How long a group's QP stays after the group ended (the peer's last LLC messages).
+const PEER_DRAIN: Duration = Duration::from_millis(500);
 /// The progress thread's longest sleep (close timers, RST checks).
 const TICK: Duration = Duration::from_millis(100);
 /// How often the TCP connection of each SMC-R connection is checked for an RST.
@@ -271,6 +285,8 @@ struct Group {
     mtu: Mtu,
     local_gid: [u8; 16],
     local_mac: [u8; 6],
+    /// The group's LLC form (v2 after a v2 CLC exchange).
+    llc_version: LlcVersion,
     link_uid: u32,
     peer_qpn: u32,
     peer_gid: [u8; 16],
@@ -410,7 +426,7 @@ fn fallbacks() -> &'static Mutex<Vec<Weak<FallbackInfo>>> {
 
 impl Group {
     /// A new group's link: PD, CQ, RC QP in INIT with receives posted (first contact).
-    fn new(dev: &Device, key: GroupKey, cfg: &SmcConfig, me: ([u8; 16], [u8; 6])) -> io::Result<Self> {
+    fn new(dev: &Device, key: GroupKey, cfg: &SmcConfig, me: ([u8; 16], [u8; 6]), clc_version: u8) -> io::Result<Self> {
         let pd = dev.alloc_pd().map_err(verbs_err)?;
         let cq = dev.create_cq((SQ_DEPTH + RQ_DEPTH) as usize * 2).map_err(verbs_err)?;
         let cap = QpInitAttr {
@@ -436,9 +452,11 @@ impl Group {
         for a in [&c.link_groups, &c.links, &c.qps, &c.mrs] {
             stats::inc(a);
         }
+        let llc_version = if clc_version >= 2 { LlcVersion::V2 } else { LlcVersion::V1 };
         let lcfg = LgrConfig {
             linger: cfg.linger,
             keepalive: cfg.keepalive,
+            version: llc_version,
             ..LgrConfig::new(key.role)
         };
         Ok(Self {
@@ -453,6 +471,7 @@ impl Group {
             mtu: device_mtu(dev),
             local_gid: me.0,
             local_mac: me.1,
+            llc_version,
             link_uid: NEXT_LINK_UID.fetch_add(1, Ordering::Relaxed),
             peer_qpn: 0,
             peer_gid: [0; 16],
@@ -668,20 +687,44 @@ impl Group {
         let send = |b: &mut [u8; CDC_LEN], reply: bool| -> io::Result<()> {
             let mut m = LlcMessage::request(LlcBody::ConfirmLink(ours.clone()));
             m.reply = reply;
+            m.version = self.llc_version;
             m.emit(b).map_err(|e| io_err(io::ErrorKind::Other, e))?;
             self.post_ctrl(SQ_DEPTH - 1, b, WR_SETUP).map_err(verbs_err)
         };
+        // Linux's client opens its LLC flow only after its Confirm has gone out and drops a
+        // CONFIRM LINK that comes before (smc_llc_event_handler: no flow → dropped); Linux's
+        // own server answers a Confirm after ≈ 3.5 ms (lab capture), ours in 0.1 ms and lost
+        // that race once in four runs. So in a v2 group the server waits a little first and
+        // repeats its request while unanswered (a v2 peer drops out-of-flow CONFIRM LINKs,
+        // Linux and `LgrMachine` alike).
+        let v2 = self.llc_version == LlcVersion::V2;
         if server {
+            if v2 {
+                std::thread::sleep(CONFIRM_LINK_V2_DELAY);
+            }
             send(&mut bytes, false)?;
         }
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let mut resend_at = start + CONFIRM_LINK_V2_REPEAT;
         let (mut peer, mut sent_done, mut early) = (None, !server, Vec::new());
         while peer.is_none() || !sent_done {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
                 return Err(io_err(io::ErrorKind::TimedOut, "CONFIRM LINK timed out"));
             }
-            let Some(wc) = self.cq.wait(Some(left)) else { continue };
+            if server && v2 && peer.is_none() && now >= resend_at {
+                tracing::debug!("CONFIRM LINK unanswered, sent again");
+                send(&mut bytes, false)?;
+                resend_at = now + CONFIRM_LINK_V2_REPEAT;
+            }
+            let wait = if server && v2 && peer.is_none() {
+                left.min(resend_at.saturating_duration_since(now))
+            } else {
+                left
+            };
+            let Some(wc) = self.cq.wait(Some(wait.max(Duration::from_millis(1)))) else { continue };
             if wc.status != WcStatus::Success {
                 return Err(io_err(
                     io::ErrorKind::ConnectionAborted,
@@ -693,7 +736,7 @@ impl Group {
                 continue;
             }
             let off = (SQ_DEPTH as usize + wc.wr_id as usize) * SLOT;
-            let mut b = [0u8; CDC_LEN];
+            let mut b = [0u8; SLOT];
             let _ = self.ctrl.read(off, &mut b);
             let rwr = RecvWr {
                 wr_id: wc.wr_id,
@@ -701,10 +744,18 @@ impl Group {
             };
             self.qp.post_recv(&[rwr]).map_err(verbs_err)?;
             if b[0] == CDC_TYPE {
-                early.push(b);
+                let mut c = [0u8; CDC_LEN];
+                c.copy_from_slice(&b[..CDC_LEN]);
+                early.push(c);
                 continue;
             }
-            match LlcMessage::parse(&b[..(wc.byte_len as usize).min(CDC_LEN)]) {
+            match LlcMessage::parse(&b[..(wc.byte_len as usize).min(SLOT)]) {
+                Ok(m) if m.version != self.llc_version => {
+                    return Err(io_err(
+                        io::ErrorKind::InvalidData,
+                        format!("{:?} LLC in a {:?} link group", m.version, self.llc_version),
+                    ));
+                }
                 Ok(LlcMessage {
                     body: LlcBody::ConfirmLink(c),
                     reply,
@@ -808,6 +859,8 @@ impl Group {
                 .wrapping_add(u64::from(peer.rmbe_idx.max(1) - 1) * u64::from(peer.rmbe_bytes())),
             rkey: peer.rmb_rkey,
         };
+        // The RToken came by CLC: a later DELETE RKEY for it is answered positively.
+        st.lgr.peer_rkey_known(peer.rmb_rkey, peer.rmb_vaddr);
         // SMC-SC-4 / SMC-RMB-10: the peer names an element another connection of ours still
         // writes to → abort that older connection.
         let stale: Vec<u32> = st
@@ -972,13 +1025,13 @@ impl Group {
         match wc.opcode {
             WcOpcode::Recv => {
                 let slot = (SQ_DEPTH as usize + wc.wr_id as usize) * SLOT;
-                let mut b = [0u8; CDC_LEN];
+                let mut b = [0u8; SLOT];
                 let ok = wc.byte_len as usize >= CDC_LEN && self.ctrl.read(slot, &mut b).is_ok();
                 st.lgr.on_rx(now);
                 if !ok {
                     tracing::warn!(len = wc.byte_len, "short message on the link, dropped");
                 } else if b[0] == CDC_TYPE {
-                    match Cdc::parse(&b) {
+                    match Cdc::parse(&b[..CDC_LEN]) {
                         Ok(m) => {
                             let GState {
                                 conns,
@@ -1006,7 +1059,7 @@ impl Group {
                         Err(e) => tracing::warn!(error = %e, "bad CDC, dropped"),
                     }
                 } else {
-                    st.lgr.on_llc(&b[..(wc.byte_len as usize).min(CDC_LEN)], now);
+                    st.lgr.on_llc(&b[..(wc.byte_len as usize).min(SLOT)], now);
                 }
                 let rwr = RecvWr {
                     wr_id: wc.wr_id,
@@ -1120,9 +1173,12 @@ impl Group {
             self.housekeeping(&mut st, now);
             self.lgr_actions(&mut st);
             self.cv.notify_all();
+            // The QP stays a little after the end so that the peer's own DELETE LINK (Linux
+            // answers ours with one) is acknowledged rather than retried into a link error.
             if let Some(t) = st.terminated_at
                 && st.conns.is_empty()
-                && (st.sq.outstanding == 0 || now.duration_since(t) > Duration::from_secs(1))
+                && (st.sq.outstanding == 0 && now.duration_since(t) >= PEER_DRAIN
+                    || now.duration_since(t) > Duration::from_secs(1))
             {
                 break;
             }
@@ -1267,22 +1323,48 @@ fn local_caps(dev: &Device, tcp: &TcpStream, cfg: &SmcConfig) -> io::Result<Loca
         IpAddr::V4(a) => Some((a, cfg.prefix_len)),
         IpAddr::V6(_) => None,
     };
-    let mac = [0x02, 0, gid.0[12], gid.0[13], gid.0[14], gid.0[15]];
+    let fake_mac = [0x02, 0, gid.0[12], gid.0[13], gid.0[14], gid.0[15]];
     let mut hostname = [b' '; HOSTNAME_LEN];
     hostname[..8].copy_from_slice(b"softrdma");
+    // SMC-Rv2 (Linux's form): a UEID and an IPv4 GID. Linux sends its RoCEv2 frames of a
+    // v2-direct link to the MAC of our CLC message, so it must be the real one of the
+    // interface that has the GID's address (netif; the made-up one stays for v1, where
+    // nothing reads it).
+    let gid_v4 = Ipv6Addr::from(gid.0).to_ipv4_mapped();
+    let eids: Vec<[u8; EID_LEN]> = cfg.ueid.as_deref().map(eid_bytes).transpose()?.into_iter().collect();
+    let v2 = !eids.is_empty() && gid_v4.is_some();
+    let mac = match gid_v4.filter(|_| v2).and_then(crate::netif::mac_of_ipv4) {
+        Some(m) => m,
+        None => fake_mac,
+    };
     Ok(LocalCaps {
         enabled: true,
         v1: true,
-        v2: false,
+        v2,
         peer_id: PeerId::new((std::process::id() & 0xFFFF) as u16, mac),
         gid: gid.0,
         mac,
         ipv4,
-        eids: Vec::new(),
+        eids,
         hostname,
         max_conns: 255,
         max_links: 1,
     })
+}
+
+/// A UEID as it goes on the wire: upper case, `A-Z 0-9 . -` only, blank padded to 32
+/// (Linux's `smc_clc_ueid_add` rules).
+fn eid_bytes(ueid: &str) -> io::Result<[u8; EID_LEN]> {
+    let u = ueid.to_ascii_uppercase();
+    if u.is_empty()
+        || u.len() > EID_LEN
+        || !u.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+    {
+        return Err(io_err(io::ErrorKind::InvalidInput, format!("invalid SMC-Rv2 UEID {ueid:?}")));
+    }
+    let mut e = [b' '; EID_LEN];
+    e[..u.len()].copy_from_slice(u.as_bytes());
+    Ok(e)
 }
 
 /// Runs the CLC machine on `tcp` until it decides; `on_need` answers NeedLink.
@@ -1428,7 +1510,7 @@ impl SmcStream {
                 }
                 return Ok(());
             }
-            let made = Group::new(dev, key, cfg, me).and_then(|mut g| {
+            let made = Group::new(dev, key, cfg, me, acc.version).and_then(|mut g| {
                 // A1.11: client INIT → RTR before Confirm; RTS right after, then it waits
                 // for the server's CONFIRM LINK.
                 g.connect(acc)?;
@@ -2006,7 +2088,7 @@ impl SmcStream {
         let deadline = Instant::now() + cfg.clc_timeout;
         let tcp2 = tcp.try_clone()?;
         let res = run_clc(&mut tcp, &mut m, deadline, |m, need| {
-            let NeedLink::Proposal { proposal, .. } = need else {
+            let NeedLink::Proposal { proposal, version, .. } = need else {
                 return Err(io_err(
                     io::ErrorKind::Other,
                     "CLC: client-side decision asked of a server",
@@ -2016,7 +2098,12 @@ impl SmcStream {
                 role: Role::Server,
                 dev: dev.name().to_string(),
                 peer_id: proposal.peer_id.0,
-                peer_gid: proposal.gid,
+                // v2: the v1 fields are zero when the client offers only v2 (Linux 6.12);
+                // its RoCEv2 GID names it.
+                peer_gid: match (&proposal.v2_ext, *version >= 2) {
+                    (Some(x), true) => x.roce_gid,
+                    _ => proposal.gid,
+                },
                 peer_mac: proposal.mac,
             };
             let guard = first_contact_lock(&key);
@@ -2044,7 +2131,7 @@ impl SmcStream {
                 }
                 return Ok(());
             }
-            match Group::new(dev, key, cfg, me).and_then(|g| {
+            match Group::new(dev, key, cfg, me, *version).and_then(|g| {
                 let r = g.reserve(cfg, &tcp2)?;
                 Ok((g, r.cid))
             }) {
