@@ -171,9 +171,7 @@ fn child_mode(spec: &str) {
 
     let dev = <roce::RoceFactory as verbs::DeviceFactory>::open(
         &roce::RoceFactory,
-        &verbs::DeviceOptions::new()
-            .with("addr", HOST_IP)
-            .with("name", "smc612"),
+        &verbs::DeviceOptions::new().with("addr", HOST_IP).with("name", "smc612"),
     )
     .expect("RoCE device on 192.168.77.1");
     // A short linger: the group ends (DELETE LINK, v2 form) before this process exits.
@@ -194,7 +192,10 @@ fn child_mode(spec: &str) {
             propose: offered == Some(true),
             ..cfg
         };
-        (smc::SmcStream::connect_over(tcp, &dev, &cfg).expect("SMC connect"), offered)
+        (
+            smc::SmcStream::connect_over(tcp, &dev, &cfg).expect("SMC connect"),
+            offered,
+        )
     } else {
         let l = TcpListener::bind(addr).expect("bind");
         println!("ready");
@@ -257,7 +258,11 @@ fn child_mode(spec: &str) {
     while tl.elapsed() < Duration::from_secs(8) && smc::live_links() != 0 {
         std::thread::sleep(Duration::from_millis(20));
     }
-    println!("group_end_ms={} live_links={}", tl.elapsed().as_millis(), smc::live_links());
+    println!(
+        "group_end_ms={} live_links={}",
+        tl.elapsed().as_millis(),
+        smc::live_links()
+    );
     std::fs::write(home.join("cgroup.procs"), &pid).expect("leave cgroup");
     drop(guard);
     let _ = std::fs::remove_dir(&cg);
@@ -285,7 +290,11 @@ fn value<'a>(lines: &'a [String], key: &str) -> &'a str {
 }
 
 /// Collects a child's stdout lines until it exits (or `timeout`, then it is killed).
-fn collect(mut c: std::process::Child, rx: Option<std::sync::mpsc::Receiver<String>>, timeout: Duration) -> Vec<String> {
+fn collect(
+    mut c: std::process::Child,
+    rx: Option<std::sync::mpsc::Receiver<String>>,
+    timeout: Duration,
+) -> Vec<String> {
     let rx = rx.unwrap_or_else(|| child::lines_once_ready(&mut c, "ready", timeout));
     let deadline = Instant::now() + timeout;
     let mut lines = Vec::new();
@@ -402,12 +411,23 @@ fn smc_r_v2_with_linux_612_both_directions() {
         ),
         60,
     );
-    assert!(rc == 0 && out.contains("configured"), "guest setup failed ({rc}): {out}");
-    let guest_sha = out.split_whitespace().next().unwrap_or_default().to_string();
+    assert!(
+        rc == 0 && out.contains("configured"),
+        "guest setup failed ({rc}): {out}"
+    );
+    let guest_sha = out
+        .lines()
+        .find(|l| l.trim_end().ends_with("/tmp/g.bin"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no sha256 of the guest's data: {out}"))
+        .to_string();
 
     let port_base = 9400 + (std::process::id() % 50) as u16 * 2;
     let mut report = format!("boot/lookup {boot_s:.1} s\n");
-    for (case, port) in [("our client -> kernel server", port_base), ("kernel client -> our server", port_base + 1)] {
+    for (case, port) in [
+        ("our client -> kernel server", port_base),
+        ("kernel client -> our server", port_base + 1),
+    ] {
         let seed = u64::from(port) * 7919;
         let host_data = data(seed);
         let host_sha = hex(&Sha256::digest(&host_data));
@@ -420,8 +440,10 @@ fn smc_r_v2_with_linux_612_both_directions() {
             let (rc, out) = exec(
                 &dir,
                 &format!(
-                    "rm -f /tmp/diag.txt /tmp/h.out; ({diag} timeout 60 /mnt/host/smc_cat listen {port} \
-                     </tmp/g.bin >/tmp/h.out 2>/tmp/cat.err; echo exit=$? >>/tmp/cat.err) & sleep 0.5; echo started"
+                    "rm -f /tmp/diag.txt /tmp/h.out /tmp/cat.err; ({diag} timeout 60 /mnt/host/smc_cat listen {port} \
+                     </tmp/g.bin >/tmp/h.out 2>/tmp/cat.err; echo exit=$? >>/tmp/cat.err) & \
+                     for i in $(seq 1 100); do grep -q LISTENING /tmp/cat.err 2>/dev/null && break; sleep 0.1; done; \
+                     grep -q LISTENING /tmp/cat.err && echo started"
                 ),
                 20,
             );
@@ -452,14 +474,28 @@ fn smc_r_v2_with_linux_612_both_directions() {
         let _ = std::fs::remove_file(&file);
         let secs = t.elapsed().as_secs_f64();
         eprintln!("{case}:\nhost: {lines:#?}\nguest: {guest}");
-        assert_eq!(value(&lines, "offered="), "Some(true)", "{case}: no SMC option from the kernel");
+        assert_eq!(
+            value(&lines, "offered="),
+            "Some(true)",
+            "{case}: no SMC option from the kernel"
+        );
         assert_eq!(value(&lines, "mode="), "SmcR", "{case}: our side fell back");
-        assert_eq!(value(&lines, "received="), LEN.to_string(), "{case}: octets received by us");
+        assert_eq!(
+            value(&lines, "received="),
+            LEN.to_string(),
+            "{case}: octets received by us"
+        );
         assert_eq!(value(&lines, "sha="), guest_sha, "{case}: data received by us");
         assert_eq!(value(&lines, "write="), "Ok(())", "{case}: our writes");
-        assert!(value(&lines, "group_end_ms=").ends_with("live_links=0"), "{case}: link group not freed");
+        assert!(
+            value(&lines, "group_end_ms=").ends_with("live_links=0"),
+            "{case}: link group not freed"
+        );
         assert!(guest.contains("exit=0"), "{case}: smc_cat failed: {guest}");
-        assert!(guest.contains(&host_sha), "{case}: the kernel received other data: {guest}");
+        assert!(
+            guest.contains(&host_sha),
+            "{case}: the kernel received other data: {guest}"
+        );
         assert!(
             guest.contains("mode=0(SMCR)") && !guest.contains("FALLBACK"),
             "{case}: smc_diag in the guest does not show SMCR: {guest}"

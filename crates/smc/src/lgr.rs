@@ -973,8 +973,9 @@ mod tests {
         let now = t0();
         let mut m = v2_machine(Role::Server, now);
         m.peer_rkey_known(0x0395, 0x1000);
-        let req = hex::decode("292c000001000000000003950000000000000000000000000000000000000000000000000000000000000000")
-            .unwrap();
+        let req =
+            hex::decode("292c000001000000000003950000000000000000000000000000000000000000000000000000000000000000")
+                .unwrap();
         m.on_llc(&req, now);
         let out = sent_raw(&mut m);
         assert_eq!(

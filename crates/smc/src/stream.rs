@@ -452,7 +452,11 @@ impl Group {
         for a in [&c.link_groups, &c.links, &c.qps, &c.mrs] {
             stats::inc(a);
         }
-        let llc_version = if clc_version >= 2 { LlcVersion::V2 } else { LlcVersion::V1 };
+        let llc_version = if clc_version >= 2 {
+            LlcVersion::V2
+        } else {
+            LlcVersion::V1
+        };
         let lcfg = LgrConfig {
             linger: cfg.linger,
             keepalive: cfg.keepalive,
@@ -724,7 +728,9 @@ impl Group {
             } else {
                 left
             };
-            let Some(wc) = self.cq.wait(Some(wait.max(Duration::from_millis(1)))) else { continue };
+            let Some(wc) = self.cq.wait(Some(wait.max(Duration::from_millis(1)))) else {
+                continue;
+            };
             if wc.status != WcStatus::Success {
                 return Err(io_err(
                     io::ErrorKind::ConnectionAborted,
@@ -1358,9 +1364,14 @@ fn eid_bytes(ueid: &str) -> io::Result<[u8; EID_LEN]> {
     let u = ueid.to_ascii_uppercase();
     if u.is_empty()
         || u.len() > EID_LEN
-        || !u.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+        || !u
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
     {
-        return Err(io_err(io::ErrorKind::InvalidInput, format!("invalid SMC-Rv2 UEID {ueid:?}")));
+        return Err(io_err(
+            io::ErrorKind::InvalidInput,
+            format!("invalid SMC-Rv2 UEID {ueid:?}"),
+        ));
     }
     let mut e = [b' '; EID_LEN];
     e[..u.len()].copy_from_slice(u.as_bytes());
