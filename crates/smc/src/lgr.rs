@@ -89,6 +89,9 @@ pub struct LgrConfig {
     /// add one ([`LgrAction::AddLinkDue`]) at once and then this often (SMC-FC-8,
     /// SMC-LG-13). `None`: never asked.
     pub add_link_retry: Option<Duration>,
+    /// The group's LLC form: v1, or Linux's SMC-Rv2 form in a group set up by a v2 CLC
+    /// exchange. Messages of the other version are protocol errors.
+    pub version: LlcVersion,
 }
 
 impl LgrConfig {
@@ -103,6 +106,7 @@ impl LgrConfig {
             linger: Duration::from_secs(10),
             max_links: 1,
             add_link_retry: None,
+            version: LlcVersion::V1,
         }
     }
 }
@@ -296,7 +300,15 @@ pub struct LgrMachine {
 impl LgrMachine {
     /// A group whose first link was just confirmed, with no connection yet (the first one
     /// is added by the engine at once).
-    pub fn new(cfg: LgrConfig, now: Instant) -> Self {
+    ///
+    /// A v2 group (SMC-Rv2) is held at one link whatever `cfg` asks: the second-link
+    /// exchange is built for the v1 form (a v2 ADD LINK carries an RToken extension this
+    /// machine does not fill), so a v2 peer's ADD LINK is rejected, in Linux's v2 form.
+    pub fn new(mut cfg: LgrConfig, now: Instant) -> Self {
+        if cfg.version == LlcVersion::V2 {
+            cfg.max_links = 1;
+            cfg.add_link_retry = None;
+        }
         let mut m = Self {
             cfg,
             terminated: None,
@@ -431,7 +443,9 @@ impl LgrMachine {
         .min()
     }
 
-    fn send_on(&mut self, link: u8, m: LlcMessage) {
+    fn send_on(&mut self, link: u8, mut m: LlcMessage) {
+        // The group's LLC form follows its CLC version (SMC-Rv2: Linux's v2 messages).
+        m.version = self.cfg.version;
         let mut b = [0u8; LLC_LEN];
         if m.emit(&mut b).is_ok() {
             self.counters.llc_sent += 1;
@@ -852,8 +866,13 @@ impl LgrMachine {
             }
             Err(e) => return self.protocol_error(e.to_string()),
         };
-        if m.version != LlcVersion::V1 {
-            return self.protocol_error(format!("v2 LLC {:#04x} on a v1 link group", m.body.opcode()));
+        if m.version != self.cfg.version {
+            return self.protocol_error(format!(
+                "{:?} LLC {:#04x} on a {:?} link group",
+                m.version,
+                m.body.opcode(),
+                self.cfg.version
+            ));
         }
         let server = self.cfg.role == Role::Server;
         let new_link = self.adding.as_ref().map(|a| a.link);
@@ -862,6 +881,13 @@ impl LgrMachine {
             return;
         }
         match (m.body, m.reply) {
+            (LlcBody::ConfirmLink(_), _) if self.cfg.version == LlcVersion::V2 && Some(link) != new_link => {
+                // Linux drops a CONFIRM LINK outside its flow (request or reply); so do we in
+                // a v2 group: a v2 server may repeat its first-contact request (engine). (v2
+                // groups have one link: the engine never adds a second, see `Group::new`.)
+                tracing::debug!("out-of-flow CONFIRM LINK in a v2 group, dropped");
+                self.counters.discarded += 1;
+            }
             (LlcBody::TestLink(t), false) => {
                 // SMC-KA-2: answer at once, same user data, on the same link.
                 self.send_on(link, LlcMessage::request(LlcBody::TestLink(t)).into_reply());
@@ -910,19 +936,29 @@ impl LgrMachine {
                 _ => self.protocol_error("CONFIRM RKEY reply without a request".into()),
             },
             (LlcBody::DeleteRkey(d), false) => {
-                // SMC-INV-9: unknown RKeys → negative reply with their bits in the mask.
+                // SMC-INV-9: unknown RKeys → negative reply with their bits in the mask (v1)
+                // or their number (Linux's v2 `num_inval_rkeys`).
                 let mut mask = 0u8;
                 for (i, k) in d.rkeys.iter().enumerate() {
                     let before = self.peer_rmbs.len();
                     self.peer_rmbs.retain(|p| p.tokens.get(&link).is_none_or(|t| t.0 != *k));
                     if self.peer_rmbs.len() == before {
-                        mask |= 0x80 >> i;
+                        mask = match self.cfg.version {
+                            LlcVersion::V1 => mask | 0x80u8.checked_shr(i as u32).unwrap_or(0),
+                            LlcVersion::V2 => mask.saturating_add(1),
+                        };
                     }
                 }
+                // Linux's v2 reply zeroes the RKey list and keeps its count (lab capture
+                // frames 80 → 84).
+                let rkeys = match self.cfg.version {
+                    LlcVersion::V1 => d.rkeys,
+                    LlcVersion::V2 => vec![0; d.rkeys.len()],
+                };
                 let rep = DeleteRkey {
                     negative: mask != 0,
                     err_mask: mask,
-                    rkeys: d.rkeys,
+                    rkeys,
                 };
                 self.send_on(link, LlcMessage::request(LlcBody::DeleteRkey(rep)).into_reply());
             }
@@ -1022,7 +1058,14 @@ impl LgrMachine {
         let reject = |m: &mut Self, reason: u8| {
             let mut r = a.clone();
             r.reject = true;
-            r.reject_reason = reason;
+            // The v2 form has no room for a reason (Linux's v2 reject, lab capture frame 17,
+            // is flags 0xC0 with the reason nibble 0), and only the first 44 octets of the
+            // request are echoed, as Linux does.
+            r.reject_reason = match m.cfg.version {
+                LlcVersion::V1 => reason,
+                LlcVersion::V2 => 0,
+            };
+            r.v2_ext = None;
             m.send_on(link, LlcMessage::request(LlcBody::AddLink(r)).into_reply());
         };
         if self.cfg.max_links <= 1 || self.links.len() >= usize::from(self.cfg.max_links) {
@@ -1631,5 +1674,189 @@ mod tests {
                 assert_eq!(m.poll_action(), None);
             }
         }
+    }
+
+    fn v2_machine(role: Role, now: Instant) -> LgrMachine {
+        let cfg = LgrConfig {
+            version: LlcVersion::V2,
+            ..LgrConfig::new(role)
+        };
+        let mut m = LgrMachine::new(cfg, now);
+        m.conn_added();
+        m
+    }
+
+    fn sent_raw(m: &mut LgrMachine) -> Vec<[u8; LLC_LEN]> {
+        let mut v = Vec::new();
+        while let Some(a) = m.poll_action() {
+            if let LgrAction::SendLlc { msg, .. } = a {
+                v.push(msg);
+            }
+        }
+        v
+    }
+
+    /// C5, SMC-FC-9 in a v2 group, golden vector from Linux 6.12 (lab capture
+    /// smc-r-2vm-612-br0.pcap): the server's 88-octet v2 ADD LINK (frame 15) is answered
+    /// exactly as Linux's client did (frame 17): the first 44 octets echoed, length 44,
+    /// flags reply|reject (0xC0), no reason nibble.
+    #[test]
+    fn v2_add_link_is_rejected_as_linux_does() {
+        let now = t0();
+        let mut m = v2_machine(Role::Client, now);
+        let req = hex::decode(
+            "22580000525400770002000000000000000000000000ffffc0a84d02000014020353f30e00000000000000008000\
+             00000000000000000000ffffc0a84d0200000000000000000100000007ff000009d5ff25e247ff5b0000",
+        )
+        .unwrap();
+        m.on_llc(&req, now);
+        let out = sent_raw(&mut m);
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            hex::encode(out[0]),
+            "222c00c0525400770002000000000000000000000000ffffc0a84d02000014020353f30e0000000000000000"
+        );
+        assert!(m.terminated().is_none());
+    }
+
+    /// A v2 group stays at one link even when configured for two (SMCFAIL's second link is
+    /// for v1 groups): no ADD LINK of ours is ever due, and the peer's ADD LINK gets the v2
+    /// reject of `v2_add_link_is_rejected_as_linux_does`; the same config in a v1 group
+    /// asks for the second link (SMC-FC-8).
+    #[test]
+    fn v2_group_keeps_one_link_when_configured_for_two() {
+        let now = t0();
+        for role in [Role::Server, Role::Client] {
+            let cfg = LgrConfig {
+                version: LlcVersion::V2,
+                max_links: 2,
+                add_link_retry: Some(Duration::from_secs(1)),
+                ..LgrConfig::new(role)
+            };
+            let mut m = LgrMachine::new(cfg, now);
+            m.conn_added();
+            assert_eq!(m.config().max_links, 1);
+            m.on_tick(now + Duration::from_secs(5));
+            let mut acts = Vec::new();
+            while let Some(a) = m.poll_action() {
+                acts.push(a);
+            }
+            assert!(
+                !acts.iter().any(|a| matches!(a, LgrAction::AddLinkDue)),
+                "{role:?}: {acts:?}"
+            );
+        }
+        let mut m = LgrMachine::new(
+            LgrConfig {
+                version: LlcVersion::V2,
+                max_links: 2,
+                ..LgrConfig::new(Role::Client)
+            },
+            now,
+        );
+        m.conn_added();
+        let req = hex::decode(
+            "22580000525400770002000000000000000000000000ffffc0a84d02000014020353f30e00000000000000008000\
+             00000000000000000000ffffc0a84d0200000000000000000100000007ff000009d5ff25e247ff5b0000",
+        )
+        .unwrap();
+        m.on_llc(&req, now);
+        let out = sent_raw(&mut m);
+        assert_eq!(out.len(), 1);
+        assert_eq!(&out[0][..4], &[0x22, 0x2c, 0x00, 0xc0]);
+        assert!(m.adding_link().is_none());
+        let mut v1 = LgrMachine::new(
+            LgrConfig {
+                max_links: 2,
+                add_link_retry: Some(Duration::from_secs(1)),
+                ..LgrConfig::new(Role::Server)
+            },
+            now,
+        );
+        v1.conn_added();
+        v1.on_tick(now);
+        let mut due = false;
+        while let Some(a) = v1.poll_action() {
+            due |= matches!(a, LgrAction::AddLinkDue);
+        }
+        assert!(due, "a v1 server configured for two links asks for the second");
+    }
+
+    /// SMC-INV-9 in a v2 group, golden vectors from Linux 6.12 (lab capture frames 80 → 84):
+    /// DELETE RKEY of an RMB whose RToken came by CLC is answered positively with Linux's
+    /// octets (count kept, RKeys zeroed); an unknown RKey gives the negative reply with the
+    /// number of invalid RKeys (v2), not a bit mask.
+    #[test]
+    fn v2_delete_rkey_replies_as_linux_does() {
+        let now = t0();
+        let mut m = v2_machine(Role::Server, now);
+        m.peer_rmb_known(1, 0x0395, 0x1000);
+        let req =
+            hex::decode("292c000001000000000003950000000000000000000000000000000000000000000000000000000000000000")
+                .unwrap();
+        m.on_llc(&req, now);
+        let out = sent_raw(&mut m);
+        assert_eq!(
+            hex::encode(out[0]),
+            "292c008001000000000000000000000000000000000000000000000000000000000000000000000000000000"
+        );
+        m.on_llc(&req, now); // now unknown
+        let out = sent_raw(&mut m);
+        assert_eq!(&out[0][..6], &[0x29, 0x2c, 0x00, 0xa0, 0x01, 0x01]);
+        assert!(m.terminated().is_none());
+    }
+
+    /// A v2 group answers TEST LINK in the v2 form; a v1 message in it is a protocol error
+    /// (SMC-INV-11), as is a v2 one in a v1 group.
+    #[test]
+    fn llc_version_must_match_the_group() {
+        let now = t0();
+        let mut m = v2_machine(Role::Client, now);
+        let mut t = LlcMessage::request(LlcBody::TestLink(TestLink { user_data: [5; 16] }));
+        t.version = LlcVersion::V2;
+        let mut b = [0u8; LLC_LEN];
+        t.emit(&mut b).unwrap();
+        m.on_llc(&b, now);
+        let out = sent_raw(&mut m);
+        assert_eq!(&out[0][..4], &[0x27, 0x2c, 0x00, 0x80]);
+        m.on_llc(&llc(LlcBody::TestLink(TestLink { user_data: [5; 16] }), false), now);
+        assert!(matches!(terminated(&mut m), Some(TermReason::ProtocolError(_))));
+        let mut v1 = machine(Role::Client, now);
+        v1.on_llc(&b, now);
+        assert!(matches!(terminated(&mut v1), Some(TermReason::ProtocolError(_))));
+    }
+
+    /// A v2 group drops an out-of-flow CONFIRM LINK (request or reply) as Linux does; a v1
+    /// group keeps treating it as a protocol error (SMC-INV-11).
+    #[test]
+    fn v2_out_of_flow_confirm_link_is_dropped() {
+        let now = t0();
+        let cl = || {
+            LlcBody::ConfirmLink(ConfirmLink {
+                flags: 3,
+                mac: [2; 6],
+                gid: [1; 16],
+                qpn: 17,
+                link_num: 1,
+                link_uid: [0, 0, 0, 1],
+                max_links: 1,
+                max_conns: 255,
+            })
+        };
+        for reply in [false, true] {
+            let mut m = v2_machine(Role::Client, now);
+            let mut c = LlcMessage::request(cl());
+            c.version = LlcVersion::V2;
+            c.reply = reply;
+            let mut b = [0u8; LLC_LEN];
+            c.emit(&mut b).unwrap();
+            m.on_llc(&b, now);
+            assert!(sent_raw(&mut m).is_empty());
+            assert!(m.terminated().is_none());
+            assert_eq!(m.counters().discarded, 1);
+        }
+        let mut v1 = machine(Role::Client, now);
+        v1.on_llc(&llc(cl(), false), now);
+        assert!(matches!(terminated(&mut v1), Some(TermReason::ProtocolError(_))));
     }
 }

@@ -24,6 +24,7 @@
 pub mod clc_machine;
 pub mod conn;
 pub mod lgr;
+mod netif;
 pub mod sockops;
 pub mod stats;
 pub mod stream;

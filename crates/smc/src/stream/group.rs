@@ -59,6 +59,8 @@ pub(super) struct Group {
     pub(super) mtu: Mtu,
     pub(super) local_gid: [u8; 16],
     pub(super) local_mac: [u8; 6],
+    /// The group's LLC form (v2 after a v2 CLC exchange).
+    pub(super) llc_version: LlcVersion,
     pub(super) link_uid: u32,
     pub(super) peer_qpn: u32,
     pub(super) peer_gid: [u8; 16],
@@ -124,7 +126,14 @@ pub(super) fn unregister(id: u32) {
 
 impl Group {
     /// A new group's link: PD, CQ, RC QP in INIT with receives posted (first contact).
-    pub(super) fn new(dev: &Device, key: GroupKey, cfg: &SmcConfig, me: ([u8; 16], [u8; 6])) -> io::Result<Self> {
+    /// `clc_version`: the version the CLC exchange agreed (2 = SMC-Rv2, Linux's v2 LLC form).
+    pub(super) fn new(
+        dev: &Device,
+        key: GroupKey,
+        cfg: &SmcConfig,
+        me: ([u8; 16], [u8; 6]),
+        clc_version: u8,
+    ) -> io::Result<Self> {
         let pd = dev.alloc_pd().map_err(verbs_err)?;
         let cq = dev.create_cq((SQ_DEPTH + RQ_DEPTH) as usize * 2).map_err(verbs_err)?;
         let cap = QpInitAttr {
@@ -150,9 +159,18 @@ impl Group {
         for a in [&c.link_groups, &c.links, &c.qps, &c.mrs] {
             stats::inc(a);
         }
+        let llc_version = if clc_version >= 2 {
+            LlcVersion::V2
+        } else {
+            LlcVersion::V1
+        };
+        // A v2 group (a Linux peer over SMC-Rv2) keeps one link: `LgrConfig::new`'s
+        // max_links 1, no ADD LINK of ours; its ADD LINK is rejected in the v2 form. The
+        // second link (ADD LINK, failover) is for v1 groups.
         let lcfg = LgrConfig {
             linger: cfg.linger,
             keepalive: cfg.keepalive,
+            version: llc_version,
             ..LgrConfig::new(key.role)
         };
         Ok(Self {
@@ -167,6 +185,7 @@ impl Group {
             mtu: device_mtu(dev),
             local_gid: me.0,
             local_mac: me.1,
+            llc_version,
             link_uid: NEXT_LINK_UID.fetch_add(1, Ordering::Relaxed),
             peer_qpn: 0,
             peer_gid: [0; 16],
@@ -253,20 +272,46 @@ impl Group {
         let send = |b: &mut [u8; CDC_LEN], reply: bool| -> io::Result<()> {
             let mut m = LlcMessage::request(LlcBody::ConfirmLink(ours.clone()));
             m.reply = reply;
+            m.version = self.llc_version;
             m.emit(b).map_err(|e| io_err(io::ErrorKind::Other, e))?;
             self.post_ctrl(SQ_DEPTH - 1, b, WR_SETUP).map_err(verbs_err)
         };
+        // Linux's client opens its LLC flow only after its Confirm has gone out and drops a
+        // CONFIRM LINK that comes before (smc_llc_event_handler: no flow → dropped); Linux's
+        // own server answers a Confirm after ≈ 3.5 ms (lab capture), ours in 0.1 ms and lost
+        // that race once in four runs. So in a v2 group the server waits a little first and
+        // repeats its request while unanswered (a v2 peer drops out-of-flow CONFIRM LINKs,
+        // Linux and `LgrMachine` alike).
+        let v2 = self.llc_version == LlcVersion::V2;
         if server {
+            if v2 {
+                std::thread::sleep(CONFIRM_LINK_V2_DELAY);
+            }
             send(&mut bytes, false)?;
         }
-        let deadline = Instant::now() + timeout;
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let mut resend_at = start + CONFIRM_LINK_V2_REPEAT;
         let (mut peer, mut sent_done, mut early) = (None, !server, Vec::new());
         while peer.is_none() || !sent_done {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
                 return Err(io_err(io::ErrorKind::TimedOut, "CONFIRM LINK timed out"));
             }
-            let Some(wc) = self.cq.wait(Some(left)) else { continue };
+            if server && v2 && peer.is_none() && now >= resend_at {
+                tracing::debug!("CONFIRM LINK unanswered, sent again");
+                send(&mut bytes, false)?;
+                resend_at = now + CONFIRM_LINK_V2_REPEAT;
+            }
+            let wait = if server && v2 && peer.is_none() {
+                left.min(resend_at.saturating_duration_since(now))
+            } else {
+                left
+            };
+            let Some(wc) = self.cq.wait(Some(wait.max(Duration::from_millis(1)))) else {
+                continue;
+            };
             if wc.status != WcStatus::Success {
                 return Err(io_err(
                     io::ErrorKind::ConnectionAborted,
@@ -278,7 +323,7 @@ impl Group {
                 continue;
             }
             let off = (SQ_DEPTH as usize + wc.wr_id as usize) * SLOT;
-            let mut b = [0u8; CDC_LEN];
+            let mut b = [0u8; SLOT];
             let _ = self.ctrl.read(off, &mut b);
             let rwr = RecvWr {
                 wr_id: wc.wr_id,
@@ -286,10 +331,18 @@ impl Group {
             };
             self.qp.post_recv(&[rwr]).map_err(verbs_err)?;
             if b[0] == CDC_TYPE {
-                early.push(b);
+                let mut c = [0u8; CDC_LEN];
+                c.copy_from_slice(&b[..CDC_LEN]);
+                early.push(c);
                 continue;
             }
-            match LlcMessage::parse(&b[..(wc.byte_len as usize).min(CDC_LEN)]) {
+            match LlcMessage::parse(&b[..(wc.byte_len as usize).min(SLOT)]) {
+                Ok(m) if m.version != self.llc_version => {
+                    return Err(io_err(
+                        io::ErrorKind::InvalidData,
+                        format!("{:?} LLC in a {:?} link group", m.version, self.llc_version),
+                    ));
+                }
                 Ok(LlcMessage {
                     body: LlcBody::ConfirmLink(c),
                     reply,
@@ -438,13 +491,13 @@ impl Group {
         match wc.opcode {
             WcOpcode::Recv => {
                 let slot = (SQ_DEPTH as usize + wc.wr_id as usize) * SLOT;
-                let mut b = [0u8; CDC_LEN];
+                let mut b = [0u8; SLOT];
                 let ok = wc.byte_len as usize >= CDC_LEN && self.ctrl.read(slot, &mut b).is_ok();
                 st.lgr.on_rx(now);
                 if !ok {
                     tracing::warn!(len = wc.byte_len, "short message on the link, dropped");
                 } else if b[0] == CDC_TYPE {
-                    match Cdc::parse(&b) {
+                    match Cdc::parse(&b[..CDC_LEN]) {
                         Ok(m) => {
                             let GState {
                                 conns,
@@ -472,7 +525,7 @@ impl Group {
                         Err(e) => tracing::warn!(error = %e, "bad CDC, dropped"),
                     }
                 } else {
-                    st.lgr.on_llc(&b[..(wc.byte_len as usize).min(CDC_LEN)], now);
+                    st.lgr.on_llc(&b[..(wc.byte_len as usize).min(SLOT)], now);
                 }
                 let rwr = RecvWr {
                     wr_id: wc.wr_id,
@@ -524,9 +577,12 @@ impl Group {
             self.lgr_actions(&mut st);
             self.cv.notify_all();
             st.wakers.drain(..).for_each(std::task::Waker::wake);
+            // The QP stays a little after the end so that the peer's own DELETE LINK (Linux
+            // answers ours with one) is acknowledged rather than retried into a link error.
             if let Some(t) = st.terminated_at
                 && st.conns.is_empty()
-                && (st.sq.outstanding == 0 || now.duration_since(t) > Duration::from_secs(1))
+                && (st.sq.outstanding == 0 && now.duration_since(t) >= PEER_DRAIN
+                    || now.duration_since(t) > Duration::from_secs(1))
             {
                 break;
             }

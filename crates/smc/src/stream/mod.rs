@@ -54,12 +54,12 @@ use crate::conn::{AbortReason, Action, CloseState, Conn, ConnError, ConnParams};
 use crate::lgr::{LgrAction, LgrConfig, LgrMachine, TermReason};
 use crate::stats::{self, ConnMode, ConnStat, LinkGroupStat, LinkStat, LinkState, Role, Snapshot};
 use crate::wire::cdc::{CDC_LEN, CDC_TYPE, Cdc};
-use crate::wire::clc::{AcceptConfirm, Diagnosis, EYECATCHER_SMCR, HOSTNAME_LEN, PeerId};
+use crate::wire::clc::{AcceptConfirm, Diagnosis, EID_LEN, EYECATCHER_SMCR, HOSTNAME_LEN, PeerId};
 use crate::wire::cursor::{EyecatcherMode, Rmbe};
-use crate::wire::llc::{CONFIRM_LINK_NO_RMBE_EYECATCHER, ConfirmLink, LlcBody, LlcMessage};
+use crate::wire::llc::{CONFIRM_LINK_NO_RMBE_EYECATCHER, ConfirmLink, LlcBody, LlcMessage, LlcVersion};
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -101,6 +101,11 @@ pub struct SmcConfig {
     /// (fewer MRs and CONFIRM RKEY exchanges, but a rogue peer could then write into the
     /// neighbouring elements of its own link group's connections).
     pub elements_per_rmb: u32,
+    /// SMC-Rv2 user EID (`A-Z 0-9 . -`, at most 32 characters, blank padded on the wire):
+    /// when set, SMC-Rv2 is offered (client, next to v1) and accepted (server) with this
+    /// UEID, as Linux needs for RoCEv2 (`smc_test ueid add`, smc-tools `smc_ueid`). The
+    /// device's GID must be IPv4 (`::ffff:a.b.c.d`). None (default): v1 only.
+    pub ueid: Option<String>,
 }
 
 impl Default for SmcConfig {
@@ -117,6 +122,7 @@ impl Default for SmcConfig {
             linger: Duration::from_secs(10),
             keepalive: crate::lgr::KEEPALIVE,
             elements_per_rmb: 1,
+            ueid: None,
         }
     }
 }
@@ -134,9 +140,11 @@ pub enum Mode {
 const SQ_DEPTH: u32 = 512;
 /// Send WQEs kept free for LLC messages (data stops short of them).
 const SQ_LLC_RESERVE: u32 = 16;
-/// Receive WQEs kept posted (44-octet CDCs/LLCs in 64-octet slots, E-12).
+/// Receive WQEs kept posted (E-12): 44-octet CDCs and LLCs, and Linux's longer v2 LLC
+/// messages (a v2 ADD LINK with its RToken extension is 88 octets for one RMB), in
+/// 128-octet slots. A longer message fails the receive (local length error) and so the link.
 const RQ_DEPTH: u32 = 512;
-const SLOT: usize = 64;
+const SLOT: usize = 128;
 const WR_WRITE: u64 = 1 << 62;
 const WR_CDC: u64 = 1 << 61;
 const WR_SETUP: u64 = 1 << 60;
@@ -144,6 +152,12 @@ const WR_LLC: u64 = 1 << 59;
 const WR_CID_MASK: u64 = 0x07FF_FFFF;
 /// First-contact LLC wait (Linux: 5 s, SMC-TMR-S1).
 const CONFIRM_LINK_WAIT: Duration = Duration::from_secs(5);
+/// v2 server: pause between the client's Confirm and our first CONFIRM LINK.
+const CONFIRM_LINK_V2_DELAY: Duration = Duration::from_millis(20);
+/// v2 server: CONFIRM LINK repeated this often while unanswered.
+const CONFIRM_LINK_V2_REPEAT: Duration = Duration::from_millis(1000);
+/// How long a group's QP stays after the group ended (the peer's last LLC messages).
+const PEER_DRAIN: Duration = Duration::from_millis(500);
 /// The progress thread's longest sleep (close timers, RST checks).
 const TICK: Duration = Duration::from_millis(100);
 /// How often the TCP connection of each SMC-R connection is checked for an RST.

@@ -10,23 +10,54 @@ pub(super) fn local_caps(dev: &Device, tcp: &TcpStream, cfg: &SmcConfig) -> io::
         // SMC-R v1 over IPv6 TCP: the Proposal carries the IPv6 prefix.
         IpAddr::V6(a) => (None, Some((a, cfg.prefix_len_v6))),
     };
-    let mac = [0x02, 0, gid.0[12], gid.0[13], gid.0[14], gid.0[15]];
+    let fake_mac = [0x02, 0, gid.0[12], gid.0[13], gid.0[14], gid.0[15]];
     let mut hostname = [b' '; HOSTNAME_LEN];
     hostname[..8].copy_from_slice(b"softrdma");
+    // SMC-Rv2 (Linux's form): a UEID and an IPv4 GID. Linux sends its RoCEv2 frames of a
+    // v2-direct link to the MAC of our CLC message, so it must be the real one of the
+    // interface that has the GID's address (netif; the made-up one stays for v1, where
+    // nothing reads it).
+    let gid_v4 = Ipv6Addr::from(gid.0).to_ipv4_mapped();
+    let eids: Vec<[u8; EID_LEN]> = cfg.ueid.as_deref().map(eid_bytes).transpose()?.into_iter().collect();
+    let v2 = !eids.is_empty() && gid_v4.is_some();
+    let mac = match gid_v4.filter(|_| v2).and_then(crate::netif::mac_of_ipv4) {
+        Some(m) => m,
+        None => fake_mac,
+    };
     Ok(LocalCaps {
         enabled: true,
         v1: true,
-        v2: false,
+        v2,
         peer_id: PeerId::new((std::process::id() & 0xFFFF) as u16, mac),
         gid: gid.0,
         mac,
         ipv4,
         ipv6,
-        eids: Vec::new(),
+        eids,
         hostname,
         max_conns: 255,
         max_links: 1,
     })
+}
+
+/// A UEID as it goes on the wire: upper case, `A-Z 0-9 . -` only, blank padded to 32
+/// (Linux's `smc_clc_ueid_add` rules).
+fn eid_bytes(ueid: &str) -> io::Result<[u8; EID_LEN]> {
+    let u = ueid.to_ascii_uppercase();
+    if u.is_empty()
+        || u.len() > EID_LEN
+        || !u
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+    {
+        return Err(io_err(
+            io::ErrorKind::InvalidInput,
+            format!("invalid SMC-Rv2 UEID {ueid:?}"),
+        ));
+    }
+    let mut e = [b' '; EID_LEN];
+    e[..u.len()].copy_from_slice(u.as_bytes());
+    Ok(e)
 }
 
 /// Runs the CLC machine on `tcp` until it decides; `on_need` answers NeedLink.
@@ -172,7 +203,7 @@ impl SmcStream {
                 }
                 return Ok(());
             }
-            let made = Group::new(dev, key, cfg, me).and_then(|mut g| {
+            let made = Group::new(dev, key, cfg, me, acc.version).and_then(|mut g| {
                 // A1.11: client INIT → RTR before Confirm; RTS right after, then it waits
                 // for the server's CONFIRM LINK.
                 g.connect(acc)?;
@@ -364,7 +395,7 @@ impl SmcStream {
         let deadline = Instant::now() + cfg.clc_timeout;
         let tcp2 = tcp.try_clone()?;
         let res = run_clc(&mut tcp, &mut m, deadline, |m, need| {
-            let NeedLink::Proposal { proposal, .. } = need else {
+            let NeedLink::Proposal { proposal, version, .. } = need else {
                 return Err(io_err(
                     io::ErrorKind::Other,
                     "CLC: client-side decision asked of a server",
@@ -374,7 +405,12 @@ impl SmcStream {
                 role: Role::Server,
                 dev: dev.name().to_string(),
                 peer_id: proposal.peer_id.0,
-                peer_gid: proposal.gid,
+                // v2: the v1 fields are zero when the client offers only v2 (Linux 6.12);
+                // its RoCEv2 GID names it.
+                peer_gid: match (&proposal.v2_ext, *version >= 2) {
+                    (Some(x), true) => x.roce_gid,
+                    _ => proposal.gid,
+                },
                 peer_mac: proposal.mac,
             };
             let guard = first_contact_lock(&key);
@@ -402,7 +438,7 @@ impl SmcStream {
                 }
                 return Ok(());
             }
-            match Group::new(dev, key, cfg, me).and_then(|g| {
+            match Group::new(dev, key, cfg, me, *version).and_then(|g| {
                 let r = g.reserve(cfg, &tcp2)?;
                 Ok((g, r.cid))
             }) {

@@ -203,6 +203,11 @@ impl Group {
                 Self::slot_failed(s, "peer reused its RMB element".into());
             }
         }
+        // The link-group machine knows every RMB of the peer (a first contact's came in the
+        // CLC, not in CONFIRM RKEY): DELETE RKEY of it is answered positively, and ADD LINK
+        // CONTINUATION pairs can name it.
+        let link = st.lgr.config().link_num;
+        st.lgr.peer_rmb_known(link, peer.rmb_rkey, peer.rmb_vaddr);
         let Some(s) = st.conns.get_mut(&cid) else {
             return Err(io_err(io::ErrorKind::ConnectionAborted, "link group ended"));
         };
