@@ -200,6 +200,11 @@ impl Group {
                 Self::slot_failed(s, "peer reused its RMB element".into());
             }
         }
+        // The link-group machine knows every RMB of the peer (a first contact's came in the
+        // CLC, not in CONFIRM RKEY): DELETE RKEY of it is answered positively, and ADD LINK
+        // CONTINUATION pairs can name it.
+        let link = st.lgr.config().link_num;
+        st.lgr.peer_rmb_known(link, peer.rmb_rkey, peer.rmb_vaddr);
         let Some(s) = st.conns.get_mut(&cid) else {
             return Err(io_err(io::ErrorKind::ConnectionAborted, "link group ended"));
         };
@@ -293,7 +298,10 @@ impl Group {
                     }
                     let slot = sq.next_slot;
                     sq.next_slot = sq.next_slot.wrapping_add(1);
-                    if let Err(e) = self.post_ctrl(slot, &m.to_bytes(), WR_CDC) {
+                    // The connection id and the sequence number ride in the WR id: the
+                    // completion tells the machine which CDC arrived (SS, SMC-FO-2).
+                    let wr_id = WR_CDC | (u64::from(cid) << 32) | u64::from(m.seq);
+                    if let Err(e) = self.post_ctrl(slot, &m.to_bytes(), wr_id) {
                         Self::slot_failed(s, format!("post CDC: {e}"));
                         return;
                     }
