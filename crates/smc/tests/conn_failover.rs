@@ -126,7 +126,7 @@ fn fail_link(a: &mut Side, b: &mut Side) {
 /// both streams arrive byte-exact (nothing lost, nothing duplicated), no reset.
 #[test]
 fn failover_keeps_both_streams_exact() {
-    for run in 0..400u64 {
+    for run in 0..250u64 {
         let mut seed = run.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let elen = [16_384u32, 32_768][(run % 2) as usize];
         let e = Rmbe::new(elen, EyecatcherMode::None).unwrap();

@@ -15,7 +15,7 @@
 //! - ADD LINK CONTINUATION with RTokens after our reject of the ADD LINK ends the group
 //!   (SMC-INV-5).
 //!
-//! Addresses 127.115.11.x–127.115.19.x and 127.115.60.x–127.115.61.x.
+//! Addresses 127.115.11.x–127.115.19.x and 127.115.60.x–127.115.62.x.
 
 use smc::clc_machine::{ClcMachine, LinkParams, LocalCaps, NeedLink, Outcome};
 use smc::wire::cdc::{Cdc, ConnStateFlags};
@@ -602,5 +602,31 @@ fn add_link_continuation_with_rtokens_after_a_reject_ends_the_group() {
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
     assert!(e.to_string().contains("ADD LINK CONTINUATION"), "{e}");
     still_moves(&mut hc, &mut hs);
+    drop(r.tcp);
+}
+
+// A4.8 / SMC-INV-9: DELETE RKEY of the RMB the server named in its Accept (first contact,
+// never announced by CONFIRM RKEY) is answered positively; with an unknown RKey beside it,
+// negatively with that RKey's bit in the error mask. The connection goes on.
+#[test]
+fn delete_rkey_of_the_first_contact_rmb_is_answered_positively() {
+    use smc::wire::llc::DeleteRkey;
+    let (_c, r, _d) = pair(62);
+    let own = r._rmb.rkey();
+    rogue_llc(
+        &r,
+        LlcBody::DeleteRkey(DeleteRkey {
+            rkeys: vec![0x0DEA_D001, own],
+            ..DeleteRkey::default()
+        }),
+        false,
+        30,
+    );
+    let m = rogue_recv_llc(&r);
+    let LlcBody::DeleteRkey(d) = &m.body else {
+        panic!("{m:?}")
+    };
+    assert!(m.reply && d.negative);
+    assert_eq!(d.err_mask, 0x80, "only the unknown RKey is flagged");
     drop(r.tcp);
 }

@@ -538,11 +538,15 @@ impl Group {
             _ if wc.wr_id & WR_SETUP != 0 => {} // the client's CONFIRM LINK reply, not counted
             _ => {
                 st.sq.outstanding = st.sq.outstanding.saturating_sub(1);
+                let cid = ((wc.wr_id >> 32) & WR_CID_MASK) as u32;
                 if wc.wr_id & WR_WRITE != 0 {
-                    let cid = ((wc.wr_id >> 32) & WR_CID_MASK) as u32;
                     if let Some(c) = st.conns.get_mut(&cid).and_then(|s| s.conn.as_mut()) {
                         c.writes_completed(wc.wr_id & 0xFFFF_FFFF);
                     }
+                } else if wc.wr_id & WR_CDC != 0
+                    && let Some(c) = st.conns.get_mut(&cid).and_then(|s| s.conn.as_mut())
+                {
+                    c.cdc_completed((wc.wr_id & 0xFFFF) as u16);
                 }
             }
         }

@@ -301,7 +301,10 @@ impl Group {
                     }
                     let slot = sq.next_slot;
                     sq.next_slot = sq.next_slot.wrapping_add(1);
-                    if let Err(e) = self.post_ctrl(slot, &m.to_bytes(), WR_CDC) {
+                    // The connection id and the sequence number ride in the WR id: the
+                    // completion tells the machine which CDC arrived (SS, SMC-FO-2).
+                    let wr_id = WR_CDC | (u64::from(cid) << 32) | u64::from(m.seq);
+                    if let Err(e) = self.post_ctrl(slot, &m.to_bytes(), wr_id) {
                         Self::slot_failed(s, format!("post CDC: {e}"));
                         return;
                     }
