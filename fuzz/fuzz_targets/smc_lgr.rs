@@ -2,22 +2,26 @@
 //! received LLC payloads (on link 1, 2 or 3), ticks, connections coming and going, CONFIRM
 //! RKEY requests, ADD LINK started (server) or answered (client) and links failing never
 //! panics; every LLC it sends parses and goes on a link the machine knows; never more links
-//! than the maximum; once terminated it sends nothing more. Requirements A2.5, A2.6, A2.12,
-//! A2.13.
+//! than the maximum; once terminated it sends nothing more. A v2 group (SMC-Rv2, bit 2 of
+//! the first octet) receives up to 88-octet messages, sends only the v2 form and never has
+//! a second link, even when configured for two. Requirements A2.5, A2.6, A2.12, A2.13, C5.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use smc::lgr::{LgrAction, LgrConfig, LgrMachine, LinkAddr};
 use smc::stats::Role;
-use smc::wire::llc::{LlcMessage, RtokenPair};
+use smc::wire::llc::{LlcMessage, LlcVersion, RtokenPair};
 use std::time::{Duration, Instant};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&first, mut rest)) = data.split_first() else { return };
     let role = if first & 1 == 0 { Role::Server } else { Role::Client };
     let multi = first & 2 != 0;
+    let v2 = first & 4 != 0;
+    let version = if v2 { LlcVersion::V2 } else { LlcVersion::V1 };
     let cfg = LgrConfig {
         max_links: if multi { 2 } else { 1 },
         add_link_retry: multi.then_some(Duration::from_secs(3)),
+        version,
         ..LgrConfig::new(role)
     };
     let t0 = Instant::now();
@@ -34,14 +38,15 @@ fuzz_target!(|data: &[u8]| {
         rest = r;
         match op % 10 {
             0 | 9 => {
-                let n = rest.len().min(44);
-                let mut b = [0u8; 44];
+                let len = if v2 { 88 } else { 44 };
+                let n = rest.len().min(len);
+                let mut b = [0u8; 88];
                 b[..n].copy_from_slice(&rest[..n]);
                 rest = &rest[n..];
                 if op % 10 == 0 {
-                    m.on_llc(&b, now);
+                    m.on_llc(&b[..len], now);
                 } else {
-                    m.on_llc_on(1 + (op / 10) % 3, &b, now);
+                    m.on_llc_on(1 + (op / 10) % 3, &b[..len], now);
                 }
             }
             1 => now += Duration::from_millis(u64::from(op) * 500),
@@ -70,11 +75,13 @@ fuzz_target!(|data: &[u8]| {
         }
         m.on_tick(now);
         assert!(m.links().len() <= usize::from(m.config().max_links));
+        assert!(!v2 || (m.links().len() <= 1 && m.adding_link().is_none()), "v2 group with a second link");
         while let Some(a) = m.poll_action() {
             assert!(!done, "action after Terminate: {a:?}");
             match a {
                 LgrAction::SendLlc { msg, .. } => {
-                    LlcMessage::parse(&msg).expect("the machine emits valid LLC");
+                    let sent = LlcMessage::parse(&msg).expect("the machine emits valid LLC");
+                    assert_eq!(sent.version, version, "LLC of the group's version");
                 }
                 LgrAction::Terminate(_) => done = true,
                 _ => {}
