@@ -2,7 +2,8 @@
 //! (A2.15): the input is a script of local calls and arbitrary CDC messages (any token,
 //! sequence, cursors, flags, taken from the input octets through `Cdc::parse`). The machine
 //! must never panic; every RDMA Write it asks for stays inside the peer's element's data
-//! area; unread octets never exceed the capacity; its cursors stay in range.
+//! area (failover replays included); unread octets never exceed the capacity; its cursors
+//! stay in range.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use smc::conn::{Action, Conn, ConnParams};
@@ -42,6 +43,9 @@ fuzz_target!(|data: &[u8]| {
                 2 => c.on_timeout(),
                 3 => c.on_tcp_reset(),
                 4 => c.abort(),
+                // Failover (SMC-FO-2..5): a completed CDC send, a link switch.
+                5 => c.cdc_completed((arg & 0xFFFF) as u16),
+                6 => c.failover(),
                 _ => {}
             },
             _ => {

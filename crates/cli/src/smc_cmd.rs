@@ -32,6 +32,7 @@ use crate::scm;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
 use smc::clc_machine::FallbackReason;
+use smc::stream::Relayed;
 use smc::{Mode, SmcConfig, SmcStream};
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -500,6 +501,14 @@ fn daemon(a: DaemonArgs) -> Result<()> {
 trait Duplex: Read + Write + Send + Sized + 'static {
     fn dup(&self) -> io::Result<Self>;
     fn shut(&self, how: Shutdown) -> io::Result<()>;
+    /// A read that returns the urgent octet at its place in the stream.
+    fn read_relay(&mut self, buf: &mut [u8]) -> io::Result<Relayed> {
+        self.read(buf).map(Relayed::Data)
+    }
+    /// Writes `buf`, its last octet urgent (MSG_OOB).
+    fn write_urgent(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.write_all(buf)
+    }
 }
 
 impl Duplex for SmcStream {
@@ -508,6 +517,16 @@ impl Duplex for SmcStream {
     }
     fn shut(&self, how: Shutdown) -> io::Result<()> {
         self.shutdown(how)
+    }
+    fn read_relay(&mut self, buf: &mut [u8]) -> io::Result<Relayed> {
+        SmcStream::read_relay(self, buf)
+    }
+    fn write_urgent(&mut self, buf: &[u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            done += self.send_urgent(&buf[done..])?;
+        }
+        Ok(())
     }
 }
 
@@ -682,8 +701,8 @@ impl Daemon {
         };
         let local_ip = tcp.local_addr().map(|a| a.ip());
         let dev = match local_ip {
-            Ok(ip @ IpAddr::V4(_)) if indicated != Some(false) => self.device(ip).map_err(|e| format!("{e:#}")),
-            Ok(IpAddr::V6(_)) if indicated != Some(false) => Err("IPv6: SMC-R v1 needs IPv4".to_string()),
+            // SMC-R v1 runs over IPv6 TCP as well: a RoCEv2 device on the IPv6 address (its GID).
+            Ok(ip) if indicated != Some(false) => self.device(ip).map_err(|e| format!("{e:#}")),
             _ => Err(String::new()),
         };
         let (dev, dev_error) = match dev {
@@ -768,6 +787,9 @@ impl Daemon {
                     }
                 };
                 let _ = tcp2.set_nonblocking(false);
+                // The relay reads the TCP socket plainly: urgent octets stay in line rather
+                // than being skipped.
+                let _ = socket2::SockRef::from(&tcp2).set_out_of_band_inline(true);
                 let rec = self.record(role, &tcp, "TCP-relay", r.to_string());
                 reply(VERDICT_RELAY, &r.to_string(), Some(&app));
                 drop(app);
@@ -794,6 +816,57 @@ impl Daemon {
     }
 }
 
+/// The urgent octet goes to the program's unix socket as MSG_OOB (AF_UNIX carries it as TCP
+/// does on Linux ≥ 5.15); a kernel without AF_UNIX urgent data (EOPNOTSUPP) gets it in line.
+fn send_urgent_unix(u: &UnixStream, b: u8) -> io::Result<()> {
+    loop {
+        // SAFETY: a descriptor we hold; one octet from the stack.
+        let r = unsafe {
+            libc::send(
+                u.as_raw_fd(),
+                (&b as *const u8).cast(),
+                1,
+                libc::MSG_OOB | libc::MSG_NOSIGNAL,
+            )
+        };
+        if r == 1 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => {}
+            Some(libc::EOPNOTSUPP) => return (&*u).write_all(&[b]),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Waits until the program's unix socket has something to read (or EOF), then says whether
+/// the next octet is its urgent octet (SIOCATMARK; our end has SO_OOBINLINE, so reads stop
+/// before it and then return it in line).
+fn unix_at_mark(u: &UnixStream) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: u.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one pollfd on the stack.
+        let r = unsafe { libc::poll(&mut p, 1, -1) };
+        if r >= 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+    let mut v: libc::c_int = 0;
+    // SAFETY: SIOCATMARK (0x8905, linux/sockios.h) writes one c_int.
+    let r = unsafe { libc::ioctl(u.as_raw_fd(), 0x8905, &mut v as *mut libc::c_int) };
+    Ok(r == 0 && v != 0)
+}
+
 fn is_nonblocking(t: &TcpStream) -> bool {
     // SAFETY: fcntl(F_GETFL) on a descriptor we hold reads its flags only.
     let fl = unsafe { libc::fcntl(t.as_raw_fd(), libc::F_GETFL) };
@@ -801,8 +874,11 @@ fn is_nonblocking(t: &TcpStream) -> bool {
 }
 
 /// Copies both ways until both directions ended: the program's EOF becomes a half-close
-/// towards the peer (SMC-R: D), the peer's EOF a half-close of the unix socket.
+/// towards the peer (SMC-R: D), the peer's EOF a half-close of the unix socket. Urgent data
+/// keeps its place: the program's `send(MSG_OOB)` octet (read in line at the mark of our
+/// end) goes out with `send_urgent`; the peer's urgent octet goes to the program as MSG_OOB.
 fn pump<S: Duplex>(net: S, app: UnixStream, rec: &ConnRec) {
+    let _ = socket2::SockRef::from(&app).set_out_of_band_inline(true);
     let (mut net_r, app_w) = match (net.dup(), app.try_clone()) {
         (Ok(a), Ok(b)) => (a, b),
         _ => return,
@@ -812,12 +888,20 @@ fn pump<S: Duplex>(net: S, app: UnixStream, rec: &ConnRec) {
             let mut app_w = app_w;
             let mut buf = vec![0u8; 256 * 1024];
             loop {
-                match net_r.read(&mut buf) {
-                    Ok(0) => {
+                match net_r.read_relay(&mut buf) {
+                    Ok(Relayed::Data(0)) => {
                         let _ = app_w.shutdown(Shutdown::Write);
                         break;
                     }
-                    Ok(n) => {
+                    Ok(Relayed::Urgent(b)) => {
+                        if let Err(e) = send_urgent_unix(&app_w, b) {
+                            tracing::debug!(id = rec.id, error = %e, "the program stopped reading");
+                            let _ = net_r.shut(Shutdown::Read);
+                            break;
+                        }
+                        rec.received.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(Relayed::Data(n)) => {
                         if let Err(e) = app_w.write_all(&buf[..n]) {
                             tracing::debug!(id = rec.id, error = %e, "the program stopped reading");
                             let _ = net_r.shut(Shutdown::Read);
@@ -838,13 +922,27 @@ fn pump<S: Duplex>(net: S, app: UnixStream, rec: &ConnRec) {
         let mut net = net;
         let mut buf = vec![0u8; 256 * 1024];
         loop {
-            match app.read(&mut buf) {
+            let urgent = match unix_at_mark(&app) {
+                Ok(u) => u,
+                Err(e) => {
+                    tracing::debug!(id = rec.id, error = %e, "polling the program's socket failed");
+                    let _ = net.shut(Shutdown::Write);
+                    break;
+                }
+            };
+            let want = if urgent { 1 } else { buf.len() };
+            match app.read(&mut buf[..want]) {
                 Ok(0) => {
                     let _ = net.shut(Shutdown::Write);
                     break;
                 }
                 Ok(n) => {
-                    if let Err(e) = net.write_all(&buf[..n]) {
+                    let r = if urgent {
+                        net.write_urgent(&buf[..n])
+                    } else {
+                        net.write_all(&buf[..n])
+                    };
+                    if let Err(e) = r {
                         tracing::debug!(id = rec.id, error = %e, "the peer side cannot take more");
                         let _ = app.shutdown(Shutdown::Both);
                         break;

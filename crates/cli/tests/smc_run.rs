@@ -464,6 +464,247 @@ fn python_socket_semantics_over_smcr() {
     let _ = (std::fs::remove_file(fs), std::fs::remove_file(fc));
 }
 
+const PY_OOB_SERVER: &str = r#"
+import socket, select, sys, json, errno, fcntl, array, time
+def atmark(s):
+    b = array.array("i", [0]); fcntl.ioctl(s.fileno(), 0x8905, b); return b[0]
+def oob(c):
+    deadline = time.time() + 10
+    while True:
+        try: return c.recv(1, socket.MSG_OOB).decode()
+        except OSError as e:
+            if e.errno not in (errno.EINVAL, errno.EAGAIN) or time.time() > deadline: raise
+            time.sleep(0.01)
+def until_mark(c):
+    got = b""
+    while not atmark(c):
+        b = c.recv(4096)
+        if not b: break
+        got += b
+    return got
+def rest(c):
+    got = b""
+    while True:
+        b = c.recv(4096)
+        if not b: return got
+        got += b
+host, port = sys.argv[1], int(sys.argv[2])
+l = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); l.bind((host, port)); l.listen(4)
+out = {}
+c, _ = l.accept()
+out["select_exc"] = len(select.select([], [], [c], 10)[2])
+out["oob"] = oob(c)
+try: c.recv(1, socket.MSG_OOB); out["oob_again"] = "ok"
+except OSError as e: out["oob_again"] = errno.errorcode[e.errno]
+b = until_mark(c); out["before"] = [len(b), b[-2:].decode()]
+out["after"] = rest(c).decode()
+c.sendall(b"hello"); c.send(b"!", socket.MSG_OOB); c.sendall(b"world"); c.close()
+c, _ = l.accept()
+c.setsockopt(socket.SOL_SOCKET, socket.SO_OOBINLINE, 1)
+select.select([], [], [c], 10)
+try: c.recv(1, socket.MSG_OOB); out["inline_oob"] = "ok"
+except OSError as e: out["inline_oob"] = errno.errorcode[e.errno]
+b = until_mark(c); out["inline_before"] = len(b)
+out["inline_rest"] = rest(c).decode()
+print(json.dumps(out), flush=True)
+"#;
+
+const PY_OOB_CLIENT: &str = r#"
+import socket, select, sys, json, errno, fcntl, array, time
+def atmark(s):
+    b = array.array("i", [0]); fcntl.ioctl(s.fileno(), 0x8905, b); return b[0]
+host, port = sys.argv[1], int(sys.argv[2])
+out = {}
+c = socket.create_connection((host, port))
+c.sendall(b"a" * 1000); c.send(b"xyU", socket.MSG_OOB); c.sendall(b"b" * 100); c.shutdown(socket.SHUT_WR)
+out["select_exc"] = len(select.select([], [], [c], 10)[2])
+deadline = time.time() + 10
+while True:
+    try: out["oob"] = c.recv(1, socket.MSG_OOB).decode(); break
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.EAGAIN) or time.time() > deadline: raise
+        time.sleep(0.01)
+got = b""
+while not atmark(c):
+    b = c.recv(4096)
+    if not b: break
+    got += b
+out["before"] = got.decode(); got = b""
+while True:
+    b = c.recv(4096)
+    if not b: break
+    got += b
+out["after"] = got.decode(); c.close()
+c = socket.create_connection((host, port))
+c.sendall(b"a" * 500); c.send(b"U", socket.MSG_OOB); c.sendall(b"b" * 10); c.close()
+print(json.dumps(out), flush=True)
+"#;
+
+/// Urgent data through `smc run` (A2.9 SMC-URG-1..5 end to end, D1's TCP model): the same
+/// python pair runs plain (kernel TCP) and wrapped (SMC-R, the daemons relay the urgent
+/// octet: the program's MSG_OOB on its AF_UNIX socket → CDC P/U → MSG_OOB on the peer's)
+/// and must print the same: select exceptfds, recv(MSG_OOB) once then EINVAL, reads stop at
+/// SIOCATMARK, the urgent octet out of the stream; with SO_OOBINLINE it stays in line.
+#[test]
+fn python_msg_oob_like_tcp() {
+    skip_unless!("python3", "ss");
+    let lab = Lab::new("oob", 7);
+    let (fs, fc) = (tmp("oob-srv.py"), tmp("oob-cli.py"));
+    std::fs::write(&fs, PY_OOB_SERVER).unwrap();
+    std::fs::write(&fc, PY_OOB_CLIENT).unwrap();
+    let mut outs = Vec::new();
+    for (port, wrapped) in [(5630u16, false), (5631, true)] {
+        let p = port.to_string();
+        let (sa, ca) = (
+            ["python3", fs.to_str().unwrap(), &lab.ip[0], &p],
+            ["python3", fc.to_str().unwrap(), &lab.ip[0], &p],
+        );
+        let run = |side: usize, a: &[&str]| {
+            if wrapped {
+                lab.smc_run(side, a)
+            } else {
+                lab.raw(side, a[0], &a[1..])
+            }
+        };
+        let srv = run(0, &sa).stdout(Stdio::piped()).spawn().unwrap();
+        wait_port(&lab, 0, port);
+        let cli = run(1, &ca).stdout(Stdio::piped()).spawn().unwrap();
+        let c: serde_json::Value = serde_json::from_slice(&finish(cli, "python oob client").stdout).unwrap();
+        let s: serde_json::Value = serde_json::from_slice(&finish(srv, "python oob server").stdout).unwrap();
+        eprintln!("wrapped={wrapped}\n client {c}\n server {s}");
+        if wrapped {
+            assert_eq!(lab.conn(0, port)["mode"], "SMC-R");
+            assert_eq!(lab.conn(1, port)["mode"], "SMC-R");
+        }
+        outs.push((c, s));
+    }
+    let (c, s) = &outs[0];
+    // Kernel TCP's answers, which the wrapped run must repeat.
+    assert_eq!(s["oob"], "U");
+    assert_eq!(s["oob_again"], "EINVAL");
+    assert_eq!(s["before"], serde_json::json!([1002, "xy"]));
+    assert_eq!(s["after"], "b".repeat(100));
+    assert_eq!(
+        (c["oob"].as_str(), c["before"].as_str(), c["after"].as_str()),
+        (Some("!"), Some("hello"), Some("world"))
+    );
+    assert_eq!(s["inline_oob"], "EINVAL");
+    assert_eq!(s["inline_before"], 500);
+    assert_eq!(s["inline_rest"], format!("U{}", "b".repeat(10)));
+    assert_eq!(outs[1], outs[0], "smc run differs from TCP");
+    let _ = (std::fs::remove_file(fs), std::fs::remove_file(fc));
+}
+
+/// IPv6 (issue 15: SMC-R v1 runs over IPv6 TCP): the namespaces get ULA addresses
+/// fd15:151:8::1/64 and ::2 on the veth; `curl -6` against `python3 -m http.server` on
+/// the IPv6 address, both wrapped: 3 MB byte-exact over SMC-R (RoCEv2 devices on the IPv6
+/// addresses, GIDs = the addresses, the Proposal carrying the /64 prefix), shown by
+/// `smc status` and by `smc stat --json` (the link's GIDs are the IPv6 addresses); then the
+/// urgent-data pair over IPv6 too.
+#[test]
+fn curl6_and_python6_over_smcr() {
+    skip_unless!("python3", "curl", "ss");
+    let lab = Lab::new("v6", 8);
+    let ip6 = ["fd15:151:8::1", "fd15:151:8::2"];
+    for (side, v) in ["smrv6a", "smrv6b"].iter().enumerate() {
+        assert!(sh(&format!(
+            "ip -n {} -6 addr add {}/64 dev {v} nodad",
+            lab.ns[side], ip6[side]
+        )));
+    }
+    let dir = tmp("www6");
+    std::fs::create_dir_all(&dir).unwrap();
+    let body = pattern(3_000_000, 8);
+    std::fs::write(dir.join("f.bin"), &body).unwrap();
+    let port = 5640;
+    let mut srv = lab
+        .smc_run(
+            0,
+            &[
+                "python3",
+                "-m",
+                "http.server",
+                "--bind",
+                ip6[0],
+                &port.to_string(),
+                "-d",
+                dir.to_str().unwrap(),
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_port(&lab, 0, port);
+    let out = tmp("curl6.bin");
+    let o = lab
+        .smc_run(
+            1,
+            &[
+                "curl",
+                "-6",
+                "-gsS",
+                "-o",
+                out.to_str().unwrap(),
+                &format!("http://[{}]:{port}/f.bin", ip6[0]),
+            ],
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "curl -6: {:?}", o);
+    assert!(std::fs::read(&out).unwrap() == body, "curl -6's file differs");
+    let c = lab.conn(1, port);
+    assert_eq!(c["mode"], "SMC-R", "{c}");
+    assert!(c["peer"].as_str().unwrap().starts_with(&format!("[{}]", ip6[0])), "{c}");
+    assert!(c["bytes_received"].as_u64().unwrap() > 3_000_000, "{c}");
+    let st = lab.cmd(0, &["smc", "stat", "--json"]).output().unwrap();
+    let text = String::from_utf8_lossy(&st.stdout).to_string();
+    eprintln!("smc stat --json: {text}");
+    assert!(
+        text.contains(ip6[0]) && text.contains(ip6[1]),
+        "GIDs in smc stat: {text}"
+    );
+    let _ = srv.kill();
+    let _ = srv.wait();
+    // Urgent data over IPv6 as well.
+    let (fs, fc) = (tmp("oob6-srv.py"), tmp("oob6-cli.py"));
+    std::fs::write(&fs, PY_OOB_SERVER).unwrap();
+    std::fs::write(&fc, PY_OOB_CLIENT).unwrap();
+    let port = 5641;
+    let p = port.to_string();
+    let srv = lab
+        .smc_run(0, &["python3", fs.to_str().unwrap(), ip6[0], &p])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_port(&lab, 0, port);
+    let cli = lab
+        .smc_run(1, &["python3", fc.to_str().unwrap(), ip6[0], &p])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c: serde_json::Value = serde_json::from_slice(&finish(cli, "python6 oob client").stdout).unwrap();
+    let s: serde_json::Value = serde_json::from_slice(&finish(srv, "python6 oob server").stdout).unwrap();
+    assert_eq!(
+        (s["oob"].as_str(), s["before"].clone()),
+        (Some("U"), serde_json::json!([1002, "xy"])),
+        "{s}"
+    );
+    assert_eq!(
+        (c["oob"].as_str(), c["after"].as_str()),
+        (Some("!"), Some("world")),
+        "{c}"
+    );
+    assert_eq!(lab.conn(0, port)["mode"], "SMC-R");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = (
+        std::fs::remove_file(out),
+        std::fs::remove_file(fs),
+        std::fs::remove_file(fc),
+    );
+}
+
 /// D2 scenario 4: unmodified curl against `python3 -m http.server`, both wrapped: the 3 MB
 /// file arrives byte-exact over SMC-R.
 #[test]

@@ -8,6 +8,7 @@
 //! descriptor becomes it), [`VERDICT_TCP`] without (the program keeps its TCP socket).
 
 use crate::real::{self, real};
+use crate::scm_rights;
 use crate::table;
 use libc::c_int;
 use std::time::Duration;
@@ -141,16 +142,7 @@ fn exchange(name: &[u8], fd: c_int, kind: u8) -> std::io::Result<(u8, Option<c_i
         return Err(err());
     }
     let res = (|| {
-        // SAFETY: sockaddr_un is plain data; all zero is a valid value.
-        let mut sa: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        if name.len() + 1 > sa.sun_path.len() {
-            return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
-        }
-        for (i, b) in name.iter().enumerate() {
-            sa.sun_path[i + 1] = *b as libc::c_char; // abstract: sun_path[0] = 0
-        }
-        let len = (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t;
+        let (sa, len) = scm_rights::abstract_addr(name)?;
         // SAFETY: `sa` is a sockaddr_un of at least `len` octets.
         if unsafe { (real().connect)(s, &sa as *const _ as *const libc::sockaddr, len) } != 0 {
             return Err(err());
@@ -172,9 +164,9 @@ fn exchange(name: &[u8], fd: c_int, kind: u8) -> std::io::Result<(u8, Option<c_i
         let mut req = [0u8; 6];
         req[..5].copy_from_slice(MAGIC);
         req[5] = kind;
-        send_fd(s, &req, fd)?;
+        scm_rights::send(real().sendmsg, s, &req, Some(fd))?;
         let mut buf = [0u8; 512];
-        let (n, nfd) = recv_fd(s, &mut buf)?;
+        let (n, nfd) = scm_rights::recv(real().recvmsg, s, &mut buf)?;
         if n == 0 {
             if let Some(n) = nfd {
                 close(n);
@@ -185,77 +177,4 @@ fn exchange(name: &[u8], fd: c_int, kind: u8) -> std::io::Result<(u8, Option<c_i
     })();
     close(s);
     res
-}
-
-/// Sends `data` with descriptor `fd` attached (SCM_RIGHTS).
-fn send_fd(s: c_int, data: &[u8], fd: c_int) -> std::io::Result<()> {
-    // Room for one cmsghdr with one int, 8-aligned.
-    let mut cbuf = [0u64; 4];
-    let mut iov = libc::iovec {
-        iov_base: data.as_ptr() as *mut libc::c_void,
-        iov_len: data.len(),
-    };
-    // SAFETY: msghdr is plain data; the pointers set below point at live locals (`iov`,
-    // `cbuf`) of the lengths given; CMSG_* stay inside `cbuf` (CMSG_SPACE(4) = 24 ≤ 32).
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) as usize;
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<c_int>() as u32) as usize;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut c_int, fd);
-        if (real().sendmsg)(s, &msg, libc::MSG_NOSIGNAL) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-/// Receives one message and the descriptor attached to it, if any.
-fn recv_fd(s: c_int, buf: &mut [u8]) -> std::io::Result<(usize, Option<c_int>)> {
-    let mut cbuf = [0u64; 4];
-    let mut iov = libc::iovec {
-        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
-        iov_len: buf.len(),
-    };
-    // SAFETY: as in send_fd; the kernel writes at most msg_controllen octets of control data
-    // into `cbuf`, and CMSG_NXTHDR never walks past msg_controllen.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = std::mem::size_of_val(&cbuf);
-        let n = loop {
-            let n = (real().recvmsg)(s, &mut msg, libc::MSG_CMSG_CLOEXEC);
-            if n < 0 && real::errno() == libc::EINTR {
-                continue;
-            }
-            break n;
-        };
-        if n < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let mut got = None;
-        let mut c = libc::CMSG_FIRSTHDR(&msg);
-        while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                let nfds = ((*c).cmsg_len - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<c_int>();
-                for i in 0..nfds {
-                    let f = std::ptr::read_unaligned((libc::CMSG_DATA(c) as *const c_int).add(i));
-                    if got.is_none() {
-                        got = Some(f);
-                    } else {
-                        libc::close(f);
-                    }
-                }
-            }
-            c = libc::CMSG_NXTHDR(&msg, c);
-        }
-        Ok((n as usize, got))
-    }
 }

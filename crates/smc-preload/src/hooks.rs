@@ -228,22 +228,24 @@ pub unsafe extern "C" fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *
     unsafe { (real().setsockopt)(fd, level, name, val, len) }
 }
 
-/// MSG_OOB on a handed-over socket: sent in line (the urgent mark is not carried).
-fn send_flags(fd: c_int, flags: c_int) -> c_int {
-    if flags & libc::MSG_OOB != 0 && entry(fd).is_some() {
-        flags & !libc::MSG_OOB
-    } else {
-        flags
+/// MSG_OOB on a handed-over socket goes to the unix socket, which carries urgent data as TCP
+/// does (Linux ≥ 5.15 with CONFIG_AF_UNIX_OOB: one urgent octet, SIOCATMARK, SO_OOBINLINE,
+/// POLLPRI / select exceptfds); the daemon relays the urgent octet over SMC-R (CDC P/U).
+/// A kernel without it answers EOPNOTSUPP: the octets are then sent in line.
+fn send_oob_retry(fd: c_int, flags: c_int, r: ssize_t, again: impl FnOnce(c_int) -> ssize_t) -> ssize_t {
+    if r < 0 && flags & libc::MSG_OOB != 0 && real::errno() == libc::EOPNOTSUPP && entry(fd).is_some() {
+        return again(flags & !libc::MSG_OOB);
     }
+    r
 }
 
-/// Reading MSG_OOB on a handed-over socket: EINVAL, TCP's answer without urgent data.
-fn recv_oob(fd: c_int, flags: c_int) -> bool {
-    if flags & libc::MSG_OOB != 0 && entry(fd).is_some() {
+/// `recv(MSG_OOB)` on a handed-over socket whose kernel has no AF_UNIX urgent data: EINVAL,
+/// TCP's answer without urgent data.
+fn recv_oob_errno(fd: c_int, flags: c_int, r: ssize_t) -> ssize_t {
+    if r < 0 && flags & libc::MSG_OOB != 0 && real::errno() == libc::EOPNOTSUPP && entry(fd).is_some() {
         real::set_errno(libc::EINVAL);
-        return true;
     }
-    false
+    r
 }
 
 /// `send(2)`.
@@ -252,8 +254,9 @@ fn recv_oob(fd: c_int, flags: c_int) -> bool {
 /// As `send(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's arguments, passed on (flags possibly without MSG_OOB).
-    unsafe { (real().send)(fd, buf, n, send_flags(fd, flags)) }
+    // SAFETY: the caller's arguments, passed on (a retry without MSG_OOB, see above).
+    let f = |fl: c_int| unsafe { (real().send)(fd, buf, n, fl) };
+    send_oob_retry(fd, flags, f(flags), f)
 }
 
 /// `sendto(2)`: on a handed-over socket the address is ignored, as TCP does.
@@ -272,7 +275,8 @@ pub unsafe extern "C" fn sendto(
     let ours = (flags & libc::MSG_OOB != 0 || !addr.is_null()) && entry(fd).is_some();
     if ours {
         // SAFETY: the caller's buffer; no address (a connected stream).
-        return unsafe { (real().sendto)(fd, buf, n, flags & !libc::MSG_OOB, std::ptr::null(), 0) };
+        let f = |fl: c_int| unsafe { (real().sendto)(fd, buf, n, fl, std::ptr::null(), 0) };
+        return send_oob_retry(fd, flags, f(flags), f);
     }
     // SAFETY: the caller's arguments, passed on unchanged.
     unsafe { (real().sendto)(fd, buf, n, flags, addr, alen) }
@@ -284,8 +288,9 @@ pub unsafe extern "C" fn sendto(
 /// As `sendmsg(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
-    // SAFETY: the caller's arguments, passed on (flags possibly without MSG_OOB).
-    unsafe { (real().sendmsg)(fd, msg, send_flags(fd, flags)) }
+    // SAFETY: the caller's arguments, passed on (a retry without MSG_OOB, see above).
+    let f = |fl: c_int| unsafe { (real().sendmsg)(fd, msg, fl) };
+    send_oob_retry(fd, flags, f(flags), f)
 }
 
 /// `recv(2)`.
@@ -294,11 +299,9 @@ pub unsafe extern "C" fn sendmsg(fd: c_int, msg: *const libc::msghdr, flags: c_i
 /// As `recv(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recv(fd: c_int, buf: *mut c_void, n: size_t, flags: c_int) -> ssize_t {
-    if recv_oob(fd, flags) {
-        return -1;
-    }
     // SAFETY: the caller's arguments, passed on unchanged.
-    unsafe { (real().recv)(fd, buf, n, flags) }
+    let r = unsafe { (real().recv)(fd, buf, n, flags) };
+    recv_oob_errno(fd, flags, r)
 }
 
 /// `recvfrom(2)`.
@@ -314,11 +317,9 @@ pub unsafe extern "C" fn recvfrom(
     addr: *mut sockaddr,
     alen: *mut socklen_t,
 ) -> ssize_t {
-    if recv_oob(fd, flags) {
-        return -1;
-    }
     // SAFETY: the caller's arguments, passed on unchanged.
-    unsafe { (real().recvfrom)(fd, buf, n, flags, addr, alen) }
+    let r = unsafe { (real().recvfrom)(fd, buf, n, flags, addr, alen) };
+    recv_oob_errno(fd, flags, r)
 }
 
 /// `recvmsg(2)`.
@@ -327,9 +328,7 @@ pub unsafe extern "C" fn recvfrom(
 /// As `recvmsg(2)`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn recvmsg(fd: c_int, msg: *mut libc::msghdr, flags: c_int) -> ssize_t {
-    if recv_oob(fd, flags) {
-        return -1;
-    }
     // SAFETY: the caller's arguments, passed on unchanged.
-    unsafe { (real().recvmsg)(fd, msg, flags) }
+    let r = unsafe { (real().recvmsg)(fd, msg, flags) };
+    recv_oob_errno(fd, flags, r)
 }

@@ -33,4 +33,5 @@
 pub mod handoff;
 pub mod hooks;
 pub mod real;
+pub mod scm_rights;
 pub mod table;

@@ -29,7 +29,7 @@
 //! ("no chase", SMC-CLC-7): a client that loses its RNIC after its Proposal calls
 //! `decline` at once and the machine sends the Decline when the Accept arrives.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use crate::wire::clc::{
@@ -58,6 +58,10 @@ pub struct LocalCaps {
     pub mac: [u8; 6],
     /// The IPv4 address and prefix length of the interface of this connection (v1 subnet).
     pub ipv4: Option<(Ipv4Addr, u8)>,
+    /// An IPv6 connection's local address and prefix length: SMC-R v1 over IPv6 TCP, the
+    /// Proposal's IP area carrying the prefix (RFC 7609 §3.5.1.1, Linux's
+    /// `smc_clc_prfx_set6`) and the server matching it against its own (SMC-FC-1).
+    pub ipv6: Option<(Ipv6Addr, u8)>,
     /// Our EIDs; the first is the UEID (v2 needs at least one).
     pub eids: Vec<[u8; EID_LEN]>,
     /// Host name for the v2 first-contact extension.
@@ -66,6 +70,23 @@ pub struct LocalCaps {
     pub max_conns: u8,
     /// Max links per link group we support (v2).
     pub max_links: u8,
+}
+
+impl LocalCaps {
+    /// An address for the v1 IP area (IPv4 subnet or IPv6 prefix).
+    fn has_ip(&self) -> bool {
+        self.ipv4.is_some() || self.ipv6.is_some()
+    }
+}
+
+/// `a` with the bits past prefix length `len` cleared.
+fn v6_prefix(a: Ipv6Addr, len: u8) -> Ipv6Addr {
+    let m = if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(len.min(128)))
+    };
+    Ipv6Addr::from(u128::from(a) & m)
 }
 
 /// The link parameters the engine puts into its Accept / Confirm.
@@ -232,7 +253,7 @@ impl ClcMachine {
             m.finish_fallback(FallbackReason::PeerNoSmc);
             return m;
         }
-        if !m.caps.enabled || !(m.caps.v1 && m.caps.ipv4.is_some() || m.caps.v2 && !m.caps.eids.is_empty()) {
+        if !m.caps.enabled || !(m.caps.v1 && m.caps.has_ip() || m.caps.v2 && !m.caps.eids.is_empty()) {
             m.finish_fallback(FallbackReason::Disabled);
             return m;
         }
@@ -292,7 +313,13 @@ impl ClcMachine {
 
     fn proposal(&self) -> Proposal {
         let c = &self.caps;
-        let ip = c.ipv4.map(|(a, l)| IpArea::ipv4(a, l));
+        let ip = c.ipv4.map(|(a, l)| IpArea::ipv4(a, l)).or_else(|| {
+            c.ipv6.map(|(a, l)| IpArea {
+                subnet: Ipv4Addr::UNSPECIFIED,
+                prefix_len: 0,
+                ipv6: vec![(v6_prefix(a, l), l)],
+            })
+        });
         let v1 = (c.v1 && ip.is_some()).then(|| {
             (
                 c.peer_id,
@@ -487,8 +514,12 @@ impl ClcMachine {
             }
         }
         if c.v1 && p.offers_v1_r() {
-            let subnet_ok = match (&p.ip, c.ipv4) {
-                (Some(ip), Some((a, l))) => ip.same_subnet(a, l),
+            let subnet_ok = match (&p.ip, c.ipv4, c.ipv6) {
+                (Some(ip), Some((a, l)), _) => ip.same_subnet(a, l),
+                (Some(ip), None, Some((a, l))) => ip
+                    .ipv6
+                    .iter()
+                    .any(|&(pa, pl)| pl == l && l <= 128 && v6_prefix(pa, l) == v6_prefix(a, l)),
                 _ => false,
             };
             if !subnet_ok {
@@ -522,7 +553,7 @@ impl ClcMachine {
 
     fn on_accept(&mut self, a: AcceptConfirm) {
         let offered_v2 = self.caps.v2 && !self.caps.eids.is_empty();
-        let offered_v1 = self.caps.v1 && self.caps.ipv4.is_some();
+        let offered_v1 = self.caps.v1 && self.caps.has_ip();
         self.chosen_version = if a.version >= 2 { 2 } else { 1 };
         if a.version >= 2 && !offered_v2 || a.version == 1 && !offered_v1 {
             return self.decline_and_fall_back(Diagnosis::VERSION_MISMATCH, false);

@@ -38,7 +38,18 @@
 //!   completed (SMC-CLS-3); after C nothing more is sent (SMC-CLS-8); connection-state flags
 //!   are sticky in later CDCs (as Linux sends them). `close()` with unread data, a peer's C
 //!   while local data is unsent, a TCP reset and a wait-state timeout abort (Figure 23).
-//! - Failover validation (F) CDCs are ignored here: failover belongs to the link layer.
+//! - **Failover** (RFC 7609 §2.3, §4.6; SMC-FO-2..5, A4.7): the engine reports each CDC
+//!   whose send completed ([`Conn::cdc_completed`]: SS is the last of them) and, once the
+//!   connection's link failed and every work request of that link has completed or
+//!   flushed, calls [`Conn::failover`] with the connection on the surviving link. The
+//!   machine then sends the validation CDC (F, sequence SS, not counted), replays every
+//!   write the peer may not have (from the later of the last completed write and the
+//!   peer's consumer cursor up to our producer cursor, at the same element offsets, so
+//!   nothing is lost and no octet lands twice where the peer could read it) and one CDC
+//!   with a new sequence number above all earlier ones carrying the current cursors and
+//!   flags (the "merged" replay of SMC-FO-5). A peer's F CDC whose sequence is after the
+//!   last CDC we processed (SR < SS) means data was lost: the connection is reset at once
+//!   (SMC-FO-4); otherwise it is ignored.
 
 use crate::wire::cdc::{Cdc, ConnStateFlags, ProducerFlags, seq_before};
 use crate::wire::cursor::{Cursor, Rmbe, Span};
@@ -107,6 +118,9 @@ pub enum AbortReason {
     /// The peer violated the protocol (A2.15).
     #[error("protocol error: {0}")]
     Protocol(ProtocolError),
+    /// A failover validation CDC showed that data was lost with the failed link (SMC-FO-4).
+    #[error("data lost in link failover")]
+    FailoverLoss,
 }
 
 /// A peer's CDC that cannot be correct (SMC-CDC-12, A2.15).
@@ -175,6 +189,20 @@ pub enum ConnError {
     UrgentOutstanding,
 }
 
+/// Why there is no urgent octet to read out of band (`recv(MSG_OOB)`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+pub enum UrgentError {
+    /// No urgent data, or it was read already (Linux: EINVAL).
+    #[error("no urgent data")]
+    NoUrgent,
+    /// Announced (P) but not yet arrived (Linux: EAGAIN).
+    #[error("urgent data announced, not yet arrived")]
+    NotYet,
+    /// SO_OOBINLINE is set: urgent data is in the stream (Linux: EINVAL).
+    #[error("urgent data is in line")]
+    Inline,
+}
+
 /// An output of the machine, in the order the engine must carry them out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -224,6 +252,10 @@ pub struct Conn {
     peer_conn: ConnStateFlags,
     urg_mark: Option<Cursor>,
     urg_pending_in: bool,
+    /// The urgent octet at `urg_mark` was taken out of band ([`Conn::take_urgent`]).
+    urg_taken: bool,
+    /// SO_OOBINLINE: the urgent octet stays in the stream and is not offered out of band.
+    oob_inline: bool,
     // --- close ---
     state: CloseState,
     active_close: Option<bool>,
@@ -234,6 +266,10 @@ pub struct Conn {
     peer_abort_seen: bool,
     released: bool,
     wrong_tokens: u64,
+    /// SS: the sequence number of the last CDC whose send completed (0 = none yet).
+    ss: u16,
+    /// Failovers so far ([`Conn::failovers`]).
+    failovers: u32,
 }
 
 impl Conn {
@@ -259,6 +295,8 @@ impl Conn {
             peer_conn: ConnStateFlags::empty(),
             urg_mark: None,
             urg_pending_in: false,
+            urg_taken: false,
+            oob_inline: false,
             state: CloseState::Active,
             active_close: None,
             app_shut_wr: false,
@@ -268,6 +306,8 @@ impl Conn {
             peer_abort_seen: false,
             released: false,
             wrong_tokens: 0,
+            ss: 0,
+            failovers: 0,
             p,
         }
     }
@@ -360,6 +400,72 @@ impl Conn {
         self.urg_mark.map(|m| self.p.local_rmbe.distance(m, self.cons))
     }
 
+    /// SO_OOBINLINE: with `true` the urgent octet stays in the data stream (reads still stop
+    /// at the mark, as TCP's); with `false` (the default, as Linux) it is skipped by reads and
+    /// offered out of band by [`Conn::urgent_octet`] / [`Conn::take_urgent`].
+    pub fn set_oob_inline(&mut self, inline: bool) {
+        self.oob_inline = inline;
+    }
+
+    /// Whether urgent data stays in line (SO_OOBINLINE).
+    pub fn oob_inline(&self) -> bool {
+        self.oob_inline
+    }
+
+    /// Octets a read may return now. As Linux's TCP (`tcp_recvmsg`) a read stops before the
+    /// urgent octet; at the mark it goes on through it (in line) or, out of line, after
+    /// [`Conn::skip_urgent`] has dropped it from the stream.
+    pub fn readable_in_band(&self) -> u64 {
+        let r = self.readable();
+        match self.bytes_to_urgent_mark() {
+            Some(d) if d > 1 => r.min(d - 1),
+            Some(1) if !self.oob_inline => 0,
+            _ => r,
+        }
+    }
+
+    /// SIOCATMARK: the next octet to read is the urgent octet.
+    pub fn at_urgent_mark(&self) -> bool {
+        self.abort.is_none() && self.bytes_to_urgent_mark() == Some(1)
+    }
+
+    /// Out of line at the mark: consume the urgent octet so that reads go on after it (it was
+    /// offered out of band; TCP drops it from the stream whether it was taken or not). Emits
+    /// the consumer update SMC-URG-3 asks for. Returns whether an octet was skipped.
+    pub fn skip_urgent(&mut self) -> bool {
+        if self.oob_inline || !self.at_urgent_mark() {
+            return false;
+        }
+        self.consume(1).is_ok()
+    }
+
+    /// Where the urgent octet is in the local element, for `recv(MSG_OOB)`: the offset of the
+    /// octet if it arrived and was not taken yet; [`UrgentError`] otherwise (Linux's answers:
+    /// EINVAL when there is none, it was taken, or SO_OOBINLINE is set; EAGAIN when announced
+    /// (P) but not yet written).
+    pub fn urgent_octet(&self) -> Result<u32, UrgentError> {
+        if self.oob_inline {
+            return Err(UrgentError::Inline);
+        }
+        if self.abort.is_some() {
+            return Err(UrgentError::NoUrgent);
+        }
+        match self.bytes_to_urgent_mark() {
+            Some(d) if d >= 1 && !self.urg_taken => Ok(self.p.local_rmbe.advance(self.cons, d - 1).count),
+            Some(_) => Err(UrgentError::NoUrgent),
+            None if self.urg_pending_in => Err(UrgentError::NotYet),
+            None => Err(UrgentError::NoUrgent),
+        }
+    }
+
+    /// The application read the urgent octet out of band (`recv(MSG_OOB)` without MSG_PEEK):
+    /// a second read of it is EINVAL, as TCP's.
+    pub fn take_urgent(&mut self) {
+        if self.urgent_octet().is_ok() {
+            self.urg_taken = true;
+        }
+    }
+
     /// True in states that need a guard timer (wait states and PeerAbortWait, SMC-CLS-9).
     pub fn needs_timer(&self) -> bool {
         !matches!(
@@ -416,6 +522,64 @@ impl Conn {
     /// The engine saw `n` more octets' RDMA Writes complete (send-buffer space returns).
     pub fn writes_completed(&mut self, n: u64) {
         self.in_flight = self.in_flight.saturating_sub(n);
+        self.flush();
+    }
+
+    /// The engine saw the send of the CDC with sequence number `seq` complete (SS,
+    /// SMC-FO-2).
+    pub fn cdc_completed(&mut self, seq: u16) {
+        if self.ss == 0 || seq_before(self.ss, seq) {
+            self.ss = seq;
+        }
+    }
+
+    /// Failovers this connection went through.
+    pub fn failovers(&self) -> u32 {
+        self.failovers
+    }
+
+    /// The connection's link failed and the engine moved it to a surviving link, after
+    /// every work request of the failed link completed or flushed (completions of that
+    /// link arriving later must not be reported). Emits the validation CDC (F, SS), the
+    /// replay of what the peer may lack, and a CDC with the current cursors (SMC-FO-3,
+    /// SMC-FO-5).
+    pub fn failover(&mut self) {
+        if self.state == CloseState::Closed {
+            return;
+        }
+        self.failovers += 1;
+        self.actions.push_back(Action::SendCdc(Cdc {
+            seq: self.ss,
+            token: self.p.peer_token,
+            prod: self.prod,
+            cons: self.cons,
+            prod_flags: ProducerFlags::FAILOVER_VALIDATION,
+            conn_flags: ConnStateFlags::empty(),
+        }));
+        let pe = self.p.peer_rmbe;
+        // Octets the peer consumed are placed; the rest of what is not completed may not be.
+        let unconsumed = pe.distance(self.prod, self.peer_cons);
+        let replay = self.in_flight.min(unconsumed);
+        self.in_flight = replay;
+        if replay > 0 && self.abort.is_none() {
+            let start = pe.advance(self.peer_cons, unconsumed - replay);
+            let src = self.written - replay;
+            let (a, b) = pe.spans(start, replay as u32);
+            self.actions.push_back(Action::RdmaWrite {
+                src,
+                remote_off: a.off,
+                len: a.len,
+            });
+            if let Some(b) = b {
+                self.actions.push_back(Action::RdmaWrite {
+                    src: src + u64::from(a.len),
+                    remote_off: b.off,
+                    len: b.len,
+                });
+            }
+        }
+        // One CDC above every earlier sequence number: cursors, sticky flags (A included).
+        self.send_cdc();
         self.flush();
     }
 
@@ -506,7 +670,27 @@ impl Conn {
             self.wrong_tokens += 1;
             return CdcOutcome::WrongToken;
         }
-        if self.state == CloseState::Closed || m.prod_flags.contains(ProducerFlags::FAILOVER_VALIDATION) {
+        if m.prod_flags.contains(ProducerFlags::FAILOVER_VALIDATION) {
+            // SMC-FO-4: SR ≥ SS → go on; SR < SS → data was lost: reset at once. Not counted
+            // in the sequence.
+            let sr = self.last_seq_in.unwrap_or(0);
+            if self.state != CloseState::Closed
+                && self.abort.is_none()
+                && m.seq != 0
+                && (sr == 0 || seq_before(sr, m.seq))
+            {
+                tracing::warn!(
+                    token = m.token,
+                    sr,
+                    ss = m.seq,
+                    "failover validation: data lost, resetting"
+                );
+                self.start_abort(AbortReason::FailoverLoss, true);
+                return CdcOutcome::Applied;
+            }
+            return CdcOutcome::Ignored;
+        }
+        if self.state == CloseState::Closed {
             return CdcOutcome::Ignored;
         }
         if let Some(last) = self.last_seq_in
@@ -538,10 +722,16 @@ impl Conn {
         self.peer_prod = m.prod;
         self.peer_cons = m.cons;
         self.peer_prod_flags = m.prod_flags;
-        if m.prod_flags.contains(ProducerFlags::URGENT_PRESENT) {
+        // The writer holds further data until it sees the urgent octet consumed, so every
+        // CDC with U names the same mark; one that reaches us after we read past the mark
+        // (our update still on its way) names an octet already consumed and is no news.
+        let stale_urgent =
+            m.prod_flags.contains(ProducerFlags::URGENT_PRESENT) && self.p.local_rmbe.distance(m.prod, self.cons) == 0;
+        if m.prod_flags.contains(ProducerFlags::URGENT_PRESENT) && !stale_urgent && self.urg_mark != Some(m.prod) {
             self.urg_mark = Some(m.prod);
+            self.urg_taken = false;
         }
-        self.urg_pending_in = m.prod_flags.contains(ProducerFlags::URGENT_PENDING);
+        self.urg_pending_in = m.prod_flags.contains(ProducerFlags::URGENT_PENDING) && !stale_urgent;
         if let Some(u) = self.urg_written
             && self.p.peer_rmbe.distance(u, self.peer_cons) == 0
         {

@@ -13,7 +13,8 @@
 //!   keepalive, CONFIRM/DELETE RKEY, DELETE LINK, linger).
 //! - [`stream`]: the engine and the API, [`SmcStream`] / [`SmcListener`] mirroring
 //!   `std::net::TcpStream` / `TcpListener` over a RoCE device, with [`Mode`] = SMC-R or
-//!   fallback and its reason.
+//!   fallback and its reason; urgent data and abort as TCP's; the async variant
+//!   `stream::async_io` (feature `tokio`, default).
 //! - [`stats`]: what `softrdma smc stat` shows, and how it is read from another process.
 //!
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` parts A, C4, C5, D1, D2, E.
@@ -23,6 +24,7 @@
 pub mod clc_machine;
 pub mod conn;
 pub mod lgr;
+mod netif;
 pub mod sockops;
 pub mod stats;
 pub mod stream;

@@ -6,7 +6,7 @@
 //! A2.9 (SMC-URG-*), A2.10 (SMC-CLS-*), A2.11 (SMC-ABT-*), A2.15 (forged cursors), E-23.
 
 use proptest::prelude::*;
-use smc::conn::{AbortReason, Action, CdcOutcome, CloseState, Conn, ConnError, ConnParams, ProtocolError};
+use smc::conn::{AbortReason, Action, CdcOutcome, CloseState, Conn, ConnError, ConnParams, ProtocolError, UrgentError};
 use smc::wire::cdc::{Cdc, ConnStateFlags as Cs, ProducerFlags as Pf};
 use smc::wire::cursor::{Cursor, EyecatcherMode, Rmbe};
 use std::collections::VecDeque;
@@ -484,6 +484,73 @@ fn urgent_data_closed_window() {
     settle(&mut a, &mut b);
     app_read(&mut b, u64::MAX);
     assert_eq!(b.got, d);
+}
+
+// SMC-URG-3 with Linux's TCP semantics on the reading side (A2.9, D1): reads stop before the
+// urgent octet; out of line it is offered once (take), skipped by the stream at the mark with
+// a forced consumer update; in line it stays in the stream; P without U = not yet (EAGAIN).
+#[test]
+fn urgent_reader_out_of_line_and_inline() {
+    for inline in [false, true] {
+        let (mut a, mut b) = pair(EyecatcherMode::Rfc, 16_384, 65_536);
+        b.conn.set_oob_inline(inline);
+        let d = pattern(5, 20);
+        app_write(&mut a, &d[..10]);
+        let n = a.conn.write_urgent(3).unwrap();
+        a.stream.extend_from_slice(&d[10..10 + n as usize]);
+        settle(&mut a, &mut b);
+        assert_eq!(b.conn.readable(), 13);
+        assert_eq!(b.conn.readable_in_band(), 12, "a read stops before the urgent octet");
+        assert!(!b.conn.at_urgent_mark());
+        if inline {
+            assert_eq!(b.conn.urgent_octet(), Err(UrgentError::Inline));
+        } else {
+            // RFC mode: data area from 4; the urgent octet is stream octet 12.
+            assert_eq!(b.conn.urgent_octet(), Ok(4 + 12));
+            assert_eq!(b.elem[16], d[12]);
+            b.conn.take_urgent();
+            assert_eq!(b.conn.urgent_octet(), Err(UrgentError::NoUrgent), "taken once");
+        }
+        assert_eq!(app_read(&mut b, 12), 12);
+        assert!(b.conn.at_urgent_mark());
+        let sent = b.sent.len();
+        if inline {
+            assert_eq!(b.conn.readable_in_band(), 1);
+            assert!(!b.conn.skip_urgent());
+            assert_eq!(app_read(&mut b, u64::MAX), 1);
+            assert_eq!(b.got, d[..13]);
+        } else {
+            assert_eq!(b.conn.readable_in_band(), 0);
+            assert!(b.conn.skip_urgent());
+            assert_eq!(b.got, d[..12], "the urgent octet is not in the stream");
+        }
+        run_actions(&mut b, &mut a);
+        assert_eq!(b.sent.len(), sent + 1, "consumer update after the urgent octet");
+        assert!(!b.conn.at_urgent_mark() && !b.conn.urgent_pending());
+        // A CDC with U still set that crosses our update names a consumed mark: no news.
+        let stale = Cdc {
+            seq: a.sent.last().unwrap().seq.wrapping_add(1),
+            ..*a.sent.last().unwrap()
+        };
+        assert!(stale.prod_flags.contains(Pf::URGENT_PRESENT));
+        b.conn.on_cdc(&stale);
+        assert_eq!(b.conn.bytes_to_urgent_mark(), None);
+        assert!(!b.conn.urgent_pending());
+        settle(&mut a, &mut b);
+        app_write(&mut a, &d[13..]);
+        settle(&mut a, &mut b);
+        assert_eq!(b.conn.readable_in_band(), 7);
+    }
+    // Closed window: P announced, the octet not written yet → EAGAIN.
+    let (mut a, mut b) = pair(EyecatcherMode::None, 4_096, 65_536);
+    let d = pattern(9, 4_200);
+    app_write(&mut a, &d[..4_096]);
+    settle(&mut a, &mut b);
+    let n = a.conn.write_urgent(100).unwrap();
+    a.stream.extend_from_slice(&d[4_096..4_096 + n as usize]);
+    run_actions(&mut a, &mut b);
+    b.conn.on_cdc(&b.inbox.pop_front().unwrap());
+    assert_eq!(b.conn.urgent_octet(), Err(UrgentError::NotYet));
 }
 
 fn drain_close_trace(a: &mut Side, b: &mut Side) {

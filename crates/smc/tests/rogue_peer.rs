@@ -12,7 +12,10 @@
 //!   link group with DELETE LINK (A) and reset its connection while a connection of
 //!   another group goes on.
 //!
-//! Addresses 127.115.11.x–127.115.19.x.
+//! - ADD LINK CONTINUATION with RTokens after our reject of the ADD LINK ends the group
+//!   (SMC-INV-5).
+//!
+//! Addresses 127.115.11.x–127.115.19.x and 127.115.60.x–127.115.62.x.
 
 use smc::clc_machine::{ClcMachine, LinkParams, LocalCaps, NeedLink, Outcome};
 use smc::wire::cdc::{Cdc, ConnStateFlags};
@@ -47,6 +50,7 @@ fn caps(gid: [u8; 16]) -> LocalCaps {
         gid,
         mac: [2, 0, 0, 0, 0, 1],
         ipv4: Some(("127.0.0.1".parse().unwrap(), 8)),
+        ipv6: None,
         eids: Vec::new(),
         hostname: [b' '; HOSTNAME_LEN],
         max_conns: 255,
@@ -550,5 +554,79 @@ fn unanswered_test_link_fails_the_link_others_go_on() {
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
     assert!(e.to_string().contains("TEST LINK"), "{e}");
     still_moves(&mut hc, &mut hs);
+    drop(r.tcp);
+}
+
+// SMC-INV-5 / A2.15 over the engine: the rogue server sends ADD LINK (our client, one RNIC,
+// rejects it with reason 1) and then ADD LINK CONTINUATION with RTokens anyway — RToken
+// pairs outside any ADD LINK exchange are a protocol error: DELETE LINK (A, protocol
+// violation), the connection reset; a connection of another group goes on.
+#[test]
+fn add_link_continuation_with_rtokens_after_a_reject_ends_the_group() {
+    use smc::wire::llc::{AddLink, AddLinkCont, DeleteLink, RtokenPair, delete_reason};
+    let (mut hc, mut hs) = honest_pair(61);
+    let (mut c, r, _d) = pair(60);
+    let a = AddLink {
+        mac: [2, 0, 0, 0, 0, 1],
+        qpn: 0x42,
+        link_num: 2,
+        qp_mtu: 3,
+        psn: 7,
+        ..AddLink::default()
+    };
+    rogue_llc(&r, LlcBody::AddLink(a), false, 20);
+    let m = rogue_recv_llc(&r);
+    assert!(matches!(&m.body, LlcBody::AddLink(x) if x.reject), "{m:?}");
+    let cont = AddLinkCont {
+        link_num: 2,
+        num_rtokens: 1,
+        pairs: vec![RtokenPair {
+            ref_rkey: 0x1234,
+            new_rkey: 0x5678,
+            new_vaddr: 0x9000,
+        }],
+    };
+    rogue_llc(&r, LlcBody::AddLinkCont(cont), false, 21);
+    let m = rogue_recv_llc(&r);
+    assert_eq!(
+        m.body,
+        LlcBody::DeleteLink(DeleteLink {
+            all: true,
+            orderly: false,
+            link_num: 0,
+            reason: delete_reason::PROTOCOL_VIOLATION
+        })
+    );
+    let mut b = [0u8; 4];
+    let e = c.read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert!(e.to_string().contains("ADD LINK CONTINUATION"), "{e}");
+    still_moves(&mut hc, &mut hs);
+    drop(r.tcp);
+}
+
+// A4.8 / SMC-INV-9: DELETE RKEY of the RMB the server named in its Accept (first contact,
+// never announced by CONFIRM RKEY) is answered positively; with an unknown RKey beside it,
+// negatively with that RKey's bit in the error mask. The connection goes on.
+#[test]
+fn delete_rkey_of_the_first_contact_rmb_is_answered_positively() {
+    use smc::wire::llc::DeleteRkey;
+    let (_c, r, _d) = pair(62);
+    let own = r._rmb.rkey();
+    rogue_llc(
+        &r,
+        LlcBody::DeleteRkey(DeleteRkey {
+            rkeys: vec![0x0DEA_D001, own],
+            ..DeleteRkey::default()
+        }),
+        false,
+        30,
+    );
+    let m = rogue_recv_llc(&r);
+    let LlcBody::DeleteRkey(d) = &m.body else {
+        panic!("{m:?}")
+    };
+    assert!(m.reply && d.negative);
+    assert_eq!(d.err_mask, 0x80, "only the unknown RKey is flagged");
     drop(r.tcp);
 }

@@ -279,6 +279,8 @@ fn urgent_data_mark() {
         ..SmcConfig::default()
     };
     let (mut c, mut s) = smc_pair("127.115.8.1", "127.115.8.2", cfg);
+    // In line (SO_OOBINLINE): the octet stays in the stream (out of line: stream_oob_abort.rs).
+    s.set_oob_inline(true).unwrap();
     c.write_all(&[b'a'; 1000]).unwrap();
     assert_eq!(c.send_urgent(b"!").unwrap(), 1);
     c.write_all(&[b'b'; 100]).unwrap();

@@ -112,6 +112,7 @@ fn caps(last: u8, v1: bool, v2: bool) -> LocalCaps {
         gid,
         mac,
         ipv4: Some((Ipv4Addr::new(192, 168, 77, last), 24)),
+        ipv6: None,
         eids: vec![eid],
         hostname,
         max_conns: 255,

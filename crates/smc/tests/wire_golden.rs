@@ -185,6 +185,7 @@ fn machine_emits_the_captured_v2_handshake_byte_for_byte() {
         gid: ip([192, 168, 77, last]),
         mac: [0x52, 0x54, 0x00, 0x77, 0x00, last],
         ipv4: Some(([192, 168, 77, last].into(), 24)),
+        ipv6: None,
         eids: vec![eid()],
         hostname: host(),
         max_conns: 255,

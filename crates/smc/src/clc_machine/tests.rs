@@ -27,6 +27,7 @@ fn caps(last: u8, v1: bool, v2: bool) -> LocalCaps {
         gid,
         mac,
         ipv4: Some((Ipv4Addr::new(192, 168, 77, last), 24)),
+        ipv6: None,
         eids: vec![eid("SOFTRDMA-TEST")],
         hostname,
         max_conns: 255,
@@ -159,6 +160,43 @@ fn f2_server_policy_declines() {
     let d = pipe(&mut s, &mut c);
     assert!(matches!(msg(&d), ClcMessage::Decline(_)));
     assert_eq!(declined_by_peer(&c), (Diagnosis::CONFIG_ERROR, false));
+}
+
+/// SMC-R v1 over IPv6 TCP (RFC 7609 §3.5.1.1 IPv6 prefix list, SMC-FC-1): the Proposal
+/// carries the /64 prefix of the client's address (17 more octets than the 92 of IPv4: one
+/// prefix), IPv4 area zero; the server proceeds when one proposed prefix equals its own
+/// address's under the same length, else Declines 0x03070000.
+#[test]
+fn v1_over_ipv6_prefix_match_and_mismatch() {
+    let v6 = |last: u8, net: u16| {
+        let mut c = caps(last, true, false);
+        c.ipv4 = None;
+        c.ipv6 = Some((Ipv6Addr::new(0xfd15, 0x151, net, 0, 0, 0, 0, u16::from(last)), 64));
+        c
+    };
+    let mut c = ClcMachine::client(v6(3, 8), true);
+    let mut s = ClcMachine::server(v6(2, 8), true);
+    let p = pipe(&mut c, &mut s);
+    assert_eq!(p.len(), 92 + 17);
+    let ClcMessage::Proposal(prop) = msg(&p) else { panic!() };
+    let ip = prop.ip.unwrap();
+    assert_eq!((ip.subnet, ip.prefix_len), (Ipv4Addr::UNSPECIFIED, 0));
+    assert_eq!(ip.ipv6, vec![(Ipv6Addr::new(0xfd15, 0x151, 8, 0, 0, 0, 0, 0), 64)]);
+    assert!(matches!(s.outcome(), Outcome::NeedLink(n) if matches!(**n, NeedLink::Proposal { version: 1, .. })));
+    // Another /64: Decline.
+    let mut c = ClcMachine::client(v6(3, 9), true);
+    let mut s = ClcMachine::server(v6(2, 8), true);
+    pipe(&mut c, &mut s);
+    pipe(&mut s, &mut c);
+    assert_eq!(declined_by_peer(&c), (Diagnosis::DIFF_PREFIX, false));
+    // An IPv4 server and an IPv6 Proposal: Decline.
+    let mut c = ClcMachine::client(v6(3, 8), true);
+    let mut s = ClcMachine::server(caps(2, true, false), true);
+    pipe(&mut c, &mut s);
+    assert_eq!(
+        s.outcome(),
+        &Outcome::Fallback(FallbackReason::Declined(Diagnosis::DIFF_PREFIX))
+    );
 }
 
 /// F2 / SMC-FC-1: subnet mismatch on v1 → Decline 0x03070000.
