@@ -7,7 +7,7 @@
 //! answer is outstanding beyond what the protocol allows (output is at most one message per
 //! decision). Requirements A2.2.
 #![no_main]
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use libfuzzer_sys::fuzz_target;
 use smc::clc_machine::{ClcMachine, LinkParams, LocalCaps, Outcome};
@@ -23,7 +23,15 @@ fn caps(last: u8, sel: u8) -> LocalCaps {
         peer_id: PeerId::new(u16::from(last), [2, 0, 0, 0, 0, last]),
         gid: [last; 16],
         mac: [2, 0, 0, 0, 0, last],
-        ipv4: Some((Ipv4Addr::new(10, 0, sel >> 6, last), 24)),
+        // Bit 4: an IPv6 TCP connection (SMC-R v1 over IPv6: the Proposal's /64 prefix),
+        // in one of two prefixes so that both the match and the mismatch are reached.
+        ipv4: (sel & 16 == 0).then(|| (Ipv4Addr::new(10, 0, sel >> 6, last), 24)),
+        ipv6: (sel & 16 != 0).then(|| {
+            (
+                Ipv6Addr::new(0xfd15, 0x151, 8, u16::from(sel >> 7), 0, 0, 0, u16::from(last)),
+                64,
+            )
+        }),
         eids: vec![eid],
         hostname: [b'h'; 32],
         max_conns: 255,
@@ -42,7 +50,10 @@ fn check_output(out: &[u8]) {
 
 fuzz_target!(|data: &[u8]| {
     let [a, b, c, ops @ ..] = data else { return };
-    let mut m = [ClcMachine::client(caps(1, *a), *c & 1 != 0), ClcMachine::server(caps(2, *b), *c & 2 != 0)];
+    let mut m = [
+        ClcMachine::client(caps(1, *a), *c & 1 != 0),
+        ClcMachine::server(caps(2, *b), *c & 2 != 0),
+    ];
     let mut pending: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
     let mut it = ops.chunks(3);
     while let Some(op) = it.next() {
@@ -80,7 +91,11 @@ fuzz_target!(|data: &[u8]| {
                     rmb_vaddr: u64::from(y) << 12,
                     psn: u32::from(y),
                 };
-                let _ = if side == 0 { m[0].confirm(&p) } else { m[1].accept(&p, x & 1 != 0) };
+                let _ = if side == 0 {
+                    m[0].confirm(&p)
+                } else {
+                    m[1].accept(&p, x & 1 != 0)
+                };
             }
             5 => {
                 let _ = m[side].decline(Diagnosis(u32::from(x) << 16), y & 1 != 0);

@@ -4,7 +4,8 @@
 //! SMC-Rv2 needs it: Linux takes the MAC of a v2-direct peer from the CLC Accept/Confirm
 //! (`smc_link_save_peer_info`: the CLC's MAC unless the route uses a gateway) and addresses
 //! its RoCEv2 frames to it, so the MAC we put there must be the one our packets arrive on.
-//! The only unsafe code of the engine; each block says why it holds.
+//! One of the engine's two unsafe modules (the other is `stream::sys`, the socket calls);
+//! each block says why it holds.
 #![allow(unsafe_code)]
 
 use std::ffi::CStr;
