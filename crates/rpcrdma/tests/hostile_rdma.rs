@@ -5,6 +5,7 @@
 
 #[path = "../../iwarp/tests/rawpeer/mod.rs"]
 mod rawpeer;
+mod rpcmsg;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use iwarp::wire::ddp::{Addr, Header as DdpHeader, UNTAGGED_HEADER_LEN};
 use rawpeer::{Ask, RawPeer, op, tagged, untagged};
+use rpcmsg::{msg, rpc_call};
 use rpcrdma::demo;
 use rpcrdma::private_data::PrivateData;
 use rpcrdma::transport::{RdmaConfig, RdmaServer};
-use rpcrdma::wire::{Body, ChunkLists, Header, ReadSegment, Segment, WriteChunk};
-use rpcrdma::xdr::Encoder;
+use rpcrdma::wire::{ChunkLists, ReadSegment, Segment, WriteChunk};
 
 /// A raw Requester: MPA with RFC 8797 private data, then Sends on QN 0.
 struct Requester {
@@ -78,28 +79,6 @@ impl Requester {
             }
         }
     }
-}
-
-fn rpc_call(xid: u32, proc_: u32, args: &[u32]) -> Vec<u8> {
-    [xid, 0, 2, demo::PROGRAM, demo::VERSION, proc_, 0, 0, 0, 0]
-        .iter()
-        .chain(args)
-        .flat_map(|w| w.to_be_bytes())
-        .collect()
-}
-
-fn msg(xid: u32, lists: ChunkLists, payload: &[u8]) -> Vec<u8> {
-    let h = Header {
-        xid,
-        vers: 1,
-        credit: 8,
-        body: Body::Msg(lists),
-    };
-    let mut e = Encoder::new(Vec::new());
-    h.encode_any(&mut e).unwrap();
-    let mut m = e.finish().0;
-    m.extend_from_slice(payload);
-    m
 }
 
 fn words(m: &[u8]) -> Vec<u32> {

@@ -6,6 +6,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod rpcmsg;
+use rpcmsg::{msg_with as msg, rpc_call};
+
 use rpcrdma::client::RpcError;
 use rpcrdma::demo;
 use rpcrdma::transport::{RdmaClient, RdmaConfig, RdmaServer};
@@ -122,31 +125,6 @@ impl Raw {
             }
         }
     }
-}
-
-fn rpc_call(xid: u32, proc_: u32, args: &[u32]) -> Vec<u8> {
-    let mut m = Vec::new();
-    for w in [xid, 0, 2, demo::PROGRAM, demo::VERSION, proc_, 0, 0, 0, 0]
-        .iter()
-        .chain(args)
-    {
-        m.extend_from_slice(&w.to_be_bytes());
-    }
-    m
-}
-
-fn msg(xid: u32, vers: u32, body: Body, payload: &[u8]) -> Vec<u8> {
-    let h = Header {
-        xid,
-        vers,
-        credit: 8,
-        body,
-    };
-    let mut e = Encoder::new(Vec::new());
-    h.encode_any(&mut e).unwrap();
-    let mut m = e.finish().0;
-    m.extend_from_slice(payload);
-    m
 }
 
 fn words(m: &[u8]) -> Vec<u32> {

@@ -15,6 +15,7 @@
 
 #[path = "../../iwarp/tests/rawpeer/mod.rs"]
 mod rawpeer;
+mod rpcmsg;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,11 +23,11 @@ use std::time::{Duration, Instant};
 
 use iwarp::wire::ddp::{Addr, Header as DdpHeader};
 use rawpeer::{Ask, RawPeer, op, untagged};
+use rpcmsg::{msg, rpc_call};
 use rpcrdma::demo;
 use rpcrdma::private_data::PrivateData;
 use rpcrdma::transport::{RdmaClient, RdmaConfig, RdmaServer};
-use rpcrdma::wire::{Body, ChunkLists, Header, ReadSegment, Segment, WriteChunk};
-use rpcrdma::xdr::Encoder;
+use rpcrdma::wire::{ChunkLists, ReadSegment, Segment, WriteChunk};
 use verbs::{Access, CmEvent, Device, DeviceFactory, DeviceOptions, QpOptions, SendWr, WrOpcode};
 
 /// The server's per-operation timeout: generous, so that on a loaded machine the healthy
@@ -42,28 +43,6 @@ fn server(dev: &Device, addr: &str) -> RdmaServer {
         ..RdmaConfig::default()
     };
     RdmaServer::spawn(dev, addr.parse().unwrap(), Arc::new(demo::registry()), cfg).unwrap()
-}
-
-fn rpc_call(xid: u32, proc_: u32, args: &[u32]) -> Vec<u8> {
-    [xid, 0, 2, demo::PROGRAM, demo::VERSION, proc_, 0, 0, 0, 0]
-        .iter()
-        .chain(args)
-        .flat_map(|w| w.to_be_bytes())
-        .collect()
-}
-
-fn msg(xid: u32, lists: ChunkLists, payload: &[u8]) -> Vec<u8> {
-    let h = Header {
-        xid,
-        vers: 1,
-        credit: 8,
-        body: Body::Msg(lists),
-    };
-    let mut e = Encoder::new(Vec::new());
-    h.encode_any(&mut e).unwrap();
-    let mut m = e.finish().0;
-    m.extend_from_slice(payload);
-    m
 }
 
 /// `HEALTHY` clients on `dev`, each making `CALLS` NULL and 64-octet ECHO calls at once.
