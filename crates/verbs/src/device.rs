@@ -185,6 +185,23 @@ impl ProtectionDomain {
         })
     }
 
+    /// Registers the memory of `mr` (a region of this or another protection domain, of this
+    /// or another device) again in this protection domain, with its own keys, access rights
+    /// and a random tagged-offset base (rdma-core: a second `ibv_reg_mr` of the same address
+    /// in another PD). Both regions name the same bytes: a Write through either key is seen
+    /// through the other. The bytes are owned once (shared storage) and stay alive while any
+    /// region of them, or an operation in flight on one, lives; deregistering one region
+    /// revokes only its own keys. What SMC-R needs for a link group's second link, where the
+    /// RMBs and send buffers must be the same memory on both links (RFC 7609 §3.3). Refused
+    /// for a fast-register region (`alloc_mr`), which has no memory of its own.
+    pub fn reg_mr_shared(&self, mr: &MemoryRegion, access: Access) -> Result<MemoryRegion> {
+        let buffer = mr.buffer.as_ref().ok_or(InvalidArg::NoMemory)?;
+        let len = mr.len();
+        self.register_with(len, access, random_iova(len as u64), |dev| {
+            dev.inner.provider.reg_shared_mr(self.id(), buffer, access)
+        })
+    }
+
     fn register(&self, len: usize, access: Access, iova: u64) -> Result<MemoryRegion> {
         self.register_with(len, access, iova, |dev| {
             dev.inner.provider.reg_mr(self.id(), len, access)

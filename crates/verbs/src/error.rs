@@ -183,6 +183,10 @@ pub enum InvalidArg {
     /// The QP given to connect/accept is connected already.
     #[error("QP {0} is already connected")]
     AlreadyConnected(u32),
+    /// `reg_mr_shared` of a fast-register region (`alloc_mr`): it has no memory of its own
+    /// to register again.
+    #[error("a fast-register region has no memory of its own to register again")]
+    NoMemory,
     /// `reg_mr` with an I/O virtual address range that wraps 2^64.
     #[error("iova {iova:#x} + length {len} wraps 2^64")]
     IovaWrap {

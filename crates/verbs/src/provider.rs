@@ -211,6 +211,16 @@ pub trait Provider: Send + Sync {
     fn reg_user_mr(&self, _pd_id: u32, buffer: Buffer, _access: Access) -> Result<Arc<Buffer>> {
         Ok(Arc::new(buffer))
     }
+    /// The memory of another region registered again in protection domain `pd_id`, possibly
+    /// of another device ([`ProtectionDomain::reg_mr_shared`]; `ibv_reg_mr` of an address an
+    /// earlier registration covers). The default shares it as it is: the new region keeps the
+    /// bytes alive (one `Arc`) as long as it or any earlier region of them lives. A provider
+    /// whose memory its peer sees (a shared mapping) may refuse memory it did not hand out.
+    ///
+    /// [`ProtectionDomain::reg_mr_shared`]: crate::ProtectionDomain::reg_mr_shared
+    fn reg_shared_mr(&self, _pd_id: u32, buffer: &Arc<Buffer>, _access: Access) -> Result<Arc<Buffer>> {
+        Ok(Arc::clone(buffer))
+    }
     /// The region named by `lkey` was deregistered (`ibv_dereg_mr`); its
     /// memory table entry is already gone.
     fn dereg_mr(&self, _lkey: u32) {}
