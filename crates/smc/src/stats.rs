@@ -90,6 +90,12 @@ pub struct LinkGroupStat {
     pub elements_total: u32,
     /// No connection left: the group is torn down when the linger time passes.
     pub lingering: bool,
+    /// Links lost with a survivor, their connections moved to it (failovers).
+    #[serde(default)]
+    pub failovers: u64,
+    /// Links added to the group after its first one (ADD LINK confirmed).
+    #[serde(default)]
+    pub links_added: u64,
 }
 
 /// State of a link.
@@ -428,7 +434,7 @@ pub fn render_text(snaps: &[Snapshot]) -> String {
         for g in &s.link_groups {
             let _ = writeln!(
                 o,
-                "  link group {} {:?} peer {} conns {} rmbs {} elements {}/{} x {}{}",
+                "  link group {} {:?} peer {} conns {} rmbs {} elements {}/{} x {} failovers {} links added {}{}",
                 g.id,
                 g.role,
                 g.peer_id,
@@ -437,6 +443,8 @@ pub fn render_text(snaps: &[Snapshot]) -> String {
                 g.elements_used,
                 g.elements_total,
                 g.element_size,
+                g.failovers,
+                g.links_added,
                 if g.lingering { " (lingering)" } else { "" }
             );
             for l in &g.links {

@@ -36,13 +36,13 @@ impl SmcStream {
             }
             Kind::Smc(s) => {
                 let mut st = s.g.lock();
-                let super::GState { conns, sq, .. } = &mut *st;
+                let super::GState { conns, links, .. } = &mut *st;
                 let sl = conns.get_mut(&s.cid).ok_or_else(|| Self::smc_err(None))?;
                 sl.linger_zero = true;
                 if let Some(c) = sl.conn.as_mut() {
                     c.abort();
                 }
-                s.g.drive(sq, s.cid, sl);
+                s.g.drive(links, s.cid, sl);
                 s.g.cv.notify_all();
                 st.wakers.drain(..).for_each(std::task::Waker::wake);
                 Ok(())

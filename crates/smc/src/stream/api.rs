@@ -117,7 +117,7 @@ impl SmcStream {
             Kind::Tcp(_) => self.tcp.shutdown(how),
             Kind::Smc(s) => {
                 let mut st = s.g.lock();
-                let GState { conns, sq, .. } = &mut *st;
+                let GState { conns, links, .. } = &mut *st;
                 let sl = conns
                     .get_mut(&s.cid)
                     .ok_or_else(|| io_err(io::ErrorKind::NotConnected, "connection gone"))?;
@@ -130,7 +130,7 @@ impl SmcStream {
                         .as_mut()
                         .ok_or_else(|| io_err(io::ErrorKind::NotConnected, "connection not set up"))?;
                     c.shutdown_write().map_err(|e| io_err(io::ErrorKind::NotConnected, e))?;
-                    s.g.drive(sq, s.cid, sl);
+                    s.g.drive(links, s.cid, sl);
                 }
                 s.g.cv.notify_all();
                 Ok(())
@@ -197,7 +197,7 @@ impl Read for SmcStream {
         }
         let mut st = s.g.lock();
         loop {
-            let GState { conns, sq, rmbs, .. } = &mut *st;
+            let GState { conns, links, rmbs, .. } = &mut *st;
             let Some(sl) = conns.get_mut(&s.cid) else {
                 return Err(Self::smc_err(None));
             };
@@ -208,7 +208,7 @@ impl Read for SmcStream {
                 // Urgent data (A2.9, Linux's TCP behaviour): out of line the urgent octet is
                 // dropped from the stream at the mark; reads stop before it.
                 if c.skip_urgent() {
-                    s.g.drive(sq, s.cid, sl);
+                    s.g.drive(links, s.cid, sl);
                     continue;
                 }
                 let in_band = c.readable_in_band();
@@ -228,7 +228,7 @@ impl Read for SmcStream {
                     }
                     c.consume(n as u64).map_err(|e| io_err(io::ErrorKind::Other, e))?;
                     sl.received += n as u64;
-                    s.g.drive(sq, s.cid, sl);
+                    s.g.drive(links, s.cid, sl);
                     return Ok(n);
                 }
                 if c.read_eof() {
@@ -257,7 +257,7 @@ impl SmcStream {
     pub(super) fn smc_write(s: &SmcSide, buf: &[u8], urgent: bool) -> io::Result<usize> {
         let mut st = s.g.lock();
         loop {
-            let GState { conns, sq, .. } = &mut *st;
+            let GState { conns, links, .. } = &mut *st;
             let Some(sl) = conns.get_mut(&s.cid) else {
                 return Err(Self::smc_err(None));
             };
@@ -292,7 +292,7 @@ impl SmcStream {
                 match r {
                     Ok(took) => {
                         sl.accepted += took;
-                        s.g.drive(sq, s.cid, sl);
+                        s.g.drive(links, s.cid, sl);
                         return Ok(took as usize);
                     }
                     Err(ConnError::UrgentOutstanding) => {}
@@ -376,7 +376,7 @@ impl Drop for SmcStream {
                 return;
             }
             let mut st = s.g.lock();
-            let GState { conns, sq, .. } = &mut *st;
+            let GState { conns, links, .. } = &mut *st;
             if let Some(sl) = conns.get_mut(&s.cid) {
                 // close(): C once everything queued is out; abort if data is unread
                 // (SMC-CLS-2). The group's progress thread finishes the close handshake
@@ -389,7 +389,7 @@ impl Drop for SmcStream {
                     }
                 }
                 sl.dropped = true;
-                s.g.drive(sq, s.cid, sl);
+                s.g.drive(links, s.cid, sl);
             }
         }
     }

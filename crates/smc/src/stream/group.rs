@@ -15,18 +15,27 @@ pub(super) struct GroupKey {
     pub(super) peer_mac: [u8; 6],
 }
 
-/// An RMB: one MR carved into equal elements (A1.10).
+/// An RMB: one memory carved into equal elements (A1.10), registered in the PD of every
+/// link of the group (the same memory on each link, a key per link: A4.7, A4.8).
 pub(super) struct Rmb {
+    /// The first registration (the one element reads and writes go through).
     pub(super) mr: MemoryRegion,
+    /// The link `mr` was registered for.
+    pub(super) link: u8,
+    /// Its registrations on the group's other links.
+    pub(super) alt: Vec<(u8, MemoryRegion)>,
     pub(super) elem_len: u32,
     pub(super) used: Vec<bool>,
 }
 
-/// Posted-work accounting of the group's one send queue.
-#[derive(Default)]
-pub(super) struct Sq {
-    pub(super) outstanding: u32,
-    pub(super) next_slot: u32,
+impl Rmb {
+    /// Its registration on link `link`.
+    pub(super) fn on(&self, link: u8) -> Option<&MemoryRegion> {
+        if self.link == link {
+            return Some(&self.mr);
+        }
+        self.alt.iter().find(|(l, _)| *l == link).map(|(_, m)| m)
+    }
 }
 
 pub(super) struct GState {
@@ -35,8 +44,9 @@ pub(super) struct GState {
     pub(super) by_token: HashMap<u32, u32>,
     pub(super) next_cid: u32,
     pub(super) rmbs: Vec<Rmb>,
-    pub(super) sq: Sq,
+    pub(super) links: Links,
     pub(super) rkey_result: Option<(u32, bool)>,
+    /// The group's state: Active once its first link is confirmed, Failed once it ended.
     pub(super) link_state: LinkState,
     pub(super) terminated_at: Option<Instant>,
     pub(super) unknown_tokens: u64,
@@ -45,25 +55,15 @@ pub(super) struct GState {
     pub(super) wakers: Vec<std::task::Waker>,
 }
 
-/// A link group with its one link.
+/// A link group: up to two links (one per RoCE device) and its connections.
 pub(super) struct Group {
     pub(super) id: u32,
     pub(super) key: GroupKey,
-    pub(super) dev: Device,
-    pub(super) qp: QueuePair,
-    pub(super) cq: CompletionQueue,
-    /// Control send slots, then receive slots.
-    pub(super) ctrl: MemoryRegion,
-    pub(super) pd: ProtectionDomain,
-    pub(super) psn: u32,
-    pub(super) mtu: Mtu,
-    pub(super) local_gid: [u8; 16],
-    pub(super) local_mac: [u8; 6],
+    /// The device of the first link, and the second device a second link may use
+    /// ([`SmcConfig::alt_device`]; v1 groups only).
+    pub(super) devs: Vec<Device>,
     /// The group's LLC form (v2 after a v2 CLC exchange).
     pub(super) llc_version: LlcVersion,
-    pub(super) link_uid: u32,
-    pub(super) peer_qpn: u32,
-    pub(super) peer_gid: [u8; 16],
     pub(super) st: Mutex<GState>,
     pub(super) cv: Condvar,
 }
@@ -108,12 +108,15 @@ pub(super) fn find_group(key: &GroupKey, peer_qpn: Option<u32>) -> Option<Arc<Gr
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .filter(|g| g.key == *key && peer_qpn.is_none_or(|q| q == g.peer_qpn))
+        .filter(|g| g.key == *key)
         .cloned()
         .collect();
     cands.into_iter().find(|g| {
         let st = g.lock();
-        st.lgr.usable() && st.link_state == LinkState::Active && st.conns.len() < 255
+        st.lgr.usable()
+            && st.link_state == LinkState::Active
+            && st.conns.len() < 255
+            && peer_qpn.is_none_or(|q| st.links.active_to(q).is_some())
     })
 }
 
@@ -125,8 +128,9 @@ pub(super) fn unregister(id: u32) {
 }
 
 impl Group {
-    /// A new group's link: PD, CQ, RC QP in INIT with receives posted (first contact).
-    /// `clc_version`: the version the CLC exchange agreed (2 = SMC-Rv2, Linux's v2 LLC form).
+    /// A new group and its first link: PD, CQ, RC QP in INIT with receives posted (first
+    /// contact). `clc_version`: the version the CLC exchange agreed (2 = SMC-Rv2, Linux's
+    /// v2 LLC form).
     pub(super) fn new(
         dev: &Device,
         key: GroupKey,
@@ -134,31 +138,8 @@ impl Group {
         me: ([u8; 16], [u8; 6]),
         clc_version: u8,
     ) -> io::Result<Self> {
-        let pd = dev.alloc_pd().map_err(verbs_err)?;
-        let cq = dev.create_cq((SQ_DEPTH + RQ_DEPTH) as usize * 2).map_err(verbs_err)?;
-        let cap = QpInitAttr {
-            max_send_wr: SQ_DEPTH,
-            max_recv_wr: RQ_DEPTH,
-            ..QpInitAttr::default()
-        };
-        let qp = pd.create_qp(QpInit::new(QpType::Rc, &cq).cap(cap)).map_err(verbs_err)?;
-        let ctrl = pd
-            .reg_mr((SQ_DEPTH + RQ_DEPTH) as usize * SLOT, Access::LOCAL_WRITE)
-            .map_err(verbs_err)?;
-        qp.modify_qp(&QpAttr::init(1, 0, Access::LOCAL_WRITE | Access::REMOTE_WRITE))
-            .map_err(verbs_err)?;
-        let recvs: Vec<RecvWr> = (0..RQ_DEPTH)
-            .map(|i| RecvWr {
-                wr_id: u64::from(i),
-                sg_list: vec![ctrl.sge((SQ_DEPTH + i) as usize * SLOT, SLOT as u32)],
-            })
-            .collect();
-        qp.post_recv(&recvs).map_err(verbs_err)?;
-        LIVE_LINKS.fetch_add(1, Ordering::AcqRel);
-        let c = stats::counters();
-        for a in [&c.link_groups, &c.links, &c.qps, &c.mrs] {
-            stats::inc(a);
-        }
+        let first = Link::new(dev, 1, me)?;
+        stats::inc(&stats::counters().link_groups);
         let llc_version = if clc_version >= 2 {
             LlcVersion::V2
         } else {
@@ -166,36 +147,34 @@ impl Group {
         };
         // A v2 group (a Linux peer over SMC-Rv2) keeps one link: `LgrConfig::new`'s
         // max_links 1, no ADD LINK of ours; its ADD LINK is rejected in the v2 form. The
-        // second link (ADD LINK, failover) is for v1 groups.
+        // second link (ADD LINK, failover) is for v1 groups with a second device here.
+        let mut devs = vec![dev.clone()];
+        if let Some(alt) = cfg.alt_device.as_ref().filter(|a| !a.same(dev)) {
+            devs.push(alt.clone());
+        }
+        let two = devs.len() > 1 && llc_version == LlcVersion::V1;
         let lcfg = LgrConfig {
             linger: cfg.linger,
             keepalive: cfg.keepalive,
             version: llc_version,
+            max_links: if two { 2 } else { 1 },
+            add_link_retry: (two && key.role == Role::Server).then_some(cfg.add_link_retry),
             ..LgrConfig::new(key.role)
         };
         Ok(Self {
             id: NEXT_GROUP_ID.fetch_add(1, Ordering::Relaxed),
             key,
-            dev: dev.clone(),
-            qp,
-            cq,
-            ctrl,
-            pd,
-            psn: random_psn(),
-            mtu: device_mtu(dev),
-            local_gid: me.0,
-            local_mac: me.1,
+            devs,
             llc_version,
-            link_uid: NEXT_LINK_UID.fetch_add(1, Ordering::Relaxed),
-            peer_qpn: 0,
-            peer_gid: [0; 16],
             st: Mutex::new(GState {
                 lgr: LgrMachine::new(lcfg, Instant::now()),
                 conns: HashMap::new(),
                 by_token: HashMap::new(),
                 next_cid: 1,
                 rmbs: Vec::new(),
-                sq: Sq::default(),
+                links: Links {
+                    v: vec![LinkSt::new(first)],
+                },
                 rkey_result: None,
                 link_state: LinkState::Activating,
                 terminated_at: None,
@@ -210,55 +189,33 @@ impl Group {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// RTR then RTS towards the peer described by its Accept/Confirm (A1.11 values).
+    /// The group's first link (during setup, before the progress thread runs).
+    pub(super) fn first_link(&self) -> Arc<Link> {
+        Arc::clone(&self.lock().links.v[0].link)
+    }
+
+    /// Link `num`, if the group has it.
+    pub(super) fn link(&self, num: u8) -> Option<Arc<Link>> {
+        self.lock().links.get(num).map(|l| Arc::clone(&l.link))
+    }
+
+    /// RTR then RTS of the first link towards the peer described by its Accept/Confirm
+    /// (A1.11 values).
     pub(super) fn connect(&mut self, peer: &AcceptConfirm) -> io::Result<()> {
-        let mtu = mtu_from_enum(peer.qp_mtu).min(self.mtu);
-        self.qp
-            .modify_qp(&QpAttr::rtr(RtrAttr {
-                ah_attr: AhAttr::to_gid(Gid(peer.gid)),
-                path_mtu: mtu,
-                dest_qp_num: peer.qpn & 0x00FF_FFFF,
-                rq_psn: peer.psn & 0x00FF_FFFF,
-                max_dest_rd_atomic: 1,
-                min_rnr_timer: 5,
-            }))
-            .map_err(verbs_err)?;
-        self.qp
-            .modify_qp(&QpAttr::rts(RtsAttr {
-                sq_psn: self.psn,
-                timeout: 15,
-                retry_cnt: 7,
-                rnr_retry: 7,
-                max_rd_atomic: 1,
-            }))
-            .map_err(verbs_err)?;
-        self.peer_qpn = peer.qpn & 0x00FF_FFFF;
-        self.peer_gid = peer.gid;
-        Ok(())
+        self.first_link().connect(peer.gid, peer.qpn, peer.psn, peer.qp_mtu)
     }
 
-    /// Posts a 44-octet control message (CDC or LLC) from send slot `slot`.
-    pub(super) fn post_ctrl(&self, slot: u32, bytes: &[u8; CDC_LEN], wr_id: u64) -> Result<(), verbs::Error> {
-        let off = (slot % SQ_DEPTH) as usize * SLOT;
-        let _ = self.ctrl.write(off, bytes);
-        self.qp.post_send_one(SendWr::new(
-            wr_id,
-            WrOpcode::Send,
-            vec![self.ctrl.sge(off, CDC_LEN as u32)],
-        ))
-    }
-
-    /// Our CONFIRM LINK (A.3.1): Linux's no-eyecatcher flags, one link (max links 1: we run
-    /// no ADD LINK of our own).
-    pub(super) fn confirm_link(&self) -> ConfirmLink {
+    /// Our CONFIRM LINK of the first contact (A.3.1): Linux's no-eyecatcher flags; max
+    /// links 2 when a second device is there (v1).
+    pub(super) fn confirm_link(&self, l: &Link) -> ConfirmLink {
         ConfirmLink {
             flags: CONFIRM_LINK_NO_RMBE_EYECATCHER,
-            mac: self.local_mac,
-            gid: self.local_gid,
-            qpn: self.qp.qp_num(),
+            mac: l.local_mac,
+            gid: l.local_gid,
+            qpn: l.qp.qp_num(),
             link_num: 1,
-            link_uid: self.link_uid.to_be_bytes(),
-            max_links: 1,
+            link_uid: l.link_uid.to_be_bytes(),
+            max_links: self.lock().lgr.config().max_links,
             max_conns: 255,
         }
     }
@@ -267,14 +224,15 @@ impl Group {
     /// sends the request once in RTS, the client answers with R set. Returns the CDCs that
     /// arrived behind it (kept for the connection machine). Runs before the progress thread.
     pub(super) fn confirm_link_exchange(&self, server: bool, timeout: Duration) -> io::Result<Vec<[u8; CDC_LEN]>> {
-        let ours = self.confirm_link();
+        let l = self.first_link();
+        let ours = self.confirm_link(&l);
         let mut bytes = [0u8; CDC_LEN];
         let send = |b: &mut [u8; CDC_LEN], reply: bool| -> io::Result<()> {
             let mut m = LlcMessage::request(LlcBody::ConfirmLink(ours.clone()));
             m.reply = reply;
             m.version = self.llc_version;
             m.emit(b).map_err(|e| io_err(io::ErrorKind::Other, e))?;
-            self.post_ctrl(SQ_DEPTH - 1, b, WR_SETUP).map_err(verbs_err)
+            l.post_ctrl(SQ_DEPTH - 1, b, WR_SETUP).map_err(verbs_err)
         };
         // Linux's client opens its LLC flow only after its Confirm has gone out and drops a
         // CONFIRM LINK that comes before (smc_llc_event_handler: no flow → dropped); Linux's
@@ -309,7 +267,7 @@ impl Group {
             } else {
                 left
             };
-            let Some(wc) = self.cq.wait(Some(wait.max(Duration::from_millis(1)))) else {
+            let Some(wc) = l.cq.wait(Some(wait.max(Duration::from_millis(1)))) else {
                 continue;
             };
             if wc.status != WcStatus::Success {
@@ -322,14 +280,9 @@ impl Group {
                 sent_done = true;
                 continue;
             }
-            let off = (SQ_DEPTH as usize + wc.wr_id as usize) * SLOT;
             let mut b = [0u8; SLOT];
-            let _ = self.ctrl.read(off, &mut b);
-            let rwr = RecvWr {
-                wr_id: wc.wr_id,
-                sg_list: vec![self.ctrl.sge(off, SLOT as u32)],
-            };
-            self.qp.post_recv(&[rwr]).map_err(verbs_err)?;
+            let _ = l.read_recv(wc.wr_id, &mut b);
+            l.repost_recv(wc.wr_id).map_err(verbs_err)?;
             if b[0] == CDC_TYPE {
                 let mut c = [0u8; CDC_LEN];
                 c.copy_from_slice(&b[..CDC_LEN]);
@@ -352,7 +305,7 @@ impl Group {
                     if c.flags & CONFIRM_LINK_NO_RMBE_EYECATCHER != CONFIRM_LINK_NO_RMBE_EYECATCHER {
                         return Err(io_err(io::ErrorKind::InvalidData, "peer uses RMBE eyecatchers"));
                     }
-                    if c.qpn != self.peer_qpn || c.gid != self.peer_gid {
+                    if c.qpn != l.peer_qpn() || c.gid != l.peer_gid() {
                         return Err(io_err(
                             io::ErrorKind::InvalidData,
                             "CONFIRM LINK names another QP or GID than the CLC",
@@ -372,7 +325,11 @@ impl Group {
 
     /// The link is confirmed: register the group and start its progress thread.
     pub(super) fn start(self) -> io::Result<Arc<Self>> {
-        self.lock().link_state = LinkState::Active;
+        {
+            let mut st = self.lock();
+            st.link_state = LinkState::Active;
+            st.links.v[0].state = LinkState::Active;
+        }
         let g = Arc::new(self);
         stats_init();
         registry()
@@ -390,14 +347,40 @@ impl Group {
         Ok(g)
     }
 
-    /// Subsequent contact with a new RMB: CONFIRM RKEY and wait for the positive reply
-    /// (SMC-SC-2/5, SMC-SC-9) before the CLC message that names it.
-    pub(super) fn confirm_rkey_wait(&self, rkey: u32, vaddr: u64) -> io::Result<()> {
+    /// Subsequent contact with a new RMB (index `ri`): CONFIRM RKEY with its RToken on the
+    /// primary link and on the group's other active links (E-3), and wait for the positive
+    /// reply (SMC-SC-2/5, SMC-SC-9) before the CLC message that names it.
+    pub(super) fn confirm_rkey_wait(&self, ri: usize) -> io::Result<()> {
         let mut st = self.lock();
         let deadline = Instant::now() + crate::lgr::LLC_WAIT + Duration::from_secs(1);
-        loop {
-            match st.lgr.confirm_rkey(rkey, vaddr, Instant::now()) {
-                Ok(()) => break,
+        let rkey = loop {
+            let toks = st.lgr.primary().and_then(|p| {
+                let r = st.rmbs.get(ri)?;
+                let m = r.on(p)?;
+                let others: Vec<crate::wire::llc::LinkRtoken> = st
+                    .lgr
+                    .links()
+                    .iter()
+                    .filter(|l| **l != p)
+                    .filter_map(|l| {
+                        r.on(*l).map(|m| crate::wire::llc::LinkRtoken {
+                            link_num: *l,
+                            rkey: m.rkey(),
+                            vaddr: m.addr(),
+                        })
+                    })
+                    .collect();
+                Some((m.rkey(), m.addr(), others))
+            });
+            let res = match toks {
+                Some((rkey, vaddr, others)) => st
+                    .lgr
+                    .confirm_rkey_links(rkey, vaddr, others, Instant::now())
+                    .map(|()| rkey),
+                None => Err(crate::lgr::Busy),
+            };
+            match res {
+                Ok(rkey) => break rkey,
                 Err(_) if st.lgr.terminated().is_some() => {
                     return Err(io_err(io::ErrorKind::ConnectionAborted, "link group ended"));
                 }
@@ -412,7 +395,7 @@ impl Group {
                         .unwrap_or_else(|p| p.into_inner().0);
                 }
             }
-        }
+        };
         self.lgr_actions(&mut st);
         loop {
             if let Some((k, ok)) = st.rkey_result
@@ -440,19 +423,25 @@ impl Group {
     pub(super) fn lgr_actions(&self, st: &mut GState) {
         while let Some(a) = st.lgr.poll_action() {
             match a {
-                LgrAction::SendLlc { msg: b, .. } => {
-                    let slot = st.sq.next_slot;
-                    st.sq.next_slot = st.sq.next_slot.wrapping_add(1);
-                    if st.sq.outstanding < SQ_DEPTH && self.post_ctrl(slot, &b, WR_LLC).is_ok() {
-                        st.sq.outstanding += 1;
-                    } else {
-                        tracing::warn!("LLC message could not be posted");
+                LgrAction::SendLlc { link, msg: b } => match st.links.get_mut(link) {
+                    Some(l) if l.outstanding < SQ_DEPTH => {
+                        let slot = l.next_slot;
+                        l.next_slot = l.next_slot.wrapping_add(1);
+                        if l.link.post_ctrl(slot, &b, WR_LLC).is_ok() {
+                            l.outstanding += 1;
+                        } else {
+                            tracing::warn!(link, "LLC message could not be posted");
+                        }
                     }
-                }
+                    _ => tracing::warn!(link, "LLC message for a link without room or gone, dropped"),
+                },
                 LgrAction::RkeyConfirmed { rkey, ok } => st.rkey_result = Some((rkey, ok)),
                 LgrAction::Terminate(why) => {
                     st.link_state = LinkState::Failed;
                     st.terminated_at = Some(Instant::now());
+                    for l in &mut st.links.v {
+                        l.state = LinkState::Failed;
+                    }
                     let text = why.to_string();
                     for s in st.conns.values_mut() {
                         if why != TermReason::Idle {
@@ -461,15 +450,28 @@ impl Group {
                     }
                     unregister(self.id);
                 }
-                // The engine runs one link per group (max_links 1, no ADD LINK retry): the
-                // machine asks for none of the multi-link steps.
-                other @ (LgrAction::AddLinkDue
-                | LgrAction::AddLinkRequest { .. }
-                | LgrAction::AddLinkPeer { .. }
-                | LgrAction::LinkUp { .. }
-                | LgrAction::LinkFailed { .. }
-                | LgrAction::LinkFree { .. }) => {
-                    tracing::warn!(?other, "multi-link LLC step in a single-link group, ignored");
+                LgrAction::AddLinkDue => self.srv_add_link(st),
+                LgrAction::AddLinkRequest { link, peer } => self.cli_add_link(st, link, &peer),
+                LgrAction::AddLinkPeer { link, peer } => {
+                    let r = match st.links.get(link) {
+                        Some(l) => l.link.connect(peer.gid, peer.qpn, peer.psn, peer.qp_mtu),
+                        None => Err(io_err(io::ErrorKind::NotFound, "no such link")),
+                    };
+                    if let Err(e) = r {
+                        st.lgr
+                            .link_failed(link, format!("new QP to RTR/RTS: {e}"), Instant::now());
+                    }
+                }
+                LgrAction::LinkUp { link } => {
+                    if let Some(l) = st.links.get_mut(link) {
+                        l.state = LinkState::Active;
+                        tracing::info!(group = self.id, link, dev = l.link.dev.name(), "second link up");
+                    }
+                }
+                LgrAction::LinkFailed { failed, to } => self.fail_over(st, failed, to),
+                LgrAction::LinkFree { link, why } => {
+                    tracing::info!(group = self.id, link, %why, "link freed");
+                    Self::free_link(st, link);
                 }
             }
         }
@@ -477,22 +479,33 @@ impl Group {
         st.wakers.drain(..).for_each(std::task::Waker::wake);
     }
 
-    pub(super) fn on_completion(&self, st: &mut GState, wc: &WorkCompletion, now: Instant) {
-        if wc.status != WcStatus::Success {
-            if st.lgr.terminated().is_none() {
-                st.lgr
-                    .link_error(format!("completion {:?} for {:?}", wc.status, wc.opcode));
+    /// A completion of link `link`'s CQ.
+    pub(super) fn on_completion(&self, st: &mut GState, link: u8, wc: &WorkCompletion, now: Instant) {
+        let Some(ls) = st.links.get_mut(link) else {
+            return; // a freed link's last completions
+        };
+        let l = Arc::clone(&ls.link);
+        let counted = wc.opcode != WcOpcode::Recv && wc.wr_id & WR_SETUP == 0;
+        if wc.status != WcStatus::Success || ls.state == LinkState::Failed {
+            if counted {
+                ls.outstanding = ls.outstanding.saturating_sub(1);
             }
-            if wc.opcode != WcOpcode::Recv && wc.wr_id & WR_SETUP == 0 {
-                st.sq.outstanding = st.sq.outstanding.saturating_sub(1);
+            // A failed link's completions (flushed or late) are not reported: its
+            // connections were moved and replay what the peer may lack (SMC-FO-3).
+            if wc.status != WcStatus::Success && ls.state != LinkState::Failed {
+                ls.state = LinkState::Failed;
+                if st.lgr.terminated().is_none() {
+                    tracing::warn!(group = self.id, link, status = ?wc.status, "link failed");
+                    st.lgr
+                        .link_failed(link, format!("completion {:?} for {:?}", wc.status, wc.opcode), now);
+                }
             }
             return;
         }
         match wc.opcode {
             WcOpcode::Recv => {
-                let slot = (SQ_DEPTH as usize + wc.wr_id as usize) * SLOT;
                 let mut b = [0u8; SLOT];
-                let ok = wc.byte_len as usize >= CDC_LEN && self.ctrl.read(slot, &mut b).is_ok();
+                let ok = wc.byte_len as usize >= CDC_LEN && l.read_recv(wc.wr_id, &mut b);
                 st.lgr.on_rx(now);
                 if !ok {
                     tracing::warn!(len = wc.byte_len, "short message on the link, dropped");
@@ -502,7 +515,7 @@ impl Group {
                             let GState {
                                 conns,
                                 by_token,
-                                sq,
+                                links,
                                 unknown_tokens,
                                 ..
                             } = &mut *st;
@@ -512,7 +525,7 @@ impl Group {
                                         match s.conn.as_mut() {
                                             Some(c) => {
                                                 c.on_cdc(&m);
-                                                self.drive(sq, cid, s);
+                                                self.drive(links, cid, s);
                                             }
                                             None => s.early.push(m),
                                         }
@@ -525,54 +538,60 @@ impl Group {
                         Err(e) => tracing::warn!(error = %e, "bad CDC, dropped"),
                     }
                 } else {
-                    st.lgr.on_llc(&b[..(wc.byte_len as usize).min(SLOT)], now);
+                    st.lgr.on_llc_on(link, &b[..(wc.byte_len as usize).min(SLOT)], now);
                 }
-                let rwr = RecvWr {
-                    wr_id: wc.wr_id,
-                    sg_list: vec![self.ctrl.sge(slot, SLOT as u32)],
-                };
-                if let Err(e) = self.qp.post_recv(&[rwr]) {
-                    st.lgr.link_error(format!("post recv: {e}"));
+                if let Err(e) = l.repost_recv(wc.wr_id) {
+                    st.lgr.link_failed(link, format!("post recv: {e}"), now);
                 }
             }
             _ if wc.wr_id & WR_SETUP != 0 => {} // the client's CONFIRM LINK reply, not counted
             _ => {
-                st.sq.outstanding = st.sq.outstanding.saturating_sub(1);
+                ls.outstanding = ls.outstanding.saturating_sub(1);
                 let cid = ((wc.wr_id >> 32) & WR_CID_MASK) as u32;
+                let Some(c) = st
+                    .conns
+                    .get_mut(&cid)
+                    .filter(|s| s.link == link)
+                    .and_then(|s| s.conn.as_mut())
+                else {
+                    return;
+                };
                 if wc.wr_id & WR_WRITE != 0 {
-                    if let Some(c) = st.conns.get_mut(&cid).and_then(|s| s.conn.as_mut()) {
-                        c.writes_completed(wc.wr_id & 0xFFFF_FFFF);
-                    }
-                } else if wc.wr_id & WR_CDC != 0
-                    && let Some(c) = st.conns.get_mut(&cid).and_then(|s| s.conn.as_mut())
-                {
+                    c.writes_completed(wc.wr_id & 0xFFFF_FFFF);
+                } else if wc.wr_id & WR_CDC != 0 {
                     c.cdc_completed((wc.wr_id & 0xFFFF) as u16);
                 }
             }
         }
     }
 
-    /// The group's progress thread: one per link group, whatever the number of connections.
+    /// The group's progress thread: one per link group, whatever the number of connections
+    /// and links; it waits on the CQs of all the group's links.
     pub(super) fn progress(self: Arc<Self>) {
         let mut wcs = Vec::with_capacity(64);
         loop {
-            let timeout = {
+            let (timeout, links) = {
                 let st = self.lock();
                 let now = Instant::now();
-                st.lgr
+                let t = st
+                    .lgr
                     .next_deadline()
                     .map_or(TICK, |d| d.saturating_duration_since(now))
-                    .clamp(Duration::from_millis(1), TICK)
+                    .clamp(Duration::from_millis(1), TICK);
+                let links: Vec<Arc<Link>> = st.links.v.iter().map(|l| Arc::clone(&l.link)).collect();
+                (t, links)
             };
-            let first = self.cq.wait(Some(timeout));
+            let first = wait_any(&links, timeout);
             let mut st = self.lock();
             let now = Instant::now();
-            if let Some(wc) = &first {
-                self.on_completion(&mut st, wc, now);
-                wcs.clear();
-                self.cq.poll(&mut wcs, 64);
-                for wc in &wcs {
-                    self.on_completion(&mut st, wc, now);
+            if let Some((n, wc)) = &first {
+                self.on_completion(&mut st, *n, wc, now);
+                for l in &links {
+                    wcs.clear();
+                    l.cq.poll(&mut wcs, 64);
+                    for wc in &wcs {
+                        self.on_completion(&mut st, l.num(), wc, now);
+                    }
                 }
             }
             st.lgr.on_tick(now);
@@ -583,10 +602,10 @@ impl Group {
             st.wakers.drain(..).for_each(std::task::Waker::wake);
             // The QP stays a little after the end so that the peer's own DELETE LINK (Linux
             // answers ours with one) is acknowledged rather than retried into a link error.
+            let idle = st.links.v.iter().all(|l| l.outstanding == 0);
             if let Some(t) = st.terminated_at
                 && st.conns.is_empty()
-                && (st.sq.outstanding == 0 && now.duration_since(t) >= PEER_DRAIN
-                    || now.duration_since(t) > Duration::from_secs(1))
+                && (idle && now.duration_since(t) >= PEER_DRAIN || now.duration_since(t) > Duration::from_secs(1))
             {
                 break;
             }
@@ -601,29 +620,47 @@ impl Group {
         let elem_len = st.rmbs.first().map_or(0, |r| r.elem_len);
         let used: usize = st.rmbs.iter().map(|r| r.used.iter().filter(|u| **u).count()).sum();
         let total: usize = st.rmbs.iter().map(|r| r.used.len()).sum();
+        let primary = st.lgr.primary();
         snap.link_groups.push(LinkGroupStat {
             id: self.id,
             role: self.key.role,
             peer_id: self.key.peer_id.iter().map(|b| format!("{b:02x}")).collect(),
-            links: vec![LinkStat {
-                link_num: 1,
-                state: st.link_state,
-                device: self.dev.name().to_string(),
-                local_gid: stats::gid_text(&self.local_gid),
-                peer_gid: stats::gid_text(&self.peer_gid),
-                local_qpn: self.qp.qp_num(),
-                peer_qpn: self.peer_qpn,
-                link_uid: self.link_uid,
-                llc_sent: k.llc_sent,
-                llc_received: k.llc_received,
-                test_links: k.test_links,
-            }],
+            links: st
+                .links
+                .v
+                .iter()
+                .map(|l| {
+                    let on_primary = Some(l.num()) == primary;
+                    LinkStat {
+                        link_num: l.num(),
+                        // The group's first link carries the group's state during setup.
+                        state: if st.link_state != LinkState::Active {
+                            st.link_state
+                        } else {
+                            l.state
+                        },
+                        device: l.link.dev.name().to_string(),
+                        local_gid: stats::gid_text(&l.link.local_gid),
+                        peer_gid: stats::gid_text(&l.link.peer_gid()),
+                        local_qpn: l.link.qp.qp_num(),
+                        peer_qpn: l.link.peer_qpn(),
+                        link_uid: l.link.link_uid,
+                        // The LLC counters are the group's; shown on the link that carries
+                        // its requests.
+                        llc_sent: if on_primary { k.llc_sent } else { 0 },
+                        llc_received: if on_primary { k.llc_received } else { 0 },
+                        test_links: if on_primary { k.test_links } else { 0 },
+                    }
+                })
+                .collect(),
             conns: st.conns.len() as u32,
             rmbs: st.rmbs.len() as u32,
             element_size: elem_len,
             elements_used: used as u32,
             elements_total: total as u32,
             lingering: st.lgr.lingering(),
+            failovers: k.failovers,
+            links_added: k.links_added,
         });
         for s in st.conns.values() {
             snap.connections.push(ConnStat {
@@ -631,7 +668,7 @@ impl Group {
                 peer: s.peer.clone(),
                 mode: ConnMode::SmcR,
                 link_group: Some(self.id),
-                link: Some(1),
+                link: Some(s.link),
                 token: Some(s.token),
                 rmbe_idx: Some((s.elem + 1) as u8),
                 state: match (&s.conn, &s.link_error) {
@@ -649,22 +686,23 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
-        LIVE_LINKS.fetch_sub(1, Ordering::AcqRel);
         let c = stats::counters();
         let st = self.st.get_mut().unwrap_or_else(|p| p.into_inner());
-        for _ in 0..st.rmbs.len() {
-            stats::dec(&c.mrs);
+        for r in &st.rmbs {
+            for _ in 0..=r.alt.len() {
+                stats::dec(&c.mrs);
+            }
         }
-        // Slots still here (a group dropped during setup): their element and send buffer.
+        // Slots still here (a group dropped during setup): their element and send buffers.
         for s in st.conns.values() {
-            stats::dec(&c.mrs);
+            for _ in 0..=s.sndbuf_alt.len() {
+                stats::dec(&c.mrs);
+            }
             stats::dec(&c.rmb_elements);
             if s.conn.is_some() {
                 stats::dec(&c.smc_conns);
             }
         }
-        for a in [&c.link_groups, &c.links, &c.qps, &c.mrs] {
-            stats::dec(a);
-        }
+        stats::dec(&c.link_groups);
     }
 }

@@ -16,9 +16,14 @@
 //! link-group protocol (LLC on the established link, TEST LINK keepalive, RKEY exchanges,
 //! DELETE LINK) is the sans-I/O [`crate::lgr::LgrMachine`].
 //!
-//! One link per group: ADD LINK from a server is rejected ("no alternate path"), and a link
-//! failure resets every connection of the group (SMC-ABT-6). The second link and failover
-//! are not built (docs/smc.md).
+//! **Two links** (A4.7, A4.8, A5): with a second device ([`SmcConfig::alt_device`]) a v1
+//! group gets a second link on it (the server's ADD LINK, the client's QP on its own second
+//! device, RTokens of every RMB exchanged, CONFIRM LINK on the new link); new connections
+//! go on the link with the fewest. A link that fails moves its connections to the other
+//! (failover: the peer's RToken there, `Conn::failover` replays what the peer may lack);
+//! the server adds a link again later. Without a second device (or in a v2 group) a group
+//! has one link, ADD LINK is rejected ("no alternate path") and a link failure resets every
+//! connection of the group (SMC-ABT-6).
 //!
 //! The QP of a new group is moved by hand RESET → INIT → RTR → RTS with the CLC values (A1.11:
 //! the server is in INIT at Accept, the client RTR before Confirm and RTS after it, the server
@@ -37,6 +42,8 @@ mod api;
 #[cfg(feature = "tokio")]
 pub mod async_io;
 mod group;
+mod link;
+mod multilink;
 mod setup;
 mod slot;
 mod sys;
@@ -46,6 +53,8 @@ pub use urgent::Relayed;
 use api::*;
 pub use api::{SmcListener, SmcStream};
 use group::*;
+use link::*;
+use multilink::*;
 use setup::*;
 use slot::*;
 
@@ -106,6 +115,15 @@ pub struct SmcConfig {
     /// UEID, as Linux needs for RoCEv2 (`smc_test ueid add`, smc-tools `smc_ueid`). The
     /// device's GID must be IPv4 (`::ffff:a.b.c.d`). None (default): v1 only.
     pub ueid: Option<String>,
+    /// A second RoCE device for a second link of each v1 link group (RFC 7609 §3.5.2,
+    /// A4.7): the server adds a link on it with ADD LINK once the group is up (and again
+    /// [`SmcConfig::add_link_retry`] after a link failed), the client answers ADD LINK with
+    /// a QP on it. When one link fails, the connections move to the other without loss
+    /// (failover). None (default): one link per group, ADD LINK rejected "no alternate
+    /// path". A v2 group (SMC-Rv2, Linux) keeps one link either way.
+    pub alt_device: Option<Device>,
+    /// Server: with a second device and one link, ADD LINK is tried this often (SMC-LG-13).
+    pub add_link_retry: Duration,
 }
 
 impl Default for SmcConfig {
@@ -123,6 +141,8 @@ impl Default for SmcConfig {
             keepalive: crate::lgr::KEEPALIVE,
             elements_per_rmb: 1,
             ueid: None,
+            alt_device: None,
+            add_link_retry: Duration::from_secs(5),
         }
     }
 }

@@ -182,10 +182,11 @@ impl SmcStream {
                     return Ok(());
                 };
                 drop(guard);
-                match g.reserve(cfg, &tcp2) {
+                let link = g.lock().links.active_to(acc.qpn);
+                match g.reserve(cfg, &tcp2, link) {
                     Ok(r) => {
-                        if let Some((rkey, va)) = r.new_rmb
-                            && let Err(e) = g.confirm_rkey_wait(rkey, va)
+                        if let Some(ri) = r.new_rmb
+                            && let Err(e) = g.confirm_rkey_wait(ri)
                         {
                             tracing::warn!(error = %e, "CONFIRM RKEY failed, declining");
                             g.release_cid(r.cid);
@@ -207,7 +208,7 @@ impl SmcStream {
                 // A1.11: client INIT → RTR before Confirm; RTS right after, then it waits
                 // for the server's CONFIRM LINK.
                 g.connect(acc)?;
-                let r = g.reserve(cfg, &tcp2)?;
+                let r = g.reserve(cfg, &tcp2, None)?;
                 Ok((g, r.cid))
             });
             match made {
@@ -288,7 +289,12 @@ impl SmcStream {
                 // SMC-SC-6: the server checks the Confirm names the group's link; a wrong
                 // one is a protocol error, answered with a reset (no Decline after the
                 // Accept of a subsequent contact, SMC-SC-8).
-                if server && (peer.qpn & 0x00FF_FFFF != g.peer_qpn || peer.gid != g.peer_gid) {
+                // The CLC messages carry each end's first device's GID and MAC (what the
+                // group is keyed by) and the QPN of the connection's link: the QPN must be
+                // the peer's QP on that link.
+                let link = g.lock().conns.get(&cid).map(|s| s.link);
+                let named = link.and_then(|l| g.link(l)).map(|l| l.peer_qpn());
+                if server && (named != Some(peer.qpn & 0x00FF_FFFF) || peer.gid != g.key.peer_gid) {
                     g.release_cid(cid);
                     let _ = tcp.shutdown(Shutdown::Both);
                     return Err(io_err(
@@ -417,10 +423,10 @@ impl SmcStream {
             // Only the server decides reuse (SMC-SC-1): this client's group, if usable.
             if let Some(g) = find_group(&key, None) {
                 drop(guard);
-                match g.reserve(cfg, &tcp2) {
+                match g.reserve(cfg, &tcp2, None) {
                     Ok(r) => {
-                        if let Some((rkey, va)) = r.new_rmb
-                            && let Err(e) = g.confirm_rkey_wait(rkey, va)
+                        if let Some(ri) = r.new_rmb
+                            && let Err(e) = g.confirm_rkey_wait(ri)
                         {
                             tracing::warn!(error = %e, "CONFIRM RKEY failed, declining");
                             g.release_cid(r.cid);
@@ -439,7 +445,7 @@ impl SmcStream {
                 return Ok(());
             }
             match Group::new(dev, key, cfg, me, *version).and_then(|g| {
-                let r = g.reserve(cfg, &tcp2)?;
+                let r = g.reserve(cfg, &tcp2, None)?;
                 Ok((g, r.cid))
             }) {
                 Ok((g, cid)) => {

@@ -16,9 +16,18 @@ pub(super) struct Slot {
     pub(super) rmb: usize,
     pub(super) elem: u32,
     pub(super) elem_len: u32,
+    /// The link the connection's RDMA Writes and CDCs go on.
+    pub(super) link: u8,
+    /// The send buffer, registered for link `sndbuf_link`; `sndbuf_alt`: the same memory
+    /// registered on the group's other links.
     pub(super) sndbuf: MemoryRegion,
+    pub(super) sndbuf_link: u8,
+    pub(super) sndbuf_alt: Vec<(u8, MemoryRegion)>,
     pub(super) send_len: u32,
+    /// The peer's element on `link`: its RMB's RToken there plus the element's offset.
     pub(super) peer_elem: RemoteAddr,
+    pub(super) peer_rmb: (u32, u64),
+    pub(super) peer_elem_off: u64,
     /// Octets ever accepted from the application (stream offset of the next one).
     pub(super) accepted: u64,
     pub(super) received: u64,
@@ -43,18 +52,50 @@ pub(super) struct Slot {
 /// A reserved element (and connection slot) in a group.
 pub(super) struct Reserved {
     pub(super) cid: u32,
-    /// A new RMB that must be announced with CONFIRM RKEY (subsequent contact).
-    pub(super) new_rmb: Option<(u32, u64)>,
+    /// A new RMB (its index) that must be announced with CONFIRM RKEY (subsequent contact).
+    pub(super) new_rmb: Option<usize>,
+}
+
+impl Slot {
+    /// The send buffer's registration on link `link`.
+    pub(super) fn sndbuf_on(&self, link: u8) -> Option<&MemoryRegion> {
+        if self.sndbuf_link == link {
+            return Some(&self.sndbuf);
+        }
+        self.sndbuf_alt.iter().find(|(l, _)| *l == link).map(|(_, m)| m)
+    }
 }
 
 impl Group {
     /// An element for a new connection (a new RMB if none has room) and its send buffer
-    /// (SMC-FC-3: ready before the Accept/Confirm that names it).
-    pub(super) fn reserve(&self, cfg: &SmcConfig, tcp: &TcpStream) -> io::Result<Reserved> {
+    /// (SMC-FC-3: ready before the Accept/Confirm that names it), both registered on every
+    /// link of the group. `link`: the link the connection goes on (the client: the one the
+    /// Accept names); None: the active link with the fewest connections (the server).
+    pub(super) fn reserve(&self, cfg: &SmcConfig, tcp: &TcpStream, link: Option<u8>) -> io::Result<Reserved> {
         let mut st = self.lock();
         if st.lgr.terminated().is_some() {
             return Err(io_err(io::ErrorKind::ConnectionAborted, "link group ended"));
         }
+        // Before the first link is confirmed it is the only one (first contact).
+        let link = match link {
+            Some(l) => l,
+            None if st.link_state != LinkState::Active => st.links.v[0].num(),
+            None => st
+                .links
+                .least_used(st.conns.values())
+                .ok_or_else(|| io_err(io::ErrorKind::ConnectionAborted, "no active link"))?,
+        };
+        let on = |st: &GState, l: u8| st.links.get(l).map(|x| Arc::clone(&x.link));
+        let home = on(&st, link).ok_or_else(|| io_err(io::ErrorKind::ConnectionAborted, "no such link"))?;
+        // The other live links (an active one, or one being added): the RMB and send
+        // buffer are registered there too.
+        let others: Vec<Arc<Link>> = st
+            .links
+            .v
+            .iter()
+            .filter(|l| l.num() != link && l.state != LinkState::Failed)
+            .map(|l| Arc::clone(&l.link))
+            .collect();
         let elem_len = cfg.rmbe_len;
         let found = st.rmbs.iter().enumerate().find_map(|(i, r)| {
             if r.elem_len == elem_len {
@@ -69,25 +110,39 @@ impl Group {
             None => {
                 let n = cfg.elements_per_rmb.clamp(1, MAX_ELEMS);
                 // A1.11: remotely writable only; no remote read or atomics.
-                let mr = self
-                    .pd
-                    .reg_mr((n * elem_len) as usize, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
-                    .map_err(verbs_err)?;
-                stats::inc(&stats::counters().mrs);
-                new_rmb = Some((mr.rkey(), mr.addr()));
+                let mr = home.pd.reg_mr((n * elem_len) as usize, RMB_ACCESS).map_err(verbs_err)?;
+                let mut alt = Vec::new();
+                for o in &others {
+                    alt.push((o.num(), o.pd.reg_mr_shared(&mr, RMB_ACCESS).map_err(verbs_err)?));
+                }
+                for _ in 0..=alt.len() {
+                    stats::inc(&stats::counters().mrs);
+                }
                 st.rmbs.push(Rmb {
                     mr,
+                    link,
+                    alt,
                     elem_len,
                     used: vec![false; n as usize],
                 });
+                new_rmb = Some(st.rmbs.len() - 1);
                 (st.rmbs.len() - 1, 0)
             }
         };
-        let sndbuf = self
+        let sndbuf = home
             .pd
             .reg_mr(cfg.send_buf as usize, Access::LOCAL_WRITE)
             .map_err(verbs_err)?;
-        stats::inc(&stats::counters().mrs);
+        let mut sndbuf_alt = Vec::new();
+        for o in &others {
+            sndbuf_alt.push((
+                o.num(),
+                o.pd.reg_mr_shared(&sndbuf, Access::LOCAL_WRITE).map_err(verbs_err)?,
+            ));
+        }
+        for _ in 0..=sndbuf_alt.len() {
+            stats::inc(&stats::counters().mrs);
+        }
         // SMC-RMB-7: a fresh element is all zero (a reused one still holds the last data).
         let zero = vec![0u8; elem_len as usize];
         let _ = st.rmbs[ri].mr.write(ei * elem_len as usize, &zero);
@@ -113,9 +168,14 @@ impl Group {
                 rmb: ri,
                 elem: ei as u32,
                 elem_len,
+                link,
                 sndbuf,
+                sndbuf_link: link,
+                sndbuf_alt,
                 send_len: cfg.send_buf,
                 peer_elem: RemoteAddr { addr: 0, rkey: 0 },
+                peer_rmb: (0, 0),
+                peer_elem_off: 0,
                 accepted: 0,
                 received: 0,
                 read_shut: false,
@@ -142,15 +202,17 @@ impl Group {
         let st = self.lock();
         let s = &st.conns[&cid];
         let r = &st.rmbs[s.rmb];
+        let l = &st.links.get(s.link).unwrap_or(&st.links.v[0]).link;
+        let m = r.on(s.link).unwrap_or(&r.mr);
         LinkParams {
-            qpn: self.qp.qp_num(),
-            rmb_rkey: r.mr.rkey(),
+            qpn: l.qp.qp_num(),
+            rmb_rkey: m.rkey(),
             rmbe_idx: (s.elem + 1) as u8,
             alert_token: s.token,
             rmbe_size: rmbe_size_code(s.elem_len).unwrap_or(0),
-            qp_mtu: self.mtu as u8,
-            rmb_vaddr: r.mr.addr(),
-            psn: self.psn,
+            qp_mtu: l.mtu as u8,
+            rmb_vaddr: m.addr(),
+            psn: l.psn,
         }
     }
 
@@ -167,9 +229,11 @@ impl Group {
         if let Some(t) = &s.tcp {
             let _ = t.shutdown(Shutdown::Both);
         }
-        drop(s);
         let c = stats::counters();
-        stats::dec(&c.mrs);
+        for _ in 0..=s.sndbuf_alt.len() {
+            stats::dec(&c.mrs);
+        }
+        drop(s);
         stats::dec(&c.rmb_elements);
         st.lgr.conn_removed(Instant::now());
     }
@@ -206,7 +270,9 @@ impl Group {
         // The link-group machine knows every RMB of the peer (a first contact's came in the
         // CLC, not in CONFIRM RKEY): DELETE RKEY of it is answered positively, and ADD LINK
         // CONTINUATION pairs can name it.
-        let link = st.lgr.config().link_num;
+        let Some(link) = st.conns.get(&cid).map(|s| s.link) else {
+            return Err(io_err(io::ErrorKind::ConnectionAborted, "link group ended"));
+        };
         st.lgr.peer_rmb_known(link, peer.rmb_rkey, peer.rmb_vaddr);
         let Some(s) = st.conns.get_mut(&cid) else {
             return Err(io_err(io::ErrorKind::ConnectionAborted, "link group ended"));
@@ -220,6 +286,8 @@ impl Group {
             send_buf: s.send_len,
         };
         s.peer_elem = peer_elem;
+        s.peer_rmb = (peer.rmb_rkey, peer.rmb_vaddr);
+        s.peer_elem_off = peer_elem.addr.wrapping_sub(peer.rmb_vaddr);
         if let Some(t) = &s.tcp {
             // The progress thread peeks at it for an RST; the application never reads it.
             t.set_nonblocking(true)?;
@@ -235,9 +303,9 @@ impl Group {
         }
         s.conn = Some(conn);
         stats::inc(&stats::counters().smc_conns);
-        let GState { sq, conns, .. } = &mut *st;
+        let GState { links, conns, .. } = &mut *st;
         if let Some(s) = conns.get_mut(&cid) {
-            self.drive(sq, cid, s);
+            self.drive(links, cid, s);
         }
         self.cv.notify_all();
         Ok(())
@@ -260,7 +328,7 @@ impl Group {
     }
 
     /// Posts the connection machine's actions in order while the send queue has room.
-    pub(super) fn drive(&self, sq: &mut Sq, cid: u32, s: &mut Slot) {
+    pub(super) fn drive(&self, links: &mut Links, cid: u32, s: &mut Slot) {
         let Some(conn) = s.conn.as_mut() else { return };
         if s.link_error.is_some() {
             while conn.poll_action().is_some() {}
@@ -269,6 +337,20 @@ impl Group {
         while let Some(a) = conn.poll_action() {
             s.pending.push_back(a);
         }
+        // A failed link's connections wait for the failover that moves them.
+        let Some(sq) = links.get_mut(s.link).filter(|l| l.state != LinkState::Failed) else {
+            return;
+        };
+        // The send buffer's key on the link (an SGE at its offset 0).
+        let Some(sb) = s.sndbuf_on(s.link).map(|m| m.sge(0, 0)) else {
+            Self::slot_failed(s, "send buffer not registered on the link".into());
+            return;
+        };
+        let sge = |off: usize, len: u32| verbs::Sge {
+            addr: sb.addr + off as u64,
+            length: len,
+            lkey: sb.lkey,
+        };
         let room = SQ_DEPTH - SQ_LLC_RESERVE;
         while let Some(a) = s.pending.front().copied() {
             match a {
@@ -279,9 +361,9 @@ impl Group {
                     let ring = u64::from(s.send_len);
                     let off = (src % ring) as usize;
                     let first = (len as usize).min(ring as usize - off);
-                    let mut sges = vec![s.sndbuf.sge(off, first as u32)];
+                    let mut sges = vec![sge(off, first as u32)];
                     if first < len as usize {
-                        sges.push(s.sndbuf.sge(0, len - first as u32));
+                        sges.push(sge(0, len - first as u32));
                     }
                     let remote = RemoteAddr {
                         addr: s.peer_elem.addr + u64::from(remote_off),
@@ -289,7 +371,7 @@ impl Group {
                     };
                     let wr_id = WR_WRITE | (u64::from(cid) << 32) | u64::from(len);
                     let wr = SendWr::new(wr_id, WrOpcode::RdmaWrite { remote }, sges);
-                    if let Err(e) = self.qp.post_send_one(wr) {
+                    if let Err(e) = sq.link.qp.post_send_one(wr) {
                         Self::slot_failed(s, format!("post RDMA Write: {e}"));
                         return;
                     }
@@ -304,7 +386,7 @@ impl Group {
                     // The connection id and the sequence number ride in the WR id: the
                     // completion tells the machine which CDC arrived (SS, SMC-FO-2).
                     let wr_id = WR_CDC | (u64::from(cid) << 32) | u64::from(m.seq);
-                    if let Err(e) = self.post_ctrl(slot, &m.to_bytes(), wr_id) {
+                    if let Err(e) = sq.link.post_ctrl(slot, &m.to_bytes(), wr_id) {
                         Self::slot_failed(s, format!("post CDC: {e}"));
                         return;
                     }
@@ -329,9 +411,9 @@ impl Group {
     /// of dropped streams, RSTs on the TCP path, freeing finished connections.
     pub(super) fn housekeeping(&self, st: &mut GState, now: Instant) {
         let mut done = Vec::new();
-        let GState { conns, sq, .. } = &mut *st;
+        let GState { conns, links, .. } = &mut *st;
         for (&cid, s) in conns.iter_mut() {
-            self.drive(sq, cid, s);
+            self.drive(links, cid, s);
             if s.dropped {
                 let deadline = *s.close_deadline.get_or_insert(now + s.close_timeout);
                 if let Some(c) = s.conn.as_mut()
@@ -339,7 +421,7 @@ impl Group {
                     && now >= deadline
                 {
                     c.on_timeout();
-                    self.drive(sq, cid, s);
+                    self.drive(links, cid, s);
                 }
                 let closed = s.conn.as_ref().is_none_or(|c| c.state() == CloseState::Closed);
                 if closed || s.link_error.is_some() {
@@ -358,7 +440,7 @@ impl Group {
                         TcpPath::Reset => {
                             // SMC-ABT-4: an RST on the TCP path starts the abnormal close.
                             c.on_tcp_reset();
-                            self.drive(sq, cid, s);
+                            self.drive(links, cid, s);
                         }
                         TcpPath::Eof
                             if !c.peer_closed()
@@ -372,7 +454,7 @@ impl Group {
                             if now.duration_since(since) >= TCP_EOF_GRACE {
                                 tracing::warn!("TCP path closed under an open SMC-R connection, aborting");
                                 c.on_tcp_reset();
-                                self.drive(sq, cid, s);
+                                self.drive(links, cid, s);
                             }
                         }
                         _ => {}

@@ -125,7 +125,7 @@ impl SmcStream {
         }
         let mut st = s.g.lock();
         loop {
-            let GState { conns, sq, rmbs, .. } = &mut *st;
+            let GState { conns, links, rmbs, .. } = &mut *st;
             let sl = conns.get_mut(&s.cid).ok_or_else(|| Self::smc_err(None))?;
             if sl.read_shut {
                 return Ok(Relayed::Data(0));
@@ -143,7 +143,7 @@ impl SmcStream {
                     rd(a.off, &mut b)?;
                     c.consume(1).map_err(io::Error::other)?;
                     sl.received += 1;
-                    s.g.drive(sq, s.cid, sl);
+                    s.g.drive(links, s.cid, sl);
                     return Ok(Relayed::Urgent(b[0]));
                 }
                 let avail = match c.bytes_to_urgent_mark() {
@@ -161,7 +161,7 @@ impl SmcStream {
                     }
                     c.consume(n as u64).map_err(io::Error::other)?;
                     sl.received += n as u64;
-                    s.g.drive(sq, s.cid, sl);
+                    s.g.drive(links, s.cid, sl);
                     return Ok(Relayed::Data(n));
                 }
                 if c.read_eof() {
