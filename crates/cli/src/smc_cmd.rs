@@ -130,6 +130,10 @@ struct RunArgs {
     /// peers known to run SMC-R; passed to a daemon this starts.
     #[arg(long)]
     assume_smc_peers: bool,
+    /// A second local address whose RoCE device carries a second link of each SMC-R v1 link
+    /// group (ADD LINK; failover when a link fails); passed to a daemon this starts.
+    #[arg(long)]
+    second_addr: Option<IpAddr>,
     /// The shim (default: libsmc_preload.so next to this binary, or $SOFTRDMA_SMC_PRELOAD).
     #[arg(long)]
     preload: Option<PathBuf>,
@@ -145,6 +149,9 @@ struct DaemonArgs {
     /// See `smc run --assume-smc-peers`.
     #[arg(long)]
     assume_smc_peers: bool,
+    /// See `smc run --second-addr`.
+    #[arg(long)]
+    second_addr: Option<IpAddr>,
     /// At most this many connections at once; more stay TCP ("daemon connection cap").
     #[arg(long, default_value_t = 1024)]
     max_conns: usize,
@@ -196,7 +203,7 @@ fn find_preload(explicit: Option<PathBuf>) -> Result<PathBuf> {
 }
 
 /// Connects to the daemon, starting one if none answers.
-fn session(name: &str, assume: bool) -> Result<OwnedFd> {
+fn session(name: &str, assume: bool, second: Option<IpAddr>) -> Result<OwnedFd> {
     if let Ok(s) = scm::connect(name) {
         return Ok(s);
     }
@@ -205,6 +212,9 @@ fn session(name: &str, assume: bool) -> Result<OwnedFd> {
     cmd.args(["smc", "daemon", "--sock", name]);
     if assume {
         cmd.arg("--assume-smc-peers");
+    }
+    if let Some(ip) = second {
+        cmd.args(["--second-addr", &ip.to_string()]);
     }
     if let Ok(v) = std::env::var("SOFTRDMA_SMC_IDLE_EXIT") {
         cmd.args(["--idle-exit", &v]);
@@ -245,7 +255,7 @@ use std::os::unix::process::CommandExt;
 fn run_program(a: RunArgs) -> Result<()> {
     let name = a.common.name();
     let preload = find_preload(a.preload)?;
-    let s = session(&name, a.assume_smc_peers)?;
+    let s = session(&name, a.assume_smc_peers, a.second_addr)?;
     scm::send(&s, &[b'S', b'M', b'C', b'R', 1, SESSION], None)?;
     let mut buf = vec![0u8; 4096];
     let (n, _) = scm::recv(&s, &mut buf)?;
@@ -364,6 +374,8 @@ struct Daemon {
     assume: bool,
     max_conns: usize,
     cfg: SmcConfig,
+    /// `--second-addr`: the device of a second link.
+    second: Option<IpAddr>,
     guard: Option<smc::sockops::Guard>,
     option_error: Option<String>,
     devices: Mutex<HashMap<IpAddr, Device>>,
@@ -449,6 +461,7 @@ fn daemon(a: DaemonArgs) -> Result<()> {
         assume: a.assume_smc_peers,
         max_conns: a.max_conns,
         cfg,
+        second: a.second_addr,
         guard,
         option_error,
         devices: Mutex::new(HashMap::new()),
@@ -725,6 +738,14 @@ impl Daemon {
         let rcv_timeout = tcp.read_timeout().ok().flatten();
         let _ = tcp.set_nonblocking(false);
         let mut cfg = self.cfg.clone();
+        if let (Some(ip2), Ok(ip)) = (self.second, local_ip)
+            && ip2 != ip
+        {
+            match self.device(ip2) {
+                Ok(d) => cfg.alt_device = Some(d),
+                Err(e) => tracing::warn!(error = %format!("{e:#}"), "no second device, one link"),
+            }
+        }
         let res = if kind == CONNECTED {
             cfg.propose = indicated.unwrap_or(true);
             let dev = dev.as_ref().expect("a client without a device returned above");
