@@ -15,7 +15,11 @@
 //! - ADD LINK CONTINUATION with RTokens after our reject of the ADD LINK ends the group
 //!   (SMC-INV-5).
 //!
-//! Addresses 127.115.11.x–127.115.19.x and 127.115.60.x–127.115.62.x.
+//! - with a second device on the client (A4.7): an ADD LINK it accepts but never confirms
+//!   (no CONFIRM LINK on the new link) makes it delete the new link and go on over link 1
+//!   (SMC-TMO-9); a continuation naming an RKey the rogue never gave ends the group.
+//!
+//! Addresses 127.115.11.x–127.115.19.x and 127.115.60.x–127.115.65.x.
 
 use smc::clc_machine::{ClcMachine, LinkParams, LocalCaps, NeedLink, Outcome};
 use smc::wire::cdc::{Cdc, ConnStateFlags};
@@ -628,5 +632,145 @@ fn delete_rkey_of_the_first_contact_rmb_is_answered_positively() {
     };
     assert!(m.reply && d.negative);
     assert_eq!(d.err_mask, 0x80, "only the unknown RKey is flagged");
+    drop(r.tcp);
+}
+
+/// A client with a second device (127.115.`n`.3): it answers ADD LINK with a QP there.
+fn pair_two_devices(n: u8) -> (SmcStream, Rogue, Device) {
+    let alt = roce::RoceFactory
+        .open(
+            &DeviceOptions::new()
+                .with("addr", format!("127.115.{n}.3"))
+                .with("name", format!("smc_c{n}b")),
+        )
+        .unwrap();
+    pair_with(
+        n,
+        SmcConfig {
+            prefix_len: 8,
+            alt_device: Some(alt),
+            ..SmcConfig::default()
+        },
+    )
+}
+
+/// The rogue's ADD LINK for link 2 (its QP values are made up: no CONFIRM LINK comes).
+fn rogue_add_link(r: &Rogue) -> smc::wire::llc::AddLink {
+    let a = smc::wire::llc::AddLink {
+        mac: [2, 0, 0, 0, 0, 1],
+        gid: r._dev.query_gid(1, 0).unwrap().0,
+        qpn: 0x42,
+        link_num: 2,
+        qp_mtu: 3,
+        psn: 7,
+        ..smc::wire::llc::AddLink::default()
+    };
+    rogue_llc(r, LlcBody::AddLink(a.clone()), false, 30);
+    a
+}
+
+// A4.7 / SMC-TMO-9 over the engine with a second device: the rogue server's ADD LINK is
+// accepted (our reply names a QP on the second device, then our ADD LINK CONTINUATION with
+// our RMB's RToken on the new link), but the rogue never sends CONFIRM LINK on the new
+// link: after the LLC wait the client sends DELETE LINK for link 2 (lost path) over link 1,
+// frees the new link, and the group and its connection go on over link 1.
+#[test]
+fn add_link_without_confirm_link_deletes_the_new_link_and_goes_on() {
+    use smc::wire::llc::{AddLinkCont, DeleteLink, RtokenPair, delete_reason};
+    let (mut c, r, _d) = pair_two_devices(63);
+    let a = rogue_add_link(&r);
+    let m = rogue_recv_llc(&r);
+    let LlcBody::AddLink(rep) = &m.body else {
+        panic!("{m:?}")
+    };
+    assert!(m.reply && !rep.reject, "accepted: {m:?}");
+    assert_eq!(rep.link_num, 2);
+    assert_ne!(rep.qpn, 0);
+    assert_ne!(rep.gid, a.gid, "the reply names the client's second device");
+    assert_eq!(rep.gid, Gid::from_ip("127.115.63.3".parse().unwrap()).0);
+    // Our continuation: the rogue's one RMB (the one its Accept named) on the new link.
+    let cont = AddLinkCont {
+        link_num: 2,
+        num_rtokens: 1,
+        pairs: vec![RtokenPair {
+            ref_rkey: r._rmb.rkey(),
+            new_rkey: 0x5678,
+            new_vaddr: 0x9000,
+        }],
+    };
+    rogue_llc(&r, LlcBody::AddLinkCont(cont), false, 31);
+    let m = rogue_recv_llc(&r);
+    let LlcBody::AddLinkCont(theirs) = &m.body else {
+        panic!("{m:?}")
+    };
+    assert!(m.reply);
+    assert_eq!((theirs.link_num, theirs.num_rtokens, theirs.pairs.len()), (2, 1, 1));
+    assert_eq!(
+        theirs.pairs[0].ref_rkey, r.confirm.rmb_rkey,
+        "the client's RMB on link 1"
+    );
+    assert_ne!(theirs.pairs[0].new_rkey, r.confirm.rmb_rkey, "its own key on link 2");
+    let t0 = std::time::Instant::now();
+    let m = rogue_recv_llc(&r);
+    assert_eq!(
+        m.body,
+        LlcBody::DeleteLink(DeleteLink {
+            all: false,
+            orderly: false,
+            link_num: 2,
+            reason: delete_reason::LOST_PATH
+        }),
+        "{m:?}"
+    );
+    assert!(!m.reply);
+    eprintln!(
+        "DELETE LINK for the unconfirmed link {:?} after our continuation",
+        t0.elapsed()
+    );
+    // The group and its connection go on over link 1.
+    rogue_write(&r, 1, 0, b"still here");
+    let mut b = [0u8; 10];
+    c.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"still here");
+    drop(r.tcp);
+}
+
+// SMC-INV-5 / A2.15 over the engine with a second device: the client accepts the ADD LINK,
+// then the rogue's ADD LINK CONTINUATION names an RKey it never gave (RToken misuse): a
+// protocol error, DELETE LINK (A, protocol violation), the connection reset; a connection
+// of another group goes on.
+#[test]
+fn add_link_continuation_with_an_unknown_rkey_ends_the_group_others_go_on() {
+    use smc::wire::llc::{AddLinkCont, DeleteLink, RtokenPair, delete_reason};
+    let (mut hc, mut hs) = honest_pair(65);
+    let (mut c, r, _d) = pair_two_devices(64);
+    rogue_add_link(&r);
+    let m = rogue_recv_llc(&r);
+    assert!(matches!(&m.body, LlcBody::AddLink(x) if !x.reject), "{m:?}");
+    let cont = AddLinkCont {
+        link_num: 2,
+        num_rtokens: 1,
+        pairs: vec![RtokenPair {
+            ref_rkey: r._rmb.rkey() ^ 0x00FF_FF00,
+            new_rkey: 0x5678,
+            new_vaddr: 0x9000,
+        }],
+    };
+    rogue_llc(&r, LlcBody::AddLinkCont(cont), false, 32);
+    let m = rogue_recv_llc(&r);
+    assert_eq!(
+        m.body,
+        LlcBody::DeleteLink(DeleteLink {
+            all: true,
+            orderly: false,
+            link_num: 0,
+            reason: delete_reason::PROTOCOL_VIOLATION
+        })
+    );
+    let mut b = [0u8; 4];
+    let e = c.read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert!(e.to_string().contains("unknown RKey"), "{e}");
+    still_moves(&mut hc, &mut hs);
     drop(r.tcp);
 }
