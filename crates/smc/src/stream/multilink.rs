@@ -154,7 +154,11 @@ impl Group {
             }
             s.link = to;
             if s.conn.is_none() {
-                continue; // set up on the failed link; its activation fails below
+                // Being set up on the failed link: the CLC named it, so the peer's values
+                // are for that link; the connection fails rather than write with them on
+                // the survivor.
+                Self::slot_failed(s, "link failed during connection setup".into());
+                continue;
             }
             let Some((rkey, vaddr)) = lgr.peer_rtoken(failed, s.peer_rmb.0, to) else {
                 Self::slot_failed(s, "the peer's RMB has no RToken on the surviving link".into());
