@@ -166,8 +166,11 @@ fn both_ways(c: SmcStream, s: SmcStream, seed: u64, len: usize, progress: Option
     assert_eq!(h2, w2, "client to server hash");
 }
 
-/// The (server, client) link groups of this process: their active links and failovers.
-fn groups() -> Vec<(Role, Vec<(u8, LinkState)>, u64, u64)> {
+/// A link group as the test looks at it: role, (link, state) pairs, failovers, links added.
+type GroupView = (Role, Vec<(u8, LinkState)>, u64, u64);
+
+/// The (server, client) link groups of this process: their links and failovers.
+fn groups() -> Vec<GroupView> {
     stats::snapshot()
         .link_groups
         .iter()
