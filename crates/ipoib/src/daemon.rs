@@ -108,6 +108,17 @@ impl KernelIo for TunIo<'_> {
     }
 }
 
+/// What the daemon's loop counted (the `ipoib_tun_*` and `ipoib_sleeps` counters).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DaemonStats {
+    /// TUN reads that returned a packet.
+    pub tun_reads: u64,
+    /// TUN writes.
+    pub tun_writes: u64,
+    /// Times the loop slept in `poll(2)` (nothing to read, no completion).
+    pub sleeps: u64,
+}
+
 /// Wakes the daemon's `poll(2)` through an eventfd when a completion arrives while it
 /// sleeps (the CQ's async waker).
 struct EventWaker(File);
@@ -154,6 +165,7 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
     let mut cx = Context::from_waker(&waker);
     let path = status_path(&cfg.dev);
     let mut last_status = Instant::now() - Duration::from_secs(2);
+    let mut sleeps = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let mut busy = false;
         for _ in 0..TUN_BATCH {
@@ -180,7 +192,12 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
         }
         if last_status.elapsed() >= Duration::from_secs(1) {
             last_status = Instant::now();
-            let _ = std::fs::write(&path, status_text(&node, device));
+            let stats = DaemonStats {
+                tun_reads: io.reads,
+                tun_writes: io.writes,
+                sleeps,
+            };
+            let _ = std::fs::write(&path, status_text(&node, device, &stats));
         }
         if busy {
             continue;
@@ -200,6 +217,7 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
             continue;
         }
         let tun_fd = node.can_read_kernel().then_some(file);
+        sleeps += 1;
         let ready = crate::sys::poll_readable([tun_fd, Some(&efd.0)], IDLE_POLL_MS)?;
         if ready[1] {
             let mut b = [0u8; 8];
@@ -213,8 +231,8 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
 }
 
 /// `show neigh` and `show conn` as text (the status file's content), and the device's UD
-/// counters (`show counters`).
-pub fn status_text(node: &Node, device: &verbs::Device) -> String {
+/// counters, the link's and the daemon's (`show counters`).
+pub fn status_text(node: &Node, device: &verbs::Device, stats: &DaemonStats) -> String {
     let now = node.now();
     let l = node.link();
     let mode = match l.config().mode {
@@ -244,6 +262,18 @@ pub fn status_text(node: &Node, device: &verbs::Device) -> String {
          counters ipoib_rc_connected {}\ncounters ipoib_rc_closed {}\n",
         rc.sent, rc.received, rc.dropped, rc.connected, rc.closed
     );
+    let p = node.path_counters();
+    for (name, v) in [
+        ("tx_in_place", p.tx_in_place),
+        ("tx_copied", p.tx_copied),
+        ("rx_in_place", p.rx_in_place),
+        ("rx_copied", p.rx_copied),
+        ("tun_reads", stats.tun_reads),
+        ("tun_writes", stats.tun_writes),
+        ("sleeps", stats.sleeps),
+    ] {
+        s += &format!("counters ipoib_{name} {v}\n");
+    }
     let k = l.counters();
     for (name, v) in [
         ("bad_encap", k.bad_encap),

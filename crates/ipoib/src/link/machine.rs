@@ -207,7 +207,7 @@ pub enum Action {
     },
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Conn {
     peer: LinkAddr,
     role: Role,
@@ -301,8 +301,9 @@ fn key(l: &LinkAddr) -> PeerKey {
     l.without_flags().to_bytes()
 }
 
-/// One IPoIB interface's link machine.
-#[derive(Debug)]
+/// One IPoIB interface's link machine (`Clone`, so tests can compare two paths from the
+/// same state).
+#[derive(Debug, Clone)]
 pub struct Link {
     cfg: LinkConfig,
     me: LinkAddr,
