@@ -70,6 +70,11 @@ const SEND_SLOTS: usize = 64;
 /// One send in this many asks for a completion (the others are unsignaled), so a burst of
 /// sends cannot overflow the CQ between two polls.
 const SIGNAL_EVERY: usize = 16;
+/// UD sends posted together at most (one `post_send`, which the provider turns into one
+/// `sendmmsg`): the daemon reads a burst of packets from the TUN before it serves the CQ,
+/// and datagram mode sends 32 messages per 64 KiB. Below [`SEND_SLOTS`], so the ring of UD
+/// send buffers never overwrites one not yet posted.
+const UD_BATCH: usize = 16;
 
 /// Receive buffers per RC connection (the RoCE provider has no SRQ; Linux's ipoib_cm
 /// shares one SRQ among its connections).
@@ -234,6 +239,10 @@ pub struct Node {
     send_mr: MemoryRegion,
     free_send: Vec<usize>,
     send_owner: Vec<Option<ConnId>>,
+    /// UD sends not posted yet ([`UD_BATCH`]).
+    ud_batch: Vec<SendWr>,
+    /// `post_send` calls on the UD QP (for the tests that count).
+    ud_posts: u64,
 }
 
 impl std::fmt::Debug for Node {
@@ -323,12 +332,15 @@ impl Node {
             send_mr,
             free_send: (0..RC_SEND_SLOTS).rev().collect(),
             send_owner: vec![None; RC_SEND_SLOTS],
+            ud_batch: Vec::with_capacity(UD_BATCH),
+            ud_posts: 0,
         };
         for i in 0..RECV_SLOTS {
             node.post_recv(i)?;
         }
         node.link.start();
         node.run_actions()?;
+        node.flush_ud();
         debug!(lla = %node.link.local_addr(), ud_mtu = node.link.config().ud_mtu, mode = ?o.mode, "IPoIB node up");
         Ok(node)
     }
@@ -413,7 +425,9 @@ impl Node {
             }
             None => self.link.on_kernel_packet(now, pkt),
         }
-        self.run_actions()
+        self.run_actions()?;
+        self.flush_ud();
+        Ok(())
     }
 
     /// Reads one packet from the kernel into a free send buffer and sends it: posted from
@@ -469,6 +483,7 @@ impl Node {
     /// completion.
     pub fn poll(&mut self, wait: Duration) -> Result<Vec<Vec<u8>>, NodeError> {
         let mut out = Vec::new();
+        self.flush_ud();
         if let Some(wc) = self.cq.wait(Some(wait)) {
             self.on_wc(wc, &mut out)?;
         }
@@ -480,6 +495,7 @@ impl Node {
     /// receives written into `k` from their buffers), CM requests and connect outcomes,
     /// the timers. Returns whether any completion or packet was handled.
     pub fn service(&mut self, k: &mut dyn KernelIo) -> Result<bool, NodeError> {
+        self.flush_ud();
         let mut any = self.flush_kernel(k);
         while let Some(wc) = self.cq.poll_one() {
             any = true;
@@ -489,8 +505,26 @@ impl Node {
         let now = self.now();
         self.link.on_tick(now);
         self.run_actions()?;
+        self.flush_ud();
         any |= self.flush_kernel(k);
         Ok(any)
+    }
+
+    /// `post_send` calls on the UD QP so far (datagram mode batches up to 16 sends in one).
+    pub fn ud_posts(&self) -> u64 {
+        self.ud_posts
+    }
+
+    /// Posts the UD sends gathered so far in one call.
+    fn flush_ud(&mut self) {
+        if self.ud_batch.is_empty() {
+            return;
+        }
+        self.ud_posts += 1;
+        if let Err(e) = self.qp.post_send(&self.ud_batch) {
+            warn!(error = %e, "UD post_send failed, packets dropped");
+        }
+        self.ud_batch.clear();
     }
 
     /// Handles a completion the caller took from [`Node::cq`] (an async wait's).
@@ -858,8 +892,9 @@ impl Node {
                     remote_qpn: qpn,
                     remote_qkey: IPOIB_QKEY,
                 });
-                if let Err(e) = self.qp.post_send(&[wr]) {
-                    warn!(error = %e, "UD post_send failed, packet dropped");
+                self.ud_batch.push(wr);
+                if self.ud_batch.len() >= UD_BATCH {
+                    self.flush_ud();
                 }
             }
             Action::RcSend { conn, payload } => self.rc_send(conn, &payload)?,

@@ -6,7 +6,9 @@
 //! allocate a packet-sized buffer (a counting global allocator; the old path made four
 //! 64 KiB `Vec`s per packet, whose page faults were 11-23 % of the daemons' time).
 //!
-//! Loopback devices 127.117.40.1/2 (unique to this file), P_Key 0x8040.
+//! Datagram mode: a burst of packets from the kernel is posted in batches of UD sends.
+//!
+//! Loopback devices 127.117.40.1-4 (unique to this file), P_Keys 0x8040-0x8041.
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` C2 (connected mode carries
 //! 65,520-octet packets), IPCM-7.
 
@@ -165,4 +167,32 @@ fn connected_mode_packets_go_through_in_place_one_read_one_write_each() {
     assert_eq!(b.sum, want, "the 256 packets' octets arrived");
     assert_eq!((a.reads, b.writes), (256, 256));
     assert_eq!(big, 0, "packet-sized allocations for 256 packets");
+}
+
+/// Datagram mode: a burst read from the kernel goes out in batches of UD sends (one
+/// `post_send`, one `sendmmsg` in the provider, per 16 messages), and every packet
+/// arrives. 127.117.40.3/4, P_Key 0x8041.
+#[test]
+fn datagram_mode_burst_is_posted_in_batches() {
+    let (da, db) = (dev_mtu("127.117.40.3", 2048), dev_mtu("127.117.40.4", 2048));
+    let mut nodes = [
+        node(&da, Mode::Datagram, 0x8041, 3),
+        node(&db, Mode::Datagram, 0x8041, 4),
+    ];
+    nodes[0].from_kernel(v4(ip4(3), ip4(4), 100, 0)).unwrap();
+    run_until(&mut nodes, |_, g| !g[1].is_empty());
+    let pkts: Vec<Vec<u8>> = (1..=64u16).map(|i| v4(ip4(3), ip4(4), 2044, i)).collect();
+    let mut a = FakeTun {
+        to_read: pkts.iter().cloned().collect(),
+        ..FakeTun::default()
+    };
+    let mut b = FakeTun {
+        keep: true,
+        ..FakeTun::default()
+    };
+    let posts0 = nodes[0].ud_posts();
+    pump(&mut nodes, &mut a, &mut b, 64);
+    assert_eq!(b.written, pkts, "every packet whole and in order");
+    assert_eq!(a.reads, 64);
+    assert_eq!(nodes[0].ud_posts() - posts0, 4, "64 UD sends in 4 posts of 16");
 }
