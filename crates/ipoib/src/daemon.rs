@@ -253,8 +253,11 @@ pub fn status_text(node: &Node, device: &verbs::Device, stats: &DaemonStats) -> 
             n.ip, lla, n.state, n.mtu, via, n.queued
         );
     }
-    for c in device.hw_counters().into_iter().filter(|c| c.name.starts_with("ud_")) {
-        s += &format!("counters {} {}\n", c.name, c.value);
+    for c in device.hw_counters() {
+        // The UD counters under their own names, the device's others (RC retransmissions,
+        // RNR NAKs, system calls) with `dev_` in front.
+        let pre = if c.name.starts_with("ud_") { "" } else { "dev_" };
+        s += &format!("counters {pre}{} {}\n", c.name, c.value);
     }
     let rc = node.rc_counters();
     s += &format!(

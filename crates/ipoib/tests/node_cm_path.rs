@@ -167,6 +167,35 @@ fn connected_mode_packets_go_through_in_place_one_read_one_write_each() {
     assert_eq!(b.sum, want, "the 256 packets' octets arrived");
     assert_eq!((a.reads, b.writes), (256, 256));
     assert_eq!(big, 0, "packet-sized allocations for 256 packets");
+
+    // B's daemon stalls while A sends 120 (more than the old 32 receive buffers per
+    // connection, within the 128 now): B's provider places and acknowledges them in the
+    // buffers posted, so A sees no RNR NAK (each one cost a go-back-N retransmission of
+    // everything in flight: 11 % of the packets in an iperf3 run) and B gets all of them.
+    let rnr = |d: &verbs::Device| {
+        d.hw_counters()
+            .into_iter()
+            .find(|c| c.name == "rcvd_rnr_err")
+            .map_or(0, |c| c.value)
+    };
+    let rnr0 = rnr(&da);
+    let sent0 = nodes[0].rc_counters().sent;
+    let mut a = FakeTun {
+        to_read: (0..120u16).map(|i| v4(ip4(1), ip4(2), 65520, 2000 + i)).collect(),
+        ..FakeTun::default()
+    };
+    let end = Instant::now() + Duration::from_secs(10);
+    let mut none = Vec::new();
+    while nodes[0].rc_counters().sent - sent0 < 120 || !nodes[0].can_read_kernel() || nodes[1].cq().len() < 120 {
+        assert!(Instant::now() < end, "A sent {}", nodes[0].rc_counters().sent - sent0);
+        assert_eq!(rnr(&da) - rnr0, 0, "RNR NAKs while B's daemon stalled");
+        while nodes[0].read_kernel(&mut a).expect("read_kernel") {}
+        nodes[0].service(&mut none).expect("A service");
+        std::thread::yield_now();
+    }
+    let mut b = FakeTun::default();
+    pump(&mut nodes, &mut FakeTun::default(), &mut b, 120);
+    assert_eq!(rnr(&da) - rnr0, 0, "RNR NAKs while B's daemon stalled");
 }
 
 /// Datagram mode: a burst read from the kernel goes out in batches of UD sends (one
