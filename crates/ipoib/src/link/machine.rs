@@ -820,13 +820,13 @@ impl Link {
             },
             EtherType::Ipv4 => {
                 let r = self.deliver_v4(body);
-                self.to_kernel(body, r);
+                self.deliver(body, r);
             }
             EtherType::Ipv6 => match nd::parse(body) {
                 Ok(Some((ip6, m))) => self.on_nd(now, ip6, m),
                 Ok(None) => {
                     let r = self.deliver_v6(body);
-                    self.to_kernel(body, r);
+                    self.deliver(body, r);
                 }
                 Err(e) => {
                     self.counters.malformed_nd += 1;
@@ -865,7 +865,7 @@ impl Link {
     }
 
     /// Hands the kernel `body[r]` (a copy).
-    fn to_kernel(&mut self, body: &[u8], r: Option<std::ops::Range<usize>>) {
+    fn deliver(&mut self, body: &[u8], r: Option<std::ops::Range<usize>>) {
         if let Some(r) = r {
             self.out.push(Action::ToKernel(body[r].to_vec()));
         }
