@@ -3,6 +3,9 @@
 # pair, over IPoIB datagram mode and over IPoIB connected mode on the same veth pair
 # (softrdma ipoib up on RoCEv2). Prints one line per path and the ratios to veth.
 # Usage (root): scripts/ipoib-bench.sh [SECONDS] [ROUNDS]   (default 5 s, 1 round)
+# SOFTRDMA=BIN: the softrdma binary (default target/release/softrdma); SOFTRDMA_BEFORE=BIN:
+# an older build measured in the same rounds too (rows "datagram-before", "connected-before"),
+# for before/after ratios in one run. The load average is printed at the start and the end.
 # Addresses: underlay 10.132.0.0/24, IPoIB 10.133.0.0/24 (unique to this script).
 set -euo pipefail
 secs="${1:-5}"
@@ -28,7 +31,8 @@ run() { # label dst
         'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"])')
     echo "$1 $bps"
 }
-up() { # mode
+up() { # mode [binary]
+    local BIN="${2:-$BIN}"
     ip netns exec $A "$BIN" ipoib up --dev ib0 --mode "$1" --underlay ipbva$$ --addr 10.133.0.1/24 >/tmp/ipoib-bench-A.log 2>&1 &
     ip netns exec $B "$BIN" ipoib up --dev ib0 --mode "$1" --underlay ipbvb$$ --addr 10.133.0.2/24 >/tmp/ipoib-bench-B.log 2>&1 &
     for _ in $(seq 100); do
@@ -39,23 +43,31 @@ up() { # mode
 }
 down() {
     for n in $A $B; do ip netns pids $n | while read -r p; do
-        [ "$(cat /proc/$p/comm 2>/dev/null)" = softrdma ] && kill "$p"; done; done
+        case "$(cat /proc/$p/comm 2>/dev/null)" in softrdma*) kill "$p" ;; esac; done; done
     sleep 0.5
 }
 out=$(mktemp)
+echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$rounds"); do
     run veth 10.132.0.2 >>"$out"
     up datagram; run datagram 10.133.0.2 >>"$out"; down
     up connected; run connected 10.133.0.2 >>"$out"; down
+    if [ -n "${SOFTRDMA_BEFORE:-}" ]; then
+        up datagram "$SOFTRDMA_BEFORE"; run datagram-before 10.133.0.2 >>"$out"; down
+        up connected "$SOFTRDMA_BEFORE"; run connected-before 10.133.0.2 >>"$out"; down
+    fi
 done
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 - "$out" <<'PY'
 import sys, collections
 v = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     k, b = line.split(); v[k].append(float(b))
 veth = sum(v["veth"]) / len(v["veth"])
-for k in ("veth", "datagram", "connected"):
+for k in ("veth", "datagram", "connected", "datagram-before", "connected-before"):
+    if k not in v:
+        continue
     m = sum(v[k]) / len(v[k])
-    print(f"{k:10s} {m/1e6:9.0f} Mbit/s  {m/veth:6.3f} x veth  (runs: {', '.join(f'{x/1e6:.0f}' for x in v[k])})")
+    print(f"{k:16s} {m/1e6:9.0f} Mbit/s  {m/veth:6.3f} x veth  (runs: {', '.join(f'{x/1e6:.0f}' for x in v[k])})")
 PY
 rm -f "$out"

@@ -39,7 +39,7 @@ fuzz_target!(|data: &[u8]| {
                 m.extend_from_slice(body);
                 l.on_ud_recv(now, &m)
             }
-            3 => l.on_kernel_packet(now, body.to_vec()),
+            3 => kernel(&mut l, now, body.to_vec()),
             4 => {
                 let sid = 0x1000_0000_0000_0048u64 ^ u64::from(body.first().copied().unwrap_or(0) & 3);
                 let mut g = [0u8; 16];
@@ -50,6 +50,12 @@ fuzz_target!(|data: &[u8]| {
             6 => l.on_cm_rej(now, pick(&conns), u16::from(body.first().copied().unwrap_or(28))),
             7 => l.on_cm_rtu(now, pick(&conns)),
             8 => l.on_conn_closed(now, pick(&conns)),
+            9 if op & 0x10 != 0 => {
+                // The daemon's zero-copy receive: the range must lie in the message.
+                if let Some(r) = l.on_rc_recv_in_place(now, pick(&conns), body) {
+                    assert!(r.start >= 4 && r.end <= body.len() && r.start <= r.end, "{r:?}");
+                }
+            }
             9 => l.on_rc_recv(now, pick(&conns), body),
             10 => {
                 now += Duration::from_millis(u64::from(op) * 500);
@@ -71,7 +77,7 @@ fuzz_target!(|data: &[u8]| {
                     Ipv4Addr::new(10, 20, 0, n),
                 )
                 .unwrap();
-                l.on_kernel_packet(now, p);
+                kernel(&mut l, now, p);
             }
         }
         for a in l.take_actions() {
@@ -88,3 +94,20 @@ fuzz_target!(|data: &[u8]| {
         assert!(l.neighbours(now).iter().all(|n| n.queued <= 4));
     }
 });
+
+/// A packet from the kernel as the daemon hands it over: `rc_route` first (the zero-copy
+/// path), which must agree with what `on_kernel_packet` would have done on a twin.
+fn kernel(l: &mut Link, now: Duration, p: Vec<u8>) {
+    let mut twin = l.clone();
+    match l.rc_route(now, &p) {
+        Some((conn, _)) => {
+            twin.on_kernel_packet(now, p.clone());
+            let acts = twin.take_actions();
+            assert!(
+                matches!(acts.as_slice(), [Action::RcSend { conn: c, payload }] if *c == conn && payload[4..] == p[..]),
+                "rc_route said {conn:?}, on_kernel_packet did {acts:?}"
+            );
+        }
+        None => l.on_kernel_packet(now, p),
+    }
+}

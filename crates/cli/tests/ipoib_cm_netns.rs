@@ -193,6 +193,26 @@ fn ipoib_connected_mode_between_two_namespaces() {
         eprintln!("iperf3 TCP over IPoIB connected mode: {:.0} Mbit/s", bps / 1e6);
         let bps = iperf3(&mut lab, b, a, "10.129.0.2", 5330, "-u -b 50M -l 8000", "\"sum\"");
         assert!(bps > 1e6, "iperf3 UDP over IPoIB-CM: {bps} bit/s");
+        // Issue 16: the daemons' per-packet path, counted (the status is at most 1 s old).
+        // A's packets went from the TUN read buffer to the connection without a copy (the
+        // few copied ones are ARP/ND, pings before the connection, broadcast), one TUN read
+        // each; B wrote what it received into its TUN from the receive buffers.
+        std::thread::sleep(Duration::from_millis(1100));
+        let ca: serde_json::Value = serde_json::from_str(&show(a, "counters --json")).expect("counters --json");
+        let cb: serde_json::Value = serde_json::from_str(&show(b, "counters --json")).expect("counters --json");
+        let n = |c: &serde_json::Value, k: &str| c[k].as_u64().unwrap_or_else(|| panic!("{k} in {c}"));
+        assert!(n(&ca, "ipoib_tx_in_place") > 100, "{ca}");
+        assert!(n(&ca, "ipoib_tx_copied") * 20 < n(&ca, "ipoib_tx_in_place"), "{ca}");
+        assert_eq!(
+            n(&ca, "ipoib_tun_reads"),
+            n(&ca, "ipoib_tx_in_place") + n(&ca, "ipoib_tx_copied"),
+            "one TUN read per packet: {ca}"
+        );
+        assert!(
+            n(&cb, "ipoib_rx_in_place") * 20 > n(&cb, "ipoib_rc_received") * 19,
+            "{cb}"
+        );
+        assert!(n(&cb, "ipoib_rx_copied") * 20 < n(&cb, "ipoib_rx_in_place"), "{cb}");
     }
     // Restart B: a new daemon (new UD QPN, its gratuitous ARP) is reached on the next ping
     // over a new connection.

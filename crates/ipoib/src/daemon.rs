@@ -2,24 +2,26 @@
 //! of a verbs device and, in connected mode, its RC connections) on the other. The TUN's
 //! MTU is the interface MTU: 65,520 in connected mode (RFC 4755 §5; datagram-only peers
 //! get the UD MTU per destination through the ICMP "fragmentation needed" / "packet too
-//! big" the link machine hands the kernel), the UD MTU in datagram mode. One thread reads the TUN and hands packets over a
-//! channel; the main loop feeds them to the node, polls the UD QP, runs the timers, writes
-//! what the node returns into the TUN and, every second, the neighbour table into a status
-//! file that `softrdma ipoib show` reads (one file per network namespace and device).
+//! big" the link machine hands the kernel), the UD MTU in datagram mode. One thread (see
+//! [`run`]) reads the TUN into the node's send buffers, serves the completions (writing
+//! received IP packets into the TUN from their receive buffers), runs the timers and,
+//! every second, writes the neighbour table into a status file that `softrdma ipoib show`
+//! reads (one file per network namespace and device).
 
 use std::fs::File;
+use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError, sync_channel};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::link::Mode;
-use crate::node::{Node, NodeError, NodeOptions};
+use crate::node::{KernelIo, Node, NodeError, NodeOptions};
 use crate::tun::Tun;
 
 /// The daemon could not start or stopped on an error.
@@ -79,26 +81,70 @@ pub fn status_path(dev: &str) -> PathBuf {
     PathBuf::from(format!("/run/softrdma-ipoib-{ns}-{dev}"))
 }
 
-fn reader(mut f: File, tx: std::sync::mpsc::SyncSender<Vec<u8>>, stop: Arc<AtomicBool>) {
-    let mut buf = vec![0u8; 65536];
-    while !stop.load(Ordering::Relaxed) {
-        match f.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => {
-                if tx.send(buf[..n].to_vec()).is_err() {
-                    return;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
-                warn!(error = %e, "TUN read failed");
-                return;
-            }
+/// The TUN as the node's kernel side: non-blocking reads into the node's send buffers,
+/// writes of whole packets.
+struct TunIo<'a> {
+    file: &'a File,
+    /// System calls on the TUN (reads that returned a packet, writes).
+    reads: u64,
+    writes: u64,
+}
+
+impl KernelIo for TunIo<'_> {
+    fn read_packet(&mut self, mr: &verbs::MemoryRegion, off: usize, max: usize) -> std::io::Result<Option<usize>> {
+        let r = crate::sys::read_into(self.file, mr, off, max)?;
+        self.reads += u64::from(r.is_some());
+        Ok(r)
+    }
+
+    fn write_packet(&mut self, pkt: &[u8]) {
+        self.writes += 1;
+        let mut f = self.file;
+        if let Err(e) = f.write(pkt) {
+            // A full TUN queue or the interface going down: the packet is lost, as on a
+            // real link.
+            debug!(error = %e, "TUN write failed");
         }
     }
 }
 
+/// What the daemon's loop counted (the `ipoib_tun_*` and `ipoib_sleeps` counters).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DaemonStats {
+    /// TUN reads that returned a packet.
+    pub tun_reads: u64,
+    /// TUN writes.
+    pub tun_writes: u64,
+    /// Times the loop slept in `poll(2)` (nothing to read, no completion).
+    pub sleeps: u64,
+}
+
+/// Wakes the daemon's `poll(2)` through an eventfd when a completion arrives while it
+/// sleeps (the CQ's async waker).
+struct EventWaker(File);
+
+impl Wake for EventWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let _ = (&self.0).write(&1u64.to_ne_bytes());
+    }
+}
+
+/// Packets read from the TUN per turn at most, so receives are served in between.
+const TUN_BATCH: usize = 64;
+/// The longest sleep: CM requests, connect outcomes and the link timers are looked at
+/// least this often.
+const IDLE_POLL_MS: i32 = 1;
+
 /// Brings the interface up on `dev` and runs until `stop` is set.
+///
+/// One thread: it reads packets from the non-blocking TUN into the node's send buffers
+/// while one is free, serves completions (RC receives go into the TUN from their buffers),
+/// and when neither has work sleeps in `poll(2)` on the TUN and an eventfd the CQ's waker
+/// signals, at most [`IDLE_POLL_MS`].
 pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonError> {
     let mut node = Node::open_with(device, &cfg.node_options())?;
     let tun = Tun::open(&cfg.dev)?;
@@ -107,26 +153,34 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
     addrs.extend(cfg.ipv6.iter().map(|a| format!("{a}/64")));
     tun.configure(node.if_mtu(), &addrs)?;
     info!(dev = tun.name(), lla = %node.link().local_addr(), mode = ?cfg.mode, mtu = node.if_mtu(), "IPoIB interface up");
-    let (tx, rx): (_, Receiver<Vec<u8>>) = sync_channel(1024);
-    let rfile = tun.try_clone()?;
-    let rstop = stop.clone();
-    std::thread::Builder::new()
-        .name("softrdma-ipoib-tun".into())
-        .spawn(move || reader(rfile, tx, rstop))?;
-    let mut out = tun.file().try_clone()?;
+    tun.set_nonblocking()?;
+    let file = tun.file();
+    let mut io = TunIo {
+        file,
+        reads: 0,
+        writes: 0,
+    };
+    let efd = Arc::new(EventWaker(crate::sys::eventfd()?));
+    let waker = Waker::from(efd.clone());
+    let mut cx = Context::from_waker(&waker);
     let path = status_path(&cfg.dev);
     let mut last_status = Instant::now() - Duration::from_secs(2);
+    let mut sleeps = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        // At most 32 packets from the kernel per turn, so receives are polled in between.
-        for _ in 0..32 {
-            match rx.try_recv() {
-                Ok(p) => node.from_kernel(p)?,
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => return Ok(()),
+        let mut busy = false;
+        for _ in 0..TUN_BATCH {
+            match node.read_kernel(&mut io) {
+                Ok(true) => busy = true,
+                Ok(false) => break,
+                Err(NodeError::Kernel(e)) => {
+                    warn!(error = %e, "TUN read failed");
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
             }
         }
-        let got = match node.poll(Duration::from_millis(1)) {
-            Ok(g) => g,
+        match node.service(&mut io) {
+            Ok(any) => busy |= any,
             Err(NodeError::QpError) => {
                 // The QP is gone (CQ overflow, say): a new one, a new QPN; the gratuitous
                 // ARP of the new node tells the neighbours.
@@ -135,25 +189,50 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
                 continue;
             }
             Err(e) => return Err(e.into()),
-        };
-        for p in got {
-            if let Err(e) = out.write_all(&p) {
-                warn!(error = %e, "TUN write failed");
-            }
         }
         if last_status.elapsed() >= Duration::from_secs(1) {
             last_status = Instant::now();
-            let _ = std::fs::write(&path, status_text(&node, device));
+            let stats = DaemonStats {
+                tun_reads: io.reads,
+                tun_writes: io.writes,
+                sleeps,
+            };
+            let _ = std::fs::write(&path, status_text(&node, device, &stats));
+        }
+        if busy {
+            continue;
+        }
+        // Nothing to do: ask the CQ to signal the eventfd on its next completion (or take
+        // one that came meanwhile), then sleep on the TUN (if a send buffer is free) and
+        // the eventfd.
+        let cq = node.cq().clone();
+        let mut next = std::pin::pin!(cq.next_async());
+        if let Poll::Ready(wc) = next.as_mut().poll(&mut cx) {
+            if let Err(e) = node.on_completion(wc, &mut io) {
+                if matches!(e, NodeError::QpError) {
+                    continue; // reopened by `service` on the next turn
+                }
+                return Err(e.into());
+            }
+            continue;
+        }
+        let tun_fd = node.can_read_kernel().then_some(file);
+        sleeps += 1;
+        let ready = crate::sys::poll_readable([tun_fd, Some(&efd.0)], IDLE_POLL_MS)?;
+        if ready[1] {
+            let mut b = [0u8; 8];
+            let _ = (&efd.0).read(&mut b);
         }
     }
     let _ = node.shutdown();
     let _ = std::fs::remove_file(&path);
+    debug!(tun_reads = io.reads, tun_writes = io.writes, "IPoIB interface down");
     Ok(())
 }
 
 /// `show neigh` and `show conn` as text (the status file's content), and the device's UD
-/// counters (`show counters`).
-pub fn status_text(node: &Node, device: &verbs::Device) -> String {
+/// counters, the link's and the daemon's (`show counters`).
+pub fn status_text(node: &Node, device: &verbs::Device, stats: &DaemonStats) -> String {
     let now = node.now();
     let l = node.link();
     let mode = match l.config().mode {
@@ -174,8 +253,11 @@ pub fn status_text(node: &Node, device: &verbs::Device) -> String {
             n.ip, lla, n.state, n.mtu, via, n.queued
         );
     }
-    for c in device.hw_counters().into_iter().filter(|c| c.name.starts_with("ud_")) {
-        s += &format!("counters {} {}\n", c.name, c.value);
+    for c in device.hw_counters() {
+        // The UD counters under their own names, the device's others (RC retransmissions,
+        // RNR NAKs, system calls) with `dev_` in front.
+        let pre = if c.name.starts_with("ud_") { "" } else { "dev_" };
+        s += &format!("counters {pre}{} {}\n", c.name, c.value);
     }
     let rc = node.rc_counters();
     s += &format!(
@@ -183,6 +265,18 @@ pub fn status_text(node: &Node, device: &verbs::Device) -> String {
          counters ipoib_rc_connected {}\ncounters ipoib_rc_closed {}\n",
         rc.sent, rc.received, rc.dropped, rc.connected, rc.closed
     );
+    let p = node.path_counters();
+    for (name, v) in [
+        ("tx_in_place", p.tx_in_place),
+        ("tx_copied", p.tx_copied),
+        ("rx_in_place", p.rx_in_place),
+        ("rx_copied", p.rx_copied),
+        ("tun_reads", stats.tun_reads),
+        ("tun_writes", stats.tun_writes),
+        ("sleeps", stats.sleeps),
+    ] {
+        s += &format!("counters ipoib_{name} {v}\n");
+    }
     let k = l.counters();
     for (name, v) in [
         ("bad_encap", k.bad_encap),

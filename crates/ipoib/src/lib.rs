@@ -9,5 +9,6 @@
 pub mod daemon;
 pub mod link;
 pub mod node;
+mod sys;
 pub mod tun;
 pub mod wire;

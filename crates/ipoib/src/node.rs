@@ -19,9 +19,20 @@
 //!   data; `Accept` binds a new RC QP (RTR, RTS, REP), `RejectReq` answers REJ with the
 //!   machine's reason and private data. The RTU (the QP's `Established` event) is
 //!   `on_cm_rtu`.
-//! - `RcSend`: copied into one of the connection's [`RC_SEND_SLOTS`] send buffers (signaled;
-//!   when all are in flight the node reaps completions first); the provider segments to the
-//!   path MTU.
+//! - `RcSend`: one of the node's [`RC_SEND_SLOTS`] send buffers (shared by all connections,
+//!   signaled; when all are in flight the node reaps completions first); the provider
+//!   segments to the path MTU.
+//!
+//! # The per-packet path (issue 16)
+//!
+//! [`Node::read_kernel`] reads a packet from the kernel ([`KernelIo`], the TUN) straight
+//! into a free send buffer, 4 octets in, and asks the link machine ([`Link::rc_route`])
+//! whether it goes to an established connection; if so the encapsulation header goes in
+//! front and the buffer is posted as it is (no copy in the daemon; the RoCE provider takes
+//! it from there). Anything else (resolution, UD, ICMP errors) is copied out and handed to
+//! [`Link::on_kernel_packet`]. On receive, an RC message is checked in its receive buffer
+//! ([`Link::on_rc_recv_in_place`]) and the IP packet written into the kernel from there
+//! before the buffer is posted again.
 //! - `Disconnect`: the QP is disconnected (DREQ) and destroyed. A peer's DREQ, an error
 //!   event or an error completion on the connection (RC retries exhausted: a restarted
 //!   peer) is `on_conn_closed`.
@@ -59,12 +70,22 @@ const SEND_SLOTS: usize = 64;
 /// One send in this many asks for a completion (the others are unsignaled), so a burst of
 /// sends cannot overflow the CQ between two polls.
 const SIGNAL_EVERY: usize = 16;
+/// UD sends posted together at most (one `post_send`, which the provider turns into one
+/// `sendmmsg`): the daemon reads a burst of packets from the TUN before it serves the CQ,
+/// and datagram mode sends 32 messages per 64 KiB. Below [`SEND_SLOTS`], so the ring of UD
+/// send buffers never overwrites one not yet posted.
+const UD_BATCH: usize = 16;
 
 /// Receive buffers per RC connection (the RoCE provider has no SRQ; Linux's ipoib_cm
-/// shares one SRQ among its connections).
-pub const RC_RECV_SLOTS: usize = 32;
-/// Send buffers per RC connection.
-pub const RC_SEND_SLOTS: usize = 16;
+/// shares one SRQ among its connections, 256 buffers by default, or as many per QP
+/// without one). With 32, a sender ahead of the receiving daemon ran them dry: RNR NAKs
+/// and go-back-N retransmissions of 11 % of the packets of an iperf3 run (issue 16).
+/// 8 MiB per connection once a bulk flow has touched them all.
+pub const RC_RECV_SLOTS: usize = 128;
+/// Send buffers of the node, shared by its connections (each RC QP takes this many send
+/// work requests, so a free buffer always has room on any QP). Packets from the kernel are
+/// read into them.
+pub const RC_SEND_SLOTS: usize = 64;
 /// Octets of one RC buffer: the Receive MTU we advertise (65,524) rounded up.
 pub const RC_SLOT: usize = 65536;
 /// Bit 63 of an RC work request ID; bits 16..63 are the connection, 0..16 the slot.
@@ -77,6 +98,9 @@ const SEND_STALL: Duration = Duration::from_millis(200);
 /// A node could not be set up or a verbs call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    /// Reading from or writing to the kernel side failed.
+    #[error("kernel side: {0}")]
+    Kernel(#[from] std::io::Error),
     /// The UD QP went to the error state (a CQ overflow, say): the node must be reopened.
     #[error("the UD QP is in the error state")]
     QpError,
@@ -140,10 +164,42 @@ struct Connected {
 struct RcConn {
     /// `None` while the connect thread holds it.
     qp: Option<QueuePair>,
+    /// Its receive buffers.
     mr: MemoryRegion,
-    free_send: Vec<usize>,
     /// Receive slots completed while the connect thread held the QP: posted on its return.
     repost: Vec<usize>,
+}
+
+/// The kernel side of a node: the TUN device in the daemon, a list in tests.
+pub trait KernelIo {
+    /// Reads one packet, if one is waiting, into `mr[off..off + max]` (a send buffer the
+    /// node owns); `Ok(None)` if none is.
+    fn read_packet(&mut self, mr: &MemoryRegion, off: usize, max: usize) -> std::io::Result<Option<usize>>;
+    /// Writes one IP packet into the kernel.
+    fn write_packet(&mut self, pkt: &[u8]);
+}
+
+/// The packets for the kernel collected in a list; nothing to read.
+impl KernelIo for Vec<Vec<u8>> {
+    fn read_packet(&mut self, _: &MemoryRegion, _: usize, _: usize) -> std::io::Result<Option<usize>> {
+        Ok(None)
+    }
+    fn write_packet(&mut self, pkt: &[u8]) {
+        self.push(pkt.to_vec());
+    }
+}
+
+/// How many packets took which path (for `show counters` and the tests that count).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PathCounters {
+    /// Packets from the kernel posted from the buffer they were read into (no copy).
+    pub tx_in_place: u64,
+    /// Packets from the kernel copied out for the link machine (resolution, UD, errors).
+    pub tx_copied: u64,
+    /// RC messages whose IP packet was written into the kernel from the receive buffer.
+    pub rx_in_place: u64,
+    /// IP packets for the kernel that went through a copy (UD, ICMP errors, tests).
+    pub rx_copied: u64,
 }
 
 /// What the RC counters say (for `show counters`).
@@ -180,6 +236,16 @@ pub struct Node {
     done_tx: Sender<Connected>,
     done_rx: Receiver<Connected>,
     counters: RcCounters,
+    paths: PathCounters,
+    /// The send buffers ([`RC_SEND_SLOTS`] × [`RC_SLOT`]), free ones in `free_send`, each
+    /// busy one's connection in `send_owner`.
+    send_mr: MemoryRegion,
+    free_send: Vec<usize>,
+    send_owner: Vec<Option<ConnId>>,
+    /// UD sends not posted yet ([`UD_BATCH`]).
+    ud_batch: Vec<SendWr>,
+    /// `post_send` calls on the UD QP (for the tests that count).
+    ud_posts: u64,
 }
 
 impl std::fmt::Debug for Node {
@@ -209,7 +275,7 @@ impl Node {
         let ib_mtu = port.active_mtu.bytes() as usize;
         let slot = GRH_LEN + ib_mtu;
         let pd = v("alloc_pd", dev.alloc_pd())?;
-        let rc_wrs = MAX_RC_CONNS * (RC_RECV_SLOTS + RC_SEND_SLOTS);
+        let rc_wrs = MAX_RC_CONNS * RC_RECV_SLOTS + RC_SEND_SLOTS;
         let cq = v("create_cq", dev.create_cq(2 * (RECV_SLOTS + SEND_SLOTS) + rc_wrs))?;
         let mut init = QpInit::new(QpType::Ud, &cq);
         init.cap.max_send_wr = SEND_SLOTS as u32;
@@ -246,6 +312,7 @@ impl Node {
             }
         }
         let (done_tx, done_rx) = channel();
+        let send_mr = v("reg_mr send", pd.reg_mr(RC_SEND_SLOTS * RC_SLOT, Access::LOCAL_WRITE))?;
         let mut node = Node {
             link: Link::new(cfg),
             pd,
@@ -264,12 +331,19 @@ impl Node {
             done_tx,
             done_rx,
             counters: RcCounters::default(),
+            paths: PathCounters::default(),
+            send_mr,
+            free_send: (0..RC_SEND_SLOTS).rev().collect(),
+            send_owner: vec![None; RC_SEND_SLOTS],
+            ud_batch: Vec::with_capacity(UD_BATCH),
+            ud_posts: 0,
         };
         for i in 0..RECV_SLOTS {
             node.post_recv(i)?;
         }
         node.link.start();
         node.run_actions()?;
+        node.flush_ud();
         debug!(lla = %node.link.local_addr(), ud_mtu = node.link.config().ud_mtu, mode = ?o.mode, "IPoIB node up");
         Ok(node)
     }
@@ -290,6 +364,21 @@ impl Node {
     /// The RC counters.
     pub fn rc_counters(&self) -> RcCounters {
         self.counters
+    }
+
+    /// Which path the packets took.
+    pub fn path_counters(&self) -> PathCounters {
+        self.paths
+    }
+
+    /// Whether a send buffer is free (else [`Node::read_kernel`] reads nothing).
+    pub fn can_read_kernel(&self) -> bool {
+        !self.free_send.is_empty()
+    }
+
+    /// The completion queue (to register a waker with [`CompletionQueue::next_async`]).
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
     }
 
     /// RC connections with verbs objects (connecting or up).
@@ -326,31 +415,138 @@ impl Node {
         )
     }
 
-    /// An IP packet from the kernel.
+    /// An IP packet from the kernel (copied into a send buffer if it goes to a connection).
     pub fn from_kernel(&mut self, pkt: Vec<u8>) -> Result<(), NodeError> {
         let now = self.now();
-        self.link.on_kernel_packet(now, pkt);
-        self.run_actions()
+        match self.link.rc_route(now, &pkt) {
+            Some((conn, et)) => {
+                let mut m = Vec::with_capacity(EncapHeader::LEN + pkt.len());
+                m.extend_from_slice(&et.value().to_be_bytes());
+                m.extend_from_slice(&[0, 0]);
+                m.extend_from_slice(&pkt);
+                self.rc_send(conn, &m)?;
+            }
+            None => self.link.on_kernel_packet(now, pkt),
+        }
+        self.run_actions()?;
+        self.flush_ud();
+        Ok(())
+    }
+
+    /// Reads one packet from the kernel into a free send buffer and sends it: posted from
+    /// that buffer if it goes to an established connection ([`Link::rc_route`]), else
+    /// copied out for [`Link::on_kernel_packet`]. `false` if no packet was waiting or no
+    /// send buffer is free (reap completions with [`Node::service`] first).
+    pub fn read_kernel(&mut self, k: &mut dyn KernelIo) -> Result<bool, NodeError> {
+        let Some(slot) = self.free_send.pop() else {
+            return Ok(false);
+        };
+        let base = slot * RC_SLOT;
+        let max = RC_SLOT - EncapHeader::LEN;
+        let n = match k.read_packet(&self.send_mr, base + EncapHeader::LEN, max) {
+            Ok(Some(n)) => n,
+            Ok(None) => {
+                self.free_send.push(slot);
+                return Ok(false);
+            }
+            Err(e) => {
+                self.free_send.push(slot);
+                return Err(e.into());
+            }
+        };
+        let now = self.now();
+        let link = &mut self.link;
+        let route =
+            crate::sys::with_owned(&self.send_mr, base + EncapHeader::LEN, n, |p| link.rc_route(now, p)).flatten();
+        match route {
+            Some((conn, et)) => {
+                let h = EncapHeader::new(et);
+                let mut hb = [0u8; EncapHeader::LEN];
+                let _ = h.emit(&mut hb);
+                self.send_mr.write(base, &hb).map_err(|_| NodeError::OutOfBounds)?;
+                self.paths.tx_in_place += 1;
+                self.post_rc(conn, slot, EncapHeader::LEN + n);
+            }
+            None => {
+                let pkt = self
+                    .send_mr
+                    .to_vec(base + EncapHeader::LEN, n)
+                    .map_err(|_| NodeError::OutOfBounds)?;
+                self.free_send.push(slot);
+                self.paths.tx_copied += 1;
+                self.link.on_kernel_packet(now, pkt);
+                self.run_actions()?;
+            }
+        }
+        Ok(true)
     }
 
     /// Receives what arrived on the QPs, takes CM requests and connect outcomes, runs the
     /// timers and returns the IP packets for the kernel. Waits up to `wait` for the first
     /// completion.
     pub fn poll(&mut self, wait: Duration) -> Result<Vec<Vec<u8>>, NodeError> {
-        let mut first = self.cq.wait(Some(wait));
-        while let Some(wc) = first.take().or_else(|| self.cq.poll_one()) {
-            self.on_wc(wc)?;
+        let mut out = Vec::new();
+        self.flush_ud();
+        if let Some(wc) = self.cq.wait(Some(wait)) {
+            self.on_wc(wc, &mut out)?;
+        }
+        self.service(&mut out)?;
+        Ok(out)
+    }
+
+    /// Without waiting: the IP packets queued for the kernel, every completion (RC
+    /// receives written into `k` from their buffers), CM requests and connect outcomes,
+    /// the timers. Returns whether any completion or packet was handled.
+    pub fn service(&mut self, k: &mut dyn KernelIo) -> Result<bool, NodeError> {
+        self.flush_ud();
+        let mut any = self.flush_kernel(k);
+        while let Some(wc) = self.cq.poll_one() {
+            any = true;
+            self.on_wc(wc, k)?;
         }
         self.cm_poll()?;
         let now = self.now();
         self.link.on_tick(now);
         self.run_actions()?;
-        Ok(std::mem::take(&mut self.to_kernel))
+        self.flush_ud();
+        any |= self.flush_kernel(k);
+        Ok(any)
     }
 
-    fn on_wc(&mut self, wc: WorkCompletion) -> Result<(), NodeError> {
+    /// `post_send` calls on the UD QP so far (datagram mode batches up to 16 sends in one).
+    pub fn ud_posts(&self) -> u64 {
+        self.ud_posts
+    }
+
+    /// Posts the UD sends gathered so far in one call.
+    fn flush_ud(&mut self) {
+        if self.ud_batch.is_empty() {
+            return;
+        }
+        self.ud_posts += 1;
+        if let Err(e) = self.qp.post_send(&self.ud_batch) {
+            warn!(error = %e, "UD post_send failed, packets dropped");
+        }
+        self.ud_batch.clear();
+    }
+
+    /// Handles a completion the caller took from [`Node::cq`] (an async wait's).
+    pub fn on_completion(&mut self, wc: WorkCompletion, k: &mut dyn KernelIo) -> Result<(), NodeError> {
+        self.on_wc(wc, k)
+    }
+
+    fn flush_kernel(&mut self, k: &mut dyn KernelIo) -> bool {
+        let any = !self.to_kernel.is_empty();
+        for p in std::mem::take(&mut self.to_kernel) {
+            self.paths.rx_copied += 1;
+            k.write_packet(&p);
+        }
+        any
+    }
+
+    fn on_wc(&mut self, wc: WorkCompletion, k: &mut dyn KernelIo) -> Result<(), NodeError> {
         if wc.wr_id & RC_WR != 0 {
-            self.on_rc_wc(wc);
+            self.on_rc_wc(wc, k);
             return Ok(());
         }
         if wc.opcode != WcOpcode::Recv {
@@ -381,10 +577,20 @@ impl Node {
         Ok(())
     }
 
-    fn on_rc_wc(&mut self, wc: WorkCompletion) {
+    fn on_rc_wc(&mut self, wc: WorkCompletion, k: &mut dyn KernelIo) {
         let conn = ConnId((wc.wr_id & !RC_WR) >> 16);
         let slot = (wc.wr_id & 0xffff) as usize;
-        let Some(c) = self.rc.get_mut(&conn) else {
+        if wc.status == WcStatus::Success && slot >= RC_RECV_SLOTS {
+            // A Send done: its buffer is free again, unless the connection was dropped
+            // meanwhile and the buffer already given back (and maybe reused).
+            let s = slot - RC_RECV_SLOTS;
+            if self.send_owner.get(s).copied().flatten() == Some(conn) {
+                self.send_owner[s] = None;
+                self.free_send.push(s);
+            }
+            return;
+        }
+        let Some(c) = self.rc.get(&conn) else {
             return; // a connection already gone (its flushes)
         };
         if wc.status != WcStatus::Success {
@@ -397,13 +603,22 @@ impl Node {
             return;
         }
         if slot >= RC_RECV_SLOTS {
-            c.free_send.push(slot);
             return;
         }
-        let msg = match c.mr.to_vec(slot * RC_SLOT, (wc.byte_len as usize).min(RC_SLOT)) {
-            Ok(m) => m,
-            Err(_) => return,
-        };
+        self.counters.received += 1;
+        let now = self.now();
+        let link = &mut self.link;
+        let paths = &mut self.paths;
+        // The IP packet goes into the kernel from the receive buffer, which is posted again
+        // only afterwards.
+        let len = (wc.byte_len as usize).min(RC_SLOT);
+        let _ = crate::sys::with_owned(&c.mr, slot * RC_SLOT, len, |msg| {
+            if let Some(r) = link.on_rc_recv_in_place(now, conn, msg) {
+                paths.rx_in_place += 1;
+                k.write_packet(&msg[r]);
+            }
+        });
+        let Some(c) = self.rc.get_mut(&conn) else { return };
         match &c.qp {
             Some(qp) => {
                 let wr = RecvWr {
@@ -416,14 +631,23 @@ impl Node {
             }
             None => c.repost.push(slot),
         }
-        self.counters.received += 1;
-        let now = self.now();
-        self.link.on_rc_recv(now, conn, &msg);
+    }
+
+    /// Forgets a connection's verbs objects and gives its busy send buffers back.
+    fn drop_rc(&mut self, conn: ConnId) -> Option<RcConn> {
+        let c = self.rc.remove(&conn)?;
+        for (s, o) in self.send_owner.iter_mut().enumerate() {
+            if *o == Some(conn) {
+                *o = None;
+                self.free_send.push(s);
+            }
+        }
+        Some(c)
     }
 
     /// The connection is gone (peer DREQ, error): the machine re-resolves the peer.
     fn close(&mut self, conn: ConnId) {
-        if self.rc.remove(&conn).is_some() {
+        if self.drop_rc(conn).is_some() {
             self.counters.closed += 1;
             let now = self.now();
             self.link.on_conn_closed(now, conn);
@@ -479,7 +703,7 @@ impl Node {
                         _ => 4,
                     };
                     debug!(conn = d.conn.0, error = %e, reason, "connect failed");
-                    self.rc.remove(&d.conn);
+                    self.drop_rc(d.conn);
                     self.link.on_cm_rej(now, d.conn, reason);
                 }
             }
@@ -534,8 +758,7 @@ impl Node {
         )?;
         let mr = v(
             "reg_mr RC",
-            self.pd
-                .reg_mr((RC_RECV_SLOTS + RC_SEND_SLOTS) * RC_SLOT, Access::LOCAL_WRITE),
+            self.pd.reg_mr(RC_RECV_SLOTS * RC_SLOT, Access::LOCAL_WRITE),
         )?;
         // INIT (as rdma_create_qp leaves it) so the receives can be posted before the CM
         // binds the QP; the CM takes it from INIT to RTR and RTS.
@@ -553,6 +776,8 @@ impl Node {
         Ok((qp, mr))
     }
 
+    /// Sends an IPoIB message (header included) on a connection from a copy in a send
+    /// buffer; waits up to [`SEND_STALL`] for a free one.
     fn rc_send(&mut self, conn: ConnId, payload: &[u8]) -> Result<(), NodeError> {
         if payload.len() > RC_SLOT {
             self.counters.dropped += 1;
@@ -560,51 +785,67 @@ impl Node {
         }
         let deadline = Instant::now() + SEND_STALL;
         let slot = loop {
-            let Some(c) = self.rc.get_mut(&conn) else {
-                self.counters.dropped += 1;
-                return Ok(());
-            };
-            if c.qp.is_none() {
+            if self.rc.get(&conn).is_none_or(|c| c.qp.is_none()) {
                 self.counters.dropped += 1;
                 return Ok(());
             }
-            if let Some(s) = c.free_send.pop() {
+            if let Some(s) = self.free_send.pop() {
                 break s;
             }
-            // All send buffers in flight: reap completions (receives go to the machine,
-            // whose actions run after this one).
+            // All send buffers in flight: reap completions (IP packets received meanwhile
+            // wait in `to_kernel`).
             if Instant::now() >= deadline {
                 trace!(conn = conn.0, "no RC send buffer: packet dropped");
                 self.counters.dropped += 1;
                 return Ok(());
             }
+            let mut q = std::mem::take(&mut self.to_kernel);
             if let Some(wc) = self.cq.wait(Some(Duration::from_millis(5))) {
-                self.on_wc(wc)?;
+                self.on_wc(wc, &mut q)?;
             }
             while let Some(wc) = self.cq.poll_one() {
-                self.on_wc(wc)?;
+                self.on_wc(wc, &mut q)?;
             }
+            q.append(&mut self.to_kernel);
+            self.to_kernel = q;
         };
-        let Some(c) = self.rc.get_mut(&conn) else { return Ok(()) };
-        c.mr.write(slot * RC_SLOT, payload)
+        self.send_mr
+            .write(slot * RC_SLOT, payload)
             .map_err(|_| NodeError::OutOfBounds)?;
+        self.post_rc(conn, slot, payload.len());
+        Ok(())
+    }
+
+    /// Posts send buffer `slot` (`len` octets, header included) on `conn`, or gives it
+    /// back and counts a drop if the connection has no QP; a failed post closes it.
+    fn post_rc(&mut self, conn: ConnId, slot: usize, len: usize) {
         let wr = SendWr::new(
-            rc_wr(conn, slot),
+            rc_wr(conn, RC_RECV_SLOTS + slot),
             WrOpcode::Send,
-            vec![c.mr.sge(slot * RC_SLOT, payload.len() as u32)],
+            vec![self.send_mr.sge(slot * RC_SLOT, len as u32)],
         )
         .flags(SendFlags::SIGNALED);
-        let posted = c.qp.as_ref().map(|qp| qp.post_send(&[wr]));
+        let posted = self
+            .rc
+            .get(&conn)
+            .and_then(|c| c.qp.as_ref())
+            .map(|qp| qp.post_send(&[wr]));
         match posted {
-            Some(Ok(())) => self.counters.sent += 1,
+            Some(Ok(())) => {
+                self.send_owner[slot] = Some(conn);
+                self.counters.sent += 1;
+            }
             Some(Err(e)) => {
                 debug!(conn = conn.0, error = %e, "RC post_send failed: connection closed");
-                c.free_send.push(slot);
+                self.free_send.push(slot);
+                self.counters.dropped += 1;
                 self.close(conn);
             }
-            None => c.free_send.push(slot),
+            None => {
+                self.free_send.push(slot);
+                self.counters.dropped += 1;
+            }
         }
-        Ok(())
     }
 
     fn run_actions(&mut self) -> Result<(), NodeError> {
@@ -654,8 +895,9 @@ impl Node {
                     remote_qpn: qpn,
                     remote_qkey: IPOIB_QKEY,
                 });
-                if let Err(e) = self.qp.post_send(&[wr]) {
-                    warn!(error = %e, "UD post_send failed, packet dropped");
+                self.ud_batch.push(wr);
+                if self.ud_batch.len() >= UD_BATCH {
+                    self.flush_ud();
                 }
             }
             Action::RcSend { conn, payload } => self.rc_send(conn, &payload)?,
@@ -679,7 +921,6 @@ impl Node {
                     RcConn {
                         qp: None,
                         mr,
-                        free_send: (RC_RECV_SLOTS..RC_RECV_SLOTS + RC_SEND_SLOTS).collect(),
                         repost: Vec::new(),
                     },
                 );
@@ -699,7 +940,7 @@ impl Node {
                     });
                 if let Err(e) = spawned {
                     warn!(error = %e, "no thread for a connect");
-                    self.rc.remove(&conn);
+                    self.drop_rc(conn);
                     let now = self.now();
                     self.link.on_cm_rej(now, conn, crate::link::REJ_NO_QP);
                 }
@@ -732,7 +973,6 @@ impl Node {
                             RcConn {
                                 qp: Some(qp),
                                 mr,
-                                free_send: (RC_RECV_SLOTS..RC_RECV_SLOTS + RC_SEND_SLOTS).collect(),
                                 repost: Vec::new(),
                             },
                         );
@@ -758,7 +998,7 @@ impl Node {
             Action::RejectRep { conn, .. } | Action::Disconnect { conn } => {
                 // Dropping the QP disconnects it (DREQ) and destroys it; a connect still in
                 // flight ends on its thread and is dropped there.
-                if let Some(c) = self.rc.remove(&conn)
+                if let Some(c) = self.drop_rc(conn)
                     && let Some(qp) = &c.qp
                 {
                     qp.disconnect();

@@ -1,6 +1,7 @@
 //! A Linux TUN device (L3, no packet-information header): the kernel side of the IPoIB
 //! interface (requirements D3). Opening `/dev/net/tun` and reading/writing packets use
-//! `std::fs::File`; the one `TUNSETIFF` ioctl is the only unsafe code. Addresses, MTU and
+//! `std::fs::File`; the `TUNSETIFF` ioctl and the `fcntl` for `O_NONBLOCK` are the only
+//! unsafe code here (the zero-copy reads are in `sys`). Addresses, MTU and
 //! the NOARP flag are set with `ip(8)`, as an administrator would.
 
 #![allow(unsafe_code)]
@@ -60,6 +61,21 @@ impl Tun {
     /// The interface name the kernel gave.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Makes reads and writes non-blocking (`O_NONBLOCK`): a read with no packet waiting
+    /// fails with `WouldBlock`.
+    pub fn set_nonblocking(&self) -> io::Result<()> {
+        // SAFETY: F_GETFL/F_SETFL on a descriptor `self.file` keeps open; no pointers.
+        let fl = unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_GETFL) };
+        if fl < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(self.file.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// A second handle on the same queue (for a reader thread).

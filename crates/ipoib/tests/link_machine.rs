@@ -883,3 +883,126 @@ fn stale_neighbour_is_revalidated_then_dropped() {
     }
     assert!(net.node(0).neighbours(Duration::ZERO).is_empty());
 }
+
+/// Issue 16, the daemon's zero-copy send path: `Link::rc_route` on a packet in place says
+/// "this connection" exactly when `on_kernel_packet` would hand the packet to that
+/// established connection as one `RcSend` (and leaves the machine as that call does), and
+/// changes nothing when it says no (the daemon then calls `on_kernel_packet`). Checked on
+/// twins of the same machine for each kind of packet the kernel sends.
+#[test]
+fn rc_route_is_on_kernel_packet_without_the_copy() {
+    let mut net = two(Mode::Connected, Mode::Connected);
+    net.send(0, v4(ip4(1), ip4(2), 84, true));
+    net.pump();
+    let (ll0, ll1) = (net.node(0).link_local(), net.node(1).link_local());
+    net.send(0, v6(ll0, ll1, 104));
+    net.pump();
+    assert_eq!(net.established(0).len(), 1);
+    let conn = net.established(0)[0].conn;
+    let mut trailing = v4(ip4(1), ip4(2), 1000, true);
+    trailing.extend_from_slice(&[0; 10]);
+    let ns = ipoib::wire::nd::build_solicit(ll0, ipoib::wire::nd::solicited_node(ll1), ll1, &net.lla(0));
+    let cases: Vec<(&str, Vec<u8>, Option<EtherType>)> = vec![
+        ("IPv4 65,520", v4(ip4(1), ip4(2), 65520, true), Some(EtherType::Ipv4)),
+        ("IPv4 84", v4(ip4(1), ip4(2), 84, false), Some(EtherType::Ipv4)),
+        ("IPv6 link-local", v6(ll0, ll1, 3000), Some(EtherType::Ipv6)),
+        ("IPv4 with trailing octets", trailing, None),
+        ("IPv4 over the connection MTU", v4(ip4(1), ip4(2), 65521, true), None),
+        (
+            "IPv4 broadcast",
+            v4(ip4(1), Ipv4Addr::new(10, 20, 0, 255), 84, true),
+            None,
+        ),
+        (
+            "IPv4 multicast",
+            v4(ip4(1), Ipv4Addr::new(224, 0, 0, 1), 84, true),
+            None,
+        ),
+        ("IPv4 to an unresolved neighbour", v4(ip4(1), ip4(9), 84, true), None),
+        ("IPv6 all-nodes", v6(ll0, "ff02::1".parse().unwrap(), 104), None),
+        ("IPv6 ND", ns, None),
+        ("truncated IPv4", v4(ip4(1), ip4(2), 84, true)[..19].to_vec(), None),
+        ("not IP", vec![0x12; 64], None),
+    ];
+    let now = net.now + Duration::from_millis(5);
+    for (what, pkt, want) in cases {
+        let link = net.node(0);
+        let before = format!("{link:?}");
+        let mut twin = link.clone();
+        let fast = link.rc_route(now, &pkt);
+        twin.on_kernel_packet(now, pkt.clone());
+        let slow = twin.take_actions();
+        assert_eq!(fast.map(|(_, et)| et), want, "{what}");
+        match fast {
+            Some((c, et)) => {
+                assert_eq!(c, conn, "{what}");
+                assert_eq!(
+                    slow,
+                    vec![Action::RcSend {
+                        conn: c,
+                        payload: EncapHeader::encapsulate(et, &pkt),
+                    }],
+                    "{what}"
+                );
+                assert_eq!(format!("{:?}", net.node(0)), format!("{twin:?}"), "{what}: same state");
+            }
+            None => {
+                assert_eq!(format!("{:?}", net.node(0)), before, "{what}: nothing changed");
+                assert!(
+                    !matches!(slow.as_slice(), [Action::RcSend { .. }]) || what.contains("trailing"),
+                    "{what}: the slow path sent it as the fast one would have: {slow:?}"
+                );
+            }
+        }
+    }
+    // Datagram mode never takes the connection path.
+    let mut dg = two(Mode::Datagram, Mode::Datagram);
+    dg.send(0, v4(ip4(1), ip4(2), 84, true));
+    dg.pump();
+    let now = dg.now;
+    assert_eq!(dg.node(0).rc_route(now, &v4(ip4(1), ip4(2), 1000, true)), None);
+}
+
+/// Issue 16, the zero-copy receive path: `on_rc_recv_in_place` returns the range of the IP
+/// packet that `on_rc_recv` copies to the kernel, and nothing where it copies nothing.
+#[test]
+fn rc_recv_in_place_is_on_rc_recv_without_the_copy() {
+    let mut net = two(Mode::Connected, Mode::Connected);
+    net.send(0, v4(ip4(1), ip4(2), 84, true));
+    net.pump();
+    let conn = net.established(1)[0].conn;
+    let enc = |et, p: &[u8]| EncapHeader::encapsulate(et, p);
+    let mut trailing = enc(EtherType::Ipv4, &v4(ip4(1), ip4(2), 500, true));
+    trailing.extend_from_slice(&[9; 7]);
+    let (ll0, ll1) = (net.node(0).link_local(), net.node(1).link_local());
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("IPv4", enc(EtherType::Ipv4, &v4(ip4(1), ip4(2), 65520, true))),
+        ("IPv4 with trailing octets", trailing),
+        ("IPv6", enc(EtherType::Ipv6, &v6(ll0, ll1, 2000))),
+        ("ARP on RC", enc(EtherType::Arp, &[0; 28])),
+        ("short", vec![8, 0]),
+        (
+            "IPv4 header only",
+            enc(EtherType::Ipv4, &v4(ip4(1), ip4(2), 84, true)[..20]),
+        ),
+        ("unknown type", enc(EtherType::Other(0x88b5), &[1; 40])),
+        ("over the MTU", enc(EtherType::Ipv4, &vec![0x45; 65521])),
+    ];
+    let now = net.now;
+    for (what, msg) in cases {
+        let link = net.node(1);
+        let mut twin = link.clone();
+        let r = link.on_rc_recv_in_place(now, conn, &msg);
+        twin.on_rc_recv(now, conn, &msg);
+        let want: Vec<Action> = r
+            .clone()
+            .map(|r| Action::ToKernel(msg[r].to_vec()))
+            .into_iter()
+            .collect();
+        assert_eq!(twin.take_actions(), want, "{what}");
+        let mut link_actions = net.node(1).take_actions();
+        assert_eq!(format!("{:?}", net.node(1)), format!("{twin:?}"), "{what}: same state");
+        link_actions.retain(|a| !matches!(a, Action::ToKernel(_)));
+        assert!(link_actions.is_empty(), "{what}: {link_actions:?}");
+    }
+}

@@ -207,7 +207,7 @@ pub enum Action {
     },
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Conn {
     peer: LinkAddr,
     role: Role,
@@ -301,8 +301,9 @@ fn key(l: &LinkAddr) -> PeerKey {
     l.without_flags().to_bytes()
 }
 
-/// One IPoIB interface's link machine.
-#[derive(Debug)]
+/// One IPoIB interface's link machine (`Clone`, so tests can compare two paths from the
+/// same state).
+#[derive(Debug, Clone)]
 pub struct Link {
     cfg: LinkConfig,
     me: LinkAddr,
@@ -484,6 +485,57 @@ impl Link {
             }
             _ => trace!("non-IP packet from the kernel dropped"),
         }
+    }
+
+    /// The fast path of [`Link::on_kernel_packet`] for a packet the daemon holds in a send
+    /// buffer: if the machine would hand this packet to an established connection as one
+    /// [`Action::RcSend`] (connected mode, unicast IPv4 or non-ND IPv6 of exactly the
+    /// packet's length, a resolved neighbour reached over its connection, within the
+    /// connection MTU), returns the connection and the encapsulation type and records the
+    /// use as `on_kernel_packet` does, without a copy; the daemon then puts the 4-octet
+    /// header in front and posts the Send. `None`: nothing was changed, and the daemon
+    /// hands the packet to `on_kernel_packet` (resolution, UD, queueing, ICMP errors).
+    pub fn rc_route(&mut self, now: Duration, pkt: &[u8]) -> Option<(ConnId, EtherType)> {
+        if self.cfg.mode != Mode::Connected {
+            return None;
+        }
+        let (ip, et) = match pkt.first()? >> 4 {
+            4 => {
+                let info = Ipv4Info::parse(pkt).ok()?;
+                if info.total_len != pkt.len() || self.is_v4_broadcast(info.dst) {
+                    return None;
+                }
+                (IpAddr::V4(info.dst), EtherType::Ipv4)
+            }
+            6 => {
+                let (h, _) = Ipv6Header::parse(pkt).ok()?;
+                if Ipv6Header::LEN + usize::from(h.payload_len) != pkt.len() || h.dst.is_multicast() || is_nd(pkt) {
+                    return None;
+                }
+                (IpAddr::V6(h.dst), EtherType::Ipv6)
+            }
+            _ => return None,
+        };
+        let n = self.neigh.map.get(&ip)?;
+        if matches!(n.state, NeighState::Incomplete { .. }) {
+            return None;
+        }
+        let lla = n.lla?;
+        // As `transmit` decides.
+        let cm = match self.neigh_for_lla(&lla) {
+            Some(n) => self.cm_allowed(now, n, &lla),
+            None => lla.rc(),
+        };
+        if !cm {
+            return None;
+        }
+        let conn = *self.peer_conn.get(&key(&lla))?;
+        let c = self.conns.get_mut(&conn)?;
+        if c.state != ConnState::Established || pkt.len() > c.mtu as usize {
+            return None;
+        }
+        c.last_used = now;
+        Some((conn, et))
     }
 
     fn send_multicast(&mut self, g: Mgid, et: EtherType, pkt: Vec<u8>) {
@@ -766,10 +818,16 @@ impl Link {
                     debug!(error = %e, "malformed ARP dropped");
                 }
             },
-            EtherType::Ipv4 => self.deliver_v4(body),
+            EtherType::Ipv4 => {
+                let r = self.deliver_v4(body);
+                self.deliver(body, r);
+            }
             EtherType::Ipv6 => match nd::parse(body) {
                 Ok(Some((ip6, m))) => self.on_nd(now, ip6, m),
-                Ok(None) => self.deliver_v6(body),
+                Ok(None) => {
+                    let r = self.deliver_v6(body);
+                    self.deliver(body, r);
+                }
                 Err(e) => {
                     self.counters.malformed_nd += 1;
                     debug!(error = %e, "malformed IPv6/ND dropped");
@@ -782,25 +840,34 @@ impl Link {
         }
     }
 
-    fn deliver_v4(&mut self, body: &[u8]) {
+    /// The IPv4 packet at the front of `body` for the kernel: its range in `body`.
+    fn deliver_v4(&mut self, body: &[u8]) -> Option<std::ops::Range<usize>> {
         match Ipv4Info::parse(body) {
-            Ok(i) => self.out.push(Action::ToKernel(body[..i.total_len].to_vec())),
+            Ok(i) => Some(0..i.total_len),
             Err(e) => {
                 self.counters.malformed_ip += 1;
                 debug!(error = %e, "malformed IPv4 dropped");
+                None
             }
         }
     }
 
-    fn deliver_v6(&mut self, body: &[u8]) {
+    /// The IPv6 packet at the front of `body` for the kernel: its range in `body`.
+    fn deliver_v6(&mut self, body: &[u8]) -> Option<std::ops::Range<usize>> {
         match Ipv6Header::parse(body) {
-            Ok((h, _)) => self.out.push(Action::ToKernel(
-                body[..Ipv6Header::LEN + usize::from(h.payload_len)].to_vec(),
-            )),
+            Ok((h, _)) => Some(0..Ipv6Header::LEN + usize::from(h.payload_len)),
             Err(e) => {
                 self.counters.malformed_ip += 1;
                 debug!(error = %e, "malformed IPv6 dropped");
+                None
             }
+        }
+    }
+
+    /// Hands the kernel `body[r]` (a copy).
+    fn deliver(&mut self, body: &[u8], r: Option<std::ops::Range<usize>>) {
+        if let Some(r) = r {
+            self.out.push(Action::ToKernel(body[r].to_vec()));
         }
     }
 
@@ -1171,6 +1238,16 @@ impl Link {
 
     /// An IPoIB message arrived on a connection (IPCM-15: delivered whatever mode).
     pub fn on_rc_recv(&mut self, now: Duration, conn: ConnId, msg: &[u8]) {
+        if let Some(r) = self.on_rc_recv_in_place(now, conn, msg) {
+            self.out.push(Action::ToKernel(msg[r].to_vec()));
+        }
+    }
+
+    /// [`Link::on_rc_recv`] without the copy: an IP packet for the kernel comes back as its
+    /// range in `msg` (after the encapsulation header) instead of an [`Action::ToKernel`],
+    /// so the daemon writes it into the TUN straight from the receive buffer. Everything
+    /// else (ND, drops, counters, connection state) is as in `on_rc_recv`, which is this.
+    pub fn on_rc_recv_in_place(&mut self, now: Duration, conn: ConnId, msg: &[u8]) -> Option<std::ops::Range<usize>> {
         let mut mtu = self.cfg.cm_recv_mtu.saturating_sub(EncapHeader::LEN as u32);
         if let Some(c) = self.conns.get_mut(&conn) {
             c.last_used = now;
@@ -1186,7 +1263,7 @@ impl Link {
                 len = msg.len(),
                 "RC message shorter than the encapsulation header dropped"
             );
-            return;
+            return None;
         };
         // B4.5: nothing bigger than the connection MTU both sides agreed on.
         if body.len() > mtu as usize {
@@ -1197,29 +1274,35 @@ impl Link {
                 mtu,
                 "RC message over the connection MTU dropped"
             );
-            return;
+            return None;
         }
+        let at = |r: std::ops::Range<usize>| r.start + EncapHeader::LEN..r.end + EncapHeader::LEN;
         match h.ether_type {
-            EtherType::Ipv4 => self.deliver_v4(body),
+            EtherType::Ipv4 => self.deliver_v4(body).map(at),
             // A Linux peer sends unicast ND (NUD probes) on its connection, as all IPv6 to a
             // connected neighbour: handled as over UD, and the answer goes over UD
             // (IPCM-16 binds what we send).
             EtherType::Ipv6 if is_nd(body) => {
                 self.counters.arp_nd_on_rc += 1;
                 match nd::parse(body) {
-                    Ok(Some((ip6, m))) => self.on_nd(now, ip6, m),
-                    Ok(None) => self.deliver_v6(body),
+                    Ok(Some((ip6, m))) => {
+                        self.on_nd(now, ip6, m);
+                        None
+                    }
+                    Ok(None) => self.deliver_v6(body).map(at),
                     Err(e) => {
                         self.counters.malformed_nd += 1;
                         debug!(conn = conn.0, error = %e, "malformed ND on a connection dropped");
+                        None
                     }
                 }
             }
-            EtherType::Ipv6 => self.deliver_v6(body),
+            EtherType::Ipv6 => self.deliver_v6(body).map(at),
             EtherType::Arp => {
                 // IPCM-16: ARP only over UD.
                 self.counters.arp_nd_on_rc += 1;
                 debug!(conn = conn.0, "ARP on a connection dropped");
+                None
             }
             other => {
                 self.counters.bad_encap += 1;
@@ -1228,6 +1311,7 @@ impl Link {
                     ?other,
                     "unknown encapsulation type on a connection dropped"
                 );
+                None
             }
         }
     }

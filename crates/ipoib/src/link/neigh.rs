@@ -39,7 +39,7 @@ pub struct Neigh {
 }
 
 /// The table, bounded in size.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct NeighTable {
     pub(crate) map: HashMap<IpAddr, Neigh>,
 }
