@@ -47,6 +47,8 @@ struct State {
     sleepers: u32,
     /// Times `deliver` notified the condition variable (see [`CompletionQueue::notifies`]).
     notifies: u64,
+    /// Bumped by [`CompletionQueue::interrupt`]: a sleeping waiter that sees it change returns.
+    interrupts: u64,
 }
 
 struct Inner {
@@ -283,6 +285,7 @@ impl CompletionQueue {
     pub fn wait_spin(&self, spin: Duration, timeout: Option<Duration>) -> Option<WorkCompletion> {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
+        let interrupts = self.inner.state.lock().unwrap().interrupts;
         loop {
             if let Some(wc) = self.poll_one() {
                 return Some(wc);
@@ -297,6 +300,9 @@ impl CompletionQueue {
         loop {
             if let Some(wc) = s.entries.pop_front() {
                 return Some(wc);
+            }
+            if s.interrupts != interrupts {
+                return None;
             }
             // Sleep until a provider pushes a completion (providers make progress on their
             // own threads once parked) or the deadline passes: no periodic wake-ups, so an
@@ -320,6 +326,22 @@ impl CompletionQueue {
         };
         s.sleepers -= 1;
         Some(s)
+    }
+
+    /// Makes every thread asleep in [`wait`](Self::wait) or [`wait_spin`](Self::wait_spin)
+    /// return now (`None` if no completion is there), as if its timeout had passed; a waiter
+    /// still spinning returns when it would go to sleep. For an application whose threads take
+    /// turns at polling one CQ (leader/follower): the new poller tells the old one to leave.
+    /// A `futex` system call only when a thread sleeps.
+    pub fn interrupt(&self) {
+        let sleepers = {
+            let mut s = self.inner.state.lock().unwrap();
+            s.interrupts += 1;
+            s.sleepers > 0
+        };
+        if sleepers {
+            self.inner.cond.notify_all();
+        }
     }
 
     /// Async wait for the next completion (usable from tokio or any executor).
