@@ -426,29 +426,30 @@ impl<C: RpcClient> Nfs3Client<C> {
             offset,
             count,
         };
-        let r = self.call(
-            procs::READ,
-            "READ",
-            &|e| args.encode(e),
-            sizing::read(count),
-            |d| match ReadRes::<&[u8]>::decode(d)? {
-                Res::Ok(o) => {
-                    if o.data.len() > count as usize || o.count as usize != o.data.len() {
-                        return Err(XdrError::TooLong {
-                            len: o.data.len(),
-                            max: (count as usize).min(o.count as usize),
-                        });
+        let r =
+            self.call(
+                procs::READ,
+                "READ",
+                &|e| args.encode(e),
+                sizing::read(count),
+                |d| match ReadRes::<&[u8]>::decode(d)? {
+                    Res::Ok(o) => {
+                        if o.data.len() > count as usize || o.count as usize != o.data.len() {
+                            return Err(XdrError::TooLong {
+                                len: o.data.len(),
+                                max: (count as usize).min(o.count as usize),
+                            });
+                        }
+                        let reply = ReadReply {
+                            count: o.count,
+                            eof: o.eof,
+                            attributes: o.file_attributes,
+                        };
+                        Ok(Ok((o.data.to_vec(), reply)))
                     }
-                    let reply = ReadReply {
-                        count: o.count,
-                        eof: o.eof,
-                        attributes: o.file_attributes,
-                    };
-                    Ok(Ok((o.data.to_vec(), reply)))
-                }
-                Res::Fail(s, _) => Ok(Err(s)),
-            },
-        )?;
+                    Res::Fail(s, _) => Ok(Err(s)),
+                },
+            )?;
         r.map_err(|status| NfsError::Status { proc_: "READ", status })
     }
 
