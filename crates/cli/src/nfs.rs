@@ -623,72 +623,113 @@ fn summary(o: &Opts, op: &str, bytes: u64, d: Duration, via: &str, what: &str, c
     }
 }
 
-/// READ the whole file with `parallel` calls in flight, round after round; a writer thread
-/// writes each round to `out`, in order, while the next round's READs are on the wire. (Before,
-/// the local write ran between the rounds, serial with the network: `perf record -g` of a 256
-/// MiB get showed 45% of the client in the kernel's page-cache copy of that write, with no
-/// READ in flight meanwhile; that made get 3.5x slower than put, whose timer starts after
-/// the local file is read. docs/nfs-server.md, "Loopback figures".)
+/// READ the whole file with `parallel` calls in flight all the time: `parallel` reader threads
+/// take the next piece as soon as they are free, and this thread writes the pieces to `out` in
+/// order while the next ones are on the wire (at most `2 x parallel` pieces read ahead of it).
+/// (Issue 17/18: the READs went in rounds of `parallel`, a new thread per READ, and a round
+/// waited for its slowest READ before the next began, so the pipe drained every `parallel`
+/// calls and a transport with a longer per-call latency lost more. Earlier still the local
+/// write ran between the rounds: docs/nfs-server.md, "Loopback figures".)
 fn get(nfs: &Nfs3Client<Client>, fh: &Fh, size: u64, o: &Opts, out: &mut (dyn Write + Send)) -> Result<u64> {
+    use std::sync::mpsc::sync_channel;
+    use std::sync::{Condvar, Mutex};
     let rsize = o.rsize.clamp(512, 64 << 20);
     let par = o.parallel.clamp(1, 64) as u64;
     let mut prog = Progress::new(o.progress, o.json, size);
-    let mut read_all = |tx: std::sync::mpsc::SyncSender<Vec<Vec<u8>>>| -> Result<u64> {
-        let mut off = 0u64;
-        loop {
-            // one round: `par` READs at consecutive offsets
-            let offs: Vec<u64> = (0..par).map(|i| off + i * rsize).collect();
-            let results: Vec<Result<(Vec<u8>, nfs3::ReadReply)>> = std::thread::scope(|s| {
-                let hs: Vec<_> = offs
-                    .iter()
-                    .map(|&at| s.spawn(move || nfs.read(fh, at, rsize as u32).map_err(anyhow::Error::from)))
-                    .collect();
-                hs.into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("reader panicked"))))
-                    .collect()
+    // the pieces the size known now covers (at least one, to see eof)
+    let pieces = size.div_ceil(rsize).max(1);
+    struct Window {
+        /// The next piece a reader takes.
+        next: u64,
+        /// Pieces written so far.
+        written: u64,
+        stop: bool,
+    }
+    let win = Mutex::new(Window {
+        next: 0,
+        written: 0,
+        stop: false,
+    });
+    let moved = Condvar::new();
+    let ahead = 2 * par;
+    std::thread::scope(|s| -> Result<u64> {
+        let (tx, rx) = sync_channel::<(u64, Result<(Vec<u8>, nfs3::ReadReply)>)>(ahead as usize);
+        for _ in 0..par.min(pieces) {
+            let (tx, win, moved) = (tx.clone(), &win, &moved);
+            s.spawn(move || {
+                loop {
+                    let i = {
+                        let mut w = win.lock().unwrap();
+                        while !w.stop && w.next < pieces && w.next >= w.written + ahead {
+                            w = moved.wait(w).unwrap();
+                        }
+                        if w.stop || w.next >= pieces {
+                            return;
+                        }
+                        w.next += 1;
+                        w.next - 1
+                    };
+                    let r = nfs.read(fh, i * rsize, rsize as u32).map_err(anyhow::Error::from);
+                    if tx.send((i, r)).is_err() {
+                        return;
+                    }
+                }
             });
-            let mut round = Vec::with_capacity(results.len());
-            let mut done = false;
-            for r in results {
-                let (data, rr) = r?;
+        }
+        drop(tx);
+        let stop = || {
+            win.lock().unwrap().stop = true;
+            moved.notify_all();
+        };
+        let mut early: std::collections::BTreeMap<u64, (Vec<u8>, nfs3::ReadReply)> = Default::default();
+        let mut off = 0u64;
+        let mut at = 0u64;
+        let mut last_eof = false;
+        let result = (|| -> Result<()> {
+            while at < pieces {
+                let (data, rr) = match early.remove(&at) {
+                    Some(x) => x,
+                    None => {
+                        let (i, r) = rx.recv().map_err(|_| anyhow!("the readers ended early"))?;
+                        let x = r?;
+                        if i != at {
+                            early.insert(i, x);
+                            continue;
+                        }
+                        x
+                    }
+                };
                 let n = data.len() as u64;
+                out.write_all(&data).context("writing the local file")?;
                 off += n;
-                round.push(data);
+                at += 1;
+                {
+                    win.lock().unwrap().written = at;
+                }
+                moved.notify_all();
+                prog.update(off.min(size));
+                last_eof = rr.eof;
                 if rr.eof || n < rsize {
                     if off < size && !rr.eof {
                         bail!("short READ at {off} without eof");
                     }
-                    done = true;
-                    break;
+                    return Ok(());
                 }
             }
-            if tx.send(round).is_err() {
-                // the writer failed; its error is the one to report
-                return Ok(off);
-            }
-            prog.update(if done { size } else { off.min(size) });
-            if done {
-                return Ok(off);
-            }
+            Ok(())
+        })();
+        stop();
+        result?;
+        // the file grew past the size it had: the rest one READ at a time, to its eof
+        while !last_eof {
+            let (data, rr) = nfs.read(fh, off, rsize as u32)?;
+            out.write_all(&data).context("writing the local file")?;
+            off += data.len() as u64;
+            last_eof = rr.eof || (data.len() as u64) < rsize;
         }
-    };
-    std::thread::scope(|s| {
-        // one round written while the next is read: at most 2 x parallel x rsize buffered
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<Vec<u8>>>(0);
-        let writer = s.spawn(move || -> std::io::Result<()> {
-            for round in rx {
-                for data in round {
-                    out.write_all(&data)?;
-                }
-            }
-            out.flush()
-        });
-        let read = read_all(tx);
-        writer
-            .join()
-            .map_err(|_| anyhow!("the local writer panicked"))?
-            .context("writing the local file")?;
-        read
+        out.flush().context("writing the local file")?;
+        prog.update(size);
+        Ok(off)
     })
 }
 
@@ -711,8 +752,10 @@ fn put(nfs: &Nfs3Client<Client>, fh: &Fh, data: &[u8], o: &Opts, stable: Stable)
     Ok(())
 }
 
-/// WRITE `data` at 0 in `wsize` pieces, `parallel` at a time; the distinct verifiers of the
-/// replies that were not FILE_SYNC/DATA_SYNC (those still need a COMMIT).
+/// WRITE `data` at 0 in `wsize` pieces, `parallel` in flight all the time (a writer thread
+/// takes the next piece as soon as its WRITE is answered; no round waits for its slowest
+/// WRITE); the distinct verifiers of the replies that were not FILE_SYNC/DATA_SYNC (those
+/// still need a COMMIT).
 fn write_all(
     nfs: &Nfs3Client<Client>,
     fh: &Fh,
@@ -720,39 +763,58 @@ fn write_all(
     o: &Opts,
     stable: Stable,
 ) -> Result<Vec<[u8; nfs3::VERFSIZE]>> {
-    let mut verfs: Vec<[u8; nfs3::VERFSIZE]> = Vec::new();
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let wsize = o.wsize.clamp(512, 64 << 20) as usize;
     let par = o.parallel.clamp(1, 64) as usize;
     let mut prog = Progress::new(o.progress, o.json, data.len() as u64);
     let pieces: Vec<(usize, &[u8])> = data.chunks(wsize).enumerate().map(|(i, c)| (i * wsize, c)).collect();
-    let mut done = 0u64;
-    for round in pieces.chunks(par) {
-        let res: Vec<Result<nfs3::WriteOk>> = std::thread::scope(|s| {
-            let hs: Vec<_> = round
-                .iter()
-                .map(|&(at, piece)| {
-                    s.spawn(move || -> Result<nfs3::WriteOk> {
-                        let w = nfs.write(fh, at as u64, piece, stable)?;
-                        if w.count as usize != piece.len() {
-                            bail!("WRITE at {at}: the server took {} of {} bytes", w.count, piece.len());
-                        }
-                        Ok(w)
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("writer panicked"))))
-                .collect()
-        });
-        for (r, (_, piece)) in res.into_iter().zip(round) {
-            let w = r?;
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let mut verfs: Vec<[u8; nfs3::VERFSIZE]> = Vec::new();
+    std::thread::scope(|s| -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel::<Result<(usize, nfs3::WriteOk)>>();
+        for _ in 0..par.min(pieces.len()) {
+            let (tx, next, failed, pieces) = (tx.clone(), &next, &failed, &pieces);
+            s.spawn(move || {
+                while !failed.load(Ordering::Relaxed) {
+                    let Some(&(at, piece)) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        return;
+                    };
+                    let r = nfs
+                        .write(fh, at as u64, piece, stable)
+                        .map_err(anyhow::Error::from)
+                        .and_then(|w| {
+                            if w.count as usize != piece.len() {
+                                bail!("WRITE at {at}: the server took {} of {} bytes", w.count, piece.len());
+                            }
+                            Ok((piece.len(), w))
+                        });
+                    let bad = r.is_err();
+                    if tx.send(r).is_err() || bad {
+                        failed.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut done = 0u64;
+        for r in rx {
+            let (n, w) = match r {
+                Ok(x) => x,
+                Err(e) => {
+                    failed.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+            };
             if w.committed == Stable::Unstable && !verfs.contains(&w.verf) {
                 verfs.push(w.verf);
             }
-            done += piece.len() as u64;
+            done += n as u64;
+            prog.update(done);
         }
-        prog.update(done);
-    }
+        Ok(())
+    })?;
     prog.update(data.len() as u64);
     Ok(verfs)
 }

@@ -61,6 +61,7 @@ fn delta(s: &Setup, f: impl FnOnce()) -> StatsSnapshot {
         no_stage: b.no_stage - a.no_stage,
         // compared by `write_chunk_results_are_not_copied_in_user_space` alone ([`copied`])
         copied_octets: 0,
+        pool_wakeups: b.pool_wakeups - a.pool_wakeups,
     }
 }
 

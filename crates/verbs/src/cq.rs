@@ -55,6 +55,10 @@ struct Inner {
     state: Mutex<State>,
     cond: Condvar,
     attached: Mutex<Vec<Weak<dyn Progress>>>,
+    /// Bumped by [`CompletionQueue::interrupt`] (under `state`'s lock, so a waiter checking it
+    /// under the lock before it sleeps cannot miss it): a waiter that sees it change returns.
+    /// An atomic, so that a wait reads it at its start without taking the lock.
+    interrupts: std::sync::atomic::AtomicU64,
 }
 
 thread_local! {
@@ -120,6 +124,7 @@ impl CompletionQueue {
                 state: Mutex::new(State::default()),
                 cond: Condvar::new(),
                 attached: Mutex::new(Vec::new()),
+                interrupts: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -283,6 +288,7 @@ impl CompletionQueue {
     pub fn wait_spin(&self, spin: Duration, timeout: Option<Duration>) -> Option<WorkCompletion> {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
+        let interrupts = self.inner.interrupts.load(Ordering::Acquire);
         loop {
             if let Some(wc) = self.poll_one() {
                 return Some(wc);
@@ -297,6 +303,9 @@ impl CompletionQueue {
         loop {
             if let Some(wc) = s.entries.pop_front() {
                 return Some(wc);
+            }
+            if self.inner.interrupts.load(Ordering::Acquire) != interrupts {
+                return None;
             }
             // Sleep until a provider pushes a completion (providers make progress on their
             // own threads once parked) or the deadline passes: no periodic wake-ups, so an
@@ -320,6 +329,22 @@ impl CompletionQueue {
         };
         s.sleepers -= 1;
         Some(s)
+    }
+
+    /// Makes every thread asleep in [`wait`](Self::wait) or [`wait_spin`](Self::wait_spin)
+    /// return now (`None` if no completion is there), as if its timeout had passed; a waiter
+    /// still spinning returns when it would go to sleep. For an application whose threads take
+    /// turns at polling one CQ (leader/follower): the new poller tells the old one to leave.
+    /// A `futex` system call only when a thread sleeps.
+    pub fn interrupt(&self) {
+        let sleepers = {
+            let s = self.inner.state.lock().unwrap();
+            self.inner.interrupts.fetch_add(1, Ordering::AcqRel);
+            s.sleepers > 0
+        };
+        if sleepers {
+            self.inner.cond.notify_all();
+        }
     }
 
     /// Async wait for the next completion (usable from tokio or any executor).
@@ -504,5 +529,23 @@ mod tests {
         cq.deliver(wc(7, false)).unwrap();
         assert_eq!(t.join().unwrap().unwrap().wr_id, 7);
         assert!(cq.wait_spin(Duration::ZERO, Some(Duration::from_millis(5))).is_none());
+    }
+
+    /// `interrupt` makes a thread asleep in `wait` return `None` long before its timeout (issue
+    /// 18: the RPC client's progress thread leaves the CQ to a caller that polls it), and a
+    /// completion is still taken by the next wait.
+    #[test]
+    fn interrupt_ends_a_sleeping_wait() {
+        let cq = CompletionQueue::create(4);
+        let c2 = cq.clone();
+        let t = std::thread::spawn(move || c2.wait_spin(Duration::ZERO, Some(Duration::from_secs(600))));
+        // repeated until the waiter returns: it may not be asleep yet at the first one
+        while !t.is_finished() {
+            cq.interrupt();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(t.join().unwrap().is_none());
+        cq.deliver(wc(9, false)).unwrap();
+        assert_eq!(cq.wait(Some(Duration::from_secs(600))).unwrap().wr_id, 9);
     }
 }

@@ -413,12 +413,44 @@ impl<C: RpcClient> Nfs3Client<C> {
         r.map_err(|status| NfsError::Status { proc_: "READ", status })
     }
 
-    /// READ `count` bytes at `offset`.
+    /// READ `count` bytes at `offset`. The data is copied once, out of the reply into a
+    /// vector of its length (no zero-filled buffer of `count` first: `perf record` of `nfs get`
+    /// found 5 % of the client in that memset).
     pub fn read(&self, fh: &Fh, offset: u64, count: u32) -> Result<(Vec<u8>, ReadReply), NfsError> {
-        let mut buf = vec![0u8; count as usize];
-        let r = self.read_into(fh, offset, &mut buf)?;
-        buf.truncate(r.count as usize);
-        Ok((buf, r))
+        self.retry_jukebox(|| self.read_once(fh, offset, count))
+    }
+
+    fn read_once(&self, fh: &Fh, offset: u64, count: u32) -> Result<(Vec<u8>, ReadReply), NfsError> {
+        let args = ReadArgs {
+            file: fh.clone(),
+            offset,
+            count,
+        };
+        let r =
+            self.call(
+                procs::READ,
+                "READ",
+                &|e| args.encode(e),
+                sizing::read(count),
+                |d| match ReadRes::<&[u8]>::decode(d)? {
+                    Res::Ok(o) => {
+                        if o.data.len() > count as usize || o.count as usize != o.data.len() {
+                            return Err(XdrError::TooLong {
+                                len: o.data.len(),
+                                max: (count as usize).min(o.count as usize),
+                            });
+                        }
+                        let reply = ReadReply {
+                            count: o.count,
+                            eof: o.eof,
+                            attributes: o.file_attributes,
+                        };
+                        Ok(Ok((o.data.to_vec(), reply)))
+                    }
+                    Res::Fail(s, _) => Ok(Err(s)),
+                },
+            )?;
+        r.map_err(|status| NfsError::Status { proc_: "READ", status })
     }
 
     /// WRITE `data` at `offset`.

@@ -70,8 +70,11 @@
 //!   above `max_reply`, ERR_CHUNK when it does not fit the chunks). Procedures run on the I/O
 //!   pool ([`crate::pool`]: [`RdmaConfig::io_workers`] threads or a shared
 //!   [`RdmaConfig::pool`]), one reply per pool thread being built, so replies being built take
-//!   at most `pool threads × max_reply`; a finished reply goes to its connection's worker,
-//!   which sends it at once.
+//!   at most `pool threads × max_reply`; the pool thread posts the finished reply itself
+//!   (the connection's send side, `responder/reply.rs`, is shared under a lock: credits,
+//!   send buffers, the queue of Replies waiting for one), and the worker only takes the
+//!   Send's completion (issue 18: handing the reply back to the worker was one more wake-up
+//!   per call; [`ServerStats::pool_wakeups`] counts the replies a pool thread could not post).
 //! * **Calls in the pool**: at most `credits` per connection (the Requester cannot have more
 //!   outstanding); the octets of their pulled Read chunks and inline Payload stay charged to
 //!   the staging budget until the Reply is sent (no room: SYSTEM_ERR). The pool serves
@@ -98,6 +101,17 @@
 //! within [`RdmaConfig::timeout`] is closed ([`ServerStats::timeouts`], logged at warn level);
 //! the worker's other connections are served meanwhile (tests/stalled_client.rs). The
 //! procedures themselves never run on a worker.
+//!
+//! # Threads of a call (issue 18)
+//!
+//! On the [`RdmaClient`] side the caller waits for its Reply by polling its connection's
+//! completion queue itself (leader/follower: one caller polls and hands the others their
+//! Replies; when it has its own, one of them takes over); the connection's progress thread
+//! polls only while no caller does (reverse-direction Calls, CM events) and leaves the CQ
+//! as soon as a caller comes ([`verbs::CompletionQueue::interrupt`]). A call crosses the
+//! client's caller, the server's engine thread, worker and pool thread, and the client's
+//! engine thread unless the caller reads its Reply off the transport while it spins (it
+//! used to cross seven threads; tests/handoffs.rs counts them).
 
 pub mod backchannel;
 #[allow(unsafe_code)]

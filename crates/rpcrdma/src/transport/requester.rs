@@ -3,9 +3,9 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::mpsc::{RecvTimeoutError, SyncSender, sync_channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, sync_channel};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use verbs::{
@@ -131,6 +131,18 @@ impl RdmaClient {
         self.pool.copied.load(Ordering::Relaxed)
     }
 
+    /// Replies a caller took from the connection's completion queue itself, as the poller of
+    /// its connection (issue 18: no thread hand-off between the Reply's arrival and the caller).
+    pub fn replies_polled_by_caller(&self) -> u64 {
+        self.pool.own.load(Ordering::Relaxed)
+    }
+
+    /// Replies handed to a waiting caller by another thread (the connection's progress thread,
+    /// or the caller polling for the others while this one waited): one wake-up each.
+    pub fn replies_handed_over(&self) -> u64 {
+        self.pool.handed.load(Ordering::Relaxed)
+    }
+
     /// The configuration.
     pub fn config(&self) -> &RdmaConfig {
         &self.cfg
@@ -242,6 +254,10 @@ struct Pool {
     allocated: std::sync::atomic::AtomicU64,
     /// Octets of returned chunks copied out of a region for decoding ([`Region::gather`]).
     copied: std::sync::atomic::AtomicU64,
+    /// Replies delivered by the caller's own poll ([`RdmaClient::replies_polled_by_caller`]).
+    own: std::sync::atomic::AtomicU64,
+    /// Replies delivered by another thread ([`RdmaClient::replies_handed_over`]).
+    handed: std::sync::atomic::AtomicU64,
 }
 
 /// Pairs kept at most (bounds the memory a client holds when idle).
@@ -528,12 +544,39 @@ impl Done {
 
 type Outcome = Result<Vec<u8>, RpcError>;
 
+/// What a waiting caller receives.
+enum Msg {
+    /// Its RPC's outcome.
+    Done(Outcome),
+    /// The poller left: this caller may poll the CQ now.
+    Lead,
+}
+
+/// How long a poller sleeps in the CQ before it looks at its deadline and the CM events again.
+const POLL_SLICE: Duration = Duration::from_millis(20);
+
+/// Who polls the connection's completion queue (issue 18). A caller waiting for its Reply
+/// polls the CQ itself (leader/follower): the Reply's completion reaches the thread that waits
+/// for it without a hand-off through the progress thread, and while it busy-polls it reads
+/// the Reply off the transport itself. Other callers wait on their channels (followers) and
+/// the leader hands their Replies over; when it has its own it makes one of them the leader.
+/// The progress thread polls only while no caller does (reverse-direction Calls, late
+/// completions, CM events) and leaves at once when a caller comes ([`CompletionQueue::interrupt`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Leader {
+    None,
+    Caller(ThreadId),
+    Progress,
+}
+
 struct Pending {
     lists: ChunkLists,
     stags: Vec<u32>,
-    tx: SyncSender<Outcome>,
+    tx: SyncSender<Msg>,
     /// The Reply (or the error), waiting for local invalidation to finish.
     result: Option<Outcome>,
+    /// Its caller waits on its channel for a Reply or for its turn to poll.
+    following: bool,
 }
 
 struct State {
@@ -542,6 +585,22 @@ struct State {
     dead: Option<Disconnect>,
     /// Callers waiting on `Conn::cv` for a credit.
     credit_waiters: usize,
+    leader: Leader,
+}
+
+impl State {
+    /// Ends RPC `xid` with `outcome`, counted as a hand-off unless the thread that delivers
+    /// it is the caller that polls for it.
+    fn deliver(&mut self, pool: &Pool, xid: u32, outcome: Outcome) {
+        let Some(p) = self.pending.remove(&xid) else { return };
+        let counter = if p.following || self.leader != Leader::Caller(std::thread::current().id()) {
+            &pool.handed
+        } else {
+            &pool.own
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let _ = p.tx.try_send(Msg::Done(outcome));
+    }
 }
 
 struct Conn {
@@ -558,6 +617,10 @@ struct Conn {
     recv_size: usize,
     state: Mutex<State>,
     cv: Condvar,
+    /// The connection's completion queue, polled by whoever leads ([`Leader`]).
+    cq: CompletionQueue,
+    /// The progress thread sleeps here (with [`POLL_SLICE`] timeouts) while a caller polls.
+    idle: Condvar,
     stop: AtomicBool,
     key: AtomicU8,
     progress: Mutex<Option<JoinHandle<()>>>,
@@ -623,8 +686,11 @@ impl Conn {
                 pending: HashMap::new(),
                 dead: None,
                 credit_waiters: 0,
+                leader: Leader::None,
             }),
             cv: Condvar::new(),
+            cq,
+            idle: Condvar::new(),
             stop: AtomicBool::new(false),
             key: AtomicU8::new(1),
             progress: Mutex::new(None),
@@ -632,7 +698,7 @@ impl Conn {
         let c2 = conn.clone();
         let t = std::thread::Builder::new()
             .name("rpcrdma-client".into())
-            .spawn(move || c2.progress_loop(cq))
+            .spawn(move || c2.progress_loop())
             .map_err(LocalError::from)?;
         *conn.progress.lock().unwrap() = Some(t);
         Ok(conn)
@@ -644,6 +710,8 @@ impl Conn {
 
     fn shutdown(&self) {
         self.stop.store(true, Ordering::Release);
+        self.idle.notify_all();
+        self.cq.interrupt();
         self.qp.disconnect();
         let t = self.progress.lock().unwrap().take();
         if let Some(t) = t
@@ -660,9 +728,10 @@ impl Conn {
             st.dead = Some(why.clone());
         }
         for (_, p) in st.pending.drain() {
-            let _ = p.tx.send(Err(RpcError::Disconnected(why.clone())));
+            let _ = p.tx.try_send(Msg::Done(Err(RpcError::Disconnected(why.clone()))));
         }
         self.cv.notify_all();
+        self.idle.notify_all();
     }
 
     fn next_key(&self) -> u8 {
@@ -782,7 +851,8 @@ impl Conn {
         stags.extend(read_region.as_ref().map(|r| r.stag));
         stags.extend(write_region.as_ref().map(|r| r.stag));
         // credit: wait for one (RPCR-CRD-01/03/07)
-        let (tx, rx) = sync_channel(1);
+        // room for a Lead and the Done after it
+        let (tx, rx) = sync_channel(2);
         {
             let mut st = self.state.lock().unwrap();
             loop {
@@ -818,6 +888,7 @@ impl Conn {
                     stags,
                     tx,
                     result: None,
+                    following: false,
                 },
             );
             if let Err(e) = self.qp.post_send(&wrs) {
@@ -829,13 +900,9 @@ impl Conn {
             }
             drop(st);
             // keep the send buffer until the RPC ends
-            let r = match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(r) => r,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.state.lock().unwrap().pending.remove(&xid);
-                    return Err(Fail::Retry(RpcError::Timeout));
-                }
-                Err(RecvTimeoutError::Disconnected) => Err(RpcError::Disconnected(Disconnect::Closed)),
+            let Some(r) = self.await_reply(xid, &rx, deadline) else {
+                self.state.lock().unwrap().pending.remove(&xid);
+                return Err(Fail::Retry(RpcError::Timeout));
             };
             // a Reply or RDMA_ERROR arrived: the Send was delivered and every
             // STag of this RPC is invalid again, so the memory can be reused
@@ -855,25 +922,144 @@ impl Conn {
         }
     }
 
-    fn progress_loop(self: Arc<Self>, cq: CompletionQueue) {
+    /// Waits for the outcome of the RPC whose channel is `rx`: polls the CQ itself when no
+    /// other caller does, otherwise waits for the poller to hand the Reply (or its turn) over.
+    /// `None` when `deadline` passes.
+    fn await_reply(&self, xid: u32, rx: &Receiver<Msg>, deadline: Instant) -> Option<Outcome> {
+        let me = std::thread::current().id();
+        loop {
+            match rx.try_recv() {
+                Ok(Msg::Done(r)) => return Some(r),
+                Ok(Msg::Lead) | Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => return Some(Err(RpcError::Disconnected(Disconnect::Closed))),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            let mut st = self.state.lock().unwrap();
+            match st.leader {
+                Leader::Caller(_) => {
+                    // a follower: mark our RPC so the leader hands us its turn when it leaves
+                    let Some(p) = st.pending.get_mut(&xid) else {
+                        // delivered meanwhile (the outcome is in the channel)
+                        continue;
+                    };
+                    p.following = true;
+                    drop(st);
+                    match rx.recv_timeout(deadline - now) {
+                        Ok(Msg::Done(r)) => return Some(r),
+                        Ok(Msg::Lead) => continue,
+                        Err(RecvTimeoutError::Timeout) => return None,
+                        Err(RecvTimeoutError::Disconnected) => {
+                            return Some(Err(RpcError::Disconnected(Disconnect::Closed)));
+                        }
+                    }
+                }
+                prev => {
+                    st.leader = Leader::Caller(me);
+                    drop(st);
+                    if prev == Leader::Progress {
+                        // the progress thread leaves the CQ to us
+                        self.cq.interrupt();
+                    }
+                    let r = self.lead(rx, deadline);
+                    self.resign(me);
+                    return r;
+                }
+            }
+        }
+    }
+
+    /// Polls the CQ for every caller until this caller's outcome is in `rx` (or `deadline`).
+    fn lead(&self, rx: &Receiver<Msg>, deadline: Instant) -> Option<Outcome> {
+        loop {
+            match rx.try_recv() {
+                Ok(Msg::Done(r)) => return Some(r),
+                Ok(Msg::Lead) | Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => return Some(Err(RpcError::Disconnected(Disconnect::Closed))),
+            }
+            if let Some(d) = &self.state.lock().unwrap().dead {
+                return Some(Err(RpcError::Disconnected(d.clone())));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            let r = match self.cq.wait(Some((deadline - now).min(POLL_SLICE))) {
+                Some(wc) => self.on_completion(wc),
+                None => self.check_event(),
+            };
+            if let Err(why) = r {
+                tracing::debug!("rpcrdma client connection ends: {why}");
+                self.qp.disconnect();
+                self.fail_all(why);
+            }
+        }
+    }
+
+    /// The leading caller has its outcome: the next waiting caller (if any) leads.
+    fn resign(&self, me: ThreadId) {
+        let mut st = self.state.lock().unwrap();
+        if st.leader == Leader::Caller(me) {
+            st.leader = Leader::None;
+        }
+        if let Some(p) = st.pending.values_mut().find(|p| p.following) {
+            p.following = false;
+            let _ = p.tx.try_send(Msg::Lead);
+        }
+    }
+
+    /// A CM event other than Established ends the connection.
+    fn check_event(&self) -> Result<(), Disconnect> {
+        match self.qp.get_event(Some(Duration::ZERO)) {
+            None | Some(CmEvent::Established) => Ok(()),
+            Some(other) => Err(Disconnect::Event(other)),
+        }
+    }
+
+    /// Polls the CQ while no caller does (reverse-direction Calls, completions nobody waits
+    /// for) and looks at the CM events; sleeps while a caller polls.
+    fn progress_loop(self: Arc<Self>) {
         let why = loop {
             if self.stop.load(Ordering::Acquire) {
                 break Disconnect::Closed;
             }
-            match cq.wait(Some(Duration::from_millis(20))) {
-                Some(wc) => {
-                    if let Err(e) = self.on_completion(wc) {
+            {
+                let mut st = self.state.lock().unwrap();
+                if let Some(d) = &st.dead {
+                    break d.clone();
+                }
+                if let Leader::Caller(_) = st.leader {
+                    drop(self.idle.wait_timeout(st, POLL_SLICE).unwrap());
+                    if let Err(e) = self.check_event() {
                         break e;
                     }
+                    continue;
                 }
-                None => {
-                    if let Some(ev) = self.qp.get_event(Some(Duration::ZERO)) {
-                        match ev {
-                            CmEvent::Established => {}
-                            other => break Disconnect::Event(other),
-                        }
-                    }
+                st.leader = Leader::Progress;
+            }
+            let wc = self.cq.wait(Some(POLL_SLICE));
+            let taken_over = {
+                let mut st = self.state.lock().unwrap();
+                let taken = st.leader != Leader::Progress;
+                if !taken {
+                    st.leader = Leader::None;
                 }
+                taken
+            };
+            let had = wc.is_some();
+            let r = match wc {
+                Some(wc) => self.on_completion(wc),
+                None => self.check_event(),
+            };
+            if let Err(e) = r {
+                break e;
+            }
+            if taken_over && had {
+                // a caller took over while we held a completion: it may sleep in the CQ with
+                // its Reply handed to its channel
+                self.cq.interrupt();
             }
         };
         tracing::debug!("rpcrdma client connection ends: {why}");
@@ -919,8 +1105,9 @@ impl Conn {
             wrid::INV => {
                 let xid = (wc.wr_id & 0xffff_ffff) as u32;
                 let mut st = self.state.lock().unwrap();
-                if let Some(p) = st.pending.remove(&xid) {
-                    let _ = p.tx.send(p.result.unwrap_or(Err(RpcError::Timeout)));
+                if let Some(p) = st.pending.get_mut(&xid) {
+                    let r = p.result.take().unwrap_or(Err(RpcError::Timeout));
+                    st.deliver(&self.pool, xid, r);
                 }
                 Ok(())
             }
@@ -968,8 +1155,7 @@ impl Conn {
         };
         p.stags.retain(|s| Some(*s) != invalidated);
         if p.stags.is_empty() {
-            let p = st.pending.remove(&xid).expect("present");
-            let _ = p.tx.send(outcome);
+            st.deliver(&self.pool, xid, outcome);
             return Ok(());
         }
         // RPCR-MEM-01/SEC-04: invalidate before the RPC completes

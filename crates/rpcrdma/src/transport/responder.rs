@@ -11,22 +11,21 @@ use std::time::{Duration, Instant};
 
 use verbs::{
     Access, CmEvent, CompletionQueue, ConnectRequest, Device, MemoryRegion, ProtectionDomain, QpOptions, QueuePair,
-    RecvWr, RemoteAddr, SendFlags, SendWr, WcStatus, WorkCompletion, WrOpcode,
+    RecvWr, RemoteAddr, SendWr, WcStatus, WorkCompletion, WrOpcode,
 };
 
 use super::backchannel::{self, BC_CREDITS, Backchannel};
 use super::{RdmaConfig, wrid};
-use crate::credits::ResponderCredits;
-use crate::inline::{ReplyForm, Thresholds, plan_reply};
 use crate::pool::{IoPool, PoolConfig};
 use crate::private_data::{PrivateData, Side, negotiate};
 use crate::server::{Dispatch, Registry, ReplyRoom, dispatch_within};
-use crate::validate::{
-    CallPayload, FailedXids, ResponderDecision, ResponderPolicy, check_payload_xid, garbage_args_message, validate_call,
-};
+use crate::validate::{CallPayload, FailedXids, ResponderDecision, ResponderPolicy, check_payload_xid, validate_call};
 use crate::wire::chunks::ReadChunk;
-use crate::wire::{ChunkLists, ErrorBody, FixedHeader, Header, Limits};
+use crate::wire::{ChunkLists, ErrorBody, FixedHeader, Limits};
 use crate::xdr::{ChunkSource, Decoder, InsertedChunk};
+
+mod reply;
+use reply::{Replier, Sent};
 
 /// Counters of a running server (all connections).
 #[derive(Debug, Default)]
@@ -70,6 +69,9 @@ pub struct ServerStats {
     /// registered region (the connection's stage): a Long Reply's stream, Read chunks
     /// pulled for a procedure. Write-chunk results are sent from the reply itself (issue 18).
     pub copied_octets: AtomicU64,
+    /// Times an I/O pool thread woke a worker: a Reply it could not post (the pool posts
+    /// Replies itself, so a healthy connection's calls make none; issue 18).
+    pub pool_wakeups: AtomicU64,
 }
 
 /// A plain copy of [`ServerStats`].
@@ -94,6 +96,7 @@ pub struct StatsSnapshot {
     pub short_reads: u64,
     pub no_stage: u64,
     pub copied_octets: u64,
+    pub pool_wakeups: u64,
 }
 
 /// A running RPC-over-RDMA server.
@@ -315,6 +318,7 @@ impl RdmaServer {
             short_reads: g(&s.short_reads),
             no_stage: g(&s.no_stage),
             copied_octets: g(&s.copied_octets),
+            pool_wakeups: g(&s.pool_wakeups),
         }
     }
 }
@@ -395,12 +399,10 @@ struct Conn {
     peer: SocketAddr,
     bc: Arc<backchannel::Shared>,
     pd: ProtectionDomain,
-    th: Thresholds,
-    remote_inv: bool,
+    /// The send side: Replies, send buffers, credits (shared with the I/O pool's threads).
+    rep: Arc<Replier>,
     recv_mr: MemoryRegion,
     recv_size: usize,
-    posted: u32,
-    credits: ResponderCredits,
     overrun: bool,
     policy: ResponderPolicy,
     registry: Arc<Registry>,
@@ -415,11 +417,6 @@ struct Conn {
     pool_key: u64,
     recovery: Arc<Recovery>,
     backlog: VecDeque<WorkCompletion>,
-    /// XIDs of the latest Calls whose chunks we read or whose Replies wrote into the
-    /// Requester's memory (at most `RECENT_RDMA`): if the connection then ends with a
-    /// Terminate from the Requester, one of those RDMA operations met a bad chunk, and their
-    /// retransmissions get ERR_CHUNK (RPCR-MEM-05).
-    recent_rdma: VecDeque<u32>,
     /// This connection's serial in [`Recovery::unsettled`].
     serial: u64,
     stage: Option<MemoryRegion>,
@@ -428,11 +425,6 @@ struct Conn {
     budget: Arc<Budget>,
     max_call: u64,
     max_reply: u64,
-    /// [`SEND_SLOTS`] send buffers of `slot_len` octets each.
-    send_mr: MemoryRegion,
-    slot_len: usize,
-    /// Send buffers not under a posted Send.
-    free_slots: Vec<usize>,
     /// The Call whose Read chunks are being pulled: the connection takes up no other
     /// Call until they are in (its Calls in arrival order), its other connections go on.
     pulling: Option<Pulling>,
@@ -440,13 +432,6 @@ struct Conn {
     /// (RPCR-MEM-05): it waits, until the time given, for that connection to end, and the
     /// Calls after it wait with it; the worker goes on with its other connections.
     settling: Option<(Vec<u8>, Instant)>,
-    /// Replies posted whose Send has not completed, in the order posted.
-    sending: VecDeque<InFlight>,
-    /// Replies waiting for a send buffer (at most one per Call in flight: the credits bound them).
-    queued: VecDeque<Outgoing>,
-    /// Work requests of `sending` on the send queue.
-    send_wrs: usize,
-    next_wr: u64,
     timeout: Duration,
     /// Last time a message arrived (for the idle timeout).
     last_active: Instant,
@@ -521,17 +506,17 @@ enum Outcome {
     Garbage,
 }
 
-/// A Call the I/O pool has answered, for the worker of its connection.
+/// A Call the I/O pool has answered (its Reply posted by the pool thread), for the worker
+/// of its connection.
 struct Finished {
     qpn: u32,
     /// Tells a connection from a later one with the same QP number.
     serial: u64,
-    fixed: FixedHeader,
-    lists: ChunkLists,
-    outcome: Outcome,
-    /// The Call's pulled chunks, back for their stage to be used again.
-    pulled: CallData,
-    _charge: Charge,
+    /// The Call's pulled chunks, back for their stage to be used again (`None`: this reports
+    /// only the `error` of a Call returned before).
+    pulled: Option<CallData>,
+    /// Sending the Reply failed: the connection ends.
+    error: Option<Fatal>,
 }
 
 /// A Call's Read chunks, concatenated, as the procedure reads them.
@@ -571,8 +556,8 @@ impl CallData {
 enum WriteSource<'a> {
     /// No Writes.
     Nothing,
-    /// These slices, concatenated, copied into a stage first.
-    Staged(&'a [&'a [u8]]),
+    /// These slices, concatenated, copied into this region (charged to the budget) first.
+    Staged(&'a [&'a [u8]], MemoryRegion, Charge),
     /// A region registered over the reply as the procedure encoded it, with the staging
     /// budget it holds while the Writes are in flight.
     Registered(MemoryRegion, Option<Charge>),
@@ -776,18 +761,30 @@ fn accept_conn(
     let slots = SEND_SLOTS.min(credits as usize);
     let send_mr = pd.reg_mr(slot_len * slots, Access::LOCAL_WRITE).map_err(e)?;
     let serial = ctx.recovery.serials.fetch_add(1, Ordering::Relaxed);
+    let rep = Arc::new(Replier::new(
+        qp.clone(),
+        pd.clone(),
+        neg.thresholds,
+        neg.remote_invalidation,
+        credits,
+        send_mr,
+        slot_len,
+        slots,
+        cfg.timeout,
+        ctx.budget.clone(),
+        ctx.stats.clone(),
+        ctx.recovery.clone(),
+        serial,
+    ));
     Ok(Conn {
         qpn: qp.qp_num(),
         qp,
         peer: peer_addr,
         bc,
         pd: pd.clone(),
-        th: neg.thresholds,
-        remote_inv: neg.remote_invalidation,
+        rep,
         recv_mr,
         recv_size,
-        posted: credits,
-        credits: ResponderCredits::new(credits),
         overrun: false,
         policy: ResponderPolicy {
             limits: Limits::default(),
@@ -801,22 +798,14 @@ fn accept_conn(
         pool_key: crate::pool::fresh_client_key(),
         recovery: ctx.recovery.clone(),
         backlog: VecDeque::new(),
-        recent_rdma: VecDeque::new(),
         serial,
         stage: None,
         spare: Vec::new(),
         budget: ctx.budget.clone(),
         max_call: cfg.max_call,
         max_reply: cfg.max_reply,
-        send_mr,
-        slot_len,
-        free_slots: (0..slots).rev().collect(),
         pulling: None,
         settling: None,
-        sending: VecDeque::new(),
-        queued: VecDeque::new(),
-        send_wrs: 0,
-        next_wr: 1,
         timeout: cfg.timeout,
         last_active: Instant::now(),
         idle_closed: false,
@@ -1017,7 +1006,7 @@ impl Conn {
                 .recv_mr
                 .to_vec(slot * self.recv_size, (wc.byte_len as usize).min(36))
                 .unwrap_or_default();
-            if !backchannel::looks_like_reverse_reply(&head) && self.credits.on_call().is_err() {
+            if !backchannel::looks_like_reverse_reply(&head) && self.rep.tx().credits.on_call().is_err() {
                 self.overrun = true;
             }
         }
@@ -1026,7 +1015,8 @@ impl Conn {
     /// The connection is over: settle its XIDs, close it, say why.
     fn finish(&mut self, err: Option<Fatal>) {
         // the fate of this connection's RDMA Reads and Writes is known now (recorded as failed by a Terminate)
-        self.recovery.settle(&self.recent_rdma, self.serial);
+        let recent: Vec<u32> = self.rep.tx().recent_rdma.iter().copied().collect();
+        self.recovery.settle(&recent, self.serial);
         self.bc.close();
         self.release_stage();
         self.release_spares();
@@ -1159,32 +1149,18 @@ impl Conn {
         }
     }
 
-    /// `xid`'s RDMA Reads or Writes are about to touch the Requester's memory: until this
-    /// connection ends, a retransmission of it on another connection waits for its fate.
-    fn note_rdma(&mut self, xid: u32) {
-        if self.recent_rdma.contains(&xid) {
-            return;
-        }
-        if self.recent_rdma.len() == RECENT_RDMA
-            && let Some(old) = self.recent_rdma.pop_front()
-        {
-            self.recovery.settle([&old], self.serial);
-        }
-        self.recent_rdma.push_back(xid);
-        self.recovery.unsettle(xid, self.serial);
-    }
-
     /// The connection ended with `ev`. A fatal error from the Requester (iWARP: a Terminate)
     /// means one of our RDMA operations met memory it does not accept (RFC 8166 §4.5.3): the Writes of the latest
     /// Replies are the candidates, so their XIDs get ERR_CHUNK when retransmitted (RPCR-MEM-05).
     /// A Requester that got its Reply does not retransmit, so this costs the others nothing.
     fn ended_by(&mut self, ev: CmEvent) -> Fatal {
-        if matches!(ev, CmEvent::ErrorReceived(_)) && !self.recent_rdma.is_empty() {
+        let recent: Vec<u32> = self.rep.tx().recent_rdma.iter().copied().collect();
+        if matches!(ev, CmEvent::ErrorReceived(_)) && !recent.is_empty() {
             let mut failed = self.recovery.lock();
-            for &xid in &self.recent_rdma {
+            for &xid in &recent {
                 failed.record(xid);
             }
-            tracing::debug!(xids = ?self.recent_rdma, "rpcrdma server: peer's fatal error after RDMA on chunks");
+            tracing::debug!(xids = ?recent, "rpcrdma server: peer's fatal error after RDMA on chunks");
         }
         match ev {
             CmEvent::ErrorReceived(d) => Fatal::ErrorReceived(d),
@@ -1216,11 +1192,6 @@ impl Conn {
                 "rpcrdma server: RDMA on chunks cut off by the connection's end"
             );
         }
-    }
-
-    fn wr(&mut self, kind: u64) -> u64 {
-        self.next_wr += 1;
-        kind | (self.next_wr & 0xffff_ffff_ffff)
     }
 
     /// A registered stage of at least `len` octets, its growth taken from the server's
@@ -1259,13 +1230,13 @@ impl Conn {
             ResponderDecision::Drop(reason) => {
                 // RPCR-ERR-01/08/11: no answer, connection stays
                 tracing::debug!(?reason, "rpcrdma server: message dropped");
-                self.credits.on_call_dropped();
+                self.rep.tx().credits.on_call_dropped();
                 self.stats.dropped.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             ResponderDecision::SendError { failed, err, reason } => {
                 tracing::debug!(?reason, xid = failed.xid, "rpcrdma server: RDMA_ERROR");
-                self.send_error(&failed, err)
+                self.rep.send_error(&failed, err)
             }
             ResponderDecision::Process(vc) => {
                 let fixed = FixedHeader::parse(msg).ok_or(Fatal::ShortHeader)?;
@@ -1283,7 +1254,8 @@ impl Conn {
                 }
                 chunks.extend(vc.read_chunks.iter());
                 if !chunks.is_empty() {
-                    self.note_rdma(xid);
+                    let mut tx = self.rep.tx();
+                    self.rep.note_rdma(&mut tx, xid);
                 }
                 let plan = CallPlan {
                     fixed,
@@ -1305,12 +1277,12 @@ impl Conn {
                     }
                     Ok(Pulled::TooLarge(total)) => {
                         tracing::debug!(xid, total, max = self.max_call, "rpcrdma server: Read chunks too large");
-                        self.send_error(&plan.fixed, ErrorBody::Chunk)
+                        self.rep.send_error(&plan.fixed, ErrorBody::Chunk)
                     }
                     Ok(Pulled::NoStage) => {
                         tracing::info!(xid, qp = self.qpn, "rpcrdma server: staging budget exhausted");
                         self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
-                        self.send_system_err(&plan.fixed, &plan.lists)
+                        self.rep.send_system_err(&plan.fixed, &plan.lists)
                     }
                     Err(e) => {
                         // RPCR-MEM-05: when the Requester refused the chunk, remember the
@@ -1357,7 +1329,7 @@ impl Conn {
             tracing::info!(xid = plan.fixed.xid, qp = self.qpn, peer = %self.peer, "rpcrdma server: short RDMA Read Response");
             self.stats.short_reads.fetch_add(1, Ordering::Relaxed);
             self.keep_spare(io.mr, io.charge);
-            return self.send_error(&plan.fixed, ErrorBody::Chunk);
+            return self.rep.send_error(&plan.fixed, ErrorBody::Chunk);
         }
         // the stage goes with the Call (quiet: every Read into it completed, and it was never
         // advertised); the next Call's chunks go into a spare one
@@ -1401,7 +1373,7 @@ impl Conn {
             Some(p) => (p, None, &ranges[..]),
             None => {
                 if pulled.with_bytes(|p| check_payload_xid(xid, &p[ranges[0].clone()]).is_err()) != Some(false) {
-                    return self.send_error(&fixed, ErrorBody::Chunk);
+                    return self.rep.send_error(&fixed, ErrorBody::Chunk);
                 }
                 (Vec::new(), Some(ranges[0].clone()), &ranges[1..])
             }
@@ -1414,17 +1386,24 @@ impl Conn {
         if !self.budget.take(charge) {
             tracing::info!(xid, qp = self.qpn, "rpcrdma server: staging budget exhausted");
             self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
-            return self.send_system_err(&fixed, &lists);
+            return self.rep.send_system_err(&fixed, &lists);
         }
         let charge = Charge {
             budget: self.budget.clone(),
             n: charge,
         };
         let room = ReplyRoom {
-            carry: self.carry(&lists),
+            carry: self.rep.carry(&lists),
             max_reply: self.max_reply,
         };
-        let (registry, home, qpn, serial) = (self.registry.clone(), self.home.clone(), self.qpn, self.serial);
+        let (registry, home, qpn, serial, rep) = (
+            self.registry.clone(),
+            self.home.clone(),
+            self.qpn,
+            self.serial,
+            self.rep.clone(),
+        );
+        let stats = self.stats.clone();
         let job = move || {
             let run = |pulled: &[u8]| {
                 let base: &[u8] = match &base {
@@ -1450,24 +1429,29 @@ impl Conn {
                 }
             };
             let outcome = pulled.with_bytes(run).unwrap_or(Outcome::Garbage);
-            let f = Finished {
+            drop(charge);
+            let Some(h) = home.upgrade() else { return };
+            // This thread posts the Reply itself (issue 18: handing it back to the worker was
+            // one more wake-up per call). What goes back to the worker (the Call's stage, for
+            // the next Calls' chunks) is queued first and needs no wake-up: the Reply's Send
+            // completion wakes the worker. Only a Reply that could not be posted wakes it now,
+            // so that the connection ends at once.
+            let give_back = |f: Finished| h.done.lock().unwrap_or_else(|e| e.into_inner()).push(f);
+            give_back(Finished {
                 qpn,
                 serial,
-                fixed,
-                lists,
-                outcome,
-                pulled,
-                _charge: charge,
-            };
-            if let Some(h) = home.upgrade() {
-                let mut d = h.done.lock().unwrap_or_else(|e| e.into_inner());
-                let first = d.is_empty();
-                d.push(f);
-                drop(d);
-                // one wake-up for every batch the worker takes
-                if first {
-                    h.wake();
-                }
+                pulled: Some(pulled),
+                error: None,
+            });
+            if let Err(e) = rep.answer(&fixed, &lists, outcome) {
+                give_back(Finished {
+                    qpn,
+                    serial,
+                    pulled: None,
+                    error: Some(e),
+                });
+                stats.pool_wakeups.fetch_add(1, Ordering::Relaxed);
+                h.wake();
             }
         };
         self.in_pool += 1;
@@ -1476,58 +1460,18 @@ impl Conn {
         Ok(())
     }
 
-    /// A Call of this connection came back from the I/O pool: send its Reply (or the
-    /// RDMA_ERROR the dispatch called for).
+    /// A Call of this connection came back from the I/O pool, its Reply posted (or failed).
     fn complete(&mut self, f: Finished) -> Result<(), Fatal> {
-        self.in_pool = self.in_pool.saturating_sub(1);
-        let Finished {
-            fixed,
-            lists,
-            outcome,
-            pulled,
-            ..
-        } = f;
-        // its stage is kept for the next Calls' chunks (at most SPARE_STAGES, each at most
-        // KEEP_STAGE), its budget still held; otherwise it goes and the budget comes back
-        if let CallData::Stage { mr, charge, .. } = pulled {
-            self.keep_spare(mr, charge);
-        }
-        let xid = fixed.xid;
-        let r = match outcome {
-            Outcome::Reply { stream, items } => self.send_reply(&fixed, &lists, stream, &items),
-            // issue 12 point 5: the reply cannot fit what the Call provides; the
-            // procedure did not run (B.5 #6)
-            Outcome::NoRoom { bound, carry } => {
-                tracing::debug!(xid, bound, carry, "rpcrdma server: no room for the reply");
-                self.send_error(&fixed, ErrorBody::Chunk)
+        if let Some(pulled) = f.pulled {
+            self.in_pool = self.in_pool.saturating_sub(1);
+            // its stage is kept for the next Calls' chunks (at most SPARE_STAGES, each at
+            // most KEEP_STAGE), its budget still held; otherwise it goes and the budget comes
+            // back
+            if let CallData::Stage { mr, charge, .. } = pulled {
+                self.keep_spare(mr, charge);
             }
-            // RPCR-DDP-07, B.4.5 #14: a non-eligible item was reduced
-            Outcome::ChunkError => self.send_error(&fixed, ErrorBody::Chunk),
-            // RPCR-ERR-09: the Payload stream is not a decodable Call
-            Outcome::Garbage => {
-                let grant = self.grant()?;
-                let m = garbage_args_message(xid, grant, &lists);
-                self.send(&m, WriteSource::Nothing, None, &[], xid)
-            }
-        };
-        if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
-            self.release_stage();
         }
-        r
-    }
-
-    fn grant(&mut self) -> Result<u32, Fatal> {
-        // RPCR-CRD-02/04: never 0, never more than the receives posted
-        Ok(self.credits.on_reply(self.posted)?)
-    }
-
-    fn send_error(&mut self, failed: &FixedHeader, err: ErrorBody) -> Result<(), Fatal> {
-        let grant = self.grant()?;
-        let h = Header::error_reply(failed, grant, err);
-        let mut e = crate::xdr::Encoder::new(Vec::new());
-        h.encode(&mut e)?;
-        self.stats.rdma_errors.fetch_add(1, Ordering::Relaxed);
-        self.send(&e.finish().0, WriteSource::Nothing, None, &[], failed.xid)
+        f.error.map_or(Ok(()), Err)
     }
 
     /// Post an RDMA Read of every chunk into a stage, in order; their completions come to
@@ -1562,7 +1506,7 @@ impl Conn {
             if s.length == 0 {
                 continue;
             }
-            let id = self.wr(wrid::READ);
+            let id = self.rep.wr(wrid::READ);
             reads.push((id, s.length));
             posts.push(SendWr::new(
                 id,
@@ -1586,270 +1530,34 @@ impl Conn {
         }))
     }
 
-    /// An RPC reply of SYSTEM_ERR (the server lacks the resources for this Call now).
-    fn send_system_err(&mut self, fixed: &FixedHeader, lists: &ChunkLists) -> Result<(), Fatal> {
-        let stream = system_err(fixed.xid)?;
-        self.send_reply(fixed, lists, stream, &[])
-    }
-
-    /// The most reply octets this Call's reply resources can carry: the inline threshold,
-    /// its Write chunks and its Reply chunk (RFC 8166 §3.4.6, §3.5.3).
-    fn carry(&self, lists: &ChunkLists) -> u64 {
-        let chunk = |w: &crate::wire::WriteChunk| w.segments.iter().map(|s| u64::from(s.length)).sum::<u64>();
-        u64::from(self.th.reply)
-            + lists.writes.iter().map(chunk).sum::<u64>()
-            + lists.reply.iter().map(chunk).sum::<u64>()
-    }
-
-    fn send_reply(
-        &mut self,
-        fixed: &FixedHeader,
-        lists: &ChunkLists,
-        stream: Vec<u8>,
-        items: &[crate::xdr::DdpItem],
-    ) -> Result<(), Fatal> {
-        let grant = self.grant()?;
-        self.send_reply_granted(grant, fixed, lists, stream, items)
-    }
-
-    fn send_reply_granted(
-        &mut self,
-        grant: u32,
-        fixed: &FixedHeader,
-        lists: &ChunkLists,
-        stream: Vec<u8>,
-        items: &[crate::xdr::DdpItem],
-    ) -> Result<(), Fatal> {
-        let pr = match plan_reply(&self.th, fixed.xid, grant, &stream, items, lists) {
-            Ok(p) => p,
-            Err(e) => {
-                // write chunk or reply chunk too small, or no reply chunk for a
-                // long reply: ERR_CHUNK (requirements B.5 #6)
-                tracing::debug!(xid = fixed.xid, "rpcrdma server: cannot reply: {e}");
-                let h = Header::error_reply(fixed, grant, ErrorBody::Chunk);
-                self.stats.rdma_errors.fetch_add(1, Ordering::Relaxed);
-                return self.send(&h.to_vec()?, WriteSource::Nothing, None, &[], fixed.xid);
-            }
-        };
-        let mut msg = pr.header.to_vec()?;
-        let writes: Vec<(u32, u64, std::ops::Range<usize>)> = pr
-            .item_writes
-            .iter()
-            .map(|w| (w.handle, w.remote_offset, w.src.clone()))
-            .chain(pr.payload_writes.iter().map(|w| {
-                (
-                    w.handle,
-                    w.remote_offset,
-                    stream.len() + w.src.start..stream.len() + w.src.end,
-                )
-            }))
-            .collect();
-        // Write-chunk results go straight from the reply the procedure encoded: its vector is
-        // registered as it is, charged to the staging budget while the Writes are in flight
-        // (issue 18: copying it into the stage was one of the two user-space copies of a
-        // READ's data that ONC RPC over TCP does not make). A Long Reply's reduced stream is
-        // staged.
-        let direct = !writes.is_empty() && pr.form != ReplyForm::Long;
-        let total: usize = match (writes.is_empty(), pr.form) {
-            (true, _) => 0,
-            (false, ReplyForm::Long) => stream.len() + pr.payload.len(),
-            (false, ReplyForm::Short) => stream.len(),
-        };
-        let charge = (direct && self.budget.take(total as u64)).then(|| Charge {
-            budget: self.budget.clone(),
-            n: total as u64,
-        });
-        let room = if direct {
-            charge.is_some()
-        } else {
-            total == 0 || self.stage(total)?.is_some()
-        };
-        if !room {
-            // the server's staging budget has no room for the RDMA Writes now
-            tracing::info!(
-                xid = fixed.xid,
-                qp = self.qpn,
-                "rpcrdma server: staging budget exhausted"
-            );
-            self.stats.no_stage.fetch_add(1, Ordering::Relaxed);
-            let stream = system_err(fixed.xid)?;
-            return self.send_reply_granted(grant, fixed, lists, stream, &[]);
-        }
-        if pr.form == ReplyForm::Short {
-            msg.extend_from_slice(&pr.payload);
-        }
-        // Send With Invalidate when every segment of the lists names one STag
-        let mut handles = lists
-            .reads
-            .iter()
-            .map(|r| r.target.handle)
-            .chain(lists.writes.iter().flat_map(|w| w.segments.iter().map(|s| s.handle)))
-            .chain(lists.reply.iter().flat_map(|w| w.segments.iter().map(|s| s.handle)));
-        let inv = match handles.next() {
-            Some(h) if self.remote_inv && handles.all(|x| x == h) => Some(h),
-            _ => None,
-        };
-        self.stats.replies.fetch_add(1, Ordering::Relaxed);
-        let form = match (pr.form, pr.item_writes.is_empty()) {
-            (ReplyForm::Long, _) => &self.stats.replies_long,
-            (_, true) => &self.stats.replies_inline,
-            (_, false) => &self.stats.replies_write_chunks,
-        };
-        form.fetch_add(1, Ordering::Relaxed);
-        if direct {
-            let mr = self.pd.reg_mr_vec(stream, Access::LOCAL_WRITE)?;
-            self.send(&msg, WriteSource::Registered(mr, charge), inv, &writes, fixed.xid)
-        } else if pr.form == ReplyForm::Long && !writes.is_empty() {
-            self.send(
-                &msg,
-                WriteSource::Staged(&[&stream, &pr.payload]),
-                inv,
-                &writes,
-                fixed.xid,
-            )
-        } else {
-            self.send(&msg, WriteSource::Nothing, inv, &writes, fixed.xid)
-        }
-    }
-
-    /// Post the RDMA Writes (from `source`), then the Send, or queue them while the
-    /// connection's send buffers are all under Sends in flight. Nothing waits here: the
-    /// Send's completion comes to [`Conn::on_sent`] (or the timeout ends the connection).
-    fn send(
-        &mut self,
-        msg: &[u8],
-        source: WriteSource<'_>,
-        inv: Option<u32>,
-        writes: &[(u32, u64, std::ops::Range<usize>)],
-        xid: u32,
-    ) -> Result<(), Fatal> {
-        if msg.len() > self.slot_len || msg.len() > self.th.reply as usize {
-            return Err(Fatal::ReplyTooLarge(msg.len()));
-        }
-        if !writes.is_empty() {
-            self.note_rdma(xid);
-        }
-        let held = if writes.is_empty() {
-            Held::Nothing
-        } else {
-            match source {
-                WriteSource::Registered(mr, charge) => Held::Registered { mr, _charge: charge },
-                WriteSource::Staged(staged) => {
-                    let total: usize = staged.iter().map(|s| s.len()).sum();
-                    let Some(stage) = self.stage(total)? else {
-                        return Err(Fatal::StagingExhausted);
-                    };
-                    let mut at = 0;
-                    for s in staged {
-                        stage.write(at, s).map_err(|_| Fatal::Stage)?;
-                        at += s.len();
-                    }
-                    self.stats.copied_octets.fetch_add(at as u64, Ordering::Relaxed);
-                    // the stage is this Reply's until its Send completes
-                    let mr = self.stage.take().ok_or(Fatal::Stage)?;
-                    let charge = Charge {
-                        budget: self.budget.clone(),
-                        n: mr.len() as u64,
-                    };
-                    Held::Stage(mr, charge)
-                }
-                WriteSource::Nothing => return Err(Fatal::Stage),
-            }
-        };
-        if inv.is_some() {
-            self.stats.remote_invalidations.fetch_add(1, Ordering::Relaxed);
-        }
-        self.queued.push_back(Outgoing {
-            msg: msg.to_vec(),
-            held,
-            inv,
-            writes: writes.to_vec(),
-            xid,
-        });
-        self.post_queued()
-    }
-
-    /// Post the queued Replies that have a send buffer and room on the send queue, in order.
-    fn post_queued(&mut self) -> Result<(), Fatal> {
-        while let Some(o) = self.queued.front() {
-            let n = o.writes.len() + 1;
-            if self.free_slots.is_empty() || (self.send_wrs > 0 && self.send_wrs + n > MAX_SEND_WRS) {
-                break;
-            }
-            let o = self.queued.pop_front().expect("front");
-            let slot = self.free_slots.pop().expect("a free slot");
-            let mut wrs = Vec::with_capacity(n);
-            if let Some(from) = o.held.region() {
-                for (handle, addr, src) in &o.writes {
-                    wrs.push(
-                        SendWr::new(
-                            wrid::WRITE,
-                            WrOpcode::RdmaWrite {
-                                remote: RemoteAddr {
-                                    addr: *addr,
-                                    rkey: *handle,
-                                },
-                            },
-                            vec![from.sge(src.start, src.len() as u32)],
-                        )
-                        .flags(SendFlags::empty()),
-                    );
-                }
-            }
-            let at = slot * self.slot_len;
-            self.send_mr.write(at, &o.msg).map_err(verbs::Error::from)?;
-            let id = self.wr(wrid::SEND);
-            let opcode = match o.inv {
-                Some(rkey) => WrOpcode::SendWithInv { invalidate_rkey: rkey },
-                None => WrOpcode::Send,
-            };
-            wrs.push(SendWr::new(id, opcode, vec![self.send_mr.sge(at, o.msg.len() as u32)]));
-            // RPCR-MEM-03: a reply we cannot transmit ends the connection
-            self.qp.post_send(&wrs)?;
-            self.send_wrs += wrs.len();
-            self.sending.push_back(InFlight {
-                id,
-                slot,
-                wrs: wrs.len(),
-                held: o.held,
-                xid: o.xid,
-                writes: !o.writes.is_empty(),
-                deadline: Instant::now() + self.timeout,
-            });
-        }
-        Ok(())
-    }
-
     /// A Reply's Send completed (its Writes before it): its buffer and memory come back.
     fn on_sent(&mut self, wc: &WorkCompletion) -> Result<(), Fatal> {
-        let Some(i) = self.sending.iter().position(|f| f.id == wc.wr_id) else {
-            return stray(wc);
-        };
-        let f = self.sending.remove(i).expect("position");
-        self.send_wrs -= f.wrs;
-        self.free_slots.push(f.slot);
-        if wc.status != WcStatus::Success {
-            self.failed_status = Some(wc.status);
-            if f.writes {
-                self.record_if_refused(f.xid);
+        match self.rep.on_sent(wc)? {
+            Sent::Unknown => stray(wc),
+            Sent::Failed { xid, writes } => {
+                self.failed_status = Some(wc.status);
+                if writes {
+                    self.record_if_refused(xid);
+                }
+                Err(Fatal::WorkRequest {
+                    opcode: wc.opcode,
+                    status: wc.status,
+                    vendor_err: wc.vendor_err,
+                })
             }
-            return Err(Fatal::WorkRequest {
-                opcode: wc.opcode,
-                status: wc.status,
-                vendor_err: wc.vendor_err,
-            });
+            Sent::Done(Held::Stage(mr, charge)) => {
+                self.keep_spare(mr, charge);
+                Ok(())
+            }
+            Sent::Done(_) => Ok(()),
         }
-        if let Held::Stage(mr, charge) = f.held {
-            self.keep_spare(mr, charge);
-        }
-        self.post_queued()
     }
 
     /// When the oldest RDMA operation of this connection still outstanding (its Read
     /// chunks' Reads, a Reply's Send) times out.
     fn op_deadline(&self) -> Option<Instant> {
         let pull = self.pulling.as_ref().map(|p| p.io.deadline);
-        let send = self.sending.front().map(|f| f.deadline);
+        let send = self.rep.tx().sending.front().map(|f| f.deadline);
         match (pull, send) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

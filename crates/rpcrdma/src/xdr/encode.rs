@@ -66,6 +66,17 @@ impl Encoder<Vec<u8>> {
         }
         self.pad(len)
     }
+
+    /// Where the encoding stands now, for [`Encoder::rollback`].
+    pub(crate) fn mark(&self) -> (usize, usize) {
+        (self.sink.len(), self.ddp.len())
+    }
+
+    /// Forgets everything encoded since `mark` (bytes and DDP-eligible items).
+    pub(crate) fn rollback(&mut self, (len, items): (usize, usize)) {
+        self.sink.truncate(len);
+        self.ddp.truncate(items);
+    }
 }
 
 /// A sink over a caller-provided buffer (for example a registered send buffer).
