@@ -29,6 +29,10 @@ use std::thread;
 use std::time::Duration;
 use verbs::*;
 
+#[path = "common/loopback.rs"]
+mod loopback;
+use loopback::device;
+
 const T: Duration = Duration::from_secs(20);
 
 struct Rogue {
@@ -60,13 +64,7 @@ fn caps(gid: [u8; 16]) -> LocalCaps {
 
 /// Plays the server side of CLC and CONFIRM LINK honestly, then hands over.
 fn rogue_server(l: TcpListener, addr: &str) -> Rogue {
-    let dev = roce::RoceFactory
-        .open(
-            &DeviceOptions::new()
-                .with("addr", addr)
-                .with("name", format!("rogue_{addr}")),
-        )
-        .unwrap();
+    let dev = device("rogue_", addr);
     let gid = dev.query_gid(1, 0).unwrap();
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(1024).unwrap();
@@ -187,13 +185,7 @@ fn pair_with(n: u8, cfg: SmcConfig) -> (SmcStream, Rogue, Device) {
     let port = l.local_addr().unwrap().port();
     let a2 = addr.clone();
     let rogue = thread::spawn(move || rogue_server(l, &a2));
-    let cdev = roce::RoceFactory
-        .open(
-            &DeviceOptions::new()
-                .with("addr", format!("127.115.{n}.2"))
-                .with("name", format!("smc_c{n}")),
-        )
-        .unwrap();
+    let cdev = device("smc_c", &format!("127.115.{n}.2"));
     let c = SmcStream::connect_with((addr.as_str(), port), &cdev, &cfg).unwrap();
     assert_eq!(c.mode(), Mode::SmcR);
     (c, rogue.join().unwrap(), cdev)
@@ -455,16 +447,10 @@ fn llc_requests_answered_and_the_connection_goes_on() {
 
 /// A connection in another link group (a real listener), to show the others go on.
 fn honest_pair(n: u8) -> (SmcStream, SmcStream) {
-    let d = |a: String| {
-        roce::RoceFactory
-            .open(
-                &DeviceOptions::new()
-                    .with("addr", a.as_str())
-                    .with("name", format!("smc_h{a}")),
-            )
-            .unwrap()
-    };
-    let (da, db) = (d(format!("127.115.{n}.1")), d(format!("127.115.{n}.2")));
+    let (da, db) = (
+        device("smc_h", &format!("127.115.{n}.1")),
+        device("smc_h", &format!("127.115.{n}.2")),
+    );
     let cfg = SmcConfig {
         prefix_len: 8,
         ..SmcConfig::default()
@@ -476,6 +462,27 @@ fn honest_pair(n: u8) -> (SmcStream, SmcStream) {
     let s = s.join().unwrap();
     assert_eq!((c.mode(), s.mode()), (Mode::SmcR, Mode::SmcR));
     (c, s)
+}
+
+/// The group is over: the next LLC message from our side is a DELETE LINK request (all,
+/// disorderly, `reason`), and the rogue's connection `c` reads as reset because of `cause`.
+fn group_ended(r: &Rogue, c: &mut SmcStream, reason: u32, cause: &str) {
+    use smc::wire::llc::DeleteLink;
+    let m = rogue_recv_llc(r);
+    assert!(!m.reply, "{m:?}");
+    assert_eq!(
+        m.body,
+        LlcBody::DeleteLink(DeleteLink {
+            all: true,
+            orderly: false,
+            link_num: 0,
+            reason
+        })
+    );
+    let mut b = [0u8; 4];
+    let e = c.read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert!(e.to_string().contains(cause), "{e}");
 }
 
 fn still_moves(c: &mut SmcStream, s: &mut SmcStream) {
@@ -490,7 +497,7 @@ fn still_moves(c: &mut SmcStream, s: &mut SmcStream) {
 // connection is reset (SMC-ABT-6); a connection of another group goes on.
 #[test]
 fn unknown_mandatory_llc_ends_the_group_others_go_on() {
-    use smc::wire::llc::{DeleteLink, delete_reason};
+    use smc::wire::llc::delete_reason;
     let (mut hc, mut hs) = honest_pair(16);
     let (mut c, r, _d) = pair(15);
     r.mr.write(1024, &{
@@ -502,21 +509,7 @@ fn unknown_mandatory_llc_ends_the_group_others_go_on() {
     .unwrap();
     r.qp.post_send_one(SendWr::new(10, WrOpcode::Send, vec![r.mr.sge(1024, 44)]))
         .unwrap();
-    let m = rogue_recv_llc(&r);
-    assert!(!m.reply);
-    assert_eq!(
-        m.body,
-        LlcBody::DeleteLink(DeleteLink {
-            all: true,
-            orderly: false,
-            link_num: 0,
-            reason: delete_reason::PROTOCOL_VIOLATION
-        })
-    );
-    let mut b = [0u8; 4];
-    let e = c.read(&mut b).unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
-    assert!(e.to_string().contains("LLC protocol error"), "{e}");
+    group_ended(&r, &mut c, delete_reason::PROTOCOL_VIOLATION, "LLC protocol error");
     still_moves(&mut hc, &mut hs);
     drop(r.tcp);
 }
@@ -526,7 +519,7 @@ fn unknown_mandatory_llc_ends_the_group_others_go_on() {
 // the connection reset; another group's connection goes on.
 #[test]
 fn unanswered_test_link_fails_the_link_others_go_on() {
-    use smc::wire::llc::{DeleteLink, delete_reason};
+    use smc::wire::llc::delete_reason;
     let (mut hc, mut hs) = honest_pair(18);
     let cfg = SmcConfig {
         prefix_len: 8,
@@ -537,22 +530,9 @@ fn unanswered_test_link_fails_the_link_others_go_on() {
     let t0 = std::time::Instant::now();
     let m = rogue_recv_llc(&r);
     assert!(!m.reply && matches!(m.body, LlcBody::TestLink(_)), "{m:?}");
-    let m = rogue_recv_llc(&r);
-    assert_eq!(
-        m.body,
-        LlcBody::DeleteLink(DeleteLink {
-            all: true,
-            orderly: false,
-            link_num: 0,
-            reason: delete_reason::LOST_PATH
-        })
-    );
+    group_ended(&r, &mut c, delete_reason::LOST_PATH, "TEST LINK");
     let waited = t0.elapsed();
     assert!(waited >= Duration::from_secs(2), "DELETE LINK after {waited:?}");
-    let mut b = [0u8; 4];
-    let e = c.read(&mut b).unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
-    assert!(e.to_string().contains("TEST LINK"), "{e}");
     still_moves(&mut hc, &mut hs);
     drop(r.tcp);
 }
@@ -563,7 +543,7 @@ fn unanswered_test_link_fails_the_link_others_go_on() {
 // violation), the connection reset; a connection of another group goes on.
 #[test]
 fn add_link_continuation_with_rtokens_after_a_reject_ends_the_group() {
-    use smc::wire::llc::{AddLink, AddLinkCont, DeleteLink, RtokenPair, delete_reason};
+    use smc::wire::llc::{AddLink, AddLinkCont, RtokenPair, delete_reason};
     let (mut hc, mut hs) = honest_pair(61);
     let (mut c, r, _d) = pair(60);
     let a = AddLink {
@@ -587,20 +567,7 @@ fn add_link_continuation_with_rtokens_after_a_reject_ends_the_group() {
         }],
     };
     rogue_llc(&r, LlcBody::AddLinkCont(cont), false, 21);
-    let m = rogue_recv_llc(&r);
-    assert_eq!(
-        m.body,
-        LlcBody::DeleteLink(DeleteLink {
-            all: true,
-            orderly: false,
-            link_num: 0,
-            reason: delete_reason::PROTOCOL_VIOLATION
-        })
-    );
-    let mut b = [0u8; 4];
-    let e = c.read(&mut b).unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
-    assert!(e.to_string().contains("ADD LINK CONTINUATION"), "{e}");
+    group_ended(&r, &mut c, delete_reason::PROTOCOL_VIOLATION, "ADD LINK CONTINUATION");
     still_moves(&mut hc, &mut hs);
     drop(r.tcp);
 }
