@@ -201,9 +201,7 @@ fn forged_cursor_aborts_the_connection() {
         prod: Cursor::new(0, 70_000),
         ..Cdc::default()
     };
-    r.mr.write(0, &forged.to_bytes()).unwrap();
-    r.qp.post_send_one(SendWr::new(1, WrOpcode::Send, vec![r.mr.sge(0, 44)]))
-        .unwrap();
+    rogue_cdc(&r, 1, 0, &forged);
     let mut b = [0u8; 16];
     let e = c.read(&mut b).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e}");
@@ -225,44 +223,14 @@ fn forged_cursor_aborts_the_connection() {
 #[test]
 fn write_outside_the_element_is_refused() {
     let (mut c, r, _d) = pair(12);
-    let rkey = r.confirm.rmb_rkey;
-    let base = r.confirm.rmb_vaddr;
     let len = r.confirm.rmbe_bytes() as u64;
     // An honest write of 5 octets plus its CDC.
-    r.mr.write(100, b"hello").unwrap();
-    r.qp.post_send_one(SendWr::new(
-        2,
-        WrOpcode::RdmaWrite {
-            remote: RemoteAddr { addr: base, rkey },
-        },
-        vec![r.mr.sge(100, 5)],
-    ))
-    .unwrap();
-    let cdc = Cdc {
-        seq: 1,
-        token: r.confirm.rmbe_alert_token,
-        prod: Cursor::new(0, 5),
-        ..Cdc::default()
-    };
-    r.mr.write(0, &cdc.to_bytes()).unwrap();
-    r.qp.post_send_one(SendWr::new(3, WrOpcode::Send, vec![r.mr.sge(0, 44)]))
-        .unwrap();
+    rogue_write(&r, 1, 0, b"hello");
     let mut b = [0u8; 5];
     c.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"hello");
     // Now 16 octets straddling the element's end.
-    r.mr.write(200, &[0xEE; 16]).unwrap();
-    r.qp.post_send_one(SendWr::new(
-        4,
-        WrOpcode::RdmaWrite {
-            remote: RemoteAddr {
-                addr: base + len - 8,
-                rkey,
-            },
-        },
-        vec![r.mr.sge(200, 16)],
-    ))
-    .unwrap();
+    rogue_rdma_write(&r, 4, len - 8, &[0xEE; 16]);
     let status = loop {
         let wc = r.cq.wait(Some(T)).expect("completion");
         if wc.wr_id == 4 {
@@ -278,17 +246,7 @@ fn write_outside_the_element_is_refused() {
 #[test]
 fn foreign_token_is_ignored_and_the_connection_goes_on() {
     let (mut c, r, _d) = pair(13);
-    let rkey = r.confirm.rmb_rkey;
-    let base = r.confirm.rmb_vaddr;
-    r.mr.write(100, b"abcdefgh").unwrap();
-    r.qp.post_send_one(SendWr::new(
-        2,
-        WrOpcode::RdmaWrite {
-            remote: RemoteAddr { addr: base, rkey },
-        },
-        vec![r.mr.sge(100, 8)],
-    ))
-    .unwrap();
+    rogue_rdma_write(&r, 2, 0, b"abcdefgh");
     let token = r.confirm.rmbe_alert_token;
     let foreign = Cdc {
         seq: 1,
@@ -296,9 +254,7 @@ fn foreign_token_is_ignored_and_the_connection_goes_on() {
         prod: Cursor::new(0, 8),
         ..Cdc::default()
     };
-    r.mr.write(0, &foreign.to_bytes()).unwrap();
-    r.qp.post_send_one(SendWr::new(3, WrOpcode::Send, vec![r.mr.sge(0, 44)]))
-        .unwrap();
+    rogue_cdc(&r, 3, 0, &foreign);
     // Wait until the client has certainly processed it (its ACK came back), then check.
     let mut acked = 0;
     while acked < 2 {
@@ -314,9 +270,7 @@ fn foreign_token_is_ignored_and_the_connection_goes_on() {
         prod: Cursor::new(0, 8),
         ..Cdc::default()
     };
-    r.mr.write(44, &honest.to_bytes()).unwrap();
-    r.qp.post_send_one(SendWr::new(4, WrOpcode::Send, vec![r.mr.sge(44, 44)]))
-        .unwrap();
+    rogue_cdc(&r, 4, 44, &honest);
     let mut b = [0u8; 8];
     c.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"abcdefgh");
@@ -354,26 +308,37 @@ fn rogue_recv_llc(r: &Rogue) -> LlcMessage {
 
 /// An honest write of `data` at element offset `at` plus its CDC (sequence `seq`).
 fn rogue_write(r: &Rogue, seq: u16, at: u32, data: &[u8]) {
-    r.mr.write(2048, data).unwrap();
-    r.qp.post_send_one(SendWr::new(
-        2,
-        WrOpcode::RdmaWrite {
-            remote: RemoteAddr {
-                addr: r.confirm.rmb_vaddr + u64::from(at),
-                rkey: r.confirm.rmb_rkey,
-            },
-        },
-        vec![r.mr.sge(2048, data.len() as u32)],
-    ))
-    .unwrap();
+    rogue_rdma_write(r, 2, u64::from(at), data);
     let cdc = Cdc {
         seq,
         token: r.confirm.rmbe_alert_token,
         prod: Cursor::new(0, at + data.len() as u32),
         ..Cdc::default()
     };
-    r.mr.write(0, &cdc.to_bytes()).unwrap();
-    r.qp.post_send_one(SendWr::new(3, WrOpcode::Send, vec![r.mr.sge(0, 44)]))
+    rogue_cdc(r, 3, 0, &cdc);
+}
+
+/// The rogue RDMA-Writes `data` (staged at 2048 of its MR) at offset `at` of the RMB
+/// element the client gave, as WR `wr_id`.
+fn rogue_rdma_write(r: &Rogue, wr_id: u64, at: u64, data: &[u8]) {
+    r.mr.write(2048, data).unwrap();
+    r.qp.post_send_one(SendWr::new(
+        wr_id,
+        WrOpcode::RdmaWrite {
+            remote: RemoteAddr {
+                addr: r.confirm.rmb_vaddr + at,
+                rkey: r.confirm.rmb_rkey,
+            },
+        },
+        vec![r.mr.sge(2048, data.len() as u32)],
+    ))
+    .unwrap();
+}
+
+/// The rogue Sends `cdc` (staged at `slot` of its MR) as WR `wr_id`.
+fn rogue_cdc(r: &Rogue, wr_id: u64, slot: usize, cdc: &Cdc) {
+    r.mr.write(slot, &cdc.to_bytes()).unwrap();
+    r.qp.post_send_one(SendWr::new(wr_id, WrOpcode::Send, vec![r.mr.sge(slot, 44)]))
         .unwrap();
 }
 
