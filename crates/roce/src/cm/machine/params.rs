@@ -102,23 +102,13 @@ impl ConnectParams {
         ulp: &[u8],
     ) -> Result<ConnectParams, CmaError> {
         let hdr = CmaHdr { src, dst: dst.ip() };
-        Ok(ConnectParams {
-            remote_gid: Gid::from_ip(dst.ip()),
-            service_id: crate::cm::cma::service_id(crate::cm::cma::PortSpace::Tcp, dst.port()),
+        Ok(ConnectParams::ib_service(
+            Gid::from_ip(dst.ip()),
+            crate::cm::cma::service_id(crate::cm::cma::PortSpace::Tcp, dst.port()),
             qpn,
             starting_psn,
-            responder_resources: 1,
-            initiator_depth: 1,
-            path_mtu: Mtu::Mtu1024,
-            retry_count: 7,
-            rnr_retry_count: 7,
-            local_ack_timeout: 18,
-            hop_limit: 64,
-            traffic_class: 0,
-            flow_label: 0,
-            srq: false,
-            private_data: hdr.req_private_data(ulp)?,
-        })
+            &hdr.req_private_data(ulp)?,
+        ))
     }
 
     /// A REQ to a raw IB service ID (no rdma_cm header): `private_data` goes as given (at
