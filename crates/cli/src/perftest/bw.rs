@@ -6,7 +6,7 @@ use std::time::Instant;
 use verbs::*;
 
 use super::completion::{check_events, ok, wait_wc};
-use super::session::{check_pattern, post_recvs, remote_of};
+use super::data::{check_pattern, recv_done, remote_of};
 use super::wire::{self, BwReport, PingpongDest};
 use super::{Data, Params, Verb};
 
@@ -151,28 +151,6 @@ pub(super) fn send_bw_client(d: &Data, p: &Params, _rem: &PingpongDest, deadline
         }
     }
     Ok(bw_report(p, &posted, &completed))
-}
-
-/// A receive of a send test completed: successfully, with `size` bytes (the `rcnt`-th);
-/// reposted while fewer than iters are posted (`rposted`).
-pub(super) fn recv_done(d: &Data, p: &Params, wc: &WorkCompletion, rcnt: &mut u64, rposted: &mut u64) -> Result<()> {
-    ok(wc, WcOpcode::Recv, "receive")?;
-    // UD: the byte count includes the 40-octet GRH area (ibv_wc.byte_len).
-    if wc.byte_len as u64 != p.size + p.grh() as u64 {
-        bail!(
-            "receive {} has {} bytes, expected {}{}",
-            *rcnt + 1,
-            wc.byte_len,
-            p.size,
-            if p.ud { " + 40 of GRH" } else { "" }
-        );
-    }
-    *rcnt += 1;
-    if *rposted < p.iters {
-        post_recvs(d, p, 1)?;
-        *rposted += 1;
-    }
-    Ok(())
 }
 
 /// Waits for one credit RDMA Write's completion.

@@ -5,9 +5,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use std::time::Instant;
 use verbs::*;
 
-use super::bw::recv_done;
 use super::completion::{check_events, ok, wait_wc};
-use super::session::{check_pattern, remote_of};
+use super::data::{check_pattern, recv_done, remote_of};
 use super::wire::PingpongDest;
 use super::{Data, Params};
 

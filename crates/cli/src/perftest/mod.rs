@@ -31,6 +31,7 @@
 mod bw;
 mod comm;
 mod completion;
+mod data;
 mod lat;
 mod report;
 mod session;

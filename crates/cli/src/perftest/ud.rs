@@ -42,7 +42,7 @@
 //!   (nor for RC).
 
 use super::completion::{ok, wait_wc};
-use super::session::{data_request, data_resources, retry_refused};
+use super::data::{data_request, data_resources, retry_refused};
 use super::{Data, Params, Role};
 use anyhow::{Context, Result, anyhow, bail};
 use std::net::SocketAddr;
