@@ -367,23 +367,7 @@ fn bench_bandwidth_with_tcp_baseline_human_and_json() {
 
 #[test]
 fn bench_two_processes() {
-    let mut server = Command::new(BIN)
-        .args(["bench", "--listen", "127.0.0.1:0"])
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // "bench server: listening on 127.0.0.1:PORT (iWARP) and ..."
-    let mut err = BufReader::new(server.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    let addr = line
-        .split_whitespace()
-        .find(|w| w.starts_with("127.0.0.1:"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
+    let (server, addr, mut err) = bench_server(&[]);
     let out = run(&[
         "bench",
         "send",
@@ -403,11 +387,11 @@ fn bench_two_processes() {
     err.read_to_string(&mut rest).unwrap();
     assert!(
         client_ok,
-        "client failed: {}\n{}\nserver stderr: {line}{rest}",
+        "client failed: {}\n{}\nserver stderr: {rest}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(sout.status.success(), "server failed: {line}{rest}");
+    assert!(sout.status.success(), "server failed: {rest}");
     let v = json_lines(&String::from_utf8(out.stdout).unwrap());
     assert_eq!(v.len(), 2);
     check_bw(&v[0], "send", 1024, 200);

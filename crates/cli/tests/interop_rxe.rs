@@ -19,15 +19,16 @@
 mod child;
 #[path = "common/lab.rs"]
 mod lab_common;
+#[path = "common/rping_server.rs"]
+mod rping_server;
 #[path = "common/rxe_path.rs"]
 mod rxe_path;
 
 use lab_common::{Lab, NS, acquire, bring_up_siw, exit_of, next_port, vm_exec};
+use rping_server::{OurServer, OurServerRun};
 use rxe_path::{HOST_RXE_IP, rxe_path_up};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
 
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
 const GUEST_IP: &str = "192.168.77.2";
@@ -109,54 +110,9 @@ fn our_client(port: u16, args: &[&str]) -> Output {
         .expect("softrdma rping -c")
 }
 
-struct OurServer {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    port: u16,
-}
-
 /// Our `softrdma rping -s --provider roce` in the namespace, on `bind`.
 fn our_server(bind: &str, args: &[&str]) -> OurServer {
-    let port = port();
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", NS, BIN, "rping", "-s", "-d", "-v", "-a", bind, "-p"])
-        .arg(port.to_string())
-        .args(["--provider", "roce", "--timeout", "60"])
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("softrdma rping -s");
-    let lines = child::lines_once_ready(&mut child, "rdma_bind_addr successful", Duration::from_secs(10));
-    OurServer { child, lines, port }
-}
-
-impl OurServer {
-    fn finish(mut self, secs: u64) -> (bool, Vec<String>, String) {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        let ok = loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                break st.success();
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut stderr = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            use std::io::Read;
-            let _ = e.read_to_string(&mut stderr);
-        }
-        let mut stdout = Vec::new();
-        while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(500)) {
-            stdout.push(l);
-        }
-        (ok, stdout, stderr)
-    }
+    OurServer::start(BIN, NS, bind, port(), &[&["--provider", "roce"], args].concat())
 }
 
 /// rping's ping lines: `rdma-ping-N: ` and the rotating ASCII, `size - 1` octets.
@@ -207,7 +163,7 @@ fn guest_client_case(lab: &Lab, count: usize, size: usize) {
          echo exit=$? >>/tmp/xc-{port}.err; cat /tmp/xc-{port}.log; echo '@@stderr'; cat /tmp/xc-{port}.err"
     );
     let (_, log) = lab.exec(&script, secs + 30);
-    let (ok, stdout, stderr) = srv.finish(20);
+    let OurServerRun { ok, stdout, stderr } = srv.finish(20);
     lab.kernel_check();
     assert_eq!(exit_of(&log), Some(0), "guest rping -c:\n{log}\nours: {stderr}");
     let pings: Vec<&str> = log.lines().filter(|l| l.starts_with("ping data: ")).collect();

@@ -20,14 +20,15 @@
 mod child;
 #[path = "common/lab.rs"]
 mod lab_common;
+#[path = "common/rping_server.rs"]
+mod rping_server;
 
 use lab_common::{LAB_STATE, Lab, NS, acquire, bring_up_siw, exit_of, gate, have, next_port};
+use rping_server::{OurServer, OurServerRun};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_softrdma");
 const HOST_IP: &str = "192.168.77.1";
@@ -234,84 +235,9 @@ fn our_client(port: u16, args: &[&str]) -> Output {
         .expect("softrdma rping -c")
 }
 
-/// Our `softrdma rping -s` in the namespace, listening.
-struct OurServer {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    port: u16,
-}
-
-struct OurServerRun {
-    ok: bool,
-    stdout: Vec<String>,
-    stderr: String,
-}
-
-impl OurServerRun {
-    fn line(&self, prefix: &str) -> String {
-        self.stdout
-            .iter()
-            .find(|l| l.starts_with(prefix))
-            .cloned()
-            .unwrap_or_default()
-    }
-}
-
+/// Our `softrdma rping -s` in the namespace on the lab's host address, listening.
 fn our_server(args: &[&str]) -> OurServer {
-    let port = port();
-    let mut child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            NS,
-            BIN,
-            "rping",
-            "-s",
-            "-d",
-            "-v",
-            "-a",
-            HOST_IP,
-            "-p",
-            &port.to_string(),
-        ])
-        .args(["--timeout", "60"])
-        .args(args)
-        .env("RUST_BACKTRACE", "0")
-        .env("RUST_LIB_BACKTRACE", "0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("softrdma rping -s");
-    let lines = child::lines_once_ready(&mut child, "rdma_bind_addr successful", Duration::from_secs(10));
-    OurServer { child, lines, port }
-}
-
-impl OurServer {
-    fn finish(mut self, secs: u64) -> OurServerRun {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        let ok = loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                break st.success();
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut stderr = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            use std::io::Read;
-            let _ = e.read_to_string(&mut stderr);
-        }
-        // The reader thread ends at EOF.
-        let mut stdout = Vec::new();
-        while let Ok(l) = self.lines.recv_timeout(Duration::from_millis(500)) {
-            stdout.push(l);
-        }
-        OurServerRun { ok, stdout, stderr }
-    }
+    OurServer::start(BIN, NS, HOST_IP, port(), args)
 }
 
 fn text(o: &Output) -> (String, String) {

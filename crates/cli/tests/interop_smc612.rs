@@ -23,8 +23,14 @@
 
 #[path = "common/child.rs"]
 mod child;
+#[path = "common/lab.rs"]
+mod lab_common;
+#[path = "common/smc_lab.rs"]
+mod smc_lab;
 
+use lab_common::have;
 use sha2::{Digest, Sha256};
+use smc_lab::{SockopsCgroup, build_static, cgroup2_mount, hex, value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -44,21 +50,6 @@ fn skip(why: &str) {
         panic!("{TEST}: the 6.12 lab is required (SOFTRDMA_INTEROP=require) but: {why}");
     }
     eprintln!("SKIPPED {TEST}: {why}");
-}
-
-fn have(prog: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {prog}")])
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
-fn lab_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("RDMALAB_REPO")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/lab"));
-    dir.join("vm.sh").exists().then_some(dir)
 }
 
 /// `vm.sh` of the 6.12 VM (its own state directory, tap, MAC and address).
@@ -92,39 +83,6 @@ fn exec(dir: &Path, script: &str, timeout: u64) -> (i32, String) {
     (out.status.code().unwrap_or(-1), s)
 }
 
-fn cgroup2_mount() -> Option<PathBuf> {
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mi.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        post.starts_with("cgroup2 ")
-            .then(|| PathBuf::from(pre.split(' ').nth(4).unwrap_or("")))
-    })
-}
-
-/// Builds a static guest tool into the share directory when missing or older than its source.
-fn build_static(src: &Path, out: &Path) -> Result<(), String> {
-    let fresh = |o: &Path| {
-        let (Ok(a), Ok(b)) = (std::fs::metadata(o), std::fs::metadata(src)) else {
-            return false;
-        };
-        a.modified().ok() >= b.modified().ok()
-    };
-    if fresh(out) {
-        return Ok(());
-    }
-    let tmp = out.with_extension(format!("tmp{}", std::process::id()));
-    let st = Command::new("gcc")
-        .args(["-O2", "-static", "-o"])
-        .arg(&tmp)
-        .arg(src)
-        .status()
-        .map_err(|e| format!("gcc: {e}"))?;
-    if !st.success() {
-        return Err(format!("gcc -static {} failed", src.display()));
-    }
-    std::fs::rename(&tmp, out).map_err(|e| e.to_string())
-}
-
 /// The test data of one direction: 16 MiB of a seeded xorshift stream.
 fn data(seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
@@ -136,10 +94,6 @@ fn data(seed: u64) -> Vec<u8> {
         v.extend_from_slice(&x.to_le_bytes());
     }
     v
-}
-
-fn hex(d: &[u8]) -> String {
-    d.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -155,19 +109,8 @@ fn child_mode(spec: &str) {
         it.next().unwrap(),
     );
     let addr: SocketAddr = format!("{ip}:{port}").parse().expect("addr");
-    let mount = cgroup2_mount().expect("cgroup2 mount");
-    let cg = mount.join(format!("softrdma-smc612-{}", std::process::id()));
-    std::fs::create_dir_all(&cg).expect("mkdir cgroup");
-    let guard = smc::sockops::SmcOption::attach(&cg, &[addr.port()]).expect("attach sock_ops");
-    let home = mount.join(
-        std::fs::read_to_string("/proc/self/cgroup")
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("0::").map(|s| s.trim_start_matches('/').to_string()))
-            .unwrap_or_default(),
-    );
-    let pid = std::process::id().to_string();
-    std::fs::write(cg.join("cgroup.procs"), &pid).expect("enter cgroup");
+    let cg = SockopsCgroup::enter("softrdma-smc612", addr.port());
+    let guard = cg.option();
 
     let dev = <roce::RoceFactory as verbs::DeviceFactory>::open(
         &roce::RoceFactory,
@@ -263,30 +206,17 @@ fn child_mode(spec: &str) {
         tl.elapsed().as_millis(),
         smc::live_links()
     );
-    std::fs::write(home.join("cgroup.procs"), &pid).expect("leave cgroup");
-    drop(guard);
-    let _ = std::fs::remove_dir(&cg);
+    drop(cg);
     println!("done");
 }
 
 fn host_child(spec: &str) -> std::process::Child {
-    Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{NS}"))
-        .arg(std::env::current_exe().unwrap())
-        .args(["--exact", TEST, "--nocapture"])
-        .env("SMC612_CHILD", spec)
-        .env("SOFTRDMA_SMC_STATS", "off")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("nsenter")
-}
-
-fn value<'a>(lines: &'a [String], key: &str) -> &'a str {
-    lines
-        .iter()
-        .find_map(|l| l.strip_prefix(key))
-        .unwrap_or_else(|| panic!("no {key} in {lines:#?}"))
+    smc_lab::host_child(
+        NS,
+        TEST,
+        &[("SMC612_CHILD", spec), ("SOFTRDMA_SMC_STATS", "off")],
+        Stdio::piped(),
+    )
 }
 
 /// Collects a child's stdout lines until it exits (or `timeout`, then it is killed).
@@ -335,7 +265,7 @@ fn smc_r_v2_with_linux_612_both_directions() {
              KVER=6.12.117+deb12-amd64 ../shared/lab/setup.sh --without-nfs"
         ));
     }
-    let Some(dir) = lab_dir() else {
+    let Ok(dir) = lab_common::lab_dir() else {
         return skip("no lab scripts (set RDMALAB_REPO)");
     };
     for tool in ["nsenter", "gcc", "qemu-system-x86_64"] {

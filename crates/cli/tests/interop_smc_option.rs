@@ -24,11 +24,14 @@
 mod child;
 #[path = "common/lab.rs"]
 mod lab_common;
+#[path = "common/smc_lab.rs"]
+mod smc_lab;
 
 use lab_common::{NS, acquire, bring_up_siw, have, next_port};
+use smc_lab::{SockopsCgroup, build_static, cgroup2_mount, hex, value};
 use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -36,13 +39,20 @@ const HOST_IP: &str = "192.168.77.1";
 const GUEST_IP: &str = "192.168.77.2";
 const SMC_OPT: &str = "fe06e2d4c3d9";
 
-fn cgroup2_mount() -> Option<PathBuf> {
-    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mi.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        post.starts_with("cgroup2 ")
-            .then(|| PathBuf::from(pre.split(' ').nth(4).unwrap_or("")))
-    })
+/// `smc_test` (the lab's tools/smc_test.c) built statically into the lab's share directory.
+fn smc_test_tool() -> Result<(), String> {
+    let src = lab_common::lab_dir()?.join("tools/smc_test.c");
+    build_static(&src, &Path::new(lab_common::LAB_STATE).join("share/smc_test"))
+}
+
+/// The host side: this binary again in the lab namespace with the child spec `spec`.
+fn host_child(spec: &str) -> std::process::Child {
+    smc_lab::host_child(
+        NS,
+        "smc_option_with_linux_net_smc_both_directions",
+        &[("SMCBPF_LAB_CHILD", spec)],
+        Stdio::inherit(),
+    )
 }
 
 /// Child mode: `connect:IP:PORT` or `listen:IP:PORT`, inside a fresh cgroup with the
@@ -50,19 +60,8 @@ fn cgroup2_mount() -> Option<PathBuf> {
 fn child_mode(spec: &str) {
     let (mode, addr) = spec.split_once(':').expect("mode:addr");
     let addr: SocketAddr = addr.parse().expect("addr");
-    let mount = cgroup2_mount().expect("cgroup2 mount");
-    let dir = mount.join(format!("softrdma-smcopt-lab-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir cgroup");
-    let g = smc::sockops::SmcOption::attach(&dir, &[addr.port()]).expect("attach");
-    let home = mount.join(
-        std::fs::read_to_string("/proc/self/cgroup")
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("0::").map(|s| s.trim_start_matches('/').to_string()))
-            .unwrap_or_default(),
-    );
-    let pid = std::process::id().to_string();
-    std::fs::write(dir.join("cgroup.procs"), &pid).expect("enter cgroup");
+    let cg = SockopsCgroup::enter("softrdma-smcopt-lab", addr.port());
+    let g = cg.option();
     let (offered, first) = if mode == "connect" {
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
         (g.peer_offered_smc(&s), Vec::new())
@@ -75,52 +74,9 @@ fn child_mode(spec: &str) {
         let n = s.read(&mut buf).unwrap_or(0);
         (g.peer_offered_smc(&s), buf[..n].to_vec())
     };
-    std::fs::write(home.join("cgroup.procs"), &pid).expect("leave cgroup");
-    drop(g);
-    let _ = std::fs::remove_dir(&dir);
-    println!("first={}", first.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    drop(cg);
+    println!("first={}", hex(&first));
     println!("offered={offered:?}");
-}
-
-fn smc_test() -> Result<(), String> {
-    let bin = Path::new(lab_common::LAB_STATE).join("share/smc_test");
-    if bin.exists() {
-        return Ok(());
-    }
-    let src = lab_common::lab_dir()?.join("tools/smc_test.c");
-    let st = Command::new("gcc")
-        .args(["-O2", "-static", "-o"])
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .map_err(|e| format!("gcc: {e}"))?;
-    if st.success() {
-        Ok(())
-    } else {
-        Err(format!("gcc -static {} failed", src.display()))
-    }
-}
-
-fn host_child(spec: &str) -> std::process::Child {
-    Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{NS}"))
-        .arg(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "smc_option_with_linux_net_smc_both_directions",
-            "--nocapture",
-        ])
-        .env("SMCBPF_LAB_CHILD", spec)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("nsenter")
-}
-
-fn value(lines: &[String], key: &str) -> String {
-    lines
-        .iter()
-        .find_map(|l| l.strip_prefix(key).map(str::to_string))
-        .unwrap_or_else(|| panic!("no {key} in {lines:?}"))
 }
 
 #[test]
@@ -146,7 +102,7 @@ fn smc_option_with_linux_net_smc_both_directions() {
     ) else {
         return;
     };
-    if let Err(why) = smc_test() {
+    if let Err(why) = smc_test_tool() {
         eprintln!("SKIPPED smc_option_with_linux_net_smc_both_directions: {why}");
         return;
     }

@@ -541,6 +541,87 @@ c.sendall(b"a" * 500); c.send(b"U", socket.MSG_OOB); c.sendall(b"b" * 10); c.clo
 print(json.dumps(out), flush=True)
 "#;
 
+/// The urgent-data pair (`PY_OOB_SERVER` on side 0, `PY_OOB_CLIENT` on side 1) on
+/// `addr`:`port`, run by `smc run` (`wrapped`) or plain; the client's and the server's JSON
+/// reports.
+fn oob_pair(lab: &Lab, addr: &str, port: u16, wrapped: bool) -> (serde_json::Value, serde_json::Value) {
+    let (fs, fc) = (tmp(&format!("oob{port}-srv.py")), tmp(&format!("oob{port}-cli.py")));
+    std::fs::write(&fs, PY_OOB_SERVER).unwrap();
+    std::fs::write(&fc, PY_OOB_CLIENT).unwrap();
+    let p = port.to_string();
+    let run = |side: usize, a: &[&str]| {
+        if wrapped {
+            lab.smc_run(side, a)
+        } else {
+            lab.raw(side, a[0], &a[1..])
+        }
+    };
+    let srv = run(0, &["python3", fs.to_str().unwrap(), addr, &p])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_port(lab, 0, port);
+    let cli = run(1, &["python3", fc.to_str().unwrap(), addr, &p])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let c: serde_json::Value = serde_json::from_slice(&finish(cli, "python oob client").stdout).unwrap();
+    let s: serde_json::Value = serde_json::from_slice(&finish(srv, "python oob server").stdout).unwrap();
+    let _ = (std::fs::remove_file(fs), std::fs::remove_file(fc));
+    (c, s)
+}
+
+/// `python3 -m http.server` on `bind`:`port` (side 0) serving 3 MB (pattern `seed`) and
+/// `curl` with `curl_opts` fetching it from `http://{host}:{port}/f.bin` (side 1), both
+/// wrapped: curl must succeed with the file byte-exact. Returns the client's connection
+/// (`smc status`) and the server, still running.
+fn http_fetch(
+    lab: &Lab,
+    bind: &str,
+    host: &str,
+    port: u16,
+    seed: u8,
+    curl_opts: &[&str],
+) -> (serde_json::Value, Child) {
+    let dir = tmp(&format!("www{port}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let body = pattern(3_000_000, seed);
+    std::fs::write(dir.join("f.bin"), &body).unwrap();
+    let srv = lab
+        .smc_run(
+            0,
+            &[
+                "python3",
+                "-m",
+                "http.server",
+                "--bind",
+                bind,
+                &port.to_string(),
+                "-d",
+                dir.to_str().unwrap(),
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_port(lab, 0, port);
+    let out = tmp(&format!("curl{port}.bin"));
+    let url = format!("http://{host}:{port}/f.bin");
+    let mut args = vec!["curl"];
+    args.extend_from_slice(curl_opts);
+    args.extend_from_slice(&["-o", out.to_str().unwrap(), &url]);
+    let o = lab.smc_run(1, &args).output().unwrap();
+    assert!(o.status.success(), "curl {curl_opts:?}: {o:?}");
+    assert!(
+        std::fs::read(&out).unwrap() == body,
+        "curl {curl_opts:?}'s file differs"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_file(out);
+    (lab.conn(1, port), srv)
+}
+
 /// Urgent data through `smc run` (A2.9 SMC-URG-1..5 end to end, D1's TCP model): the same
 /// python pair runs plain (kernel TCP) and wrapped (SMC-R, the daemons relay the urgent
 /// octet: the program's MSG_OOB on its AF_UNIX socket → CDC P/U → MSG_OOB on the peer's)
@@ -550,28 +631,9 @@ print(json.dumps(out), flush=True)
 fn python_msg_oob_like_tcp() {
     skip_unless!("python3", "ss");
     let lab = Lab::new("oob", 7);
-    let (fs, fc) = (tmp("oob-srv.py"), tmp("oob-cli.py"));
-    std::fs::write(&fs, PY_OOB_SERVER).unwrap();
-    std::fs::write(&fc, PY_OOB_CLIENT).unwrap();
     let mut outs = Vec::new();
     for (port, wrapped) in [(5630u16, false), (5631, true)] {
-        let p = port.to_string();
-        let (sa, ca) = (
-            ["python3", fs.to_str().unwrap(), &lab.ip[0], &p],
-            ["python3", fc.to_str().unwrap(), &lab.ip[0], &p],
-        );
-        let run = |side: usize, a: &[&str]| {
-            if wrapped {
-                lab.smc_run(side, a)
-            } else {
-                lab.raw(side, a[0], &a[1..])
-            }
-        };
-        let srv = run(0, &sa).stdout(Stdio::piped()).spawn().unwrap();
-        wait_port(&lab, 0, port);
-        let cli = run(1, &ca).stdout(Stdio::piped()).spawn().unwrap();
-        let c: serde_json::Value = serde_json::from_slice(&finish(cli, "python oob client").stdout).unwrap();
-        let s: serde_json::Value = serde_json::from_slice(&finish(srv, "python oob server").stdout).unwrap();
+        let (c, s) = oob_pair(&lab, &lab.ip[0], port, wrapped);
         eprintln!("wrapped={wrapped}\n client {c}\n server {s}");
         if wrapped {
             assert_eq!(lab.conn(0, port)["mode"], "SMC-R");
@@ -593,7 +655,6 @@ fn python_msg_oob_like_tcp() {
     assert_eq!(s["inline_before"], 500);
     assert_eq!(s["inline_rest"], format!("U{}", "b".repeat(10)));
     assert_eq!(outs[1], outs[0], "smc run differs from TCP");
-    let _ = (std::fs::remove_file(fs), std::fs::remove_file(fc));
 }
 
 /// IPv6 (issue 15: SMC-R v1 runs over IPv6 TCP): the namespaces get ULA addresses
@@ -613,48 +674,8 @@ fn curl6_and_python6_over_smcr() {
             lab.ns[side], ip6[side]
         )));
     }
-    let dir = tmp("www6");
-    std::fs::create_dir_all(&dir).unwrap();
-    let body = pattern(3_000_000, 8);
-    std::fs::write(dir.join("f.bin"), &body).unwrap();
     let port = 5640;
-    let mut srv = lab
-        .smc_run(
-            0,
-            &[
-                "python3",
-                "-m",
-                "http.server",
-                "--bind",
-                ip6[0],
-                &port.to_string(),
-                "-d",
-                dir.to_str().unwrap(),
-            ],
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_port(&lab, 0, port);
-    let out = tmp("curl6.bin");
-    let o = lab
-        .smc_run(
-            1,
-            &[
-                "curl",
-                "-6",
-                "-gsS",
-                "-o",
-                out.to_str().unwrap(),
-                &format!("http://[{}]:{port}/f.bin", ip6[0]),
-            ],
-        )
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "curl -6: {:?}", o);
-    assert!(std::fs::read(&out).unwrap() == body, "curl -6's file differs");
-    let c = lab.conn(1, port);
+    let (c, mut srv) = http_fetch(&lab, ip6[0], &format!("[{}]", ip6[0]), port, 8, &["-6", "-gsS"]);
     assert_eq!(c["mode"], "SMC-R", "{c}");
     assert!(c["peer"].as_str().unwrap().starts_with(&format!("[{}]", ip6[0])), "{c}");
     assert!(c["bytes_received"].as_u64().unwrap() > 3_000_000, "{c}");
@@ -668,24 +689,8 @@ fn curl6_and_python6_over_smcr() {
     let _ = srv.kill();
     let _ = srv.wait();
     // Urgent data over IPv6 as well.
-    let (fs, fc) = (tmp("oob6-srv.py"), tmp("oob6-cli.py"));
-    std::fs::write(&fs, PY_OOB_SERVER).unwrap();
-    std::fs::write(&fc, PY_OOB_CLIENT).unwrap();
     let port = 5641;
-    let p = port.to_string();
-    let srv = lab
-        .smc_run(0, &["python3", fs.to_str().unwrap(), ip6[0], &p])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_port(&lab, 0, port);
-    let cli = lab
-        .smc_run(1, &["python3", fc.to_str().unwrap(), ip6[0], &p])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let c: serde_json::Value = serde_json::from_slice(&finish(cli, "python6 oob client").stdout).unwrap();
-    let s: serde_json::Value = serde_json::from_slice(&finish(srv, "python6 oob server").stdout).unwrap();
+    let (c, s) = oob_pair(&lab, ip6[0], port, true);
     assert_eq!(
         (s["oob"].as_str(), s["before"].clone()),
         (Some("U"), serde_json::json!([1002, "xy"])),
@@ -697,12 +702,6 @@ fn curl6_and_python6_over_smcr() {
         "{c}"
     );
     assert_eq!(lab.conn(0, port)["mode"], "SMC-R");
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = (
-        std::fs::remove_file(out),
-        std::fs::remove_file(fs),
-        std::fs::remove_file(fc),
-    );
 }
 
 /// D2 scenario 4: unmodified curl against `python3 -m http.server`, both wrapped: the 3 MB
@@ -711,53 +710,11 @@ fn curl6_and_python6_over_smcr() {
 fn curl_against_http_server_over_smcr() {
     skip_unless!("python3", "curl", "ss");
     let lab = Lab::new("http", 3);
-    let dir = tmp("www");
-    std::fs::create_dir_all(&dir).unwrap();
-    let body = pattern(3_000_000, 3);
-    std::fs::write(dir.join("f.bin"), &body).unwrap();
-    let port = 5613;
-    let mut srv = lab
-        .smc_run(
-            0,
-            &[
-                "python3",
-                "-m",
-                "http.server",
-                "--bind",
-                &lab.ip[0],
-                &port.to_string(),
-                "-d",
-                dir.to_str().unwrap(),
-            ],
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_port(&lab, 0, port);
-    let out = tmp("curl.bin");
-    let o = lab
-        .smc_run(
-            1,
-            &[
-                "curl",
-                "-sS",
-                "-o",
-                out.to_str().unwrap(),
-                &format!("http://{}:{port}/f.bin", lab.ip[0]),
-            ],
-        )
-        .output()
-        .unwrap();
+    let (c, mut srv) = http_fetch(&lab, &lab.ip[0], &lab.ip[0], 5613, 3, &["-sS"]);
     let _ = srv.kill();
     let _ = srv.wait();
-    assert!(o.status.success(), "curl: {:?}", o);
-    assert!(std::fs::read(&out).unwrap() == body, "curl's file differs");
-    let c = lab.conn(1, port);
     assert_eq!(c["mode"], "SMC-R", "{c}");
     assert!(c["bytes_received"].as_u64().unwrap() > 3_000_000, "{c}");
-    let _ = std::fs::remove_dir_all(&dir);
-    let _ = std::fs::remove_file(out);
 }
 
 /// D2 scenario 2 / SMC-OPT-3: a plain peer on either side. Unwrapped client → wrapped server

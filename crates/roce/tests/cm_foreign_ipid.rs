@@ -8,13 +8,15 @@
 //! Requirement IDs: `../shared/requirements/smcr-ipoibcm.md` C3 (ICRC), C1.6 (REJ 8).
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use roce::cm::mad::{CmMsg, Mad, RejReason};
-use roce::cm::{Cm, CmConfig, ConnectParams};
-use roce::wire::{Bth, Deth, ExtHeaders, Opcode, Packet, Psn, icrc};
+use roce::wire::Packet;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-use verbs::{DeviceFactory, DeviceOptions, Gid};
+use verbs::{DeviceFactory, DeviceOptions};
+
+#[path = "common/gsi.rs"]
+mod gsi;
 
 const US: Ipv4Addr = Ipv4Addr::new(127, 81, 0, 1);
 const DEV: Ipv4Addr = Ipv4Addr::new(127, 81, 0, 2);
@@ -22,52 +24,13 @@ const DEV: Ipv4Addr = Ipv4Addr::new(127, 81, 0, 2);
 /// The UDP payload (BTH, DETH, MAD, ICRC) of a REQ from `US` to `DEV`'s port 9, sealed for
 /// IPv4 Identification `id`.
 fn req_packet(id: u16) -> Vec<u8> {
-    let mut cm = Cm::new(CmConfig::new(0x0253_6f66_7f51_0001, Gid::from_ipv4(US), 7));
-    let p = ConnectParams::rdma_cm(
-        SocketAddr::new(US.into(), 40000),
-        SocketAddr::new(DEV.into(), 9),
-        0x00_1234,
-        0x00_5678,
-        b"",
-    )
-    .unwrap();
-    cm.connect(Instant::now(), p).unwrap();
-    let (_, mad) = cm.poll_transmit().unwrap();
-    let mad = mad.emit().unwrap();
-    let bth = Bth {
-        opcode: Opcode::UD_SEND_ONLY,
-        se: false,
-        m: false,
-        pad_count: 0,
-        tver: 0,
-        p_key: 0xffff,
-        fecn: false,
-        becn: false,
-        resv6a: 0,
-        dest_qp: 1,
-        ack_req: true,
-        resv7: 0,
-        psn: Psn::new(0x0618bf3),
-    };
-    let ext = ExtHeaders {
-        deth: Some(Deth {
-            q_key: roce::gsi::GSI_QKEY,
-            resv8: 0,
-            src_qp: 1,
-        }),
-        ..ExtHeaders::default()
-    };
-    let pkt = Packet::new(bth, ext, &mad).unwrap();
-    let mut buf = vec![0u8; pkt.buffer_len()];
-    pkt.emit(&mut buf).unwrap();
-    let ip = icrc::ipv4_header(US.octets(), DEV.octets(), id, buf.len());
+    let mad = gsi::rdma_cm_req(0x0253_6f66_7f51_0001, US, DEV, 9);
+    let mut bth = gsi::gsi_bth(0x0618bf3);
+    bth.ack_req = true;
+    let mut buf = gsi::ud_packet(bth, roce::gsi::GSI_QKEY, &mad);
     // rxe's source port is 0xC000 | hash; any port works.
-    let udp = icrc::udp_header(55410, 4791, buf.len());
-    icrc::seal(&ip, &udp, &mut buf).unwrap();
-    let mut frame = ip.to_vec();
-    frame.extend_from_slice(&udp);
-    frame.extend_from_slice(&buf);
-    frame
+    let (ip, udp) = gsi::seal_ipv4(&mut buf, US, DEV, id, 55410);
+    [&ip[..], &udp[..], &buf[..]].concat()
 }
 
 /// C3, C1.6: a REQ with IPv4 ID 0x3403 (as rxe sends) passes the device's ICRC check and

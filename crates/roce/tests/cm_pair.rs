@@ -405,6 +405,20 @@ fn passive_side_disconnects() {
     ));
 }
 
+/// The last event of `ev`, which must be a REJ received: the connection, the reason and the
+/// private data.
+fn rejected(ev: &[CmEvent]) -> (CmId, RejReason, &[u8]) {
+    match ev.last() {
+        Some(CmEvent::Rejected {
+            id,
+            reason,
+            private_data,
+            ..
+        }) => (*id, *reason, private_data),
+        e => panic!("expected Rejected, have {e:?}"),
+    }
+}
+
 /// C1.6, C1.7: the application rejects the REQ with consumer reason 28 and private data; the
 /// active side gets both; neither side keeps state.
 #[test]
@@ -415,20 +429,10 @@ fn consumer_reject_with_private_data() {
     n.b.reject(n.now, idb, RejReason::ConsumerDefined, &[], b"go away")
         .unwrap();
     n.pump();
-    match n.ev_a.last() {
-        Some(CmEvent::Rejected {
-            id,
-            reason,
-            private_data,
-            ..
-        }) => {
-            assert_eq!(*id, ida);
-            assert_eq!(*reason, RejReason::ConsumerDefined);
-            assert_eq!(&private_data[..7], b"go away");
-            assert_eq!(private_data.len(), 148);
-        }
-        e => panic!("{e:?}"),
-    }
+    let (id, reason, private_data) = rejected(&n.ev_a);
+    assert_eq!((id, reason), (ida, RejReason::ConsumerDefined));
+    assert_eq!(&private_data[..7], b"go away");
+    assert_eq!(private_data.len(), 148);
     let rej = &n.log.last().unwrap().2;
     assert!(matches!(&rej.msg, CmMsg::Rej(r) if r.message_rejected == MsgType::Req && r.local_comm_id == idb.0));
     assert_eq!((n.a.connections(), n.b.connections()), (0, 0));
@@ -462,26 +466,14 @@ fn raw_ib_service_req_and_rej_with_private_data() {
     assert!(r.req.private_data[8..].iter().all(|b| *b == 0));
     n.b.reject(n.now, r.id, RejReason::ConsumerDefined, &[], &pd).unwrap();
     n.pump();
-    match n.ev_a.last() {
-        Some(CmEvent::Rejected {
-            id,
-            reason,
-            private_data,
-            ..
-        }) => {
-            assert_eq!(*id, ida);
-            assert_eq!(*reason, RejReason::ConsumerDefined);
-            assert_eq!(&private_data[..8], &pd);
-        }
-        e => panic!("{e:?}"),
-    }
+    let (id, reason, private_data) = rejected(&n.ev_a);
+    assert_eq!((id, reason), (ida, RejReason::ConsumerDefined));
+    assert_eq!(&private_data[..8], &pd);
     let p = ConnectParams::ib_service(n.gb, 0x0100_0000_0040_0001, 0x12, 1, &pd);
     let idc = n.a.connect(n.now, p).unwrap();
     n.pump();
-    assert!(matches!(
-        n.ev_a.last(),
-        Some(CmEvent::Rejected { id, reason: RejReason::InvalidServiceId, .. }) if *id == idc
-    ));
+    let (id, reason, _) = rejected(&n.ev_a);
+    assert_eq!((id, reason), (idc, RejReason::InvalidServiceId));
     assert_eq!((n.a.connections(), n.b.connections()), (0, 0));
 }
 
@@ -496,19 +488,9 @@ fn active_rejects_rep() {
     n.pump();
     n.a.reject(n.now, ida, RejReason::ConsumerDefined, &[], b"no").unwrap();
     n.pump();
-    match n.ev_b.last() {
-        Some(CmEvent::Rejected {
-            id,
-            reason,
-            private_data,
-            ..
-        }) => {
-            assert_eq!(*id, idb);
-            assert_eq!(*reason, RejReason::ConsumerDefined);
-            assert_eq!(&private_data[..2], b"no");
-        }
-        e => panic!("{e:?}"),
-    }
+    let (id, reason, private_data) = rejected(&n.ev_b);
+    assert_eq!((id, reason), (idb, RejReason::ConsumerDefined));
+    assert_eq!(&private_data[..2], b"no");
     let rej = &n.log.iter().rfind(|(s, _, _)| *s == Side::A).unwrap().2;
     assert!(matches!(&rej.msg, CmMsg::Rej(r) if r.message_rejected == MsgType::Rep));
     n.settle();
@@ -525,10 +507,8 @@ fn unknown_service_gets_rej_8() {
     p.service_id = service_id(PortSpace::Tcp, 7175);
     let ida = n.a.connect(n.now, p).unwrap();
     n.pump();
-    assert!(matches!(
-        n.ev_a.last(),
-        Some(CmEvent::Rejected { id, reason: RejReason::InvalidServiceId, .. }) if *id == ida
-    ));
+    let (id, reason, _) = rejected(&n.ev_a);
+    assert_eq!((id, reason), (ida, RejReason::InvalidServiceId));
     let (req, rej) = (&n.log[0].2, &n.log[1].2);
     assert_eq!(rej.hdr.tid, req.hdr.tid);
     assert!(matches!(&rej.msg, CmMsg::Rej(r) if r.local_comm_id == 0 && r.remote_comm_id == ida.0));
@@ -538,13 +518,7 @@ fn unknown_service_gets_rej_8() {
     assert!(n.b.unlisten(SID));
     n.a.connect(n.now, connect_params(n.gb, 0x12, 1)).unwrap();
     n.pump();
-    assert!(matches!(
-        n.ev_a.last(),
-        Some(CmEvent::Rejected {
-            reason: RejReason::InvalidServiceId,
-            ..
-        })
-    ));
+    assert_eq!(rejected(&n.ev_a).1, RejReason::InvalidServiceId);
 }
 
 /// C1.6: a REQ whose remote GID is not the listener's gets REJ 12 with our GID as ARI (what

@@ -21,6 +21,9 @@ use roce::cm::mad::{
 use roce::cm::{Cm, CmConfig, CmEvent, SidrId};
 use verbs::{Gid, RDMA_UDP_QKEY};
 
+#[path = "common/gsi.rs"]
+mod gsi;
+
 /// The SIDR_REQ an rdma_cm client on 192.168.77.1 sends to port 7174 of 192.168.77.2 in
 /// the UDP port space, written out octet by octet from table 119.
 fn golden_sidr_req() -> [u8; MAD_LEN] {
@@ -546,7 +549,7 @@ fn tshark() -> bool {
 fn tshark_decodes_sidr_mads() {
     use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
     use pcap_file::pcap::{PcapPacket, PcapWriter};
-    use roce::wire::{Bth, Deth, ExtHeaders, Opcode, Packet, Psn, icrc};
+    use roce::wire::icrc;
     if !tshark() {
         eprintln!("SKIPPED tshark_decodes_sidr_mads: tshark is not installed");
         return;
@@ -573,18 +576,7 @@ fn tshark_decodes_sidr_mads() {
     }));
     assert_eq!(mads.len(), 8);
     let frame = |mad: &[u8], psn: u32| {
-        let bth = Bth::new(Opcode::UD_SEND_ONLY, 1, Psn::new(psn));
-        let ext = ExtHeaders {
-            deth: Some(Deth {
-                q_key: 0x8001_0000,
-                resv8: 0,
-                src_qp: 1,
-            }),
-            ..Default::default()
-        };
-        let pk = Packet::new(bth, ext, mad).unwrap();
-        let mut payload = vec![0; pk.buffer_len()];
-        pk.emit(&mut payload).unwrap();
+        let mut payload = gsi::ud_packet(gsi::gsi_bth(psn), 0x8001_0000, mad);
         let build = |pl: &[u8]| {
             let mut f = Vec::new();
             PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])

@@ -406,13 +406,7 @@ fn unlistened_port_is_rejected_invalid_service_id() {
     let (_w, a, b) = pair(3);
     let pd = a.dev.alloc_pd().unwrap();
     let e = pd.connect(SocketAddr::new(b.ip, 7473), opts(&a.dev), T).unwrap_err();
-    let Error::Rejected { detail: Some(d), .. } = &e else {
-        panic!("expected a rejection, got {e:?}")
-    };
-    assert_eq!(
-        d.downcast_ref::<Rejection>().unwrap().reason,
-        RejReason::InvalidServiceId
-    );
+    assert_eq!(rej_reason(&e), RejReason::InvalidServiceId);
     assert!(e.to_string().contains("invalid service ID"), "{e}");
     assert_eq!(e.errno(), libc_econnrefused());
 }
@@ -574,13 +568,7 @@ fn dropped_request_is_rejected() {
         drop,
     );
     let e = client.unwrap_err();
-    let Error::Rejected { detail: Some(d), .. } = &e else {
-        panic!("{e:?}")
-    };
-    assert_eq!(
-        d.downcast_ref::<Rejection>().unwrap().reason,
-        RejReason::ConsumerDefined
-    );
+    assert_eq!(rej_reason(&e), RejReason::ConsumerDefined);
 }
 
 /// Too much private data for a REQ after the rdma_cm header is refused before anything is
@@ -645,6 +633,14 @@ fn assert_ud_rts(n: &Node, q: &QueuePair) {
     let states: Vec<_> = log.iter().map(|a| a.qp_state).collect();
     assert_eq!(states, [Some(QpState::Init), Some(QpState::Rtr), Some(QpState::Rts)]);
     assert_eq!(log[0].qkey, Some(RDMA_UDP_QKEY));
+}
+
+/// The reason of the IB CM REJ that `e` reports.
+fn rej_reason(e: &Error) -> RejReason {
+    let Error::Rejected { detail: Some(d), .. } = e else {
+        panic!("expected a REJ, got {e:?}")
+    };
+    d.downcast_ref::<Rejection>().expect("a Rejection detail").reason
 }
 
 fn sidr_status(e: &Error) -> SidrStatus {
@@ -727,13 +723,7 @@ fn udp_port_space_statuses() {
     // An RC connect to the UDP listener's port: its REQ is for RDMA_PS_TCP, REJ 8.
     let pd = a.dev.alloc_pd().unwrap();
     let e = pd.connect(addr, opts(&a.dev), T).unwrap_err();
-    let Error::Rejected { detail: Some(d), .. } = &e else {
-        panic!("{e:?}")
-    };
-    assert_eq!(
-        d.downcast_ref::<Rejection>().unwrap().reason,
-        RejReason::InvalidServiceId
-    );
+    assert_eq!(rej_reason(&e), RejReason::InvalidServiceId);
 }
 
 /// C1.7: the first SIDR_REQ is lost; its retry resolves. A listener that never answers
@@ -909,13 +899,7 @@ fn raw_ib_service_listen_connect_reject() {
     let e = qp
         .connect_ib_service(gb, 0x0100_0000_0012_3456, &verbs::ConnParam::default(), T)
         .unwrap_err();
-    let Error::Rejected { detail: Some(d), .. } = &e else {
-        panic!("expected REJ 8, got {e:?}")
-    };
-    assert_eq!(
-        d.downcast_ref::<Rejection>().unwrap().reason,
-        RejReason::InvalidServiceId
-    );
+    assert_eq!(rej_reason(&e), RejReason::InvalidServiceId);
     // Dropping the listener stops the service.
     drop(l);
     let qp = pd.create_qp(opts(&a.dev).qp_init()).unwrap();

@@ -10,31 +10,17 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use roce::wire::{Bth, ExtHeaders, Opcode, Packet, Psn, icrc};
+use roce::wire::{Bth, ExtHeaders, Opcode, Psn};
 use verbs::*;
 
+#[path = "common/gsi.rs"]
+mod gsi;
+
 fn rxe_like_send(src: Ipv4Addr, dst: Ipv4Addr, dest_qp: u32, psn: u32, payload: &[u8]) -> Vec<u8> {
-    let bth = Bth {
-        opcode: Opcode::RC_SEND_ONLY,
-        se: false,
-        m: false,
-        pad_count: 0,
-        tver: 0,
-        p_key: 0xffff,
-        fecn: false,
-        becn: false,
-        resv6a: 0,
-        dest_qp,
-        ack_req: true,
-        resv7: 0,
-        psn: Psn::new(psn),
-    };
-    let p = Packet::new(bth, ExtHeaders::default(), payload).unwrap();
-    let mut roce = vec![0; p.buffer_len()];
-    p.emit(&mut roce).unwrap();
-    let ip = icrc::ipv4_header(src.octets(), dst.octets(), 0xece3, roce.len());
-    let udp = icrc::udp_header(0xc0de, 4791, roce.len());
-    icrc::seal(&ip, &udp, &mut roce).unwrap();
+    let mut bth = Bth::new(Opcode::RC_SEND_ONLY, dest_qp, Psn::new(psn));
+    bth.ack_req = true;
+    let mut roce = gsi::packet(bth, ExtHeaders::default(), payload);
+    let (ip, udp) = gsi::seal_ipv4(&mut roce, src, dst, 0xece3, 0xc0de);
     [&ip[..], &udp[..], &roce[..]].concat()
 }
 

@@ -15,9 +15,11 @@ use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use roce::cm::mad::{CmMsg, Mad, RejReason};
-use roce::cm::{Cm, CmConfig, ConnectParams};
-use roce::wire::{Bth, Deth, ExtHeaders, Opcode, Packet, Psn, icrc};
-use verbs::{DeviceFactory, DeviceOptions, Gid};
+use roce::wire::Packet;
+use verbs::{DeviceFactory, DeviceOptions};
+
+#[path = "common/gsi.rs"]
+mod gsi;
 
 const DEV: Ipv4Addr = Ipv4Addr::new(127, 141, 0, 1);
 const US: Ipv4Addr = Ipv4Addr::new(127, 141, 0, 2);
@@ -25,34 +27,11 @@ const US: Ipv4Addr = Ipv4Addr::new(127, 141, 0, 2);
 /// A REQ for `DEV`'s port 9 (nobody listens) from QP1 with Q_Key `q_key` and P_Key
 /// `p_key`, as the UDP payload (BTH, DETH, MAD, ICRC) sealed for IPv4 ID 0.
 fn req(q_key: u32, p_key: u16) -> Vec<u8> {
-    let mut cm = Cm::new(CmConfig::new(0x0253_6f66_7f51_0141, Gid::from_ipv4(US), 7));
-    let p = ConnectParams::rdma_cm(
-        SocketAddr::new(US.into(), 40000),
-        SocketAddr::new(DEV.into(), 9),
-        0x00_1234,
-        0x00_5678,
-        b"",
-    )
-    .unwrap();
-    cm.connect(Instant::now(), p).unwrap();
-    let (_, mad) = cm.poll_transmit().unwrap();
-    let mad = mad.emit().unwrap();
-    let mut bth = Bth::new(Opcode::UD_SEND_ONLY, 1, Psn::new(0x10));
+    let mad = gsi::rdma_cm_req(0x0253_6f66_7f51_0141, US, DEV, 9);
+    let mut bth = gsi::gsi_bth(0x10);
     bth.p_key = p_key;
-    let ext = ExtHeaders {
-        deth: Some(Deth {
-            q_key,
-            resv8: 0,
-            src_qp: 1,
-        }),
-        ..ExtHeaders::default()
-    };
-    let pkt = Packet::new(bth, ext, &mad).unwrap();
-    let mut buf = vec![0u8; pkt.buffer_len()];
-    pkt.emit(&mut buf).unwrap();
-    let ip = icrc::ipv4_header(US.octets(), DEV.octets(), 0, buf.len());
-    let udp = icrc::udp_header(4791, 4791, buf.len());
-    icrc::seal(&ip, &udp, &mut buf).unwrap();
+    let mut buf = gsi::ud_packet(bth, q_key, &mad);
+    gsi::seal_ipv4(&mut buf, US, DEV, 0, 4791);
     buf
 }
 

@@ -11,30 +11,14 @@ use smc::stream::async_io::{AsyncSmcListener, AsyncSmcStream};
 use smc::{Mode, SmcConfig};
 use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use verbs::{DeviceFactory, DeviceOptions};
 
-fn device(addr: &str) -> verbs::Device {
-    let opts = DeviceOptions::new()
-        .with("addr", addr)
-        .with("name", format!("smc_async_{addr}"));
-    roce::RoceFactory.open(&opts).expect("open a RoCEv2 device")
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+#[path = "../tests/common/loopback.rs"]
+mod loopback;
+use loopback::{device, pattern};
 
 /// Runs the echo; returns the number of SMC-R streams on the client side.
 fn run(conns: usize, bytes: usize, server_ip: &str, client_ip: &str) -> usize {
-    let (ds, dc) = (device(server_ip), device(client_ip));
+    let (ds, dc) = (device("smc_async_", server_ip), device("smc_async_", client_ip));
     let cfg = SmcConfig {
         prefix_len: 8,
         ..SmcConfig::default()

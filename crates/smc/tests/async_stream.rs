@@ -14,37 +14,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use verbs::{Device, DeviceFactory, DeviceOptions};
 
-fn device(addr: &str) -> Device {
-    let opts = DeviceOptions::new()
-        .with("addr", addr)
-        .with("name", format!("smc_async_{addr}"));
-    roce::RoceFactory.open(&opts).expect("open a RoCEv2 device")
-}
-
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+#[path = "common/loopback.rs"]
+mod loopback;
+use loopback::{device, pattern, threads};
 
 const STREAMS: usize = 24;
 const BYTES: usize = 128 * 1024;
 
 #[test]
 fn many_streams_one_runtime_thread_smc_r_and_fallback() {
-    let (ds, dc) = (device("127.115.47.1"), device("127.115.47.2"));
+    let (ds, dc) = (
+        device("smc_async_", "127.115.47.1"),
+        device("smc_async_", "127.115.47.2"),
+    );
     let base = SmcConfig {
         prefix_len: 8,
         indication_wait: Duration::from_millis(300),

@@ -11,23 +11,16 @@ use std::io::{Read, Write};
 use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
-use verbs::{Device, DeviceFactory, DeviceOptions};
 
-fn dev(a: &str) -> Device {
-    roce::RoceFactory
-        .open(&DeviceOptions::new().with("addr", a).with("name", format!("smc_{a}")))
-        .unwrap()
-}
+#[path = "common/loopback.rs"]
+mod loopback;
+use loopback::{device, threads};
 
 /// The tests of this file run one at a time (thread and CPU counts are per process).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
 }
 
 fn cpu_ms() -> u64 {
@@ -37,16 +30,9 @@ fn cpu_ms() -> u64 {
     (f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()) * 10
 }
 
+/// The test data of connection `seed`: the shared xorshift stream, its seed spread first.
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    loopback::pattern(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15), len)
 }
 
 /// SMC-SC-1..7, SMC-SC-2/5 (CONFIRM RKEY for new RMBs), SMC-LG-6 (one group per role),
@@ -58,7 +44,7 @@ fn concurrent_connections_share_one_group_and_one_thread() {
     const N: usize = 40;
     const LEN: usize = 256 * 1024;
     let _s = serial();
-    let (da, db) = (dev("127.115.20.1"), dev("127.115.20.2"));
+    let (da, db) = (device("smc_", "127.115.20.1"), device("smc_", "127.115.20.2"));
     let cfg = SmcConfig {
         prefix_len: 8,
         rmbe_len: 16 * 1024,
@@ -144,7 +130,7 @@ fn concurrent_connections_share_one_group_and_one_thread() {
 #[test]
 fn idle_group_lingers_then_is_freed() {
     let _s = serial();
-    let (da, db) = (dev("127.115.21.1"), dev("127.115.21.2"));
+    let (da, db) = (device("smc_", "127.115.21.1"), device("smc_", "127.115.21.2"));
     let cfg = SmcConfig {
         prefix_len: 8,
         rmbe_len: 16 * 1024,
@@ -196,7 +182,7 @@ fn stats_socket_shows_groups_links_and_connections() {
     let _s = serial();
     let dir = std::env::temp_dir().join(format!("smc-lg-test-{}", std::process::id()));
     let p = stats::Publisher::start(&dir).unwrap();
-    let (da, db) = (dev("127.115.22.1"), dev("127.115.22.2"));
+    let (da, db) = (device("smc_", "127.115.22.1"), device("smc_", "127.115.22.2"));
     let cfg = SmcConfig {
         prefix_len: 8,
         linger: Duration::from_millis(200),

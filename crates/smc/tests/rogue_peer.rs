@@ -33,6 +33,10 @@ use std::thread;
 use std::time::Duration;
 use verbs::*;
 
+#[path = "common/loopback.rs"]
+mod loopback;
+use loopback::device;
+
 const T: Duration = Duration::from_secs(20);
 
 struct Rogue {
@@ -64,13 +68,7 @@ fn caps(gid: [u8; 16]) -> LocalCaps {
 
 /// Plays the server side of CLC and CONFIRM LINK honestly, then hands over.
 fn rogue_server(l: TcpListener, addr: &str) -> Rogue {
-    let dev = roce::RoceFactory
-        .open(
-            &DeviceOptions::new()
-                .with("addr", addr)
-                .with("name", format!("rogue_{addr}")),
-        )
-        .unwrap();
+    let dev = device("rogue_", addr);
     let gid = dev.query_gid(1, 0).unwrap();
     let pd = dev.alloc_pd().unwrap();
     let cq = dev.create_cq(1024).unwrap();
@@ -191,13 +189,7 @@ fn pair_with(n: u8, cfg: SmcConfig) -> (SmcStream, Rogue, Device) {
     let port = l.local_addr().unwrap().port();
     let a2 = addr.clone();
     let rogue = thread::spawn(move || rogue_server(l, &a2));
-    let cdev = roce::RoceFactory
-        .open(
-            &DeviceOptions::new()
-                .with("addr", format!("127.115.{n}.2"))
-                .with("name", format!("smc_c{n}")),
-        )
-        .unwrap();
+    let cdev = device("smc_c", &format!("127.115.{n}.2"));
     let c = SmcStream::connect_with((addr.as_str(), port), &cdev, &cfg).unwrap();
     assert_eq!(c.mode(), Mode::SmcR);
     (c, rogue.join().unwrap(), cdev)
@@ -213,9 +205,7 @@ fn forged_cursor_aborts_the_connection() {
         prod: Cursor::new(0, 70_000),
         ..Cdc::default()
     };
-    r.mr.write(0, &forged.to_bytes()).unwrap();
-    r.qp.post_send_one(SendWr::new(1, WrOpcode::Send, vec![r.mr.sge(0, 44)]))
-        .unwrap();
+    rogue_cdc(&r, 1, 0, &forged);
     let mut b = [0u8; 16];
     let e = c.read(&mut b).unwrap_err();
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionAborted, "{e}");
@@ -237,44 +227,14 @@ fn forged_cursor_aborts_the_connection() {
 #[test]
 fn write_outside_the_element_is_refused() {
     let (mut c, r, _d) = pair(12);
-    let rkey = r.confirm.rmb_rkey;
-    let base = r.confirm.rmb_vaddr;
     let len = r.confirm.rmbe_bytes() as u64;
     // An honest write of 5 octets plus its CDC.
-    r.mr.write(100, b"hello").unwrap();
-    r.qp.post_send_one(SendWr::new(
-        2,
-        WrOpcode::RdmaWrite {
-            remote: RemoteAddr { addr: base, rkey },
-        },
-        vec![r.mr.sge(100, 5)],
-    ))
-    .unwrap();
-    let cdc = Cdc {
-        seq: 1,
-        token: r.confirm.rmbe_alert_token,
-        prod: Cursor::new(0, 5),
-        ..Cdc::default()
-    };
-    r.mr.write(0, &cdc.to_bytes()).unwrap();
-    r.qp.post_send_one(SendWr::new(3, WrOpcode::Send, vec![r.mr.sge(0, 44)]))
-        .unwrap();
+    rogue_write(&r, 1, 0, b"hello");
     let mut b = [0u8; 5];
     c.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"hello");
     // Now 16 octets straddling the element's end.
-    r.mr.write(200, &[0xEE; 16]).unwrap();
-    r.qp.post_send_one(SendWr::new(
-        4,
-        WrOpcode::RdmaWrite {
-            remote: RemoteAddr {
-                addr: base + len - 8,
-                rkey,
-            },
-        },
-        vec![r.mr.sge(200, 16)],
-    ))
-    .unwrap();
+    rogue_rdma_write(&r, 4, len - 8, &[0xEE; 16]);
     let status = loop {
         let wc = r.cq.wait(Some(T)).expect("completion");
         if wc.wr_id == 4 {
@@ -290,17 +250,7 @@ fn write_outside_the_element_is_refused() {
 #[test]
 fn foreign_token_is_ignored_and_the_connection_goes_on() {
     let (mut c, r, _d) = pair(13);
-    let rkey = r.confirm.rmb_rkey;
-    let base = r.confirm.rmb_vaddr;
-    r.mr.write(100, b"abcdefgh").unwrap();
-    r.qp.post_send_one(SendWr::new(
-        2,
-        WrOpcode::RdmaWrite {
-            remote: RemoteAddr { addr: base, rkey },
-        },
-        vec![r.mr.sge(100, 8)],
-    ))
-    .unwrap();
+    rogue_rdma_write(&r, 2, 0, b"abcdefgh");
     let token = r.confirm.rmbe_alert_token;
     let foreign = Cdc {
         seq: 1,
@@ -308,9 +258,7 @@ fn foreign_token_is_ignored_and_the_connection_goes_on() {
         prod: Cursor::new(0, 8),
         ..Cdc::default()
     };
-    r.mr.write(0, &foreign.to_bytes()).unwrap();
-    r.qp.post_send_one(SendWr::new(3, WrOpcode::Send, vec![r.mr.sge(0, 44)]))
-        .unwrap();
+    rogue_cdc(&r, 3, 0, &foreign);
     // Wait until the client has certainly processed it (its ACK came back), then check.
     let mut acked = 0;
     while acked < 2 {
@@ -326,9 +274,7 @@ fn foreign_token_is_ignored_and_the_connection_goes_on() {
         prod: Cursor::new(0, 8),
         ..Cdc::default()
     };
-    r.mr.write(44, &honest.to_bytes()).unwrap();
-    r.qp.post_send_one(SendWr::new(4, WrOpcode::Send, vec![r.mr.sge(44, 44)]))
-        .unwrap();
+    rogue_cdc(&r, 4, 44, &honest);
     let mut b = [0u8; 8];
     c.read_exact(&mut b).unwrap();
     assert_eq!(&b, b"abcdefgh");
@@ -366,26 +312,37 @@ fn rogue_recv_llc(r: &Rogue) -> LlcMessage {
 
 /// An honest write of `data` at element offset `at` plus its CDC (sequence `seq`).
 fn rogue_write(r: &Rogue, seq: u16, at: u32, data: &[u8]) {
-    r.mr.write(2048, data).unwrap();
-    r.qp.post_send_one(SendWr::new(
-        2,
-        WrOpcode::RdmaWrite {
-            remote: RemoteAddr {
-                addr: r.confirm.rmb_vaddr + u64::from(at),
-                rkey: r.confirm.rmb_rkey,
-            },
-        },
-        vec![r.mr.sge(2048, data.len() as u32)],
-    ))
-    .unwrap();
+    rogue_rdma_write(r, 2, u64::from(at), data);
     let cdc = Cdc {
         seq,
         token: r.confirm.rmbe_alert_token,
         prod: Cursor::new(0, at + data.len() as u32),
         ..Cdc::default()
     };
-    r.mr.write(0, &cdc.to_bytes()).unwrap();
-    r.qp.post_send_one(SendWr::new(3, WrOpcode::Send, vec![r.mr.sge(0, 44)]))
+    rogue_cdc(r, 3, 0, &cdc);
+}
+
+/// The rogue RDMA-Writes `data` (staged at 2048 of its MR) at offset `at` of the RMB
+/// element the client gave, as WR `wr_id`.
+fn rogue_rdma_write(r: &Rogue, wr_id: u64, at: u64, data: &[u8]) {
+    r.mr.write(2048, data).unwrap();
+    r.qp.post_send_one(SendWr::new(
+        wr_id,
+        WrOpcode::RdmaWrite {
+            remote: RemoteAddr {
+                addr: r.confirm.rmb_vaddr + at,
+                rkey: r.confirm.rmb_rkey,
+            },
+        },
+        vec![r.mr.sge(2048, data.len() as u32)],
+    ))
+    .unwrap();
+}
+
+/// The rogue Sends `cdc` (staged at `slot` of its MR) as WR `wr_id`.
+fn rogue_cdc(r: &Rogue, wr_id: u64, slot: usize, cdc: &Cdc) {
+    r.mr.write(slot, &cdc.to_bytes()).unwrap();
+    r.qp.post_send_one(SendWr::new(wr_id, WrOpcode::Send, vec![r.mr.sge(slot, 44)]))
         .unwrap();
 }
 
@@ -459,16 +416,10 @@ fn llc_requests_answered_and_the_connection_goes_on() {
 
 /// A connection in another link group (a real listener), to show the others go on.
 fn honest_pair(n: u8) -> (SmcStream, SmcStream) {
-    let d = |a: String| {
-        roce::RoceFactory
-            .open(
-                &DeviceOptions::new()
-                    .with("addr", a.as_str())
-                    .with("name", format!("smc_h{a}")),
-            )
-            .unwrap()
-    };
-    let (da, db) = (d(format!("127.115.{n}.1")), d(format!("127.115.{n}.2")));
+    let (da, db) = (
+        device("smc_h", &format!("127.115.{n}.1")),
+        device("smc_h", &format!("127.115.{n}.2")),
+    );
     let cfg = SmcConfig {
         prefix_len: 8,
         ..SmcConfig::default()
@@ -480,6 +431,27 @@ fn honest_pair(n: u8) -> (SmcStream, SmcStream) {
     let s = s.join().unwrap();
     assert_eq!((c.mode(), s.mode()), (Mode::SmcR, Mode::SmcR));
     (c, s)
+}
+
+/// The group is over: the next LLC message from our side is a DELETE LINK request (all,
+/// disorderly, `reason`), and the rogue's connection `c` reads as reset because of `cause`.
+fn group_ended(r: &Rogue, c: &mut SmcStream, reason: u32, cause: &str) {
+    use smc::wire::llc::DeleteLink;
+    let m = rogue_recv_llc(r);
+    assert!(!m.reply, "{m:?}");
+    assert_eq!(
+        m.body,
+        LlcBody::DeleteLink(DeleteLink {
+            all: true,
+            orderly: false,
+            link_num: 0,
+            reason
+        })
+    );
+    let mut b = [0u8; 4];
+    let e = c.read(&mut b).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert!(e.to_string().contains(cause), "{e}");
 }
 
 fn still_moves(c: &mut SmcStream, s: &mut SmcStream) {
@@ -494,7 +466,7 @@ fn still_moves(c: &mut SmcStream, s: &mut SmcStream) {
 // connection is reset (SMC-ABT-6); a connection of another group goes on.
 #[test]
 fn unknown_mandatory_llc_ends_the_group_others_go_on() {
-    use smc::wire::llc::{DeleteLink, delete_reason};
+    use smc::wire::llc::delete_reason;
     let (mut hc, mut hs) = honest_pair(16);
     let (mut c, r, _d) = pair(15);
     r.mr.write(1024, &{
@@ -506,21 +478,7 @@ fn unknown_mandatory_llc_ends_the_group_others_go_on() {
     .unwrap();
     r.qp.post_send_one(SendWr::new(10, WrOpcode::Send, vec![r.mr.sge(1024, 44)]))
         .unwrap();
-    let m = rogue_recv_llc(&r);
-    assert!(!m.reply);
-    assert_eq!(
-        m.body,
-        LlcBody::DeleteLink(DeleteLink {
-            all: true,
-            orderly: false,
-            link_num: 0,
-            reason: delete_reason::PROTOCOL_VIOLATION
-        })
-    );
-    let mut b = [0u8; 4];
-    let e = c.read(&mut b).unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
-    assert!(e.to_string().contains("LLC protocol error"), "{e}");
+    group_ended(&r, &mut c, delete_reason::PROTOCOL_VIOLATION, "LLC protocol error");
     still_moves(&mut hc, &mut hs);
     drop(r.tcp);
 }
@@ -530,7 +488,7 @@ fn unknown_mandatory_llc_ends_the_group_others_go_on() {
 // the connection reset; another group's connection goes on.
 #[test]
 fn unanswered_test_link_fails_the_link_others_go_on() {
-    use smc::wire::llc::{DeleteLink, delete_reason};
+    use smc::wire::llc::delete_reason;
     let (mut hc, mut hs) = honest_pair(18);
     let cfg = SmcConfig {
         prefix_len: 8,
@@ -541,22 +499,9 @@ fn unanswered_test_link_fails_the_link_others_go_on() {
     let t0 = std::time::Instant::now();
     let m = rogue_recv_llc(&r);
     assert!(!m.reply && matches!(m.body, LlcBody::TestLink(_)), "{m:?}");
-    let m = rogue_recv_llc(&r);
-    assert_eq!(
-        m.body,
-        LlcBody::DeleteLink(DeleteLink {
-            all: true,
-            orderly: false,
-            link_num: 0,
-            reason: delete_reason::LOST_PATH
-        })
-    );
+    group_ended(&r, &mut c, delete_reason::LOST_PATH, "TEST LINK");
     let waited = t0.elapsed();
     assert!(waited >= Duration::from_secs(2), "DELETE LINK after {waited:?}");
-    let mut b = [0u8; 4];
-    let e = c.read(&mut b).unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
-    assert!(e.to_string().contains("TEST LINK"), "{e}");
     still_moves(&mut hc, &mut hs);
     drop(r.tcp);
 }
@@ -567,7 +512,7 @@ fn unanswered_test_link_fails_the_link_others_go_on() {
 // violation), the connection reset; a connection of another group goes on.
 #[test]
 fn add_link_continuation_with_rtokens_after_a_reject_ends_the_group() {
-    use smc::wire::llc::{AddLink, AddLinkCont, DeleteLink, RtokenPair, delete_reason};
+    use smc::wire::llc::{AddLink, AddLinkCont, RtokenPair, delete_reason};
     let (mut hc, mut hs) = honest_pair(61);
     let (mut c, r, _d) = pair(60);
     let a = AddLink {
@@ -591,20 +536,7 @@ fn add_link_continuation_with_rtokens_after_a_reject_ends_the_group() {
         }],
     };
     rogue_llc(&r, LlcBody::AddLinkCont(cont), false, 21);
-    let m = rogue_recv_llc(&r);
-    assert_eq!(
-        m.body,
-        LlcBody::DeleteLink(DeleteLink {
-            all: true,
-            orderly: false,
-            link_num: 0,
-            reason: delete_reason::PROTOCOL_VIOLATION
-        })
-    );
-    let mut b = [0u8; 4];
-    let e = c.read(&mut b).unwrap_err();
-    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
-    assert!(e.to_string().contains("ADD LINK CONTINUATION"), "{e}");
+    group_ended(&r, &mut c, delete_reason::PROTOCOL_VIOLATION, "ADD LINK CONTINUATION");
     still_moves(&mut hc, &mut hs);
     drop(r.tcp);
 }

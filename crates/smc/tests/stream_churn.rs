@@ -10,7 +10,10 @@ use smc::{Mode, SmcConfig, SmcListener, SmcStream, live_links};
 use std::io::{Read, Write};
 use std::thread;
 use std::time::{Duration, Instant};
-use verbs::{DeviceFactory, DeviceOptions};
+
+#[path = "common/loopback.rs"]
+mod loopback;
+use loopback::device;
 
 #[test]
 fn short_connections_through_one_link_group_leave_nothing_behind() {
@@ -18,12 +21,7 @@ fn short_connections_through_one_link_group_leave_nothing_behind() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
-    let dev = |a: &str| {
-        roce::RoceFactory
-            .open(&DeviceOptions::new().with("addr", a).with("name", format!("smc_{a}")))
-            .unwrap()
-    };
-    let (da, db) = (dev("127.115.10.1"), dev("127.115.10.2"));
+    let (da, db) = (device("smc_", "127.115.10.1"), device("smc_", "127.115.10.2"));
     let cfg = SmcConfig {
         prefix_len: 8,
         rmbe_len: 16 * 1024,

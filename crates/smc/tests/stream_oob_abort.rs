@@ -11,14 +11,10 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::thread;
 use std::time::{Duration, Instant};
-use verbs::{Device, DeviceFactory, DeviceOptions};
 
-fn device(addr: &str) -> Device {
-    let opts = DeviceOptions::new()
-        .with("addr", addr)
-        .with("name", format!("smc_oob_{addr}"));
-    roce::RoceFactory.open(&opts).expect("open a RoCEv2 device")
-}
+#[path = "common/loopback.rs"]
+mod loopback;
+use loopback::device;
 
 fn cfg(propose: bool) -> SmcConfig {
     SmcConfig {
@@ -33,7 +29,7 @@ fn cfg(propose: bool) -> SmcConfig {
 /// The client writes first, so a fallback server decides at once. Also returns a clone of
 /// the server's TCP socket (to look at the TCP path).
 fn pair(server: &str, client: &str, smc: bool) -> (SmcStream, SmcStream, TcpStream) {
-    let (ds, dc) = (device(server), device(client));
+    let (ds, dc) = (device("smc_oob_", server), device("smc_oob_", client));
     let l = TcpListener::bind(format!("{server}:0")).unwrap();
     let addr = l.local_addr().unwrap();
     let t = thread::spawn(move || {

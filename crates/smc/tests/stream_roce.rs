@@ -13,26 +13,10 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
-use verbs::{Device, DeviceFactory, DeviceOptions};
 
-fn device(addr: &str) -> Device {
-    let opts = DeviceOptions::new()
-        .with("addr", addr)
-        .with("name", format!("smc_{addr}"));
-    roce::RoceFactory.open(&opts).expect("open a RoCEv2 device")
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+#[path = "common/loopback.rs"]
+mod loopback;
+use loopback::{device, pattern};
 
 /// Writes `data` in uneven pieces, then shuts down writing.
 fn send_all(s: &mut SmcStream, data: &[u8]) {
@@ -64,7 +48,7 @@ fn recv_hash(s: &mut SmcStream, len: usize) -> [u8; 32] {
 #[test]
 fn smc_r_64_mib_each_way_over_roce() {
     const LEN: usize = 64 << 20;
-    let (da, db) = (device("127.115.1.1"), device("127.115.1.2"));
+    let (da, db) = (device("smc_", "127.115.1.1"), device("smc_", "127.115.1.2"));
     // The client's TCP source is 127.0.0.1 (std cannot bind before connect): 127/8 is the
     // subnet both sides share (E-4).
     let cfg = SmcConfig {
@@ -126,7 +110,7 @@ fn smc_r_64_mib_each_way_over_roce() {
 // falls back with "peer did not indicate SMC" and the client's octets are all there.
 #[test]
 fn plain_tcp_client_falls_back() {
-    let da = device("127.115.2.1");
+    let da = device("smc_", "127.115.2.1");
     let listener = SmcListener::bind("127.115.2.1:0", &da).unwrap();
     let addr = listener.local_addr().unwrap();
     let client = thread::spawn(move || {
@@ -151,7 +135,7 @@ fn plain_tcp_client_falls_back() {
 // A client that does not propose (no indication) is plain TCP on both sides.
 #[test]
 fn client_without_proposal_is_plain_tcp_both_sides() {
-    let (da, db) = (device("127.115.3.1"), device("127.115.3.2"));
+    let (da, db) = (device("smc_", "127.115.3.1"), device("smc_", "127.115.3.2"));
     let cfg = SmcConfig {
         indication_wait: Duration::from_millis(200),
         ..SmcConfig::default()
@@ -186,7 +170,7 @@ fn client_without_proposal_is_plain_tcp_both_sides() {
 }
 
 fn smc_pair(server_addr: &str, client_dev: &str, cfg: SmcConfig) -> (SmcStream, SmcStream) {
-    let (da, db) = (device(server_addr), device(client_dev));
+    let (da, db) = (device("smc_", server_addr), device("smc_", client_dev));
     let listener = SmcListener::bind_with(format!("{server_addr}:0"), &da, cfg.clone()).unwrap();
     let addr = listener.local_addr().unwrap();
     let server = thread::spawn(move || listener.accept().unwrap().0);

@@ -15,14 +15,11 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
-use verbs::{Device, DeviceFactory, DeviceOptions};
+use verbs::Device;
 
-fn device(addr: &str) -> Device {
-    let opts = DeviceOptions::new()
-        .with("addr", addr)
-        .with("name", format!("smcv2_{addr}"));
-    roce::RoceFactory.open(&opts).expect("open a RoCEv2 device")
-}
+#[path = "common/loopback.rs"]
+mod loopback;
+use loopback::device;
 
 fn cfg(ueid: Option<&str>) -> SmcConfig {
     SmcConfig {
@@ -139,7 +136,7 @@ fn connect(
 /// data; a second connection is a subsequent contact (Accept F = 0) in the same group.
 #[test]
 fn v2_with_a_common_ueid_and_subsequent_contact() {
-    let (sdev, cdev) = (device("127.119.1.1"), device("127.119.1.2"));
+    let (sdev, cdev) = (device("smcv2_", "127.119.1.1"), device("smcv2_", "127.119.1.2"));
     let eid = *b"SOFTRDMA-V2-TEST                ";
     let (up, down, c, s) = connect(
         &sdev,
@@ -193,7 +190,7 @@ fn v2_with_a_common_ueid_and_subsequent_contact() {
 /// client's Proposal; the connection is SMC-R v1.
 #[test]
 fn v1_when_the_server_has_no_ueid() {
-    let (sdev, cdev) = (device("127.119.2.1"), device("127.119.2.2"));
+    let (sdev, cdev) = (device("smcv2_", "127.119.2.1"), device("smcv2_", "127.119.2.2"));
     let (up, down, c, s) = connect(
         &sdev,
         &cdev,

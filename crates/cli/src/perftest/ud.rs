@@ -41,7 +41,9 @@
 //!   send_lat, and each prints both directions after `xchg_bw_reports`; not implemented here
 //!   (nor for RC).
 
-use super::{Data, Params, Role, ok, wait_wc};
+use super::completion::{ok, wait_wc};
+use super::data::{data_request, data_resources, retry_refused};
+use super::{Data, Params, Role};
 use anyhow::{Context, Result, anyhow, bail};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -85,7 +87,7 @@ pub(super) fn data_connection(
     peer: SocketAddr,
     step: Duration,
 ) -> Result<Data> {
-    let (send_cq, recv_cq, cap) = super::data_resources(dev, p)?;
+    let (send_cq, recv_cq, cap) = data_resources(dev, p)?;
     // The source half, then the target half with room for the GRH before the payload.
     let mr = pd.reg_mr(2 * p.half + GRH_LEN, Access::LOCAL_WRITE)?;
     let qp = pd
@@ -114,7 +116,7 @@ pub(super) fn data_connection(
         }
         Role::Server(_) => {
             let addr = listen_on.expect("server has listened");
-            let (l, req) = super::data_request(dev, addr, PortSpace::Udp, peer, step, "the UD data QP's SIDR_REQ")?;
+            let (l, req) = data_request(dev, addr, PortSpace::Udp, peer, step, "the UD data QP's SIDR_REQ")?;
             if server_sends {
                 qp.post_recv(&[RecvWr {
                     wr_id: QPN_WR,
@@ -144,7 +146,7 @@ pub(super) fn data_connection(
 /// `rdma_cm_client_connection` in RDMA_PS_UDP: SIDR until the server listens (a SIDR_REP with
 /// status 1 while it does not), for at most `step`.
 fn resolve_retry(qp: &QueuePair, addr: SocketAddr, step: Duration) -> Result<UdParam> {
-    super::retry_refused(
+    retry_refused(
         step,
         |t| qp.connect_ud(addr, &[], t),
         || {

@@ -55,6 +55,14 @@ fn pipe(from: &mut ClcMachine, to: &mut ClcMachine) -> Vec<u8> {
     b
 }
 
+/// The code `m` declined with (its outcome must be a fallback after its own Decline).
+fn declined(m: &ClcMachine) -> Diagnosis {
+    match m.outcome() {
+        Outcome::Fallback(FallbackReason::Declined(d)) => *d,
+        o => panic!("expected our Decline, got {o:?}"),
+    }
+}
+
 fn declined_by_peer(m: &ClcMachine) -> (Diagnosis, bool) {
     match m.outcome() {
         Outcome::Fallback(FallbackReason::PeerDeclined { diagnosis, out_of_sync }) => (*diagnosis, *out_of_sync),
@@ -153,10 +161,7 @@ fn f2_server_policy_declines() {
     sc.enabled = false;
     let mut s = ClcMachine::server(sc, true);
     pipe(&mut c, &mut s);
-    assert_eq!(
-        s.outcome(),
-        &Outcome::Fallback(FallbackReason::Declined(Diagnosis::CONFIG_ERROR))
-    );
+    assert_eq!(declined(&s), Diagnosis::CONFIG_ERROR);
     let d = pipe(&mut s, &mut c);
     assert!(matches!(msg(&d), ClcMessage::Decline(_)));
     assert_eq!(declined_by_peer(&c), (Diagnosis::CONFIG_ERROR, false));
@@ -193,10 +198,7 @@ fn v1_over_ipv6_prefix_match_and_mismatch() {
     let mut c = ClcMachine::client(v6(3, 8), true);
     let mut s = ClcMachine::server(caps(2, true, false), true);
     pipe(&mut c, &mut s);
-    assert_eq!(
-        s.outcome(),
-        &Outcome::Fallback(FallbackReason::Declined(Diagnosis::DIFF_PREFIX))
-    );
+    assert_eq!(declined(&s), Diagnosis::DIFF_PREFIX);
 }
 
 /// F2 / SMC-FC-1: subnet mismatch on v1 → Decline 0x03070000.
@@ -215,10 +217,7 @@ fn f2_subnet_mismatch_declines() {
     let mut c = ClcMachine::client(cc, true);
     let mut s = ClcMachine::server(caps(2, true, false), true);
     pipe(&mut c, &mut s);
-    assert_eq!(
-        s.outcome(),
-        &Outcome::Fallback(FallbackReason::Declined(Diagnosis::DIFF_PREFIX))
-    );
+    assert_eq!(declined(&s), Diagnosis::DIFF_PREFIX);
 }
 
 /// F2 / SMC-CLC-3: no common version → Decline "version mismatch".
@@ -289,10 +288,7 @@ fn f3_bad_enum_in_accept_declines() {
         )
         .unwrap();
         pipe(&mut s, &mut c);
-        assert_eq!(
-            c.outcome(),
-            &Outcome::Fallback(FallbackReason::Declined(Diagnosis::CONFIG_ERROR))
-        );
+        assert_eq!(declined(&c), Diagnosis::CONFIG_ERROR);
         pipe(&mut c, &mut s);
         assert_eq!(declined_by_peer(&s), (Diagnosis::CONFIG_ERROR, false));
         // Application data flows over TCP afterwards.
@@ -313,10 +309,7 @@ fn f4_client_declines_only_after_the_accept() {
     assert_eq!(c.outcome(), &Outcome::Pending);
     s.accept(&params(1), true).unwrap();
     pipe(&mut s, &mut c);
-    assert_eq!(
-        c.outcome(),
-        &Outcome::Fallback(FallbackReason::Declined(Diagnosis::NO_SMCR_DEV))
-    );
+    assert_eq!(declined(&c), Diagnosis::NO_SMCR_DEV);
     let d = pipe(&mut c, &mut s);
     assert!(matches!(msg(&d), ClcMessage::Decline(_)));
     assert_eq!(declined_by_peer(&s), (Diagnosis::NO_SMCR_DEV, false));
@@ -503,10 +496,7 @@ fn server_decline_while_waiting_for_confirm_is_deferred() {
     assert!(s.take_output().is_empty());
     c.confirm(&params(2)).unwrap();
     pipe(&mut c, &mut s);
-    assert_eq!(
-        s.outcome(),
-        &Outcome::Fallback(FallbackReason::Declined(Diagnosis::NO_ACTIVE_LINK))
-    );
+    assert_eq!(declined(&s), Diagnosis::NO_ACTIVE_LINK);
     pipe(&mut s, &mut c);
     assert_eq!(declined_by_peer(&c), (Diagnosis::NO_ACTIVE_LINK, false));
 }
@@ -544,8 +534,5 @@ fn v2_confirm_must_echo_negotiated_limits() {
     assert_eq!(cf[off], 16);
     cf[off] = 255;
     s.on_bytes(&cf);
-    assert_eq!(
-        s.outcome(),
-        &Outcome::Fallback(FallbackReason::Declined(Diagnosis::MAX_CONN_ERR))
-    );
+    assert_eq!(declined(&s), Diagnosis::MAX_CONN_ERR);
 }
