@@ -54,6 +54,7 @@
 
 pub mod cm;
 pub(crate) mod driver;
+pub use driver::unmute_timer_sets;
 pub mod qp;
 pub(crate) mod sockio;
 mod txq;

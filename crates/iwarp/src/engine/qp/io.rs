@@ -311,12 +311,15 @@ impl Pollable for IwarpQp {
             });
         }
     }
-    fn still_muted(&self) -> bool {
+    fn still_muted(&self) -> Muted {
+        if self.busy.waiter.load(Ordering::Acquire) {
+            return Muted::Waited;
+        }
         if !self.busy.idle_for(BUSY_POLL_IDLE) {
-            return true;
+            return Muted::Polled;
         }
         self.unmute();
-        false
+        Muted::No
     }
 }
 
@@ -352,11 +355,25 @@ const BUSY_POLL_GAP: Duration = Duration::from_micros(10);
 const BUSY_POLL_IDLE: Duration = Duration::from_micros(100);
 
 impl IwarpQp {
+    /// Mutes the progress thread's readable wake-ups for this socket (an application
+    /// thread reads it: `periodic`, by busy polling; else asleep in an inline CQ wait).
+    /// The flag and the epoll set change together, under the token's lock.
+    fn mute(&self, periodic: bool) {
+        let token = self.token.lock().unwrap();
+        if let Some(t) = *token
+            && !self.busy.muted.swap(true, Ordering::AcqRel)
+        {
+            self.driver.mute(self.sock.as_raw_fd(), t, periodic);
+        }
+    }
+
     fn unmute(&self) {
-        if self.busy.muted.swap(false, Ordering::AcqRel)
-            && let Some(t) = *self.token.lock().unwrap()
+        let token = self.token.lock().unwrap();
+        if let Some(t) = *token
+            && self.busy.muted.swap(false, Ordering::AcqRel)
         {
             self.driver.unmute(self.sock.as_raw_fd(), t);
+            drop(token);
             self.kick();
         }
     }
@@ -364,18 +381,52 @@ impl IwarpQp {
 
 impl Progress for IwarpQp {
     fn progress(&self) -> bool {
-        if self.busy.note_poll(BUSY_POLL_GAP, BUSY_POLL_AFTER)
-            && let Some(t) = *self.token.lock().unwrap()
-        {
+        if self.busy.note_poll(BUSY_POLL_GAP, BUSY_POLL_AFTER) && !self.busy.muted.load(Ordering::Acquire) {
             // An application thread spins on this QP's CQ: it reads the
             // socket itself, so the progress thread need not wake for it.
-            self.driver.mute(self.sock.as_raw_fd(), t);
+            self.mute(true);
         }
         self.kick()
     }
     fn parked(&self) {
         self.unmute();
     }
+    /// Issue 18: the CQ's waiter sleeps on the socket and receives itself (one
+    /// wake-up per message, as a blocking TCP reader), the progress thread muted
+    /// meanwhile. The mute outlives the wait by [`BUSY_POLL_IDLE`] (a ping-pong's
+    /// waiter is back within microseconds, and an `epoll_ctl` each way per message
+    /// would each also wake the progress thread with a writable event); the
+    /// unmute timer then hands the socket back if nobody came.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        if self.state() != QpState::Rts || self.rx_closed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.busy.waiter.store(true, Ordering::Release);
+        if !self.busy.muted.load(Ordering::Acquire) {
+            self.mute(false);
+        }
+        Some(self.sock.as_raw_fd())
+    }
+    fn wait_ready(&self) -> bool {
+        INLINE_WAKEUPS.fetch_add(1, Ordering::Relaxed);
+        self.kick();
+        self.state() == QpState::Rts
+    }
+    fn wait_done(&self) {
+        self.busy.last.store(now_ns(), Ordering::Release);
+        self.busy.waiter.store(false, Ordering::Release);
+        self.driver.arm_unmute_timer(BUSY_POLL_IDLE);
+    }
+}
+
+/// Times an inline CQ waiter woke on a QP socket and received (see [`inline_wakeups`]).
+static INLINE_WAKEUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times an application thread asleep in a CQ wait was woken by a QP's socket
+/// and received what came itself (issue 18's inline wait), in this process: a diagnostic
+/// for tests that count wake-ups per message.
+pub fn inline_wakeups() -> u64 {
+    INLINE_WAKEUPS.load(Ordering::Relaxed)
 }
 
 /// Busy-poll bookkeeping of one QP (timestamps in ns since a process epoch).
@@ -383,6 +434,8 @@ struct BusyPoll {
     last: std::sync::atomic::AtomicU64,
     since: std::sync::atomic::AtomicU64,
     muted: std::sync::atomic::AtomicBool,
+    /// An application thread sleeps on the socket in an inline CQ wait.
+    waiter: std::sync::atomic::AtomicBool,
 }
 
 fn now_ns() -> u64 {
@@ -396,9 +449,10 @@ impl BusyPoll {
             last: 0.into(),
             since: 0.into(),
             muted: false.into(),
+            waiter: false.into(),
         }
     }
-    /// Records a poll; true when this poll makes the QP busy-polled (mute it).
+    /// Records a poll; true when the QP is busy-polled (it should be muted).
     fn note_poll(&self, gap: Duration, after: Duration) -> bool {
         let now = now_ns();
         let last = self.last.swap(now, Ordering::AcqRel);
@@ -407,7 +461,6 @@ impl BusyPoll {
             return false;
         }
         now.saturating_sub(self.since.load(Ordering::Acquire)) >= after.as_nanos() as u64
-            && !self.muted.swap(true, Ordering::AcqRel)
     }
     fn idle_for(&self, d: Duration) -> bool {
         now_ns().saturating_sub(self.last.load(Ordering::Acquire)) >= d.as_nanos() as u64
