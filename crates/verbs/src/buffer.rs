@@ -1,4 +1,5 @@
-//! The only module of `verbs` with `unsafe` code: the byte storage behind
+//! One of the two modules of `verbs` with `unsafe` code (the other is
+//! `waitfd`, the system calls of a CQ's inline wait): the byte storage behind
 //! memory regions.
 //!
 //! A [`Buffer`] is an anonymous, page-aligned, zero-initialised mapping, or the heap

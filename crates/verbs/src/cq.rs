@@ -25,7 +25,31 @@ pub trait Progress: Send + Sync {
     /// The polling thread stops polling and goes to sleep: a provider that
     /// relied on it (busy polling) must make progress on its own again.
     fn parked(&self) {}
+    /// Inline waiting (issue 18): a thread about to sleep in [`CompletionQueue::wait`] may
+    /// sleep in `poll(2)` on this descriptor (readable: the QP has something to receive)
+    /// instead of waiting for the provider's own thread to receive it and wake the waiter
+    /// (two thread wake-ups per message where a blocking TCP reader has one). A provider
+    /// that returns it stops waking its own thread for what the waiter will read, until
+    /// [`wait_done`](Self::wait_done) and a while after. `None` (the default): not
+    /// possible now; the waiter sleeps on the condition variable as before.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    /// The descriptor from [`wait_fd`](Self::wait_fd) polled readable (or hung up): make
+    /// progress, as [`progress`](Self::progress) does, without the busy-poll bookkeeping.
+    /// Returns false when the descriptor can no longer be slept on (the stream ended, so
+    /// it stays readable): the waiter then sleeps on the condition variable.
+    fn wait_ready(&self) -> bool {
+        self.progress();
+        true
+    }
+    /// The inline waiter that [`wait_fd`](Self::wait_fd) was given to left.
+    fn wait_done(&self) {}
 }
+
+/// Most QPs a CQ's waiter sleeps on inline; a CQ shared by more sleeps on its condition
+/// variable (one `poll(2)` over hundreds of sockets would cost more than the hop it saves).
+const MAX_INLINE_QPS: usize = 4;
 
 /// The CQ had no room: the provider must move the QP that produced the
 /// completion to the error state (RDMAP-SEC-10: only streams on this CQ suffer).
@@ -47,6 +71,9 @@ struct State {
     sleepers: u32,
     /// Times `deliver` notified the condition variable (see [`CompletionQueue::notifies`]).
     notifies: u64,
+    /// A thread sleeps in `poll(2)` on the attached QPs' sockets and `Inner::wake_fd`
+    /// (an inline wait, [`Progress::wait_fd`]); `deliver` writes the eventfd to wake it.
+    inline_sleeper: bool,
 }
 
 struct Inner {
@@ -59,6 +86,8 @@ struct Inner {
     /// under the lock before it sleeps cannot miss it): a waiter that sees it change returns.
     /// An atomic, so that a wait reads it at its start without taking the lock.
     interrupts: std::sync::atomic::AtomicU64,
+    /// The eventfd of inline waits, made at the first one (`None`: could not be made).
+    wake_fd: std::sync::OnceLock<Option<crate::waitfd::WakeFd>>,
 }
 
 thread_local! {
@@ -125,6 +154,7 @@ impl CompletionQueue {
                 cond: Condvar::new(),
                 attached: Mutex::new(Vec::new()),
                 interrupts: std::sync::atomic::AtomicU64::new(0),
+                wake_fd: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -158,6 +188,7 @@ impl CompletionQueue {
     pub(crate) fn deliver(&self, wc: WorkCompletion) -> Result<(), CqOverflow> {
         let wakers;
         let sleepers;
+        let inline;
         let defer = DEFERRED.with(|d| d.borrow().is_some());
         {
             let mut s = self.inner.state.lock().unwrap();
@@ -172,7 +203,7 @@ impl CompletionQueue {
                 s.events += 1;
             }
             s.entries.push_back(wc);
-            if defer && (s.sleepers > 0 || !s.wakers.is_empty()) {
+            if defer && (s.sleepers > 0 || s.inline_sleeper || !s.wakers.is_empty()) {
                 drop(s);
                 DEFERRED.with(|d| {
                     if let Some(v) = d.borrow_mut().as_mut()
@@ -185,32 +216,47 @@ impl CompletionQueue {
             }
             wakers = std::mem::take(&mut s.wakers);
             sleepers = s.sleepers > 0;
-            s.notifies += u64::from(sleepers);
+            inline = s.inline_sleeper;
+            s.notifies += u64::from(sleepers) + u64::from(inline);
         }
         if sleepers {
             self.inner.cond.notify_all();
+        }
+        if inline {
+            self.wake_inline();
         }
         wakers.into_iter().for_each(Waker::wake);
         Ok(())
     }
 
+    /// Writes the inline waiter's eventfd.
+    fn wake_inline(&self) {
+        if let Some(Some(w)) = self.inner.wake_fd.get() {
+            w.wake();
+        }
+    }
+
     /// Wakes whoever waits on this CQ (a deferred [`deliver`](Self::deliver)'s wake-up).
     fn wake(&self) {
-        let (wakers, sleepers) = {
+        let (wakers, sleepers, inline) = {
             let mut s = self.inner.state.lock().unwrap();
             let sleepers = s.sleepers > 0;
-            s.notifies += u64::from(sleepers);
-            (std::mem::take(&mut s.wakers), sleepers)
+            s.notifies += u64::from(sleepers) + u64::from(s.inline_sleeper);
+            (std::mem::take(&mut s.wakers), sleepers, s.inline_sleeper)
         };
         if sleepers {
             self.inner.cond.notify_all();
+        }
+        if inline {
+            self.wake_inline();
         }
         wakers.into_iter().for_each(Waker::wake);
     }
 
     /// How many completions woke a thread asleep in [`wait`](Self::wait),
     /// [`wait_spin`](Self::wait_spin) or [`get_event`](Self::get_event) (a
-    /// `futex` system call each). A busy-polled CQ makes none: a diagnostic
+    /// `futex` or eventfd `write` system call each). A busy-polled CQ makes none,
+    /// nor does an inline waiter that received its completion itself: a diagnostic
     /// for tests that count system calls per message.
     pub fn notifies(&self) -> u64 {
         self.inner.state.lock().unwrap().notifies
@@ -285,10 +331,25 @@ impl CompletionQueue {
     }
 
     /// Like [`wait`](Self::wait) with an explicit busy-poll budget (zero: sleep at once).
+    ///
+    /// When every QP attached to the CQ (at most four) offers it ([`Progress::wait_fd`]),
+    /// the thread sleeps in `poll(2)` on their sockets and receives what arrives itself,
+    /// as a blocking TCP reader does: one wake-up per completion instead of the
+    /// provider's thread waking and then waking this one (issue 18).
     pub fn wait_spin(&self, spin: Duration, timeout: Option<Duration>) -> Option<WorkCompletion> {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
         let interrupts = self.inner.interrupts.load(Ordering::Acquire);
+        if spin.is_zero() {
+            // No progress pass first: the inline wait's poll(2) returns at once if a
+            // socket has data, so a read that would only say EAGAIN is saved.
+            if let Some(wc) = self.pop() {
+                return Some(wc);
+            }
+            if let Some(r) = self.wait_inline(deadline, interrupts) {
+                return r;
+            }
+        }
         loop {
             if let Some(wc) = self.poll_one() {
                 return Some(wc);
@@ -297,6 +358,11 @@ impl CompletionQueue {
                 break;
             }
             std::hint::spin_loop();
+        }
+        if !spin.is_zero()
+            && let Some(r) = self.wait_inline(deadline, interrupts)
+        {
+            return r;
         }
         self.park_progress();
         let mut s = self.inner.state.lock().unwrap();
@@ -312,6 +378,91 @@ impl CompletionQueue {
             // idle waiter costs no CPU.
             s = self.sleep(s, deadline)?;
         }
+    }
+
+    fn pop(&self) -> Option<WorkCompletion> {
+        self.inner.state.lock().unwrap().entries.pop_front()
+    }
+
+    /// The inline wait of [`wait_spin`](Self::wait_spin): `None` if it cannot be done
+    /// (a QP without [`Progress::wait_fd`], too many QPs, another thread already
+    /// waiting inline, no eventfd), else the wait's outcome (`Some(None)`: timed out).
+    fn wait_inline(&self, deadline: Option<Instant>, interrupts: u64) -> Option<Option<WorkCompletion>> {
+        let qps: Vec<Arc<dyn Progress>> = {
+            let a = self.inner.attached.lock().unwrap();
+            if a.is_empty() || a.len() > MAX_INLINE_QPS {
+                return None;
+            }
+            a.iter().filter_map(Weak::upgrade).collect()
+        };
+        let wake = self
+            .inner
+            .wake_fd
+            .get_or_init(|| crate::waitfd::WakeFd::new().ok())
+            .as_ref()?;
+        let mut fds = Vec::with_capacity(qps.len() + 1);
+        for (i, q) in qps.iter().enumerate() {
+            match q.wait_fd() {
+                Some(fd) => fds.push(crate::waitfd::pollfd(fd)),
+                None => {
+                    qps[..i].iter().for_each(|q| q.wait_done());
+                    return None;
+                }
+            }
+        }
+        fds.push(crate::waitfd::pollfd(wake.raw()));
+        let out = loop {
+            {
+                let mut s = self.inner.state.lock().unwrap();
+                if let Some(wc) = s.entries.pop_front() {
+                    break Some(Some(wc));
+                }
+                if self.inner.interrupts.load(Ordering::Acquire) != interrupts {
+                    break Some(None); // interrupted (leader/follower hand-over)
+                }
+                if s.inline_sleeper {
+                    break None; // another thread sleeps inline: this one on the condvar
+                }
+                s.inline_sleeper = true;
+            }
+            let timeout = match deadline {
+                None => None,
+                Some(d) => match d.checked_duration_since(Instant::now()).filter(|t| !t.is_zero()) {
+                    Some(t) => Some(t),
+                    None => {
+                        self.inner.state.lock().unwrap().inline_sleeper = false;
+                        break Some(None);
+                    }
+                },
+            };
+            let r = crate::waitfd::poll_in(&mut fds, timeout);
+            self.inner.state.lock().unwrap().inline_sleeper = false;
+            match r {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break None,
+            }
+            let (last, socks) = fds.split_last_mut().expect("the eventfd is in the set");
+            if last.revents != 0 {
+                wake.drain();
+            }
+            last.revents = 0;
+            let mut keep = true;
+            for (q, f) in qps.iter().zip(socks.iter_mut()) {
+                if std::mem::take(&mut f.revents) != 0 {
+                    keep &= q.wait_ready();
+                }
+            }
+            if !keep {
+                // A stream ended: what it flushed may be queued; if not, the condvar.
+                match self.pop() {
+                    Some(wc) => break Some(Some(wc)),
+                    None => break None,
+                }
+            }
+        };
+        qps.iter().for_each(|q| q.wait_done());
+        out
     }
 
     /// Sleeps on the condition variable (counted in `sleepers`, so `deliver`
@@ -337,13 +488,16 @@ impl CompletionQueue {
     /// turns at polling one CQ (leader/follower): the new poller tells the old one to leave.
     /// A `futex` system call only when a thread sleeps.
     pub fn interrupt(&self) {
-        let sleepers = {
+        let (sleepers, inline) = {
             let s = self.inner.state.lock().unwrap();
             self.inner.interrupts.fetch_add(1, Ordering::AcqRel);
-            s.sleepers > 0
+            (s.sleepers > 0, s.inline_sleeper)
         };
         if sleepers {
             self.inner.cond.notify_all();
+        }
+        if inline {
+            self.wake_inline();
         }
     }
 
@@ -518,6 +672,92 @@ mod tests {
         let (a, b) = t.join().unwrap();
         assert_eq!((a.unwrap().wr_id, b.unwrap().wr_id), (2, 3));
         assert_eq!(cq.notifies(), 2);
+    }
+
+    /// A QP over a Unix socket: each byte received is one completion with that id.
+    struct SockQp {
+        sock: std::os::unix::net::UnixStream,
+        cq: CompletionQueue,
+        waits: std::sync::atomic::AtomicU32,
+        ready: std::sync::atomic::AtomicU32,
+        done: std::sync::atomic::AtomicU32,
+    }
+
+    impl Progress for SockQp {
+        fn progress(&self) -> bool {
+            use std::io::Read;
+            let mut b = [0u8; 16];
+            let mut any = false;
+            while let Ok(n @ 1..) = (&self.sock).read(&mut b) {
+                b[..n]
+                    .iter()
+                    .for_each(|&id| self.cq.deliver(wc(id as u64, false)).unwrap());
+                any = true;
+            }
+            any
+        }
+        fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+            use std::os::fd::AsRawFd;
+            self.waits.fetch_add(1, Ordering::Relaxed);
+            Some(self.sock.as_raw_fd())
+        }
+        fn wait_ready(&self) -> bool {
+            self.ready.fetch_add(1, Ordering::Relaxed);
+            self.progress();
+            true
+        }
+        fn wait_done(&self) {
+            self.done.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn an_inline_waiter_receives_itself_and_is_woken_by_other_deliveries() {
+        // Issue 18: with --events the waiter sleeps in poll(2) on its QP's socket and
+        // receives itself (no provider thread in between, no condvar wake-up).
+        use std::io::Write;
+        let cq = CompletionQueue::create(8);
+        let (ours, mut peer) = std::os::unix::net::UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let qp = Arc::new(SockQp {
+            sock: ours,
+            cq: cq.clone(),
+            waits: 0.into(),
+            ready: 0.into(),
+            done: 0.into(),
+        });
+        let weak: Weak<dyn Progress> = Arc::downgrade(&qp) as Weak<dyn Progress>;
+        cq.attach_progress(weak);
+        let asleep = || {
+            while !cq.inner.state.lock().unwrap().inline_sleeper {
+                std::thread::yield_now();
+            }
+        };
+        let c2 = cq.clone();
+        let t = std::thread::spawn(move || c2.wait_spin(Duration::ZERO, Some(Duration::from_secs(30))));
+        asleep();
+        peer.write_all(&[5]).unwrap();
+        assert_eq!(t.join().unwrap().unwrap().wr_id, 5);
+        assert_eq!(cq.notifies(), 0, "the socket woke the waiter, not a notification");
+        assert_eq!(qp.ready.load(Ordering::Relaxed), 1);
+        // A completion delivered by another thread wakes the inline waiter (its eventfd).
+        let c2 = cq.clone();
+        let t = std::thread::spawn(move || c2.wait_spin(Duration::ZERO, Some(Duration::from_secs(30))));
+        asleep();
+        cq.deliver(wc(9, false)).unwrap();
+        assert_eq!(t.join().unwrap().unwrap().wr_id, 9);
+        assert_eq!(cq.notifies(), 1);
+        // A deferred one too, when its scope ends.
+        let c2 = cq.clone();
+        let t = std::thread::spawn(move || c2.wait_spin(Duration::ZERO, Some(Duration::from_secs(30))));
+        asleep();
+        defer_wakeups(|| cq.deliver(wc(10, false)).unwrap());
+        assert_eq!(t.join().unwrap().unwrap().wr_id, 10);
+        // A timeout ends the wait; every wait_fd was matched by a wait_done.
+        assert!(cq.wait_spin(Duration::ZERO, Some(Duration::from_millis(20))).is_none());
+        assert_eq!(qp.waits.load(Ordering::Relaxed), 4);
+        assert_eq!(qp.done.load(Ordering::Relaxed), 4);
+        assert!(!cq.inner.state.lock().unwrap().inline_sleeper);
     }
 
     #[test]

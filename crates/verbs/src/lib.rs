@@ -45,8 +45,9 @@
 //! `responder_resources` / `initiator_depth` in [`ConnParam`], `wr.ud` as
 //! [`UdDest`], `ibv_wc` fields and [`WcFlags`] in [`WorkCompletion`].
 //!
-//! Memory: a [`MemoryRegion`] owns its bytes ([`buffer`] is the single module
-//! with `unsafe` code); every remote access is checked by [`mem::MemTable::check`]
+//! Memory: a [`MemoryRegion`] owns its bytes ([`buffer`] is one of the two
+//! modules with `unsafe` code; the other, `waitfd`, makes the `poll(2)` and eventfd
+//! calls of a CQ's inline wait); every remote access is checked by [`mem::MemTable::check`]
 //! for STag validity, key, protection domain, stream scope, rights, bounds and
 //! 64-bit wrap.
 //!
@@ -86,6 +87,7 @@ pub mod qp;
 pub mod qp_attr;
 pub mod registry;
 pub mod types;
+mod waitfd;
 
 pub use ah::{AddressHandle, Grh};
 pub use async_event::AsyncEvent;

@@ -13,7 +13,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use std::collections::HashMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -22,27 +22,69 @@ pub(crate) trait Pollable: Send + Sync {
     /// The socket may be readable and/or writable: make non-blocking progress.
     /// `closed`: the peer closed its side or the socket has an error, so a
     /// short read no longer means nothing more is to be read (the end of
-    /// stream must still be read, and raises no further edge).
-    fn on_event(&self, readable: bool, writable: bool, closed: bool);
-    /// Called on muted connections every [`UNMUTE_CHECK`]: returns false
-    /// once the connection unmuted itself (its busy poller went away).
-    fn still_muted(&self) -> bool {
-        false
+    /// stream must still be read, and raises no further edge). Returns true
+    /// when it stopped reading at its share ([`RX_TURN`]) with more to read:
+    /// the thread comes back to it after the other connections' turns.
+    fn on_event(&self, readable: bool, writable: bool, closed: bool) -> bool;
+    /// Called on muted connections every [`UNMUTE_CHECK`] while one of them
+    /// is busy-polled, and when the unmute timer ([`Driver::arm_unmute_timer`])
+    /// fires: whether the connection is still muted and why.
+    fn still_muted(&self) -> Muted {
+        Muted::No
     }
 }
+
+/// A muted connection's answer to [`Pollable::still_muted`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Muted {
+    /// It unmuted itself (its poller or waiter went away).
+    No,
+    /// An application thread busy-polls it: check again in [`UNMUTE_CHECK`].
+    Polled,
+    /// An application thread sleeps on its socket (an inline CQ wait) and
+    /// arms the unmute timer when it leaves: no periodic check needed.
+    Waited,
+}
+
+/// The most octets the progress thread reads from one connection before it
+/// serves the others (issue 18, scale fairness: a stream that keeps coming was
+/// read until it paused, so one of 8 busy connections could hold the thread
+/// while the others' windows filled; Jain's index 0.85-0.88).
+pub(crate) const RX_TURN: usize = 1 << 20;
 
 /// How often the progress thread checks muted connections.
 pub(crate) const UNMUTE_CHECK: Duration = Duration::from_micros(100);
 
+/// How long the unmute timer runs once set ([`Driver::arm_unmute_timer`]): a QP
+/// muted for an inline CQ waiter that went away is handed back to the progress
+/// thread within this.
+pub(crate) const UNMUTE_TIMER: Duration = Duration::from_millis(2);
+
+/// Times the unmute timer was set, in this process (see [`unmute_timer_sets`]).
+static TIMER_SETS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times a progress thread's unmute timer was set (a `timerfd_settime`
+/// each): a diagnostic for tests that count system calls per message.
+pub fn unmute_timer_sets() -> u64 {
+    TIMER_SETS.load(Ordering::Relaxed)
+}
+
 const WAKER: Token = Token(usize::MAX);
+const TIMER: Token = Token(usize::MAX - 1);
 
 pub(crate) struct Driver {
     registry: Registry,
     waker: Waker,
     conns: Mutex<HashMap<usize, Weak<dyn Pollable>>>,
     /// Connections whose readable events are muted because an application
-    /// thread is busy-polling them (like Linux's NAPI busy polling).
-    muted: Mutex<Vec<usize>>,
+    /// thread is busy-polling them (like Linux's NAPI busy polling) or sleeps
+    /// on their sockets in an inline CQ wait; the flag: checked periodically.
+    muted: Mutex<Vec<(usize, bool)>>,
+    /// Fires after an inline waiter left: the progress thread then checks the muted.
+    timer: super::sockio::TimerFd,
+    /// When the timer is due, in ns since `epoch` (0: not armed).
+    timer_due: AtomicU64,
+    epoch: std::time::Instant,
     next: AtomicUsize,
     stop: AtomicBool,
 }
@@ -53,11 +95,17 @@ impl Driver {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
+        let timer = super::sockio::TimerFd::new()?;
+        poll.registry()
+            .register(&mut SourceFd(&timer.raw()), TIMER, Interest::READABLE)?;
         let d = Arc::new(Driver {
             registry,
             waker,
             conns: Mutex::new(HashMap::new()),
             muted: Mutex::new(Vec::new()),
+            timer,
+            timer_due: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
             next: AtomicUsize::new(1),
             stop: AtomicBool::new(false),
         });
@@ -80,26 +128,50 @@ impl Driver {
     pub(crate) fn deregister(&self, fd: RawFd, token: Token) {
         let _ = self.registry.deregister(&mut SourceFd(&fd));
         self.conns.lock().unwrap().remove(&token.0);
-        self.muted.lock().unwrap().retain(|t| *t != token.0);
+        self.muted.lock().unwrap().retain(|t| t.0 != token.0);
     }
 
     /// Stops readable wake-ups of this thread for `fd`: an application
-    /// thread busy-polls it, so waking here would only steal a core from it.
-    pub(crate) fn mute(&self, fd: RawFd, token: Token) {
+    /// thread busy-polls it (`periodic`: the thread checks every
+    /// [`UNMUTE_CHECK`] whether it still does) or sleeps on it in an inline
+    /// CQ wait (it arms [`arm_unmute_timer`](Self::arm_unmute_timer) when it
+    /// leaves), so waking here would only steal a core from it.
+    pub(crate) fn mute(&self, fd: RawFd, token: Token, periodic: bool) {
         if self
             .registry
             .reregister(&mut SourceFd(&fd), token, Interest::WRITABLE)
             .is_ok()
         {
             let mut m = self.muted.lock().unwrap();
-            let was_empty = m.is_empty();
-            m.push(token.0);
+            let was_periodic = m.iter().any(|t| t.1);
+            match m.iter_mut().find(|t| t.0 == token.0) {
+                Some(t) => t.1 |= periodic,
+                None => m.push((token.0, periodic)),
+            }
             drop(m);
-            if was_empty {
+            if periodic && !was_periodic {
                 // Shorten the sleep so the mute is checked.
                 let _ = self.waker.wake();
             }
         }
+    }
+
+    /// A muted connection may have lost its last user: the progress thread checks
+    /// the muted connections at least `idle` from now. The timer is set for
+    /// [`UNMUTE_TIMER`] and set again only when its due time is less than `idle`
+    /// away, so a waiter that comes and goes every few microseconds costs one
+    /// `timerfd_settime` every ~2 ms and the progress thread no wake-up. (Setting
+    /// it on every leave cost 6-7 µs per round trip on the 2-vCPU VM: each setting
+    /// reprograms the CPU's timer, a VM exit.)
+    pub(crate) fn arm_unmute_timer(&self, idle: Duration) {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        if self.timer_due.load(Ordering::Acquire) >= now + idle.as_nanos() as u64 {
+            return;
+        }
+        let span = UNMUTE_TIMER.max(idle);
+        self.timer_due.store(now + span.as_nanos() as u64, Ordering::Release);
+        self.timer.arm(span);
+        TIMER_SETS.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Restores readable wake-ups; an `epoll_ctl` MOD re-checks readiness,
@@ -108,7 +180,7 @@ impl Driver {
         let _ = self
             .registry
             .reregister(&mut SourceFd(&fd), token, Interest::READABLE | Interest::WRITABLE);
-        self.muted.lock().unwrap().retain(|t| *t != token.0);
+        self.muted.lock().unwrap().retain(|t| t.0 != token.0);
     }
 
     #[allow(dead_code)]
@@ -126,9 +198,12 @@ impl Drop for Driver {
 
 fn run(mut poll: Poll, driver: Weak<Driver>) {
     let mut events = Events::with_capacity(256);
+    // Connections that stopped at their turn with more to read, in the order they stopped.
+    let mut more: Vec<usize> = Vec::new();
     loop {
         let timeout = match driver.upgrade() {
-            Some(d) if !d.muted.lock().unwrap().is_empty() => UNMUTE_CHECK,
+            Some(_) if !more.is_empty() => Duration::ZERO,
+            Some(d) if d.muted.lock().unwrap().iter().any(|t| t.1) => UNMUTE_CHECK,
             Some(_) => Duration::from_secs(1),
             None => return,
         };
@@ -143,25 +218,51 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
         if d.stop.load(Ordering::Acquire) {
             return;
         }
+        let waiting = std::mem::take(&mut more);
         for ev in events.iter() {
             if ev.token() == WAKER {
+                continue;
+            }
+            if ev.token() == TIMER {
+                d.timer.drain();
                 continue;
             }
             let conn = d.conns.lock().unwrap().get(&ev.token().0).and_then(Weak::upgrade);
             if let Some(c) = conn {
                 let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
                 let writable = ev.is_writable() || ev.is_write_closed() || ev.is_error();
-                c.on_event(readable, writable, ev.is_read_closed() || ev.is_error());
+                if c.on_event(readable, writable, ev.is_read_closed() || ev.is_error()) {
+                    more.push(ev.token().0);
+                }
             }
         }
-        let muted: Vec<usize> = d.muted.lock().unwrap().clone();
+        // One more turn for each connection left with more to read (round robin), unless
+        // an event just gave it one.
+        for t in waiting {
+            if more.contains(&t) {
+                continue;
+            }
+            let conn = d.conns.lock().unwrap().get(&t).and_then(Weak::upgrade);
+            if let Some(c) = conn
+                && c.on_event(true, false, false)
+            {
+                more.push(t);
+            }
+        }
+        let muted: Vec<usize> = d.muted.lock().unwrap().iter().map(|t| t.0).collect();
         for t in muted {
             let conn = d.conns.lock().unwrap().get(&t).and_then(Weak::upgrade);
-            match conn {
-                Some(c) => {
-                    c.still_muted();
-                }
-                None => d.muted.lock().unwrap().retain(|x| *x != t),
+            let Some(c) = conn else {
+                d.muted.lock().unwrap().retain(|x| x.0 != t);
+                continue;
+            };
+            // `No`: the connection unmuted itself (and left the list, which it may have
+            // joined again since, so the list is not touched here).
+            let now = c.still_muted();
+            if now != Muted::No
+                && let Some(x) = d.muted.lock().unwrap().iter_mut().find(|x| x.0 == t)
+            {
+                x.1 = now == Muted::Polled;
             }
         }
     }

@@ -8,7 +8,7 @@
 //! and `qp/harness.rs` runs cores back to back in memory for
 //! `qp/core_tests.rs` and the fuzz targets) and the socket side (`qp/io.rs`:
 //! the two small `pump_*` functions around `read`/`readv`/`writev`), behind
-//! one mutex. Three kinds of thread make it progress, whichever gets there
+//! one mutex. Four kinds of thread make it progress, whichever gets there
 //! first:
 //!
 //! * the application thread in `post_send`: the work request is segmented,
@@ -16,9 +16,16 @@
 //!   a 2-vCPU machine where a cross-thread wake-up costs 2-40 µs);
 //! * the application thread in `poll_cq`: when the CQ is empty it asks its QPs
 //!   to read what the socket has (run-to-completion, like a busy-polling RNIC);
+//! * the application thread asleep in a CQ wait (`CompletionQueue::wait`): it
+//!   sleeps in `poll(2)` on the QP's socket and receives what arrives itself
+//!   (`verbs::cq::Progress::wait_fd`), one wake-up per message as a blocking
+//!   TCP reader has, the progress thread muted for the socket meanwhile and
+//!   handed it back by a timer when the waiter has gone (issue 18);
 //! * the device's progress thread (`driver.rs`), which sleeps in `epoll_wait` on
 //!   every socket and wakes only when one becomes readable or writable. An idle
 //!   device therefore uses no CPU, and hundreds of QPs share one thread.
+//!   It reads at most `driver::RX_TURN` octets from one connection before
+//!   serving the others (round robin), so one stream cannot hold it.
 //!
 //! Contention is settled with try-locks that never lose a wake-up
 //! (`driver::Poke`).
@@ -54,6 +61,7 @@
 
 pub mod cm;
 pub(crate) mod driver;
+pub use driver::unmute_timer_sets;
 pub mod qp;
 pub(crate) mod sockio;
 mod txq;

@@ -1,6 +1,7 @@
 //! The provider's socket I/O straight into and out of registered memory:
 //! `readv` of a tagged payload into its region (direct data placement) and
-//! `writev` of a gather list that references regions in place. Socket work
+//! `writev` of a gather list that references regions in place; and the
+//! progress thread's `timerfd` ([`TimerFd`]). Socket work
 //! is the iWARP engine's; the verbs' [`Buffer`] only lends checked raw ranges
 //! ([`Buffer::raw_range`]).
 
@@ -100,6 +101,53 @@ pub fn writev(fd: RawFd, parts: &[IoPart<'_>]) -> std::io::Result<usize> {
         Err(std::io::Error::last_os_error())
     } else {
         Ok(n as usize)
+    }
+}
+
+/// A `timerfd(2)` (monotonic clock, non-blocking) in the progress thread's epoll set:
+/// it ends the quiet time after an inline CQ waiter left a QP muted (issue 18), so
+/// the progress thread needs no periodic wake-up while the waiter sleeps.
+pub struct TimerFd(std::fs::File);
+
+impl TimerFd {
+    /// A disarmed timer.
+    pub fn new() -> std::io::Result<TimerFd> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: timerfd_create takes no pointers; a non-negative result is a new
+        // descriptor that nothing else owns, so the File is its only owner.
+        let fd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_NONBLOCK | libc::TFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: see above.
+        Ok(TimerFd(unsafe { std::fs::File::from_raw_fd(fd) }))
+    }
+
+    /// Fires once, `after` from now (replacing an earlier setting).
+    pub fn arm(&self, after: std::time::Duration) {
+        use std::os::fd::AsRawFd;
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_value: libc::timespec {
+                tv_sec: after.as_secs() as libc::time_t,
+                tv_nsec: after.subsec_nanos().max(1) as libc::c_long,
+            },
+        };
+        // SAFETY: `spec` lives on the stack for the call; a null old value is allowed.
+        unsafe { libc::timerfd_settime(self.0.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+
+    /// Reads the expiry count (makes the descriptor unreadable until it fires again).
+    pub fn drain(&self) {
+        use std::io::Read;
+        let mut b = [0u8; 8];
+        let _ = (&self.0).read(&mut b);
+    }
+
+    /// The descriptor.
+    pub fn raw(&self) -> RawFd {
+        use std::os::fd::AsRawFd;
+        self.0.as_raw_fd()
     }
 }
 

@@ -24,6 +24,8 @@ pub struct IwarpQp {
     /// The progress thread saw the peer close (or a socket error): read to
     /// the end of stream rather than stopping at a short read.
     rx_closed: std::sync::atomic::AtomicBool,
+    /// The progress thread's last turn ([`super::super::driver::RX_TURN`]) ended with more to read.
+    rx_more: std::sync::atomic::AtomicBool,
     core: Mutex<Core>,
     poke: Poke,
     state: Arc<AtomicU8>,
@@ -89,6 +91,7 @@ impl IwarpQp {
             token: Mutex::new(None),
             busy: BusyPoll::new(),
             rx_closed: std::sync::atomic::AtomicBool::new(false),
+            rx_more: std::sync::atomic::AtomicBool::new(false),
             core: Mutex::new(Core { p, rx }),
             poke: Poke::new(),
             state: p_state,
@@ -114,7 +117,14 @@ impl IwarpQp {
     /// Waiters woken by the completions it delivers are woken after the QP's lock is
     /// released ([`verbs::provider::defer_cq_wakeups`]), so they do not sleep on it.
     fn kick(&self) -> bool {
-        verbs::provider::defer_cq_wakeups(|| self.poke.run(&self.core, |c| self.work(c)))
+        verbs::provider::defer_cq_wakeups(|| self.poke.run(&self.core, |c| self.work(c, None)))
+    }
+
+    /// The progress thread's [`kick`](Self::kick): reads at most about `turn` octets
+    /// (then other connections get theirs); true if it stopped with more to read.
+    fn kick_turn(&self, turn: usize) -> bool {
+        verbs::provider::defer_cq_wakeups(|| self.poke.run(&self.core, |c| self.work(c, Some(turn))));
+        self.rx_more.swap(false, Ordering::AcqRel)
     }
 
     /// Reads until the socket is drained, then sends what that produced and
@@ -122,8 +132,8 @@ impl IwarpQp {
     /// arrives later raises a new epoll edge (or, while the QP is muted, the
     /// busy poller's next poll reads it), so another `read` here would only
     /// return `EAGAIN` (issue 18: one fewer system call per poll that finds data).
-    fn work(&self, c: &mut Core) -> bool {
-        let rx = self.pump_rx(c);
+    fn work(&self, c: &mut Core, turn: Option<usize>) -> bool {
+        let rx = self.pump_rx(c, turn);
         let tx = self.pump_tx(&mut c.p);
         rx | tx
     }
@@ -153,11 +163,14 @@ impl IwarpQp {
         }
     }
 
-    /// Reads and processes everything the socket has.
-    fn pump_rx(&self, c: &mut Core) -> bool {
+    /// Reads and processes everything the socket has (with `turn`, stops after
+    /// about that many octets, noting in `rx_more` that more may be there).
+    fn pump_rx(&self, c: &mut Core, turn: Option<usize>) -> bool {
         let mut any = false;
+        let mut got = 0usize;
         let Core { p, rx } = c;
         let fd = self.sock.as_raw_fd();
+        self.rx_more.store(false, Ordering::Release);
         loop {
             // Whole FPDUs, direct placements begun or finished (no I/O).
             any |= rx.process(p);
@@ -171,6 +184,13 @@ impl IwarpQp {
                 // Terminate, which it then never sees (siw: no "got TERMINATE").
                 any |= self.discard_rx(rx, p);
                 break;
+            }
+            if turn.is_some_and(|t| got >= t) {
+                self.rx_more.store(true, Ordering::Release);
+                break;
+            }
+            if turn.is_some() {
+                LONGEST_TURN.fetch_max(got as u64, Ordering::Relaxed);
             }
             // More of a stream that keeps coming: wake now whoever the completions so far
             // are for, rather than after the whole run of reads.
@@ -223,7 +243,10 @@ impl IwarpQp {
                     any |= rx.process(p);
                     break;
                 }
-                Ok(_) => any = true,
+                Ok((n, _)) => {
+                    got += n;
+                    any = true;
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -290,12 +313,12 @@ impl IwarpQp {
 }
 
 impl Pollable for IwarpQp {
-    fn on_event(&self, readable: bool, _writable: bool, closed: bool) {
+    fn on_event(&self, readable: bool, _writable: bool, closed: bool) -> bool {
         if closed {
             self.rx_closed.store(true, Ordering::Release);
         }
         if readable {
-            self.kick();
+            self.kick_turn(super::super::driver::RX_TURN)
         } else {
             // Room to write, nothing to read: no `read` that would say EAGAIN.
             // A poke left meanwhile may be a readable edge, so re-runs do everything.
@@ -305,18 +328,22 @@ impl Pollable for IwarpQp {
                     if std::mem::take(&mut first) {
                         self.pump_tx(&mut c.p)
                     } else {
-                        self.work(c)
+                        self.work(c, None)
                     }
                 })
             });
+            false
         }
     }
-    fn still_muted(&self) -> bool {
+    fn still_muted(&self) -> Muted {
+        if self.busy.waiter.load(Ordering::Acquire) {
+            return Muted::Waited;
+        }
         if !self.busy.idle_for(BUSY_POLL_IDLE) {
-            return true;
+            return Muted::Polled;
         }
         self.unmute();
-        false
+        Muted::No
     }
 }
 
@@ -352,11 +379,25 @@ const BUSY_POLL_GAP: Duration = Duration::from_micros(10);
 const BUSY_POLL_IDLE: Duration = Duration::from_micros(100);
 
 impl IwarpQp {
+    /// Mutes the progress thread's readable wake-ups for this socket (an application
+    /// thread reads it: `periodic`, by busy polling; else asleep in an inline CQ wait).
+    /// The flag and the epoll set change together, under the token's lock.
+    fn mute(&self, periodic: bool) {
+        let token = self.token.lock().unwrap();
+        if let Some(t) = *token
+            && !self.busy.muted.swap(true, Ordering::AcqRel)
+        {
+            self.driver.mute(self.sock.as_raw_fd(), t, periodic);
+        }
+    }
+
     fn unmute(&self) {
-        if self.busy.muted.swap(false, Ordering::AcqRel)
-            && let Some(t) = *self.token.lock().unwrap()
+        let token = self.token.lock().unwrap();
+        if let Some(t) = *token
+            && self.busy.muted.swap(false, Ordering::AcqRel)
         {
             self.driver.unmute(self.sock.as_raw_fd(), t);
+            drop(token);
             self.kick();
         }
     }
@@ -364,18 +405,68 @@ impl IwarpQp {
 
 impl Progress for IwarpQp {
     fn progress(&self) -> bool {
-        if self.busy.note_poll(BUSY_POLL_GAP, BUSY_POLL_AFTER)
-            && let Some(t) = *self.token.lock().unwrap()
-        {
+        if self.busy.note_poll(BUSY_POLL_GAP, BUSY_POLL_AFTER) && !self.busy.muted.load(Ordering::Acquire) {
             // An application thread spins on this QP's CQ: it reads the
             // socket itself, so the progress thread need not wake for it.
-            self.driver.mute(self.sock.as_raw_fd(), t);
+            self.mute(true);
         }
         self.kick()
     }
     fn parked(&self) {
         self.unmute();
     }
+    /// Issue 18: the CQ's waiter sleeps on the socket and receives itself (one
+    /// wake-up per message, as a blocking TCP reader), the progress thread muted
+    /// meanwhile. The mute outlives the wait by [`BUSY_POLL_IDLE`] (a ping-pong's
+    /// waiter is back within microseconds, and an `epoll_ctl` each way per message
+    /// would each also wake the progress thread with a writable event); the
+    /// unmute timer then hands the socket back if nobody came.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        if self.state() != QpState::Rts || self.rx_closed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.busy.waiter.store(true, Ordering::Release);
+        if !self.busy.muted.load(Ordering::Acquire) {
+            self.mute(false);
+        }
+        Some(self.sock.as_raw_fd())
+    }
+    fn wait_ready(&self) -> bool {
+        INLINE_WAKEUPS.fetch_add(1, Ordering::Relaxed);
+        self.kick();
+        self.state() == QpState::Rts
+    }
+    fn wait_done(&self) {
+        self.busy.last.store(now_ns(), Ordering::Release);
+        self.busy.waiter.store(false, Ordering::Release);
+        self.driver.arm_unmute_timer(BUSY_POLL_IDLE);
+    }
+}
+
+/// The most octets the progress thread read from one connection in one turn (see
+/// [`longest_turn`]).
+static LONGEST_TURN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The most octets a progress thread has read from one QP's socket in one turn before
+/// serving the others, in this process, not counting the turn's last read (issue 18,
+/// scale fairness: at most [`RX_TURN`](super::super::driver::RX_TURN)); `reset` starts
+/// it again at zero. A diagnostic for tests.
+pub fn longest_turn(reset: bool) -> u64 {
+    if reset {
+        LONGEST_TURN.swap(0, Ordering::Relaxed)
+    } else {
+        LONGEST_TURN.load(Ordering::Relaxed)
+    }
+}
+
+/// Times an inline CQ waiter woke on a QP socket and received (see [`inline_wakeups`]).
+static INLINE_WAKEUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times an application thread asleep in a CQ wait was woken by a QP's socket
+/// and received what came itself (issue 18's inline wait), in this process: a diagnostic
+/// for tests that count wake-ups per message.
+pub fn inline_wakeups() -> u64 {
+    INLINE_WAKEUPS.load(Ordering::Relaxed)
 }
 
 /// Busy-poll bookkeeping of one QP (timestamps in ns since a process epoch).
@@ -383,6 +474,8 @@ struct BusyPoll {
     last: std::sync::atomic::AtomicU64,
     since: std::sync::atomic::AtomicU64,
     muted: std::sync::atomic::AtomicBool,
+    /// An application thread sleeps on the socket in an inline CQ wait.
+    waiter: std::sync::atomic::AtomicBool,
 }
 
 fn now_ns() -> u64 {
@@ -396,9 +489,10 @@ impl BusyPoll {
             last: 0.into(),
             since: 0.into(),
             muted: false.into(),
+            waiter: false.into(),
         }
     }
-    /// Records a poll; true when this poll makes the QP busy-polled (mute it).
+    /// Records a poll; true when the QP is busy-polled (it should be muted).
     fn note_poll(&self, gap: Duration, after: Duration) -> bool {
         let now = now_ns();
         let last = self.last.swap(now, Ordering::AcqRel);
@@ -407,7 +501,6 @@ impl BusyPoll {
             return false;
         }
         now.saturating_sub(self.since.load(Ordering::Acquire)) >= after.as_nanos() as u64
-            && !self.muted.swap(true, Ordering::AcqRel)
     }
     fn idle_for(&self, d: Duration) -> bool {
         now_ns().saturating_sub(self.last.load(Ordering::Acquire)) >= d.as_nanos() as u64

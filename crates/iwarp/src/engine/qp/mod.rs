@@ -17,7 +17,7 @@
 //! | `io.rs` | the socket: `read` into the buffer, `readv` of a directly placed payload, `writev`, progress hooks and busy polling |
 //! | `harness.rs` | tests and fuzzing: cores back to back in memory through `rx_buf.rs` |
 
-use super::driver::{Driver, Poke, Pollable};
+use super::driver::{Driver, Muted, Poke, Pollable};
 use super::txq::TxQueue;
 use crate::detail::TerminateInfo;
 use crate::wire::cause::{self, TermCause};
@@ -815,5 +815,5 @@ mod rx;
 mod rx_buf;
 mod tx;
 
-pub use io::{IwarpQp, core_lock_waits, socket_reads};
+pub use io::{IwarpQp, core_lock_waits, inline_wakeups, longest_turn, socket_reads};
 use tx::frame_copy;
