@@ -48,7 +48,7 @@ use verbs::{DeviceAttr, Error, Gid, InvalidArg, Mtu, PortAttr, QpType, Result};
 
 use crate::gsi::{GsiHandler, GsiPort};
 use crate::wire::{Bth, Deth, ExtHeaders, Opcode, Packet, Psn, icrc};
-pub use qp::RoceQp;
+pub use qp::{RoceQp, qp_lock_waits};
 pub use ud::{RoceUdQp, mcast_ip};
 
 /// What a RoCEv2 device is opened with (the registry's text options, parsed by
@@ -953,6 +953,10 @@ impl RoceProvider {
         }
         s.bind(&local.into())?;
         let raw = match (cfg.addr, cfg.icrc_rx) {
+            // A loopback address receives nothing from another interface, and the raw
+            // socket's filter passes only that: with `auto` it would cost a clone of every
+            // UDP packet to the address and an empty `recvmmsg` per drain, for nothing.
+            (IpAddr::V4(a), IcrcRx::Auto) if a.is_loopback() => None,
             (IpAddr::V4(a), IcrcRx::Auto | IcrcRx::Raw) => match raw_socket(a) {
                 Ok(r) => {
                     // The UDP socket keeps what arrives on loopback and the IDs of GSO
