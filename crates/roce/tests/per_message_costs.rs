@@ -53,7 +53,9 @@ fn pair(a: &str, b: &str) -> (End, End) {
         .unwrap();
         s.qp.modify_qp(&QpAttr::rts(RtsAttr {
             sq_psn: 11,
-            timeout: 14,
+            // The IB CM's default (1.07 s): both ends spin, and on a loaded machine a
+            // descheduled spinner can leave an ACK unsent for tens of milliseconds.
+            timeout: 18,
             retry_cnt: 7,
             rnr_retry: 7,
             max_rd_atomic: 4,
@@ -174,10 +176,18 @@ fn woken_thread_does_not_wait_for_the_qp_lock_c3() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (x, y) = pair("127.77.14.3", "127.77.14.4");
     const N: u64 = 300;
-    let w0 = roce::engine::qp_lock_waits();
+    let mutes = || c(&x.dev, "progress_mutes") + c(&y.dev, "progress_mutes");
+    let (w0, m0) = (roce::engine::qp_lock_waits(), mutes());
     ping_pong(&x, &y, N, true);
     let waits = roce::engine::qp_lock_waits() - w0;
-    eprintln!("{N} round trips asleep on the CQs: {waits} lock waits");
+    let muted = mutes() - m0;
+    eprintln!("{N} round trips asleep on the CQs: {waits} lock waits, {muted} mutes");
+    // The sleeper's one poll before it parks must not leave the progress thread muted
+    // (it then read the socket only at its next 1 ms check: p50 ~1 ms with `--events`).
+    assert!(
+        muted * 10 <= N,
+        "the progress thread muted itself {muted} times for {N} round trips of sleepers"
+    );
     assert!(
         waits * 8 <= 2 * N,
         "{waits} of {} messages found the QP's lock held (at most 1 in 8; 150-190 of 600 \

@@ -14,8 +14,10 @@ use super::DevInner;
 use crate::rc::{RcConfig, RcError, RcQp};
 use crate::wire::Packet;
 
-/// Packets sent with one `sendmmsg` at most.
-const BATCH: usize = 32;
+/// Packets sent with one `sendmmsg` at most: four full GSO trains of 4 KiB packets (15
+/// each fit in [`super::sys::GSO_MAX_BYTES`]), so a 1 MiB Write at MTU 4096 is 18 trains
+/// instead of the 24 a batch of 32 (15 + 15 + 2) made.
+const BATCH: usize = 60;
 
 thread_local! {
     /// The packets of one batch, built by `poll_transmit` in this thread.
@@ -276,6 +278,12 @@ impl Progress for QpShared {
         }
         any |= self.service_tx(&mut g, now, tx);
         any
+    }
+
+    /// The poller goes to sleep on the CQ: the progress thread takes the sockets back at
+    /// once.
+    fn parked(&self) {
+        self.dev.poller_parked();
     }
 }
 
