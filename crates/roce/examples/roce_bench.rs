@@ -124,7 +124,36 @@ fn rdma_write_bw(secs: f64) -> f64 {
         block(&a.cq);
         done += 1;
     }
-    (done * MSG as u64) as f64 / t0.elapsed().as_secs_f64()
+    let r = (done * MSG as u64) as f64 / t0.elapsed().as_secs_f64();
+    counters("write", &a, &b);
+    r
+}
+
+/// Prints the retransmission and batching counters of both ends (`ROCE_BENCH_COUNTERS=1`):
+/// what a slow run did differently from a fast one.
+fn counters(test: &str, a: &Side, b: &Side) {
+    if std::env::var_os("ROCE_BENCH_COUNTERS").is_none() {
+        return;
+    }
+    const SHOWN: [&str; 10] = [
+        "sent_pkts",
+        "tx_datagrams",
+        "tx_syscalls",
+        "rx_datagrams",
+        "rx_syscalls",
+        "retransmitted_pkts",
+        "ack_timeouts",
+        "rcvd_seq_err",
+        "duplicate_request",
+        "out_of_seq_request",
+    ];
+    for (side, s) in [("requester", a), ("responder", b)] {
+        let v: Vec<String> = SHOWN
+            .iter()
+            .map(|n| format!("{n}={}", s.dev.hw_counter(n).unwrap_or(0)))
+            .collect();
+        eprintln!("  {test} {side}: {}", v.join(" "));
+    }
 }
 
 fn tcp_bw(secs: f64) -> f64 {

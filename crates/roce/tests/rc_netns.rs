@@ -127,7 +127,10 @@ fn connect(x: &End, y: &End) {
         // loses packets systematically ends in RETRY_EXC_ERR within seconds.
         s.qp.modify_qp(&QpAttr::rts(RtsAttr {
             sq_psn: 0x31,
-            timeout: 14,
+            // The IB CM's default (1.07 s). With 14 (67 ms) a responder's progress thread
+            // descheduled that long on a loaded 2-core machine (load 19) made the requester
+            // retransmit a window without any loss, on main's engine too (1 run in 4).
+            timeout: 18,
             retry_cnt: 7,
             rnr_retry: 7,
             max_rd_atomic: 4,

@@ -47,6 +47,9 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
                 return;
             }
             let fds = d.rx_fds();
+            // Announced before `last_poll` is read: a poller that parks meanwhile sees it
+            // and wakes this thread (`DevInner::poller_parked`).
+            d.muted.store(true, Ordering::SeqCst);
             let busy = d.busy_polled(BUSY_POLL_RECENT);
             if busy && !muted {
                 muted = fds
@@ -55,6 +58,7 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
                         Ok(()) => true,
                         Err(e) => e.kind() == std::io::ErrorKind::NotFound,
                     });
+                d.counters.progress_mutes.fetch_add(1, Ordering::Relaxed);
             } else if !busy && muted {
                 // EPOLL_CTL_ADD checks readiness: datagrams queued meanwhile raise an event.
                 muted = !fds.iter().all(|fd| {
@@ -65,6 +69,7 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
                 });
                 d.drain_rx();
             }
+            d.muted.store(muted, Ordering::SeqCst);
             let t = d.sleep_deadline().map(|t| t.saturating_duration_since(Instant::now()));
             // Deferred transmissions (a busy poller's) are sent within MUTED_CHECK even if
             // the poller stops calling.

@@ -241,6 +241,11 @@ impl verbs::cq::Progress for UdShared {
         any |= self.service(&mut g);
         any
     }
+
+    /// The poller goes to sleep on the CQ: the progress thread takes the sockets back.
+    fn parked(&self) {
+        self.dev.poller_parked();
+    }
 }
 
 impl QpOps for RoceUdQp {
