@@ -188,12 +188,10 @@ fn woken_thread_does_not_wait_for_the_qp_lock_c3() {
         muted * 10 <= N,
         "the progress thread muted itself {muted} times for {N} round trips of sleepers"
     );
-    assert!(
-        waits * 8 <= 2 * N,
-        "{waits} of {} messages found the QP's lock held (at most 1 in 8; 150-190 of 600 \
-         with the wake-up made under the lock)",
-        2 * N
-    );
+    // The lock waits are printed, not asserted: on a quiet machine 0-2 of 600 (150-190 with
+    // the wake-up made under the lock), but how often two threads meet on a lock depends on
+    // the scheduler, and CI's load took a correct build to 135 of 600 once (session 11). A
+    // gating test may not depend on that; the mutes above depend only on the code path.
 }
 
 /// The raw socket's filter passes only what arrived on an interface other than loopback,
