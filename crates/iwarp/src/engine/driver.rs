@@ -22,10 +22,8 @@ pub(crate) trait Pollable: Send + Sync {
     /// The socket may be readable and/or writable: make non-blocking progress.
     /// `closed`: the peer closed its side or the socket has an error, so a
     /// short read no longer means nothing more is to be read (the end of
-    /// stream must still be read, and raises no further edge). Returns true
-    /// when it stopped reading at its share ([`RX_TURN`]) with more to read:
-    /// the thread comes back to it after the other connections' turns.
-    fn on_event(&self, readable: bool, writable: bool, closed: bool) -> bool;
+    /// stream must still be read, and raises no further edge).
+    fn on_event(&self, readable: bool, writable: bool, closed: bool);
     /// Called on muted connections every [`UNMUTE_CHECK`] while one of them
     /// is busy-polled, and when the unmute timer ([`Driver::arm_unmute_timer`])
     /// fires: whether the connection is still muted and why.
@@ -45,12 +43,6 @@ pub(crate) enum Muted {
     /// arms the unmute timer when it leaves: no periodic check needed.
     Waited,
 }
-
-/// The most octets the progress thread reads from one connection before it
-/// serves the others (issue 18, scale fairness: a stream that keeps coming was
-/// read until it paused, so one of 8 busy connections could hold the thread
-/// while the others' windows filled; Jain's index 0.85-0.88).
-pub(crate) const RX_TURN: usize = 1 << 20;
 
 /// How often the progress thread checks muted connections.
 pub(crate) const UNMUTE_CHECK: Duration = Duration::from_micros(100);
@@ -198,11 +190,8 @@ impl Drop for Driver {
 
 fn run(mut poll: Poll, driver: Weak<Driver>) {
     let mut events = Events::with_capacity(256);
-    // Connections that stopped at their turn with more to read, in the order they stopped.
-    let mut more: Vec<usize> = Vec::new();
     loop {
         let timeout = match driver.upgrade() {
-            Some(_) if !more.is_empty() => Duration::ZERO,
             Some(d) if d.muted.lock().unwrap().iter().any(|t| t.1) => UNMUTE_CHECK,
             Some(_) => Duration::from_secs(1),
             None => return,
@@ -218,7 +207,6 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
         if d.stop.load(Ordering::Acquire) {
             return;
         }
-        let waiting = std::mem::take(&mut more);
         for ev in events.iter() {
             if ev.token() == WAKER {
                 continue;
@@ -231,22 +219,7 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
             if let Some(c) = conn {
                 let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
                 let writable = ev.is_writable() || ev.is_write_closed() || ev.is_error();
-                if c.on_event(readable, writable, ev.is_read_closed() || ev.is_error()) {
-                    more.push(ev.token().0);
-                }
-            }
-        }
-        // One more turn for each connection left with more to read (round robin), unless
-        // an event just gave it one.
-        for t in waiting {
-            if more.contains(&t) {
-                continue;
-            }
-            let conn = d.conns.lock().unwrap().get(&t).and_then(Weak::upgrade);
-            if let Some(c) = conn
-                && c.on_event(true, false, false)
-            {
-                more.push(t);
+                c.on_event(readable, writable, ev.is_read_closed() || ev.is_error());
             }
         }
         let muted: Vec<usize> = d.muted.lock().unwrap().iter().map(|t| t.0).collect();

@@ -24,8 +24,6 @@ pub struct IwarpQp {
     /// The progress thread saw the peer close (or a socket error): read to
     /// the end of stream rather than stopping at a short read.
     rx_closed: std::sync::atomic::AtomicBool,
-    /// The progress thread's last turn ([`super::super::driver::RX_TURN`]) ended with more to read.
-    rx_more: std::sync::atomic::AtomicBool,
     core: Mutex<Core>,
     poke: Poke,
     state: Arc<AtomicU8>,
@@ -91,7 +89,6 @@ impl IwarpQp {
             token: Mutex::new(None),
             busy: BusyPoll::new(),
             rx_closed: std::sync::atomic::AtomicBool::new(false),
-            rx_more: std::sync::atomic::AtomicBool::new(false),
             core: Mutex::new(Core { p, rx }),
             poke: Poke::new(),
             state: p_state,
@@ -117,14 +114,7 @@ impl IwarpQp {
     /// Waiters woken by the completions it delivers are woken after the QP's lock is
     /// released ([`verbs::provider::defer_cq_wakeups`]), so they do not sleep on it.
     fn kick(&self) -> bool {
-        verbs::provider::defer_cq_wakeups(|| self.poke.run(&self.core, |c| self.work(c, None)))
-    }
-
-    /// The progress thread's [`kick`](Self::kick): reads at most about `turn` octets
-    /// (then other connections get theirs); true if it stopped with more to read.
-    fn kick_turn(&self, turn: usize) -> bool {
-        verbs::provider::defer_cq_wakeups(|| self.poke.run(&self.core, |c| self.work(c, Some(turn))));
-        self.rx_more.swap(false, Ordering::AcqRel)
+        verbs::provider::defer_cq_wakeups(|| self.poke.run(&self.core, |c| self.work(c)))
     }
 
     /// Reads until the socket is drained, then sends what that produced and
@@ -132,8 +122,8 @@ impl IwarpQp {
     /// arrives later raises a new epoll edge (or, while the QP is muted, the
     /// busy poller's next poll reads it), so another `read` here would only
     /// return `EAGAIN` (issue 18: one fewer system call per poll that finds data).
-    fn work(&self, c: &mut Core, turn: Option<usize>) -> bool {
-        let rx = self.pump_rx(c, turn);
+    fn work(&self, c: &mut Core) -> bool {
+        let rx = self.pump_rx(c);
         let tx = self.pump_tx(&mut c.p);
         rx | tx
     }
@@ -163,14 +153,11 @@ impl IwarpQp {
         }
     }
 
-    /// Reads and processes everything the socket has (with `turn`, stops after
-    /// about that many octets, noting in `rx_more` that more may be there).
-    fn pump_rx(&self, c: &mut Core, turn: Option<usize>) -> bool {
+    /// Reads and processes everything the socket has.
+    fn pump_rx(&self, c: &mut Core) -> bool {
         let mut any = false;
-        let mut got = 0usize;
         let Core { p, rx } = c;
         let fd = self.sock.as_raw_fd();
-        self.rx_more.store(false, Ordering::Release);
         loop {
             // Whole FPDUs, direct placements begun or finished (no I/O).
             any |= rx.process(p);
@@ -184,13 +171,6 @@ impl IwarpQp {
                 // Terminate, which it then never sees (siw: no "got TERMINATE").
                 any |= self.discard_rx(rx, p);
                 break;
-            }
-            if turn.is_some_and(|t| got >= t) {
-                self.rx_more.store(true, Ordering::Release);
-                break;
-            }
-            if turn.is_some() {
-                LONGEST_TURN.fetch_max(got as u64, Ordering::Relaxed);
             }
             // More of a stream that keeps coming: wake now whoever the completions so far
             // are for, rather than after the whole run of reads.
@@ -243,10 +223,7 @@ impl IwarpQp {
                     any |= rx.process(p);
                     break;
                 }
-                Ok((n, _)) => {
-                    got += n;
-                    any = true;
-                }
+                Ok(_) => any = true,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
@@ -313,12 +290,12 @@ impl IwarpQp {
 }
 
 impl Pollable for IwarpQp {
-    fn on_event(&self, readable: bool, _writable: bool, closed: bool) -> bool {
+    fn on_event(&self, readable: bool, _writable: bool, closed: bool) {
         if closed {
             self.rx_closed.store(true, Ordering::Release);
         }
         if readable {
-            self.kick_turn(super::super::driver::RX_TURN)
+            self.kick();
         } else {
             // Room to write, nothing to read: no `read` that would say EAGAIN.
             // A poke left meanwhile may be a readable edge, so re-runs do everything.
@@ -328,11 +305,10 @@ impl Pollable for IwarpQp {
                     if std::mem::take(&mut first) {
                         self.pump_tx(&mut c.p)
                     } else {
-                        self.work(c, None)
+                        self.work(c)
                     }
                 })
             });
-            false
         }
     }
     fn still_muted(&self) -> Muted {
@@ -440,22 +416,6 @@ impl Progress for IwarpQp {
         self.busy.last.store(now_ns(), Ordering::Release);
         self.busy.waiter.store(false, Ordering::Release);
         self.driver.arm_unmute_timer(BUSY_POLL_IDLE);
-    }
-}
-
-/// The most octets the progress thread read from one connection in one turn (see
-/// [`longest_turn`]).
-static LONGEST_TURN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// The most octets a progress thread has read from one QP's socket in one turn before
-/// serving the others, in this process, not counting the turn's last read (issue 18,
-/// scale fairness: at most [`RX_TURN`](super::super::driver::RX_TURN)); `reset` starts
-/// it again at zero. A diagnostic for tests.
-pub fn longest_turn(reset: bool) -> u64 {
-    if reset {
-        LONGEST_TURN.swap(0, Ordering::Relaxed)
-    } else {
-        LONGEST_TURN.load(Ordering::Relaxed)
     }
 }
 
