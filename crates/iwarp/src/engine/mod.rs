@@ -24,8 +24,6 @@
 //! * the device's progress thread (`driver.rs`), which sleeps in `epoll_wait` on
 //!   every socket and wakes only when one becomes readable or writable. An idle
 //!   device therefore uses no CPU, and hundreds of QPs share one thread.
-//!   It reads at most `driver::RX_TURN` octets from one connection before
-//!   serving the others (round robin), so one stream cannot hold it.
 //!
 //! Contention is settled with try-locks that never lose a wake-up
 //! (`driver::Poke`).
