@@ -381,36 +381,8 @@ impl<C: RpcClient> Nfs3Client<C> {
 
     fn read_into_once(&self, fh: &Fh, offset: u64, buf: &mut [u8]) -> Result<ReadReply, NfsError> {
         let count = u32::try_from(buf.len()).map_err(|_| NfsError::Other("READ count too large".into()))?;
-        let args = ReadArgs {
-            file: fh.clone(),
-            offset,
-            count,
-        };
-        let r =
-            self.call(
-                procs::READ,
-                "READ",
-                &|e| args.encode(e),
-                sizing::read(count),
-                |d| match ReadRes::<&[u8]>::decode(d)? {
-                    Res::Ok(o) => {
-                        if o.data.len() > buf.len() || o.count as usize != o.data.len() {
-                            return Err(XdrError::TooLong {
-                                len: o.data.len(),
-                                max: buf.len().min(o.count as usize),
-                            });
-                        }
-                        buf[..o.data.len()].copy_from_slice(o.data);
-                        Ok(Ok(ReadReply {
-                            count: o.count,
-                            eof: o.eof,
-                            attributes: o.file_attributes,
-                        }))
-                    }
-                    Res::Fail(s, _) => Ok(Err(s)),
-                },
-            )?;
-        r.map_err(|status| NfsError::Status { proc_: "READ", status })
+        self.read_with(fh, offset, count, |data| buf[..data.len()].copy_from_slice(data))
+            .map(|((), reply)| reply)
     }
 
     /// READ `count` bytes at `offset`. The data is copied once, out of the reply into a
@@ -421,6 +393,18 @@ impl<C: RpcClient> Nfs3Client<C> {
     }
 
     fn read_once(&self, fh: &Fh, offset: u64, count: u32) -> Result<(Vec<u8>, ReadReply), NfsError> {
+        self.read_with(fh, offset, count, <[u8]>::to_vec)
+    }
+
+    /// One READ of at most `count` bytes; `take` gets the reply's data (checked against
+    /// `count` and the reply's own count) while it still lies in the receive buffer.
+    fn read_with<T>(
+        &self,
+        fh: &Fh,
+        offset: u64,
+        count: u32,
+        take: impl FnOnce(&[u8]) -> T,
+    ) -> Result<(T, ReadReply), NfsError> {
         let args = ReadArgs {
             file: fh.clone(),
             offset,
@@ -445,7 +429,7 @@ impl<C: RpcClient> Nfs3Client<C> {
                             eof: o.eof,
                             attributes: o.file_attributes,
                         };
-                        Ok(Ok((o.data.to_vec(), reply)))
+                        Ok(Ok((take(o.data), reply)))
                     }
                     Res::Fail(s, _) => Ok(Err(s)),
                 },
