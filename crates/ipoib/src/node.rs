@@ -562,8 +562,10 @@ impl Node {
                 .mr
                 .to_vec(i * self.slot + GRH_LEN, len)
                 .map_err(|_| NodeError::OutOfBounds)?;
-            // Our own multicast comes back (loopback): Linux ipoib drops it by source QPN.
-            if wc.src_qp != self.qp.qp_num() {
+            // Our own multicast comes back (loopback): Linux ipoib drops it by source QPN
+            // and source LID (`ipoib_ib_handle_rx_wc`). RoCE has no LID; the GRH's source GID
+            // stands for it, since another device's UD QP may well have our QPN.
+            if !self.is_own_loopback(&wc, i) {
                 let now = self.now();
                 self.link.on_ud_recv(now, &msg);
             }
@@ -575,6 +577,20 @@ impl Node {
             self.post_recv(i)?;
         }
         Ok(())
+    }
+
+    /// Whether the datagram in UD receive slot `i` is one of our own multicasts come back:
+    /// our QPN and, in its GRH, our GID.
+    fn is_own_loopback(&self, wc: &WorkCompletion, i: usize) -> bool {
+        if wc.src_qp != self.qp.qp_num() {
+            return false;
+        }
+        let ours = self.link.local_addr().gid;
+        self.mr
+            .to_vec(i * self.slot, GRH_LEN)
+            .ok()
+            .and_then(|g| verbs::Grh::parse(&g))
+            .is_none_or(|g| g.sgid.0 == ours)
     }
 
     fn on_rc_wc(&mut self, wc: WorkCompletion, k: &mut dyn KernelIo) {

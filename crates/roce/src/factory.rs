@@ -40,6 +40,11 @@ impl RoceFactory {
                 "on: runs of equal-size packets go as UDP GSO trains (one datagram through the kernel each); off: one datagram per packet (a capture on loopback then shows every packet as its own frame)",
             ),
             p(
+                "qpn_base",
+                "random".into(),
+                "the first QPN the device hands out (1..0xffffff, decimal or 0x hex); random by default, so devices rarely share QPNs",
+            ),
+            p(
                 "impair",
                 "none".into(),
                 "faults injected into what the device sends, seeded (testing): drop:P,reorder:P,dup:P,corrupt:P,ack_delay_us:N,seed:N (keys optional)",
@@ -101,6 +106,24 @@ impl RoceFactory {
                 .into());
             }
         };
+        match opts.get("qpn_base") {
+            None | Some("random") => {}
+            Some(v) => {
+                let n = match v.strip_prefix("0x") {
+                    Some(h) => u32::from_str_radix(h, 16).ok(),
+                    None => v.parse::<u32>().ok(),
+                };
+                c.qpn_base =
+                    Some(
+                        n.filter(|n| (1..=0x00ff_ffff).contains(n))
+                            .ok_or_else(|| InvalidArg::OptionValue {
+                                key: "qpn_base".into(),
+                                value: v.to_string(),
+                                expected: "a QPN 1..0xffffff (decimal or 0x hex) or random",
+                            })?,
+                    );
+            }
+        }
         match opts.get("impair") {
             None | Some("none") | Some("") => {}
             Some(v) => {
@@ -187,6 +210,11 @@ mod tests {
         assert_eq!(c.name, "rxe_t");
         assert_eq!(c.addr.to_string(), "127.0.9.1");
         assert_eq!(c.mtu, Mtu::Mtu4096);
+        assert_eq!(c.qpn_base, None);
+        for (v, n) in [("0x5a5a00", 0x5a5a00), ("17", 17), ("0xffffff", 0xff_ffff)] {
+            let c = RoceFactory::config(&DeviceOptions::new().with("qpn_base", v)).unwrap();
+            assert_eq!(c.qpn_base, Some(n), "{v}");
+        }
     }
 
     #[test]
@@ -199,6 +227,9 @@ mod tests {
             ("mtu", "x"),
             ("addr", "nowhere"),
             ("colour", "red"),
+            ("qpn_base", "0"),
+            ("qpn_base", "0x1000000"),
+            ("qpn_base", "-1"),
         ] {
             assert!(
                 RoceFactory::config(&DeviceOptions::new().with(k, v)).is_err(),

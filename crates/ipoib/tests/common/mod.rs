@@ -21,6 +21,17 @@ pub fn dev_mtu(addr: &str, mtu: u32) -> verbs::Device {
     roce::RoceFactory.open(&opts).expect("open a RoCEv2 device")
 }
 
+/// A RoCEv2 device on the loopback address `addr` with IB MTU 2,048 whose first QPN is
+/// `qpn_base` (two such devices hand out the same QPNs).
+pub fn dev_qpn(addr: &str, qpn_base: u32) -> verbs::Device {
+    let opts = DeviceOptions::new()
+        .with("addr", addr)
+        .with("mtu", "2048")
+        .with("qpn_base", qpn_base.to_string())
+        .with("name", format!("rxe_ipcm_{addr}"));
+    roce::RoceFactory.open(&opts).expect("open a RoCEv2 device")
+}
+
 /// A RoCEv2 device on the loopback address `addr` with IB MTU 2,048.
 pub fn dev(addr: &str) -> verbs::Device {
     dev_mtu(addr, 2048)
@@ -70,9 +81,23 @@ pub fn run_until(nodes: &mut [Node], mut want: impl FnMut(&[Node], &[Vec<Vec<u8>
             return got;
         }
     }
+    let state: Vec<String> = nodes
+        .iter()
+        .map(|n| {
+            let now = n.now();
+            format!(
+                "{:?}\n  neighbours {:?}\n  connections {:?}\n  counters {:?}",
+                n.link().local_addr(),
+                n.link().neighbours(now),
+                n.link().connections(now),
+                n.link().counters()
+            )
+        })
+        .collect();
     panic!(
-        "not reached in 10 s: {:?}",
-        got.iter().map(Vec::len).collect::<Vec<_>>()
+        "not reached in 10 s: {:?}\n{}",
+        got.iter().map(Vec::len).collect::<Vec<_>>(),
+        state.join("\n")
     );
 }
 

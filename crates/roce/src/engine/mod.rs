@@ -69,6 +69,10 @@ pub struct RoceConfig {
     /// Whether runs of equal-size packets go as UDP GSO trains (a capture on loopback shows
     /// a train as one frame: tests that decode captures turn it off).
     pub gso: bool,
+    /// The first QPN the device hands out (`None`: a random start, so two devices of one host
+    /// rarely share QPNs). Fixed for reproducible captures and for tests that need two
+    /// devices whose QPs have the same numbers.
+    pub qpn_base: Option<u32>,
 }
 
 /// How the device receives IPv4 packets, which decides what their ICRC is checked against
@@ -100,6 +104,7 @@ impl Default for RoceConfig {
             impair: None,
             icrc_rx: IcrcRx::Auto,
             gso: true,
+            qpn_base: None,
         }
     }
 }
@@ -1014,6 +1019,15 @@ impl RoceProvider {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0x1234, |d| d.subsec_nanos());
+        // A start that differs between devices and runs (as rxe's pool index does not), over
+        // all 24 bits: with 12 bits, two devices of one process shared QPNs once in 4,096.
+        let first_qpn = cfg.qpn_base.unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0x1234, |d| d.as_nanos() as u64);
+            let h = (t ^ u64::from(std::process::id()) << 32).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            (h >> 40) as u32
+        });
         let cfg_impair = cfg.impair;
         let cfg_gso = cfg.gso;
         let inner = Arc::new(DevInner {
@@ -1022,8 +1036,7 @@ impl RoceProvider {
             raw,
             local,
             qps: RwLock::new(HashMap::new()),
-            // A start that differs between devices and runs, as rxe's pool index does not.
-            next_qpn: AtomicU32::new((seed.wrapping_mul(2_654_435_761) & 0x00ff_f000) | 0x11),
+            next_qpn: AtomicU32::new(first_qpn & 0x00ff_ffff),
             timers: Mutex::new(Timers {
                 heap: BinaryHeap::new(),
                 sleep_until: 0,
