@@ -2,8 +2,15 @@
 //! LINK CONTINUATION (A.3.3) and Linux's v2 REQUEST ADD LINK; the [`RtokenPair`] that ADD
 //! LINK CONTINUATION and the v2 extension carry (E-21).
 
-use super::header::{Header, arr, be24, be32, be64, put_be24};
-use super::{LLC_LEN, LlcEmitError, LlcError, LlcVersion, error::check24};
+use super::error::{LlcEmitError, LlcError, check24};
+use super::header::{Header, LLC_LEN, LlcVersion, arr, be24, be32, be64, put_be24};
+
+/// ADD LINK reject reasons (v1, octet 2 low nibble).
+#[allow(missing_docs)]
+pub mod add_link_reject {
+    pub const NO_ALTERNATE_PATH: u8 = 1;
+    pub const INVALID_MTU: u8 = 2;
+}
 
 /// ADD LINK (A.3.2, Linux layout, E-1).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]

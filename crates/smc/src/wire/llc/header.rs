@@ -3,7 +3,30 @@
 //! flags; the opcode classes of a SEND's first octet; and the octet helpers every message
 //! family uses.
 
-use super::{FLAG_REPLY, LLC_LEN, LLC_V2_MAX_LEN, LlcError, opcode};
+use super::error::LlcError;
+
+/// Length of every v1 LLC message (and the minimum of a v2 one).
+pub const LLC_LEN: usize = 44;
+/// Largest v2 LLC message we parse (Linux's v2 buffer is 8 KiB).
+pub const LLC_V2_MAX_LEN: usize = 8192;
+/// Reply flag (octet 3).
+pub const FLAG_REPLY: u8 = 0x80;
+
+/// LLC opcodes (A1.8; v2 = 0x20 | opcode).
+#[allow(missing_docs)]
+pub mod opcode {
+    pub const CONFIRM_LINK: u8 = 0x01;
+    pub const ADD_LINK: u8 = 0x02;
+    pub const ADD_LINK_CONT: u8 = 0x03;
+    pub const DELETE_LINK: u8 = 0x04;
+    /// Linux SMC-Rv2 only (0x25): the client asks the server to add a link.
+    pub const REQ_ADD_LINK: u8 = 0x05;
+    pub const CONFIRM_RKEY: u8 = 0x06;
+    pub const TEST_LINK: u8 = 0x07;
+    pub const CONFIRM_RKEY_CONT: u8 = 0x08;
+    pub const DELETE_RKEY: u8 = 0x09;
+    pub const CDC: u8 = 0xFE;
+}
 
 /// What a received SEND's first octet says (A1.8 opcode classes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

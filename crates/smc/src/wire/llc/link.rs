@@ -1,8 +1,24 @@
 //! The link messages that carry no RTokens: CONFIRM LINK (A.3.1), DELETE LINK (A.3.4) and
 //! TEST LINK (A.3.8).
 
-use super::header::{Header, arr, be24, be32, put_be24};
-use super::{FLAG_REPLY, LlcEmitError, LlcError, LlcVersion, error::check24};
+use super::error::{LlcEmitError, LlcError, check24};
+use super::header::{FLAG_REPLY, Header, LlcVersion, arr, be24, be32, put_be24};
+
+/// CONFIRM LINK flag bits Linux sets to say "no RMBE eyecatchers" (C5, E-6).
+pub const CONFIRM_LINK_NO_RMBE_EYECATCHER: u8 = 0x03;
+
+/// DELETE LINK reason codes (A.3.4).
+#[allow(missing_docs)]
+pub mod delete_reason {
+    pub const LOST_PATH: u32 = 0x0001_0000;
+    pub const OPERATOR: u32 = 0x0002_0000;
+    pub const PROGRAM: u32 = 0x0003_0000;
+    pub const PROTOCOL_VIOLATION: u32 = 0x0004_0000;
+    pub const ASYMMETRIC_NOT_NEEDED: u32 = 0x0005_0000;
+    /// E-10.
+    pub const NO_LINK: u32 = 0x0010_0000;
+    pub const NO_LINK_GROUP: u32 = 0x0020_0000;
+}
 
 /// CONFIRM LINK (A.3.1).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -61,7 +77,7 @@ pub struct DeleteLink {
     pub orderly: bool,
     /// Link to delete (0 when `all`).
     pub link_num: u8,
-    /// Reason code ([`delete_reason`](super::delete_reason)).
+    /// Reason code ([`delete_reason`]).
     pub reason: u32,
 }
 

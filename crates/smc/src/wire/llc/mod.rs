@@ -31,7 +31,8 @@
 //! Requirements: smcr-ipoibcm.md A1.8, A2.6 (invalid LLC), C5, E; peers file §5.3.13.
 //!
 //! # Modules (all items are re-exported here, so `smc::wire::llc::X` is the path to use)
-//! - `header`: the common header, [`classify`] and [`Class`], [`LlcVersion`].
+//! - `header`: the common header ([`LLC_LEN`], [`FLAG_REPLY`], the [`opcode`]s),
+//!   [`classify`] and [`Class`], [`LlcVersion`].
 //! - `link`: [`ConfirmLink`], [`DeleteLink`], [`TestLink`] (A.3.1, A.3.4, A.3.8).
 //! - `add_link`: [`AddLink`] with Linux's [`AddLinkV2Ext`], [`AddLinkCont`], Linux's
 //!   [`RequestAddLink`], and the [`RtokenPair`] (A.3.2, A.3.3, E-1, E-21).
@@ -49,59 +50,13 @@ mod header;
 mod link;
 mod rkey;
 
-pub use add_link::{AddLink, AddLinkCont, AddLinkV2Ext, RequestAddLink, RtokenPair};
+pub use add_link::{AddLink, AddLinkCont, AddLinkV2Ext, RequestAddLink, RtokenPair, add_link_reject};
 pub use error::{LlcEmitError, LlcError};
-pub use header::{Class, LlcVersion, classify};
-pub use link::{ConfirmLink, DeleteLink, TestLink};
+pub use header::{Class, FLAG_REPLY, LLC_LEN, LLC_V2_MAX_LEN, LlcVersion, classify, opcode};
+pub use link::{CONFIRM_LINK_NO_RMBE_EYECATCHER, ConfirmLink, DeleteLink, TestLink, delete_reason};
 pub use rkey::{ConfirmRkey, ConfirmRkeyCont, DeleteRkey, LinkRtoken};
 
 use header::{Header, known};
-
-/// Length of every v1 LLC message (and the minimum of a v2 one).
-pub const LLC_LEN: usize = 44;
-/// Largest v2 LLC message we parse (Linux's v2 buffer is 8 KiB).
-pub const LLC_V2_MAX_LEN: usize = 8192;
-/// Reply flag (octet 3).
-pub const FLAG_REPLY: u8 = 0x80;
-
-/// CONFIRM LINK flag bits Linux sets to say "no RMBE eyecatchers" (C5, E-6).
-pub const CONFIRM_LINK_NO_RMBE_EYECATCHER: u8 = 0x03;
-
-/// LLC opcodes (A1.8; v2 = 0x20 | opcode).
-#[allow(missing_docs)]
-pub mod opcode {
-    pub const CONFIRM_LINK: u8 = 0x01;
-    pub const ADD_LINK: u8 = 0x02;
-    pub const ADD_LINK_CONT: u8 = 0x03;
-    pub const DELETE_LINK: u8 = 0x04;
-    /// Linux SMC-Rv2 only (0x25): the client asks the server to add a link.
-    pub const REQ_ADD_LINK: u8 = 0x05;
-    pub const CONFIRM_RKEY: u8 = 0x06;
-    pub const TEST_LINK: u8 = 0x07;
-    pub const CONFIRM_RKEY_CONT: u8 = 0x08;
-    pub const DELETE_RKEY: u8 = 0x09;
-    pub const CDC: u8 = 0xFE;
-}
-
-/// DELETE LINK reason codes (A.3.4).
-#[allow(missing_docs)]
-pub mod delete_reason {
-    pub const LOST_PATH: u32 = 0x0001_0000;
-    pub const OPERATOR: u32 = 0x0002_0000;
-    pub const PROGRAM: u32 = 0x0003_0000;
-    pub const PROTOCOL_VIOLATION: u32 = 0x0004_0000;
-    pub const ASYMMETRIC_NOT_NEEDED: u32 = 0x0005_0000;
-    /// E-10.
-    pub const NO_LINK: u32 = 0x0010_0000;
-    pub const NO_LINK_GROUP: u32 = 0x0020_0000;
-}
-
-/// ADD LINK reject reasons (v1, octet 2 low nibble).
-#[allow(missing_docs)]
-pub mod add_link_reject {
-    pub const NO_ALTERNATE_PATH: u8 = 1;
-    pub const INVALID_MTU: u8 = 2;
-}
 
 /// The body of an LLC message.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -1,8 +1,8 @@
 //! The RKey messages: CONFIRM RKEY (A.3.5, E-3), CONFIRM RKEY CONTINUATION (A.3.6, E-2)
 //! and DELETE RKEY (A.3.7), and the 13-octet [`LinkRtoken`] the first two carry.
 
-use super::header::{Header, be32, be64};
-use super::{LLC_LEN, LlcEmitError, LlcError, LlcVersion};
+use super::error::{LlcEmitError, LlcError};
+use super::header::{Header, LLC_LEN, LlcVersion, be32, be64};
 
 /// Z: negative reply, in all three RKey messages.
 const NEGATIVE: u8 = 0x20;
