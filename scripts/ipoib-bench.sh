@@ -11,19 +11,8 @@ set -euo pipefail
 secs="${1:-5}"
 rounds="${2:-1}"
 BIN="${SOFTRDMA:-$(dirname "$0")/../target/release/softrdma}"
-A=ipbA$$; B=ipbB$$
-cleanup() {
-    for n in $A $B; do ip netns pids $n 2>/dev/null | xargs -r kill 2>/dev/null || true; done
-    sleep 0.3
-    for n in $A $B; do ip netns del $n 2>/dev/null || true; done
-}
-trap cleanup EXIT
-for n in $A $B; do ip netns add $n; ip -n $n link set lo up; done
-ip link add ipbva$$ type veth peer name ipbvb$$
-ip link set ipbva$$ netns $A; ip link set ipbvb$$ netns $B
-ip -n $A addr add 10.132.0.1/24 dev ipbva$$; ip -n $B addr add 10.132.0.2/24 dev ipbvb$$
-ip -n $A link set ipbva$$ mtu 9000 up; ip -n $B link set ipbvb$$ mtu 9000 up
-ip netns exec $B iperf3 -s -D -p 5333 >/dev/null
+. "$(dirname "$0")/lib/ipoib-ns.sh"
+ipoib_ns_up ipb 10.132.0 5333
 
 run() { # label dst
     local bps
@@ -33,13 +22,7 @@ run() { # label dst
 }
 up() { # mode [binary]
     local BIN="${2:-$BIN}"
-    ip netns exec $A "$BIN" ipoib up --dev ib0 --mode "$1" --underlay ipbva$$ --addr 10.133.0.1/24 >/tmp/ipoib-bench-A.log 2>&1 &
-    ip netns exec $B "$BIN" ipoib up --dev ib0 --mode "$1" --underlay ipbvb$$ --addr 10.133.0.2/24 >/tmp/ipoib-bench-B.log 2>&1 &
-    for _ in $(seq 100); do
-        ip -n $B addr show dev ib0 2>/dev/null | grep -q 10.133.0.2 && ip -n $A addr show dev ib0 2>/dev/null | grep -q 10.133.0.1 && break
-        sleep 0.1
-    done
-    ip netns exec $A ping -c 2 -W 3 -s 3000 10.133.0.2 >/dev/null
+    ipoib_ns_daemons "$BIN" "$1" 10.133.0 3000 /tmp/ipoib-bench
 }
 down() {
     for n in $A $B; do ip netns pids $n | while read -r p; do

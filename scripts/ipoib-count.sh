@@ -14,31 +14,12 @@ secs="${2:-6}"
 shift $(( $# > 2 ? 2 : $# ))
 bins=("$@")
 [ ${#bins[@]} -gt 0 ] || bins=("$(dirname "$0")/../target/release/softrdma")
-A=ipcA$$; B=ipcB$$
-cleanup() {
-    for n in $A $B; do ip netns pids $n 2>/dev/null | xargs -r kill 2>/dev/null || true; done
-    sleep 0.3
-    for n in $A $B; do ip netns del $n 2>/dev/null || true; done
-}
-trap cleanup EXIT
-for n in $A $B; do ip netns add $n; ip -n $n link set lo up; done
-ip link add ipcva$$ type veth peer name ipcvb$$
-ip link set ipcva$$ netns $A; ip link set ipcvb$$ netns $B
-ip -n $A addr add 10.136.0.1/24 dev ipcva$$; ip -n $B addr add 10.136.0.2/24 dev ipcvb$$
-ip -n $A link set ipcva$$ mtu 9000 up; ip -n $B link set ipcvb$$ mtu 9000 up
-ip netns exec $B iperf3 -s -D -p 5336 >/dev/null
+. "$(dirname "$0")/lib/ipoib-ns.sh"
+ipoib_ns_up ipc 10.136.0 5336
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for bin in "${bins[@]}"; do
-    ip netns exec $A "$bin" ipoib up --dev ib0 --mode "$mode" --underlay ipcva$$ --addr 10.137.0.1/24 >/tmp/ipoib-count-A.log 2>&1 &
-    pa=$!
-    ip netns exec $B "$bin" ipoib up --dev ib0 --mode "$mode" --underlay ipcvb$$ --addr 10.137.0.2/24 >/tmp/ipoib-count-B.log 2>&1 &
-    pb=$!
-    for _ in $(seq 100); do
-        ip -n $B addr show dev ib0 2>/dev/null | grep -q 10.137.0.2 && ip -n $A addr show dev ib0 2>/dev/null | grep -q 10.137.0.1 && break
-        sleep 0.1
-    done
-    ip netns exec $A ping -c 2 -W 3 -s 1000 10.137.0.2 >/dev/null
-    # `ip netns exec` execs the daemon, so $pa and $pb are the daemons.
+    ipoib_ns_daemons "$bin" "$mode" 10.137.0 1000 /tmp/ipoib-count
+    pa=$PA pb=$PB
     ip netns exec $A iperf3 -c 10.137.0.2 -p 5336 -t "$secs" -l 1M >/dev/null &
     pi=$!
     sleep 1

@@ -12,149 +12,16 @@
 //! failover; veth 1 brought back up, the server adds a link again (two links) and new
 //! traffic flows over both.
 
-use sha2::{Digest, Sha256};
 use smc::stats::{self, LinkState, Role};
 use smc::{Mode, SmcConfig, SmcListener, SmcStream};
-use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
-use verbs::{Device, DeviceFactory, DeviceOptions};
+
+#[path = "common/netns.rs"]
+mod netns;
+use netns::{Lab, device, in_ns, transfer};
 
 const NS: [&str; 2] = ["s11foA", "s11foB"];
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip").args(args).status().is_ok_and(|s| s.success())
-}
-
-struct Lab;
-
-impl Lab {
-    fn up() -> Option<Lab> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: the two-namespace SMC-R tests need root (ip netns, veth)");
-            return None;
-        }
-        for n in NS {
-            let _ = Command::new("ip")
-                .args(["netns", "del", n])
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
-        let mut ok = ip(&["netns", "add", NS[0]]) && ip(&["netns", "add", NS[1]]);
-        for k in ["1", "2"] {
-            let (va, vb) = (format!("{}{k}", NS[0]), format!("{}{k}", NS[1]));
-            ok =
-                ok && ip(&[
-                    "link", "add", &va, "netns", NS[0], "type", "veth", "peer", "name", &vb, "netns", NS[1],
-                ]) && ip(&["-n", NS[0], "addr", "add", &format!("10.116.{k}.1/24"), "dev", &va])
-                    && ip(&["-n", NS[1], "addr", "add", &format!("10.116.{k}.2/24"), "dev", &vb])
-                    && ip(&["-n", NS[0], "link", "set", &va, "up"])
-                    && ip(&["-n", NS[1], "link", "set", &vb, "up"]);
-        }
-        ok = ok && ip(&["-n", NS[0], "link", "set", "lo", "up"]) && ip(&["-n", NS[1], "link", "set", "lo", "up"]);
-        let lab = Lab;
-        if !ok {
-            eprintln!("skipped: could not create the namespaces and veth pairs");
-            return None;
-        }
-        Some(lab)
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for n in NS {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
-}
-
-/// Runs `f` on a thread inside namespace `ns`.
-fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
-    let path = format!("/var/run/netns/{ns}");
-    thread::spawn(move || {
-        let file = std::fs::File::open(&path).expect("namespace file");
-        // SAFETY: `file` is an open namespace file; setns changes only this thread's network
-        // namespace.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
-        f()
-    })
-}
-
-fn device(addr: &str) -> Device {
-    roce::RoceFactory
-        .open(
-            &DeviceOptions::new()
-                .with("addr", addr)
-                .with("name", format!("smc_{addr}")),
-        )
-        .unwrap()
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
-
-/// Sends `len` octets of pattern `seed` on `w` while `r` reads them; returns the reader's
-/// hash and the writer's. `progress` is told once 8 MiB arrived.
-fn transfer(
-    mut w: SmcStream,
-    mut r: SmcStream,
-    seed: u64,
-    len: usize,
-    progress: Option<std::sync::mpsc::Sender<()>>,
-) -> std::io::Result<([u8; 32], [u8; 32])> {
-    let writer = thread::spawn(move || -> std::io::Result<[u8; 32]> {
-        let mut h = Sha256::new();
-        let mut off = 0usize;
-        let chunk = 4 << 20;
-        while off < len {
-            let n = chunk.min(len - off);
-            let d = pattern(seed + off as u64, n);
-            h.update(&d);
-            w.write_all(&d)?;
-            off += n;
-        }
-        Ok(h.finalize().into())
-    });
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut got = 0usize;
-    let mut signalled = false;
-    let res = (|| {
-        while got < len {
-            let n = r.read(&mut buf)?;
-            if n == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "early EOF"));
-            }
-            h.update(&buf[..n]);
-            got += n;
-            if !signalled && got >= 8 << 20 {
-                signalled = true;
-                if let Some(p) = &progress {
-                    let _ = p.send(());
-                }
-            }
-        }
-        Ok(())
-    })();
-    let sent = writer.join().unwrap();
-    res?;
-    Ok((h.finalize().into(), sent?))
-}
 
 /// Both directions at once on one connection pair, hash-checked.
 fn both_ways(c: SmcStream, s: SmcStream, seed: u64, len: usize, progress: Option<std::sync::mpsc::Sender<()>>) {
@@ -216,7 +83,7 @@ fn conn_links() -> Vec<u8> {
 
 #[test]
 fn second_link_failover_and_readd_a4_7() {
-    let Some(_lab) = Lab::up() else { return };
+    let Some(lab) = Lab::up(NS, "10.116") else { return };
     let mib: usize = std::env::var("SMC_NETNS_MIB")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -287,7 +154,7 @@ fn second_link_failover_and_readd_a4_7() {
     let t0 = Instant::now();
     let run = thread::spawn(move || both_ways(cc, sc, 300, len, Some(tx)));
     rx.recv_timeout(Duration::from_secs(120)).expect("8 MiB over link 1");
-    assert!(ip(&["-n", NS[1], "link", "set", &format!("{}1", NS[1]), "down"]));
+    assert!(lab.set_veth(1, false));
     let down_at = Instant::now();
     run.join()
         .expect("the transfer completes over the surviving link, hashes equal");
@@ -314,7 +181,7 @@ fn second_link_failover_and_readd_a4_7() {
 
     // Veth 1 back: the server adds a link again; a new connection goes on it and traffic
     // flows over both links.
-    assert!(ip(&["-n", NS[1], "link", "set", &format!("{}1", NS[1]), "up"]));
+    assert!(lab.set_veth(1, true));
     let t = wait_links(2, "re-ADD LINK");
     eprintln!("link re-added {t:?} after veth 1 came back: {:?}", groups());
     let (c3, s3) = pair();

@@ -13,101 +13,17 @@
 //! other veth completes its transfer hash-checked; brought back up, a new connection over
 //! that veth is SMC-R again (a new first contact).
 
-use sha2::{Digest, Sha256};
 use smc::{Mode, SmcConfig, SmcListener, SmcStream};
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
-use verbs::{Device, DeviceFactory, DeviceOptions};
+
+#[path = "common/netns.rs"]
+mod netns;
+use netns::{Lab, device, in_ns, transfer};
+use verbs::Device;
 
 const NS: [&str; 2] = ["s9smcA", "s9smcB"];
-
-fn ip(args: &[&str]) -> bool {
-    Command::new("ip").args(args).status().is_ok_and(|s| s.success())
-}
-
-struct Lab;
-
-impl Lab {
-    fn up() -> Option<Lab> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: the two-namespace SMC-R tests need root (ip netns, veth)");
-            return None;
-        }
-        for n in NS {
-            let _ = Command::new("ip")
-                .args(["netns", "del", n])
-                .stderr(std::process::Stdio::null())
-                .status();
-        }
-        let mut ok = ip(&["netns", "add", NS[0]]) && ip(&["netns", "add", NS[1]]);
-        for k in ["1", "2"] {
-            let (va, vb) = (format!("{}{k}", NS[0]), format!("{}{k}", NS[1]));
-            ok =
-                ok && ip(&[
-                    "link", "add", &va, "netns", NS[0], "type", "veth", "peer", "name", &vb, "netns", NS[1],
-                ]) && ip(&["-n", NS[0], "addr", "add", &format!("10.115.{k}.1/24"), "dev", &va])
-                    && ip(&["-n", NS[1], "addr", "add", &format!("10.115.{k}.2/24"), "dev", &vb])
-                    && ip(&["-n", NS[0], "link", "set", &va, "up"])
-                    && ip(&["-n", NS[1], "link", "set", &vb, "up"]);
-        }
-        ok = ok && ip(&["-n", NS[0], "link", "set", "lo", "up"]) && ip(&["-n", NS[1], "link", "set", "lo", "up"]);
-        let lab = Lab;
-        if !ok {
-            eprintln!("skipped: could not create the namespaces and veth pairs");
-            return None;
-        }
-        Some(lab)
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        for n in NS {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
-}
-
-/// Runs `f` on a thread inside namespace `ns` (sockets it makes live there; they can be
-/// used from any thread afterwards).
-fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
-    let path = format!("/var/run/netns/{ns}");
-    thread::spawn(move || {
-        let file = std::fs::File::open(&path).expect("namespace file");
-        // SAFETY: `file` is an open namespace file; setns changes only this thread's network
-        // namespace.
-        let r = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", std::io::Error::last_os_error());
-        f()
-    })
-}
-
-fn device(addr: &str) -> Device {
-    roce::RoceFactory
-        .open(
-            &DeviceOptions::new()
-                .with("addr", addr)
-                .with("name", format!("smc_{addr}")),
-        )
-        .unwrap()
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len);
-    while v.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        v.extend_from_slice(&x.to_le_bytes());
-    }
-    v.truncate(len);
-    v
-}
 
 /// One side's devices and (server side) listeners, made inside its namespace.
 struct Sides {
@@ -147,57 +63,9 @@ fn pair(sd: &Sides, k: u8, cfg: &SmcConfig) -> (SmcStream, SmcStream) {
     (c, s)
 }
 
-/// Sends `len` octets of pattern `seed` on `w` while `r` reads them; returns the reader's
-/// hash and the sender's, or the first error.
-fn transfer(
-    mut w: SmcStream,
-    mut r: SmcStream,
-    seed: u64,
-    len: usize,
-    progress: Option<std::sync::mpsc::Sender<()>>,
-) -> Result<([u8; 32], [u8; 32]), std::io::Error> {
-    let writer = thread::spawn(move || -> std::io::Result<[u8; 32]> {
-        let mut h = Sha256::new();
-        let mut off = 0usize;
-        let chunk = 4 << 20;
-        while off < len {
-            let n = chunk.min(len - off);
-            let d = pattern(seed + off as u64, n);
-            h.update(&d);
-            w.write_all(&d)?;
-            off += n;
-        }
-        Ok(h.finalize().into())
-    });
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut got = 0usize;
-    let mut signalled = false;
-    let res = (|| {
-        while got < len {
-            let n = r.read(&mut buf)?;
-            if n == 0 {
-                return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "early EOF"));
-            }
-            h.update(&buf[..n]);
-            got += n;
-            if !signalled && got >= 8 << 20 {
-                signalled = true;
-                if let Some(p) = &progress {
-                    let _ = p.send(());
-                }
-            }
-        }
-        Ok(())
-    })();
-    let sent = writer.join().unwrap();
-    res?;
-    Ok((h.finalize().into(), sent?))
-}
-
 #[test]
 fn two_veths_data_each_way_and_a_link_taken_down() {
-    let Some(_lab) = Lab::up() else { return };
+    let Some(lab) = Lab::up(NS, "10.115") else { return };
     let mib: usize = std::env::var("SMC_NETNS_MIB")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -236,7 +104,7 @@ fn two_veths_data_each_way_and_a_link_taken_down() {
     let t2 = thread::spawn(move || transfer(c2, s2, 4, small, None));
     rx.recv_timeout(Duration::from_secs(60)).expect("8 MiB over veth 1");
     let down_at = Instant::now();
-    assert!(ip(&["-n", NS[1], "link", "set", &format!("{}1", NS[1]), "down"]));
+    assert!(lab.set_veth(1, false));
     let r1 = t1.join().unwrap();
     let detect = down_at.elapsed();
     let e = r1.expect_err("the transfer over the downed veth cannot complete");
@@ -255,7 +123,7 @@ fn two_veths_data_each_way_and_a_link_taken_down() {
     assert_eq!(h, w, "veth 2 hash");
 
     // Back up: a new connection over veth 1 is SMC-R again.
-    assert!(ip(&["-n", NS[1], "link", "set", &format!("{}1", NS[1]), "up"]));
+    assert!(lab.set_veth(1, true));
     thread::sleep(Duration::from_millis(200));
     let (mut c, mut s) = pair(&sd, 1, &cfg);
     c.write_all(b"veth 1 is back").unwrap();

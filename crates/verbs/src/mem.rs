@@ -182,29 +182,25 @@ impl MemTable {
     /// Invalidates a fast-registered STag on behalf of a remote Send with
     /// Invalidate (RDMAP-SND-06) arriving on stream `qp` in `pd`.
     pub fn remote_invalidate(&self, stag: u32, pd: u32, qp: u32) -> Result<(), InvalidateError> {
-        let mut map = self.inner.write().unwrap();
-        let e = map.get_mut(&(stag >> 8)).ok_or(InvalidateError::InvalidStag)?;
-        if e.key != (stag & 0xFF) as u8 || !e.valid {
-            return Err(InvalidateError::InvalidStag);
-        }
-        if e.pd != pd || e.bound_qp.is_some_and(|b| b != qp) {
-            return Err(InvalidateError::NotAssociated);
-        }
-        if e.kind != MrKind::FastReg {
-            return Err(InvalidateError::NotInvalidatable);
-        }
-        e.valid = false;
-        Ok(())
+        self.invalidate(stag, pd, Some(qp))
     }
 
     /// Local invalidate work request: the owner (same PD) ends a fast-reg STag.
     pub fn local_invalidate(&self, stag: u32, pd: u32) -> Result<(), InvalidateError> {
+        self.invalidate(stag, pd, None)
+    }
+
+    /// The checks both invalidations make, in this order: the key, the PD, the kind.
+    /// A remote one (`remote_qp`) also needs the STag valid and, if bound to a QP, bound
+    /// to that one; a local one may invalidate an already invalid STag again.
+    fn invalidate(&self, stag: u32, pd: u32, remote_qp: Option<u32>) -> Result<(), InvalidateError> {
         let mut map = self.inner.write().unwrap();
         let e = map.get_mut(&(stag >> 8)).ok_or(InvalidateError::InvalidStag)?;
-        if e.key != (stag & 0xFF) as u8 {
+        if e.key != (stag & 0xFF) as u8 || (remote_qp.is_some() && !e.valid) {
             return Err(InvalidateError::InvalidStag);
         }
-        if e.pd != pd {
+        let other_qp = |qp| e.bound_qp.is_some_and(|b| b != qp);
+        if e.pd != pd || remote_qp.is_some_and(other_qp) {
             return Err(InvalidateError::NotAssociated);
         }
         if e.kind != MrKind::FastReg {

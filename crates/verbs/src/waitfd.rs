@@ -1,12 +1,18 @@
-//! The second module of `verbs` with `unsafe` code (after `buffer.rs`): the
-//! system calls of a completion queue's *inline* wait, where the waiting
+//! The system calls of a completion queue's *inline* wait, where the waiting
 //! thread sleeps in `poll(2)` on its QPs' sockets and on an `eventfd` rather
 //! than on a condition variable that a provider's progress thread signals
 //! (issue 18: one wake-up per message, as a blocking TCP reader has).
+//!
+//! The second module of `verbs` with `unsafe` code (after `buffer.rs`), for one
+//! call: `poll(2)` on the raw descriptors that `Progress::wait_fd` hands out
+//! (a safe `poll` wrapper such as rustix's wants borrowed descriptors, and making
+//! those from a `RawFd` is just as unsafe). The eventfd is rustix's, an owned
+//! descriptor, so its creation, reads and writes are safe code.
 
+use rustix::event::{EventfdFlags, eventfd};
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::time::Duration;
 
 /// An `eventfd(2)` that wakes a thread asleep in [`poll_in`].
@@ -14,14 +20,8 @@ pub(crate) struct WakeFd(File);
 
 impl WakeFd {
     pub(crate) fn new() -> std::io::Result<WakeFd> {
-        // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor
-        // that nothing else owns, so the File below is its only owner.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: see above: `fd` is open and owned by nobody else.
-        Ok(WakeFd(unsafe { File::from_raw_fd(fd) }))
+        let fd = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
+        Ok(WakeFd(File::from(fd)))
     }
 
     /// Makes the descriptor readable (one `write`).
