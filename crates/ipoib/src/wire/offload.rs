@@ -1,0 +1,300 @@
+//! Checksum offload between the kernel (a TUN with `IFF_VNET_HDR`) and the link (issue 16):
+//! the 10-octet `struct virtio_net_hdr` in front of every packet on the TUN, the
+//! ones'-complement checksum the daemon fills in when a partial one must not leave, and
+//! the softrdma extension that lets two of our nodes carry partial checksums over an RC
+//! connection.
+//!
+//! ```text
+//! virtio_net_hdr (Linux include/uapi/linux/virtio_net.h, little-endian on a TUN)
+//! off size
+//!   0    1  flags: 1 NEEDS_CSUM (checksum partial), 2 DATA_VALID (not honoured by a TUN)
+//!   1    1  gso_type: 0 NONE (we do not enable TSO: no super-packets)
+//!   2    2  hdr_len
+//!   4    2  gso_size
+//!   6    2  csum_start: offset of the L4 header from the IP header
+//!   8    2  csum_offset: offset of the checksum field from csum_start (TCP 16, UDP 6)
+//! ```
+//!
+//! # What goes on the wire
+//!
+//! With `TUN_F_CSUM` the kernel hands the daemon TCP and UDP packets whose checksum field
+//! holds only the pseudo-header sum (`NEEDS_CSUM`). Such a packet leaves with that partial
+//! checksum only on an RC connection whose peer said, in the CM private data after the 8
+//! octets of RFC 4755 §6 ([`CsumExt`], octets 8..16, which Linux's ipoib and RFC 4755 peers
+//! ignore as padding), that it accepts partial checksums; the packet is marked in the
+//! encapsulation header's reserved field ([`PartialMark`]; only on such a connection, so a
+//! peer that did not negotiate the extension always sees 0 there, RFC 4391 §6). The RC
+//! transport's ICRC covers the message from the sender's registered memory to the
+//! receiver's, which is the integrity the TCP/UDP checksum would add on this hop. The
+//! receiver hands the packet to its kernel as `NEEDS_CSUM` with the same `csum_start` and
+//! `csum_offset` (the kernel treats it as checked when it delivers it locally and fills
+//! the checksum in if it forwards it, as for a packet from a veth). Every other packet (UD,
+//! ARP/ND resolution queues, a peer without the extension) gets its checksum filled in by
+//! the daemon ([`fill_checksum`]) before it leaves. A packet received with a complete
+//! checksum goes to the kernel with flags 0, and the kernel checks it: a TUN honours
+//! `NEEDS_CSUM` on writes but ignores `DATA_VALID` (virtio_net_hdr_to_skb), so a checked
+//! complete checksum cannot be passed on.
+
+use super::{WireError, need, room};
+
+/// `VIRTIO_NET_HDR_F_NEEDS_CSUM`.
+pub const F_NEEDS_CSUM: u8 = 1;
+/// `VIRTIO_NET_HDR_F_DATA_VALID`.
+pub const F_DATA_VALID: u8 = 2;
+/// `VIRTIO_NET_HDR_GSO_NONE`.
+pub const GSO_NONE: u8 = 0;
+
+/// The virtio-net header of a TUN opened with `IFF_VNET_HDR` (the kernel's default size,
+/// 10 octets). Its 16-bit fields are in the host's order for a TUN without `TUNSETVNETLE`
+/// or `TUNSETVNETBE`; little-endian here, which is what the daemon runs on (x86-64,
+/// aarch64).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct VnetHdr {
+    /// [`F_NEEDS_CSUM`], [`F_DATA_VALID`].
+    pub flags: u8,
+    /// [`GSO_NONE`] unless TSO was enabled (it is not).
+    pub gso_type: u8,
+    /// Header length (GSO only).
+    pub hdr_len: u16,
+    /// Segment size (GSO only).
+    pub gso_size: u16,
+    /// Where the checksummed range starts, from the IP header.
+    pub csum_start: u16,
+    /// Where the checksum field is, from `csum_start`.
+    pub csum_offset: u16,
+}
+
+impl VnetHdr {
+    /// Octets in front of each packet.
+    pub const LEN: usize = 10;
+
+    /// A header that asks the kernel to check the checksum itself (flags 0).
+    pub fn plain() -> VnetHdr {
+        VnetHdr::default()
+    }
+
+    /// A header for a packet with a partial checksum (`NEEDS_CSUM`).
+    pub fn partial(csum_start: u16, csum_offset: u16) -> VnetHdr {
+        VnetHdr {
+            flags: F_NEEDS_CSUM,
+            csum_start,
+            csum_offset,
+            ..VnetHdr::default()
+        }
+    }
+
+    /// Parses the header in front of a packet read from the TUN.
+    pub fn parse(b: &[u8]) -> Result<VnetHdr, WireError> {
+        need("virtio_net_hdr", b, Self::LEN)?;
+        let le = |o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+        Ok(VnetHdr {
+            flags: b[0],
+            gso_type: b[1],
+            hdr_len: le(2),
+            gso_size: le(4),
+            csum_start: le(6),
+            csum_offset: le(8),
+        })
+    }
+
+    /// Writes the 10 octets.
+    pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        room("virtio_net_hdr", out, Self::LEN)?;
+        out[0] = self.flags;
+        out[1] = self.gso_type;
+        out[2..4].copy_from_slice(&self.hdr_len.to_le_bytes());
+        out[4..6].copy_from_slice(&self.gso_size.to_le_bytes());
+        out[6..8].copy_from_slice(&self.csum_start.to_le_bytes());
+        out[8..10].copy_from_slice(&self.csum_offset.to_le_bytes());
+        Ok(Self::LEN)
+    }
+
+    /// The 10 octets.
+    pub fn to_bytes(&self) -> [u8; 10] {
+        let mut b = [0u8; 10];
+        let _ = self.emit(&mut b);
+        b
+    }
+
+    /// Whether the packet's checksum is partial (the kernel left it to the device).
+    pub fn needs_csum(&self) -> bool {
+        self.flags & F_NEEDS_CSUM != 0
+    }
+}
+
+/// The ones'-complement sum (RFC 1071) of `b`, folded to 16 bits, not complemented.
+pub fn ones_sum(b: &[u8]) -> u16 {
+    let mut acc: u64 = 0;
+    let mut words = b.chunks_exact(4);
+    for w in &mut words {
+        acc += u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
+    }
+    let rest = words.remainder();
+    let mut last = [0u8; 4];
+    last[..rest.len()].copy_from_slice(rest);
+    acc += u64::from(u32::from_be_bytes(last));
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    acc as u16
+}
+
+/// Completes a partial checksum as a device would (Linux `skb_checksum_help`): the sum of
+/// `pkt[start..]` (the field at `start + offset` holds the pseudo-header sum) is folded,
+/// complemented and stored there, 0 as 0xffff. `Err` if the offsets do not fit the packet
+/// (the packet is then dropped).
+pub fn fill_checksum(pkt: &mut [u8], start: u16, offset: u16) -> Result<(), WireError> {
+    let (s, f) = (usize::from(start), usize::from(start) + usize::from(offset));
+    if f + 2 > pkt.len() {
+        return Err(WireError::Truncated {
+            what: "partial checksum",
+            need: f + 2,
+            have: pkt.len(),
+        });
+    }
+    let c = !ones_sum(&pkt[s..]);
+    let c = if c == 0 { 0xffff } else { c };
+    pkt[f..f + 2].copy_from_slice(&c.to_be_bytes());
+    Ok(())
+}
+
+/// The mark in the encapsulation header's reserved field of a packet sent with a partial
+/// checksum on an RC connection that negotiated [`CsumExt`]: bit 15 set, bit 14 set for a
+/// checksum field 6 octets into the L4 header (UDP), clear for 16 (TCP), bits 0..14 the
+/// `csum_start`. Anything else is not marked (its checksum is filled in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PartialMark {
+    /// `csum_start` (from the IP header).
+    pub csum_start: u16,
+    /// `csum_offset`: 16 or 6.
+    pub csum_offset: u16,
+}
+
+impl PartialMark {
+    const FLAG: u16 = 0x8000;
+    const UDP: u16 = 0x4000;
+    const START: u16 = 0x3fff;
+
+    /// The mark for these offsets, if they can be carried (TCP or UDP, start < 16,384).
+    pub fn new(csum_start: u16, csum_offset: u16) -> Option<PartialMark> {
+        (csum_start <= Self::START && (csum_offset == 16 || csum_offset == 6)).then_some(PartialMark {
+            csum_start,
+            csum_offset,
+        })
+    }
+
+    /// The reserved field's value.
+    pub fn encode(&self) -> u16 {
+        Self::FLAG | if self.csum_offset == 6 { Self::UDP } else { 0 } | self.csum_start
+    }
+
+    /// The mark in a received reserved field (`None` for 0: a complete checksum).
+    pub fn decode(reserved: u16) -> Option<PartialMark> {
+        (reserved & Self::FLAG != 0).then(|| PartialMark {
+            csum_start: reserved & Self::START,
+            csum_offset: if reserved & Self::UDP != 0 { 6 } else { 16 },
+        })
+    }
+}
+
+/// The softrdma extension of the CM private data, octets 8..16 after the RFC 4755 §6
+/// fields: the magic `"sRDx"` and 32 flag bits, big-endian. A peer that does not send it
+/// (Linux, any RFC 4755 node: zero padding there) has no flags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CsumExt {
+    /// [`CsumExt::PARTIAL_CSUM`].
+    pub flags: u32,
+}
+
+impl CsumExt {
+    /// Where the extension starts in the private data.
+    pub const OFFSET: usize = 8;
+    /// Its octets.
+    pub const LEN: usize = 8;
+    /// The magic.
+    pub const MAGIC: [u8; 4] = *b"sRDx";
+    /// The sender accepts TCP/UDP packets with a partial checksum marked by
+    /// [`PartialMark`] on the connection.
+    pub const PARTIAL_CSUM: u32 = 1;
+
+    /// The extension of a CM message's private data (no flags if absent or foreign).
+    pub fn parse(private_data: &[u8]) -> CsumExt {
+        match private_data.get(Self::OFFSET..Self::OFFSET + Self::LEN) {
+            Some(b) if b[..4] == Self::MAGIC => CsumExt {
+                flags: u32::from_be_bytes([b[4], b[5], b[6], b[7]]),
+            },
+            _ => CsumExt::default(),
+        }
+    }
+
+    /// The 8 octets that follow the RFC 4755 private data.
+    pub fn to_bytes(&self) -> [u8; 8] {
+        let mut b = [0u8; 8];
+        b[..4].copy_from_slice(&Self::MAGIC);
+        b[4..].copy_from_slice(&self.flags.to_be_bytes());
+        b
+    }
+
+    /// Whether the peer accepts partial checksums.
+    pub fn partial_csum(&self) -> bool {
+        self.flags & Self::PARTIAL_CSUM != 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vnet_hdr_golden_round_trip() {
+        // A TCP/IPv4 packet from a TUN with TUN_F_CSUM: NEEDS_CSUM, start 20, offset 16.
+        let b = [1u8, 0, 0, 0, 0, 0, 20, 0, 16, 0];
+        let h = VnetHdr::parse(&b).unwrap();
+        assert_eq!(h, VnetHdr::partial(20, 16));
+        assert!(h.needs_csum());
+        assert_eq!(h.to_bytes(), b);
+        assert_eq!(VnetHdr::plain().to_bytes(), [0; 10]);
+        assert!(VnetHdr::parse(&b[..9]).is_err());
+    }
+
+    #[test]
+    fn fill_checksum_matches_rfc1071_example_and_a_full_sum() {
+        // RFC 1071 §3 example: 00 01 f2 03 f4 f5 f6 f7 sums to 0xddf2.
+        assert_eq!(ones_sum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]), 0xddf2);
+        // Odd length: the last octet is the high half of a word.
+        assert_eq!(ones_sum(&[0x12, 0x34, 0x56]), 0x1234 + 0x5600);
+        // A filled-in range sums to 0xffff (checks as valid), whatever the seed.
+        let mut p: Vec<u8> = (0..1001u32).map(|i| (i * 7 + 3) as u8).collect();
+        p[30..32].copy_from_slice(&0x1234u16.to_be_bytes());
+        fill_checksum(&mut p, 14, 16).unwrap();
+        assert_eq!(ones_sum(&p[14..]), 0xffff);
+        assert!(fill_checksum(&mut p[..31], 14, 16).is_err());
+    }
+
+    #[test]
+    fn partial_mark_round_trip_and_limits() {
+        let m = PartialMark::new(20, 16).unwrap();
+        assert_eq!(m.encode(), 0x8014);
+        assert_eq!(PartialMark::decode(0x8014), Some(m));
+        let u = PartialMark::new(40, 6).unwrap();
+        assert_eq!(u.encode(), 0xc028);
+        assert_eq!(PartialMark::decode(0xc028), Some(u));
+        assert_eq!(PartialMark::decode(0), None);
+        assert_eq!(PartialMark::new(20, 10), None);
+        assert_eq!(PartialMark::new(0x4000, 16), None);
+    }
+
+    #[test]
+    fn csum_ext_only_with_its_magic() {
+        let mut pd = vec![0u8, 0, 0, 0x48, 0, 0, 0xff, 0xf4];
+        assert!(!CsumExt::parse(&pd).partial_csum());
+        pd.extend_from_slice(&[0; 84]); // RFC 4755 peer: zero padding
+        assert!(!CsumExt::parse(&pd).partial_csum());
+        let e = CsumExt {
+            flags: CsumExt::PARTIAL_CSUM,
+        };
+        assert_eq!(e.to_bytes(), [b's', b'R', b'D', b'x', 0, 0, 0, 1]);
+        pd[8..16].copy_from_slice(&e.to_bytes());
+        assert!(CsumExt::parse(&pd).partial_csum());
+    }
+}
