@@ -263,11 +263,15 @@ mod tests {
         assert_eq!(ones_sum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]), 0xddf2);
         // Odd length: the last octet is the high half of a word.
         assert_eq!(ones_sum(&[0x12, 0x34, 0x56]), 0x1234 + 0x5600);
-        // A filled-in range sums to 0xffff (checks as valid), whatever the seed.
+        // The field holds the pseudo-header sum (0x1234 here); filled in, the range plus
+        // the pseudo-header sums to 0xffff (checks as valid), as a receiver computes it.
         let mut p: Vec<u8> = (0..1001u32).map(|i| (i * 7 + 3) as u8).collect();
         p[30..32].copy_from_slice(&0x1234u16.to_be_bytes());
         fill_checksum(&mut p, 14, 16).unwrap();
-        assert_eq!(ones_sum(&p[14..]), 0xffff);
+        let mut with_pseudo = vec![0x12, 0x34];
+        with_pseudo.extend_from_slice(&p[14..]);
+        assert_eq!(ones_sum(&with_pseudo[..]), 0xffff);
+        assert_ne!(p[30..32], [0x12, 0x34]);
         assert!(fill_checksum(&mut p[..31], 14, 16).is_err());
     }
 
