@@ -303,6 +303,7 @@ pub fn status_text(node: &Node, device: &verbs::Device, stats: &DaemonStats) -> 
         ("rx_copied", p.rx_copied),
         ("tx_csum_partial", p.tx_csum_partial),
         ("tx_csum_filled", p.tx_csum_filled),
+        ("tx_csum_pseudo", p.tx_csum_pseudo),
         ("rx_csum_partial", p.rx_csum_partial),
         ("tx_bad_offload", p.tx_bad_offload),
         ("tun_reads", stats.tun_reads),

@@ -58,7 +58,7 @@ use crate::link::{Action, ConnId, Link, LinkConfig, Mode, UdDest};
 use crate::wire::MULTICAST_QPN;
 use crate::wire::cm::{CM_MTU, ServiceId, ServiceIdPrefix};
 use crate::wire::encap::EncapHeader;
-use crate::wire::offload::{CsumExt, GSO_NONE, PartialMark, VnetHdr};
+use crate::wire::offload::{CsumExt, GSO_NONE, VnetHdr, l4_checksum_at, pseudo_sum};
 
 /// The Q_Key of the IPoIB link (Linux's IPoIB broadcast groups use 0x0B1B; high bit clear,
 /// so unprivileged senders may use it; RFC 4391 §4.1 recommends a controlled one).
@@ -169,7 +169,8 @@ struct RcConn {
     mr: MemoryRegion,
     /// Receive slots completed while the connect thread held the QP: posted on its return.
     repost: Vec<usize>,
-    /// The peer accepts partial checksums ([`CsumExt`], and we offered it too).
+    /// Both offered [`CsumExt`]: TCP/UDP checksums travel in the pseudo-header form
+    /// (`crate::wire::offload`).
     peer_partial: bool,
 }
 
@@ -236,6 +237,9 @@ pub struct PathCounters {
     pub tx_csum_partial: u64,
     /// Partial checksums the node filled in (UD, resolution, a peer without the extension).
     pub tx_csum_filled: u64,
+    /// Complete TCP/UDP checksums rewritten to the pseudo-header form for a connection
+    /// that carries that form (a 12- or 40-octet sum, no pass over the data).
+    pub tx_csum_pseudo: u64,
     /// Received packets with a partial checksum handed to the kernel as partial.
     pub rx_csum_partial: u64,
     /// Packets from the kernel dropped: a GSO packet or checksum offsets outside it.
@@ -547,27 +551,31 @@ impl Node {
         let route = crate::sys::with_owned(&self.send_mr, pkt_off, n, |p| link.rc_route(now, p)).flatten();
         match route {
             Some((conn, et)) => {
-                let mut h = EncapHeader::new(et);
-                if let Some((start, offset)) = partial {
-                    let peer_partial = self.rc.get(&conn).is_some_and(|c| c.peer_partial);
-                    match PartialMark::new(start, offset).filter(|_| peer_partial) {
-                        Some(m) if usize::from(start) + usize::from(offset) + 2 <= n => {
-                            h.reserved = m.encode();
-                            self.paths.tx_csum_partial += 1;
-                        }
-                        _ => {
-                            if !self.fill_in_place(pkt_off, n, start, offset)? {
-                                self.free_send.push(slot);
-                                self.paths.tx_bad_offload += 1;
-                                return Ok(true);
-                            }
-                        }
+                let h = EncapHeader::new(et);
+                let peer_partial = self.rc.get(&conn).is_some_and(|c| c.peer_partial);
+                let at = if peer_partial {
+                    crate::sys::with_owned(&self.send_mr, pkt_off, n, l4_checksum_at).flatten()
+                } else {
+                    None
+                };
+                let ok = match (partial, at) {
+                    // As the kernel handed it over: no checksum pass anywhere.
+                    (Some(p), Some(a)) if p == a => {
+                        self.paths.tx_csum_partial += 1;
+                        true
                     }
+                    (Some(_), Some(_)) => false, // offsets we do not expect for TCP/UDP
+                    (Some((start, offset)), None) => self.fill_in_place(pkt_off, n, start, offset)?,
+                    (None, Some(_)) => self.to_pseudo_form(pkt_off, n)?,
+                    (None, None) => true,
+                };
+                if !ok {
+                    self.free_send.push(slot);
+                    self.paths.tx_bad_offload += 1;
+                    return Ok(true);
                 }
                 let mut hb = [0u8; EncapHeader::LEN];
                 let _ = h.emit(&mut hb);
-                // `emit` sends the reserved field as 0; the mark is ours to put there.
-                hb[2..4].copy_from_slice(&h.reserved.to_be_bytes());
                 let head = pkt_off - EncapHeader::LEN;
                 self.send_mr.write(head, &hb).map_err(|_| NodeError::OutOfBounds)?;
                 self.paths.tx_in_place += 1;
@@ -587,6 +595,24 @@ impl Node {
                 self.link.on_kernel_packet(now, pkt);
                 self.run_actions()?;
             }
+        }
+        Ok(true)
+    }
+
+    /// Rewrites the complete TCP/UDP checksum of the `n`-octet packet at `send_mr[off..]`
+    /// (a send buffer the node owns) to the pseudo-header form, for a connection that
+    /// carries that form; `true` also when there is nothing to rewrite.
+    fn to_pseudo_form(&mut self, off: usize, n: usize) -> Result<bool, NodeError> {
+        let form = crate::sys::with_owned(&self.send_mr, off, n, |p| {
+            l4_checksum_at(p).zip(pseudo_sum(p)).map(|((s, o), ps)| (s, o, ps))
+        })
+        .flatten();
+        if let Some((start, offset, ps)) = form {
+            let f = off + usize::from(start) + usize::from(offset);
+            self.send_mr
+                .write(f, &ps.to_be_bytes())
+                .map_err(|_| NodeError::OutOfBounds)?;
+            self.paths.tx_csum_pseudo += 1;
         }
         Ok(true)
     }
@@ -742,32 +768,23 @@ impl Node {
         // The IP packet goes into the kernel from the receive buffer, which is posted again
         // only afterwards.
         let len = (wc.byte_len as usize).min(RC_SLOT);
-        let offload = self.csum_offload;
+        let pseudo_form = c.peer_partial;
         let _ = crate::sys::with_owned(&c.mr, slot * RC_SLOT, len, |msg| {
             if let Some(r) = link.on_rc_recv_in_place(now, conn, msg) {
                 paths.rx_in_place += 1;
-                // The reserved field carries a partial-checksum mark only if we offered
-                // the extension (else it is ignored, RFC 4391 §6).
-                let mark = offload
-                    .then(|| PartialMark::decode(u16::from_be_bytes([msg[2], msg[3]])))
-                    .flatten();
                 let pkt = &msg[r];
-                match mark {
+                // On a connection that carries the pseudo-header form, every TCP/UDP
+                // checksum it locates is partial.
+                match pseudo_form.then(|| l4_checksum_at(pkt)).flatten() {
                     None => k.write_packet(pkt),
-                    Some(m) if k.offload() => {
+                    Some((start, offset)) if k.offload() => {
                         paths.rx_csum_partial += 1;
-                        k.write_packet_csum(
-                            pkt,
-                            RxCsum::Partial {
-                                start: m.csum_start,
-                                offset: m.csum_offset,
-                            },
-                        );
+                        k.write_packet_csum(pkt, RxCsum::Partial { start, offset });
                     }
-                    Some(m) => {
+                    Some((start, offset)) => {
                         // A kernel side that checks checksums itself: complete it in a copy.
                         let mut p = pkt.to_vec();
-                        if crate::wire::offload::fill_checksum(&mut p, m.csum_start, m.csum_offset).is_ok() {
+                        if crate::wire::offload::fill_checksum(&mut p, start, offset).is_ok() {
                             k.write_packet(&p);
                         }
                     }
@@ -970,6 +987,9 @@ impl Node {
         self.send_mr
             .write(slot * RC_SLOT, payload)
             .map_err(|_| NodeError::OutOfBounds)?;
+        if self.rc.get(&conn).is_some_and(|c| c.peer_partial) && payload.len() > EncapHeader::LEN {
+            self.to_pseudo_form(slot * RC_SLOT + EncapHeader::LEN, payload.len() - EncapHeader::LEN)?;
+        }
         self.post_rc(conn, slot, 0, payload.len());
         Ok(())
     }

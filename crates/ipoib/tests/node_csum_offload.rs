@@ -6,7 +6,8 @@
 //!
 //! - Both offer the extension: every packet leaves A partial (no checksum pass in A) and
 //!   reaches B's kernel marked partial with the same offsets; completing it as B's kernel
-//!   would gives the right UDP checksum.
+//!   would gives the right UDP checksum. A packet whose checksum the kernel completed goes
+//!   in the pseudo-header form and arrives partial too; an ICMP packet is left alone.
 //! - B does not offer it (a Linux-like peer): A fills every checksum in before the packet
 //!   leaves and B's kernel gets packets whose checksum verifies.
 //! - The first packet, which waits for resolution and the connection, is filled in too.
@@ -154,8 +155,9 @@ fn pair(addrs: [&str; 2], pkey: u16, b_offload: bool) -> ([Node; 2], FakeTun, [v
         std::thread::sleep(Duration::from_millis(1));
     }
     let (p, c) = &b.written[0];
-    assert_eq!(*c, RxCsum::Unchecked);
-    assert!(udp_ok(p), "the first packet's checksum verifies");
+    // Over UD while the connection is set up (complete), or in the connection's form.
+    assert!(b_offload || *c == RxCsum::Unchecked);
+    assert!(udp_ok(&completed(p, *c)), "the first packet's checksum verifies");
     (nodes, b, [da, db])
 }
 
@@ -190,6 +192,27 @@ fn both_offer_the_extension_packets_travel_with_partial_checksums() {
         assert_eq!(got, sent, "the packet arrives as the kernel handed it over");
         assert!(udp_ok(&completed(got, *c)), "completed, the checksum verifies");
     }
+
+    // A complete checksum (the kernel computed it) and an ICMP packet.
+    let (_, mut full) = partial_udp(1, 2, 3000, 99);
+    fill_checksum(&mut full, 20, 6).unwrap();
+    assert!(udp_ok(&full));
+    let mut icmp = v4(ip4(1), ip4(2), 200, 100);
+    icmp[9] = 1;
+    b.written.clear();
+    let a0 = nodes[0].path_counters();
+    a.to_read = [(VnetHdr::plain(), full.clone()), (VnetHdr::plain(), icmp.clone())].into();
+    pump(&mut nodes, &mut a, &mut b, 2);
+    assert_eq!(nodes[0].path_counters().tx_csum_pseudo - a0.tx_csum_pseudo, 1);
+    let (got, c) = &b.written[0];
+    assert_eq!(*c, RxCsum::Partial { start: 20, offset: 6 });
+    assert_eq!(
+        got[26..28],
+        pseudo(&full).to_be_bytes(),
+        "the pseudo-header form on the wire"
+    );
+    assert_eq!(completed(got, *c), full, "completed, as the sender's kernel made it");
+    assert_eq!(b.written[1], (icmp, RxCsum::Unchecked), "ICMP untouched");
 }
 
 #[test]

@@ -18,22 +18,25 @@
 //! # What goes on the wire
 //!
 //! With `TUN_F_CSUM` the kernel hands the daemon TCP and UDP packets whose checksum field
-//! holds only the pseudo-header sum (`NEEDS_CSUM`). Such a packet leaves with that partial
-//! checksum only on an RC connection whose peer said, in the CM private data after the 8
-//! octets of RFC 4755 §6 ([`CsumExt`], octets 8..16, which Linux's ipoib and RFC 4755 peers
-//! ignore as padding), that it accepts partial checksums; the packet is marked in the
-//! encapsulation header's reserved field ([`PartialMark`]; only on such a connection, so a
-//! peer that did not negotiate the extension always sees 0 there, RFC 4391 §6). The RC
-//! transport's ICRC covers the message from the sender's registered memory to the
-//! receiver's, which is the integrity the TCP/UDP checksum would add on this hop. The
-//! receiver hands the packet to its kernel as `NEEDS_CSUM` with the same `csum_start` and
-//! `csum_offset` (the kernel treats it as checked when it delivers it locally and fills
-//! the checksum in if it forwards it, as for a packet from a veth). Every other packet (UD,
-//! ARP/ND resolution queues, a peer without the extension) gets its checksum filled in by
-//! the daemon ([`fill_checksum`]) before it leaves. A packet received with a complete
-//! checksum goes to the kernel with flags 0, and the kernel checks it: a TUN honours
-//! `NEEDS_CSUM` on writes but ignores `DATA_VALID` (virtio_net_hdr_to_skb), so a checked
-//! complete checksum cannot be passed on.
+//! holds only the pseudo-header sum (`NEEDS_CSUM`). Two of our nodes agree, in the CM
+//! private data after the 8 octets of RFC 4755 §6 ([`CsumExt`], octets 8..16, which
+//! Linux's ipoib and RFC 4755 peers ignore as padding), that on their connection the
+//! checksum field of every TCP or UDP packet [`l4_checksum_at`] locates holds the
+//! pseudo-header sum only: partial packets go as the kernel handed them over, and the
+//! sender rewrites a complete one to that form ([`pseudo_sum`], 12 or 40 octets summed,
+//! no pass over the data). Nothing else changes on the wire: the encapsulation header's
+//! reserved field stays 0 (so tshark still decodes IPoIB + IP; its TCP/UDP checksum check,
+//! off by default, would call them incorrect). The RC transport's ICRC covers the message
+//! from the sender's registered memory to the receiver's, which is the integrity the
+//! TCP/UDP checksum would add on this hop. The receiver hands such packets to its kernel
+//! as `NEEDS_CSUM` with the offsets [`l4_checksum_at`] finds (the kernel treats them as
+//! checked when it delivers them locally, and fills the checksum in if it forwards them,
+//! as for a packet from a veth). Every packet that leaves any other way (UD, a peer
+//! without the extension) gets a partial checksum filled in by the daemon
+//! ([`fill_checksum`]) first. Packets with complete checksums go to the kernel with flags
+//! 0, and the kernel checks them: a TUN honours `NEEDS_CSUM` on writes but ignores
+//! `DATA_VALID` (virtio_net_hdr_to_skb), so a checked complete checksum cannot be passed
+//! on.
 
 use super::{WireError, need, room};
 
@@ -158,43 +161,58 @@ pub fn fill_checksum(pkt: &mut [u8], start: u16, offset: u16) -> Result<(), Wire
     Ok(())
 }
 
-/// The mark in the encapsulation header's reserved field of a packet sent with a partial
-/// checksum on an RC connection that negotiated [`CsumExt`]: bit 15 set, bit 14 set for a
-/// checksum field 6 octets into the L4 header (UDP), clear for 16 (TCP), bits 0..14 the
-/// `csum_start`. Anything else is not marked (its checksum is filled in).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PartialMark {
-    /// `csum_start` (from the IP header).
-    pub csum_start: u16,
-    /// `csum_offset`: 16 or 6.
-    pub csum_offset: u16,
+/// Where the TCP or UDP checksum of an unfragmented IPv4 packet, or of an IPv6 packet
+/// whose next header is TCP or UDP, lies: `(csum_start, csum_offset)` from the IP header
+/// (as a kernel with `TUN_F_CSUM` gives them). `None` for anything else (fragments, other
+/// protocols, IPv6 extension headers, lengths that disagree with the header): such a
+/// packet's checksum is always complete on the wire.
+pub fn l4_checksum_at(pkt: &[u8]) -> Option<(u16, u16)> {
+    let (start, proto) = match pkt.first()? >> 4 {
+        4 => {
+            let ihl = usize::from(pkt[0] & 0x0f) * 4;
+            if ihl < 20 || pkt.len() < ihl || usize::from(u16::from_be_bytes([pkt[2], pkt[3]])) != pkt.len() {
+                return None;
+            }
+            // MF clear and fragment offset 0: a whole datagram.
+            if u16::from_be_bytes([pkt[6], pkt[7]]) & 0x3fff != 0 {
+                return None;
+            }
+            (ihl, pkt[9])
+        }
+        6 => {
+            if pkt.len() < 40 || usize::from(u16::from_be_bytes([pkt[4], pkt[5]])) + 40 != pkt.len() {
+                return None;
+            }
+            (40, pkt[6])
+        }
+        _ => return None,
+    };
+    let offset = match proto {
+        6 => 16,
+        17 => 6,
+        _ => return None,
+    };
+    (start + offset + 2 <= pkt.len()).then_some((start as u16, offset as u16))
 }
 
-impl PartialMark {
-    const FLAG: u16 = 0x8000;
-    const UDP: u16 = 0x4000;
-    const START: u16 = 0x3fff;
-
-    /// The mark for these offsets, if they can be carried (TCP or UDP, start < 16,384).
-    pub fn new(csum_start: u16, csum_offset: u16) -> Option<PartialMark> {
-        (csum_start <= Self::START && (csum_offset == 16 || csum_offset == 6)).then_some(PartialMark {
-            csum_start,
-            csum_offset,
-        })
-    }
-
-    /// The reserved field's value.
-    pub fn encode(&self) -> u16 {
-        Self::FLAG | if self.csum_offset == 6 { Self::UDP } else { 0 } | self.csum_start
-    }
-
-    /// The mark in a received reserved field (`None` for 0: a complete checksum).
-    pub fn decode(reserved: u16) -> Option<PartialMark> {
-        (reserved & Self::FLAG != 0).then(|| PartialMark {
-            csum_start: reserved & Self::START,
-            csum_offset: if reserved & Self::UDP != 0 { 6 } else { 16 },
-        })
-    }
+/// The pseudo-header sum (folded, not complemented: what the checksum field of a partial
+/// TCP/UDP checksum holds) of a packet [`l4_checksum_at`] accepts.
+pub fn pseudo_sum(pkt: &[u8]) -> Option<u16> {
+    let (start, _) = l4_checksum_at(pkt)?;
+    let l4_len = (pkt.len() - usize::from(start)) as u32;
+    let mut ph = [0u8; 40];
+    let n = if pkt[0] >> 4 == 4 {
+        ph[..8].copy_from_slice(&pkt[12..20]);
+        ph[9] = pkt[9];
+        ph[10..12].copy_from_slice(&(l4_len as u16).to_be_bytes());
+        12
+    } else {
+        ph[..32].copy_from_slice(&pkt[8..40]);
+        ph[32..36].copy_from_slice(&l4_len.to_be_bytes());
+        ph[39] = pkt[6];
+        40
+    };
+    Some(ones_sum(&ph[..n]))
 }
 
 /// The softrdma extension of the CM private data, octets 8..16 after the RFC 4755 §6
@@ -213,8 +231,8 @@ impl CsumExt {
     pub const LEN: usize = 8;
     /// The magic.
     pub const MAGIC: [u8; 4] = *b"sRDx";
-    /// The sender accepts TCP/UDP packets with a partial checksum marked by
-    /// [`PartialMark`] on the connection.
+    /// The sender takes TCP/UDP packets in the pseudo-header form (see the module
+    /// documentation) on the connection, and sends them so when the peer offered it too.
     pub const PARTIAL_CSUM: u32 = 1;
 
     /// The extension of a CM message's private data (no flags if absent or foreign).
@@ -276,16 +294,33 @@ mod tests {
     }
 
     #[test]
-    fn partial_mark_round_trip_and_limits() {
-        let m = PartialMark::new(20, 16).unwrap();
-        assert_eq!(m.encode(), 0x8014);
-        assert_eq!(PartialMark::decode(0x8014), Some(m));
-        let u = PartialMark::new(40, 6).unwrap();
-        assert_eq!(u.encode(), 0xc028);
-        assert_eq!(PartialMark::decode(0xc028), Some(u));
-        assert_eq!(PartialMark::decode(0), None);
-        assert_eq!(PartialMark::new(20, 10), None);
-        assert_eq!(PartialMark::new(0x4000, 16), None);
+    fn checksum_location_and_pseudo_header_sum() {
+        // IPv4/TCP, 20-octet header, 40 octets in all: 10.0.0.1 -> 10.0.0.2.
+        let mut v4 = vec![0u8; 40];
+        v4[..20].copy_from_slice(&[0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+        assert_eq!(l4_checksum_at(&v4), Some((20, 16)));
+        // 0x0a00 + 0x0001 + 0x0a00 + 0x0002 + 0x0006 + 20 (TCP length) = 0x141d.
+        assert_eq!(pseudo_sum(&v4), Some(0x141d));
+        v4[9] = 17;
+        assert_eq!(l4_checksum_at(&v4), Some((20, 6)));
+        v4[6] = 0x20; // MF: a fragment
+        assert_eq!(l4_checksum_at(&v4), None);
+        v4[6] = 0x40;
+        v4[9] = 1; // ICMP
+        assert_eq!(l4_checksum_at(&v4), None);
+        v4[9] = 6;
+        assert_eq!(l4_checksum_at(&v4[..39]), None, "length disagrees with the header");
+        // IPv6/UDP, 8-octet payload, ::1 -> ::2: 1 + 2 + 8 (length) + 17.
+        let mut v6 = vec![0u8; 48];
+        v6[0] = 0x60;
+        v6[5] = 8;
+        v6[6] = 17;
+        v6[23] = 1;
+        v6[39] = 2;
+        assert_eq!(l4_checksum_at(&v6), Some((40, 6)));
+        assert_eq!(pseudo_sum(&v6), Some(1 + 2 + 8 + 17));
+        v6[6] = 0; // hop-by-hop options first
+        assert_eq!(l4_checksum_at(&v6), None);
     }
 
     #[test]
