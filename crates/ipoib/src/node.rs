@@ -33,6 +33,13 @@
 //! [`Link::on_kernel_packet`]. On receive, an RC message is checked in its receive buffer
 //! ([`Link::on_rc_recv_in_place`]) and the IP packet written into the kernel from there
 //! before the buffer is posted again.
+//!
+//! With checksum offload ([`Node::enable_csum_offload`], a kernel side whose
+//! [`KernelIo::offload`] is true) a `virtio_net_hdr` comes in front of each packet read;
+//! partial TCP/UDP checksums go on a connection whose peer offered the CM extension
+//! ([`CsumExt`]) in the pseudo-header form, and are filled in before anything else leaves
+//! (`crate::wire::offload` says what goes on the wire).
+//!
 //! - `Disconnect`: the QP is disconnected (DREQ) and destroyed. A peer's DREQ, an error
 //!   event or an error completion on the connection (RC retries exhausted: a restarted
 //!   peer) is `on_conn_closed`.
@@ -566,7 +573,10 @@ impl Node {
                     }
                     (Some(_), Some(_)) => false, // offsets we do not expect for TCP/UDP
                     (Some((start, offset)), None) => self.fill_in_place(pkt_off, n, start, offset)?,
-                    (None, Some(_)) => self.to_pseudo_form(pkt_off, n)?,
+                    (None, Some(_)) => {
+                        self.rewrite_pseudo_form(pkt_off, n)?;
+                        true
+                    }
                     (None, None) => true,
                 };
                 if !ok {
@@ -601,8 +611,8 @@ impl Node {
 
     /// Rewrites the complete TCP/UDP checksum of the `n`-octet packet at `send_mr[off..]`
     /// (a send buffer the node owns) to the pseudo-header form, for a connection that
-    /// carries that form; `true` also when there is nothing to rewrite.
-    fn to_pseudo_form(&mut self, off: usize, n: usize) -> Result<bool, NodeError> {
+    /// carries that form (nothing if the packet has no TCP/UDP checksum it locates).
+    fn rewrite_pseudo_form(&mut self, off: usize, n: usize) -> Result<(), NodeError> {
         let form = crate::sys::with_owned(&self.send_mr, off, n, |p| {
             l4_checksum_at(p).zip(pseudo_sum(p)).map(|((s, o), ps)| (s, o, ps))
         })
@@ -614,7 +624,7 @@ impl Node {
                 .map_err(|_| NodeError::OutOfBounds)?;
             self.paths.tx_csum_pseudo += 1;
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Fills in the partial checksum of the `n`-octet packet at `send_mr[off..]` (a send
@@ -988,7 +998,7 @@ impl Node {
             .write(slot * RC_SLOT, payload)
             .map_err(|_| NodeError::OutOfBounds)?;
         if self.rc.get(&conn).is_some_and(|c| c.peer_partial) && payload.len() > EncapHeader::LEN {
-            self.to_pseudo_form(slot * RC_SLOT + EncapHeader::LEN, payload.len() - EncapHeader::LEN)?;
+            self.rewrite_pseudo_form(slot * RC_SLOT + EncapHeader::LEN, payload.len() - EncapHeader::LEN)?;
         }
         self.post_rc(conn, slot, 0, payload.len());
         Ok(())
