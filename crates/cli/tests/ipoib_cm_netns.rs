@@ -213,6 +213,23 @@ fn ipoib_connected_mode_between_two_namespaces() {
             "{cb}"
         );
         assert!(n(&cb, "ipoib_rx_copied") * 20 < n(&cb, "ipoib_rx_in_place"), "{cb}");
+        // Session 12, checksum offload through real TUNs: A's kernel handed its TCP and UDP
+        // packets over with partial checksums and they went on the connection so (both
+        // daemons offered the CM extension), none filled in by the daemon, none dropped;
+        // B handed them to its kernel as partial (and iperf3 got the data, above).
+        assert!(
+            n(&ca, "ipoib_tx_csum_partial") * 20 > n(&ca, "ipoib_tx_in_place") * 19,
+            "{ca}"
+        );
+        assert!(
+            n(&ca, "ipoib_tx_csum_filled") * 20 < n(&ca, "ipoib_tx_csum_partial"),
+            "{ca}"
+        );
+        assert_eq!(n(&ca, "ipoib_tx_bad_offload"), 0, "{ca}");
+        assert!(
+            n(&cb, "ipoib_rx_csum_partial") * 20 > n(&cb, "ipoib_rx_in_place") * 19,
+            "{cb}"
+        );
     }
     // Restart B: a new daemon (new UD QPN, its gratuitous ARP) is reached on the next ping
     // over a new connection.

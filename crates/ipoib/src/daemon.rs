@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::future::Future;
-use std::io::{Read, Write};
+use std::io::{IoSlice, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,8 +21,9 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use crate::link::Mode;
-use crate::node::{KernelIo, Node, NodeError, NodeOptions};
+use crate::node::{KernelIo, Node, NodeError, NodeOptions, RxCsum};
 use crate::tun::Tun;
+use crate::wire::offload::VnetHdr;
 
 /// The daemon could not start or stopped on an error.
 #[derive(Debug, thiserror::Error)]
@@ -82,9 +83,11 @@ pub fn status_path(dev: &str) -> PathBuf {
 }
 
 /// The TUN as the node's kernel side: non-blocking reads into the node's send buffers,
-/// writes of whole packets.
+/// writes of whole packets (with the `virtio_net_hdr` in front, from its own slice, if the
+/// TUN offloads checksums).
 struct TunIo<'a> {
     file: &'a File,
+    vnet_hdr: bool,
     /// System calls on the TUN (reads that returned a packet, writes).
     reads: u64,
     writes: u64,
@@ -98,9 +101,27 @@ impl KernelIo for TunIo<'_> {
     }
 
     fn write_packet(&mut self, pkt: &[u8]) {
+        self.write_packet_csum(pkt, RxCsum::Unchecked);
+    }
+
+    fn offload(&self) -> bool {
+        self.vnet_hdr
+    }
+
+    fn write_packet_csum(&mut self, pkt: &[u8], csum: RxCsum) {
         self.writes += 1;
         let mut f = self.file;
-        if let Err(e) = f.write(pkt) {
+        let r = if self.vnet_hdr {
+            let h = match csum {
+                RxCsum::Unchecked => VnetHdr::plain(),
+                RxCsum::Partial { start, offset } => VnetHdr::partial(start, offset),
+            };
+            // One writev: the header and the packet from where it lies.
+            f.write_vectored(&[IoSlice::new(&h.to_bytes()), IoSlice::new(pkt)])
+        } else {
+            f.write(pkt)
+        };
+        if let Err(e) = r {
             // A full TUN queue or the interface going down: the packet is lost, as on a
             // real link.
             debug!(error = %e, "TUN write failed");
@@ -147,7 +168,14 @@ const IDLE_POLL_MS: i32 = 1;
 /// signals, at most [`IDLE_POLL_MS`].
 pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) -> Result<(), DaemonError> {
     let mut node = Node::open_with(device, &cfg.node_options())?;
-    let tun = Tun::open(&cfg.dev)?;
+    let tun = match Tun::open_offload(&cfg.dev) {
+        Ok(t) => t,
+        Err(e) => {
+            warn!(error = %e, "TUN without checksum offload");
+            Tun::open(&cfg.dev)?
+        }
+    };
+    node.enable_csum_offload(tun.vnet_hdr());
     let mut addrs: Vec<String> = cfg.ipv4.iter().map(|(a, p)| format!("{a}/{p}")).collect();
     addrs.push(format!("{}/64", node.link().link_local()));
     addrs.extend(cfg.ipv6.iter().map(|a| format!("{a}/64")));
@@ -157,6 +185,7 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
     let file = tun.file();
     let mut io = TunIo {
         file,
+        vnet_hdr: tun.vnet_hdr(),
         reads: 0,
         writes: 0,
     };
@@ -186,6 +215,7 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
                 // ARP of the new node tells the neighbours.
                 warn!("UD QP in error state: reopening the IPoIB node");
                 node = Node::open_with(device, &cfg.node_options())?;
+                node.enable_csum_offload(tun.vnet_hdr());
                 continue;
             }
             Err(e) => return Err(e.into()),
@@ -271,6 +301,11 @@ pub fn status_text(node: &Node, device: &verbs::Device, stats: &DaemonStats) -> 
         ("tx_copied", p.tx_copied),
         ("rx_in_place", p.rx_in_place),
         ("rx_copied", p.rx_copied),
+        ("tx_csum_partial", p.tx_csum_partial),
+        ("tx_csum_filled", p.tx_csum_filled),
+        ("tx_csum_pseudo", p.tx_csum_pseudo),
+        ("rx_csum_partial", p.rx_csum_partial),
+        ("tx_bad_offload", p.tx_bad_offload),
         ("tun_reads", stats.tun_reads),
         ("tun_writes", stats.tun_writes),
         ("sleeps", stats.sleeps),

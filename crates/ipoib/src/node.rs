@@ -33,6 +33,13 @@
 //! [`Link::on_kernel_packet`]. On receive, an RC message is checked in its receive buffer
 //! ([`Link::on_rc_recv_in_place`]) and the IP packet written into the kernel from there
 //! before the buffer is posted again.
+//!
+//! With checksum offload ([`Node::enable_csum_offload`], a kernel side whose
+//! [`KernelIo::offload`] is true) a `virtio_net_hdr` comes in front of each packet read;
+//! partial TCP/UDP checksums go on a connection whose peer offered the CM extension
+//! ([`CsumExt`]) in the pseudo-header form, and are filled in before anything else leaves
+//! (`crate::wire::offload` says what goes on the wire).
+//!
 //! - `Disconnect`: the QP is disconnected (DREQ) and destroyed. A peer's DREQ, an error
 //!   event or an error completion on the connection (RC retries exhausted: a restarted
 //!   peer) is `on_conn_closed`.
@@ -58,6 +65,7 @@ use crate::link::{Action, ConnId, Link, LinkConfig, Mode, UdDest};
 use crate::wire::MULTICAST_QPN;
 use crate::wire::cm::{CM_MTU, ServiceId, ServiceIdPrefix};
 use crate::wire::encap::EncapHeader;
+use crate::wire::offload::{CsumExt, GSO_NONE, VnetHdr, l4_checksum_at, pseudo_sum};
 
 /// The Q_Key of the IPoIB link (Linux's IPoIB broadcast groups use 0x0B1B; high bit clear,
 /// so unprivileged senders may use it; RFC 4391 §4.1 recommends a controlled one).
@@ -168,6 +176,25 @@ struct RcConn {
     mr: MemoryRegion,
     /// Receive slots completed while the connect thread held the QP: posted on its return.
     repost: Vec<usize>,
+    /// Both offered [`CsumExt`]: TCP/UDP checksums travel in the pseudo-header form
+    /// (`crate::wire::offload`).
+    peer_partial: bool,
+}
+
+/// The state of an IP packet's checksum as the node writes it into the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RxCsum {
+    /// Complete: the kernel checks it. (A TUN ignores `DATA_VALID` on writes, so a
+    /// complete checksum cannot be marked as checked.)
+    Unchecked,
+    /// Partial (the sender's kernel left it to the device): `NEEDS_CSUM` with these offsets
+    /// from the IP header.
+    Partial {
+        /// Where the summed range starts.
+        start: u16,
+        /// Where the checksum field is, from `start`.
+        offset: u16,
+    },
 }
 
 /// The kernel side of a node: the TUN device in the daemon, a list in tests.
@@ -177,6 +204,18 @@ pub trait KernelIo {
     fn read_packet(&mut self, mr: &MemoryRegion, off: usize, max: usize) -> std::io::Result<Option<usize>>;
     /// Writes one IP packet into the kernel.
     fn write_packet(&mut self, pkt: &[u8]);
+    /// Whether this kernel side offloads checksums (a TUN opened with
+    /// [`crate::tun::Tun::open_offload`]): each read puts a 10-octet [`VnetHdr`] in front
+    /// of the packet, and [`KernelIo::write_packet_csum`] passes [`RxCsum`] on.
+    fn offload(&self) -> bool {
+        false
+    }
+    /// Writes one IP packet with its checksum state. Without offload the kernel checks
+    /// every checksum: the node fills a partial one in before it calls [`KernelIo::write_packet`].
+    fn write_packet_csum(&mut self, pkt: &[u8], csum: RxCsum) {
+        let _ = csum;
+        self.write_packet(pkt);
+    }
 }
 
 /// The packets for the kernel collected in a list; nothing to read.
@@ -200,6 +239,18 @@ pub struct PathCounters {
     pub rx_in_place: u64,
     /// IP packets for the kernel that went through a copy (UD, ICMP errors, tests).
     pub rx_copied: u64,
+    /// Packets from the kernel with a partial checksum sent as they were, marked, to a
+    /// peer that accepts them (no checksum pass anywhere).
+    pub tx_csum_partial: u64,
+    /// Partial checksums the node filled in (UD, resolution, a peer without the extension).
+    pub tx_csum_filled: u64,
+    /// Complete TCP/UDP checksums rewritten to the pseudo-header form for a connection
+    /// that carries that form (a 12- or 40-octet sum, no pass over the data).
+    pub tx_csum_pseudo: u64,
+    /// Received packets with a partial checksum handed to the kernel as partial.
+    pub rx_csum_partial: u64,
+    /// Packets from the kernel dropped: a GSO packet or checksum offsets outside it.
+    pub tx_bad_offload: u64,
 }
 
 /// What the RC counters say (for `show counters`).
@@ -246,6 +297,9 @@ pub struct Node {
     ud_batch: Vec<SendWr>,
     /// `post_send` calls on the UD QP (for the tests that count).
     ud_posts: u64,
+    /// Partial checksums offered to peers and taken from the kernel
+    /// ([`Node::enable_csum_offload`]).
+    csum_offload: bool,
 }
 
 impl std::fmt::Debug for Node {
@@ -337,6 +391,7 @@ impl Node {
             send_owner: vec![None; RC_SEND_SLOTS],
             ud_batch: Vec::with_capacity(UD_BATCH),
             ud_posts: 0,
+            csum_offload: false,
         };
         for i in 0..RECV_SLOTS {
             node.post_recv(i)?;
@@ -359,6 +414,29 @@ impl Node {
             Mode::Connected => CM_MTU,
             Mode::Datagram => self.link.config().ud_mtu,
         }
+    }
+
+    /// Offers peers partial checksums on connections set up from now on ([`CsumExt`] in
+    /// the REQ's and REP's private data) and marks the ones received for the kernel as
+    /// partial. Only for a kernel side whose [`KernelIo::offload`] is true (a packet with
+    /// a partial checksum is otherwise filled in by a copy on receipt).
+    pub fn enable_csum_offload(&mut self, on: bool) {
+        self.csum_offload = on;
+    }
+
+    /// Our private data for a REQ or REP: the RFC 4755 8 octets, then the extension if
+    /// offload is on.
+    fn cm_private_data(&self, pd: &[u8; 8]) -> Vec<u8> {
+        let mut v = pd.to_vec();
+        if self.csum_offload {
+            v.extend_from_slice(
+                &CsumExt {
+                    flags: CsumExt::PARTIAL_CSUM,
+                }
+                .to_bytes(),
+            );
+        }
+        v
     }
 
     /// The RC counters.
@@ -442,8 +520,13 @@ impl Node {
             return Ok(false);
         };
         let base = slot * RC_SLOT;
-        let max = RC_SLOT - EncapHeader::LEN;
-        let n = match k.read_packet(&self.send_mr, base + EncapHeader::LEN, max) {
+        // With offload the virtio_net_hdr comes first; the IP packet starts at `pkt_off`
+        // and the encapsulation header goes in the 4 octets before it (over the end of
+        // the virtio_net_hdr, parsed by then).
+        let vh = if k.offload() { VnetHdr::LEN } else { 0 };
+        let pkt_off = base + vh.max(EncapHeader::LEN);
+        let read_off = pkt_off - vh;
+        let n = match k.read_packet(&self.send_mr, read_off, RC_SLOT - (read_off - base)) {
             Ok(Some(n)) => n,
             Ok(None) => {
                 self.free_send.push(slot);
@@ -454,30 +537,113 @@ impl Node {
                 return Err(e.into());
             }
         };
+        let mut partial = None;
+        if vh > 0 {
+            let h = crate::sys::with_owned(&self.send_mr, read_off, vh.min(n), VnetHdr::parse).and_then(Result::ok);
+            match h {
+                Some(h) if h.gso_type == GSO_NONE => {
+                    partial = h.needs_csum().then_some((h.csum_start, h.csum_offset));
+                }
+                _ => {
+                    // Short, or a GSO packet (TSO is not enabled): nothing to send.
+                    self.free_send.push(slot);
+                    self.paths.tx_bad_offload += 1;
+                    return Ok(true);
+                }
+            }
+        }
+        let n = n - vh;
         let now = self.now();
         let link = &mut self.link;
-        let route =
-            crate::sys::with_owned(&self.send_mr, base + EncapHeader::LEN, n, |p| link.rc_route(now, p)).flatten();
+        let route = crate::sys::with_owned(&self.send_mr, pkt_off, n, |p| link.rc_route(now, p)).flatten();
         match route {
             Some((conn, et)) => {
                 let h = EncapHeader::new(et);
+                let peer_partial = self.rc.get(&conn).is_some_and(|c| c.peer_partial);
+                let at = if peer_partial {
+                    crate::sys::with_owned(&self.send_mr, pkt_off, n, l4_checksum_at).flatten()
+                } else {
+                    None
+                };
+                let ok = match (partial, at) {
+                    // As the kernel handed it over: no checksum pass anywhere.
+                    (Some(p), Some(a)) if p == a => {
+                        self.paths.tx_csum_partial += 1;
+                        true
+                    }
+                    (Some(_), Some(_)) => false, // offsets we do not expect for TCP/UDP
+                    (Some((start, offset)), None) => self.fill_in_place(pkt_off, n, start, offset)?,
+                    (None, Some(_)) => {
+                        self.rewrite_pseudo_form(pkt_off, n)?;
+                        true
+                    }
+                    (None, None) => true,
+                };
+                if !ok {
+                    self.free_send.push(slot);
+                    self.paths.tx_bad_offload += 1;
+                    return Ok(true);
+                }
                 let mut hb = [0u8; EncapHeader::LEN];
                 let _ = h.emit(&mut hb);
-                self.send_mr.write(base, &hb).map_err(|_| NodeError::OutOfBounds)?;
+                let head = pkt_off - EncapHeader::LEN;
+                self.send_mr.write(head, &hb).map_err(|_| NodeError::OutOfBounds)?;
                 self.paths.tx_in_place += 1;
-                self.post_rc(conn, slot, EncapHeader::LEN + n);
+                self.post_rc(conn, slot, head - base, EncapHeader::LEN + n);
             }
             None => {
-                let pkt = self
-                    .send_mr
-                    .to_vec(base + EncapHeader::LEN, n)
-                    .map_err(|_| NodeError::OutOfBounds)?;
+                let mut pkt = self.send_mr.to_vec(pkt_off, n).map_err(|_| NodeError::OutOfBounds)?;
                 self.free_send.push(slot);
+                if let Some((start, offset)) = partial {
+                    if crate::wire::offload::fill_checksum(&mut pkt, start, offset).is_err() {
+                        self.paths.tx_bad_offload += 1;
+                        return Ok(true);
+                    }
+                    self.paths.tx_csum_filled += 1;
+                }
                 self.paths.tx_copied += 1;
                 self.link.on_kernel_packet(now, pkt);
                 self.run_actions()?;
             }
         }
+        Ok(true)
+    }
+
+    /// Rewrites the complete TCP/UDP checksum of the `n`-octet packet at `send_mr[off..]`
+    /// (a send buffer the node owns) to the pseudo-header form, for a connection that
+    /// carries that form (nothing if the packet has no TCP/UDP checksum it locates).
+    fn rewrite_pseudo_form(&mut self, off: usize, n: usize) -> Result<(), NodeError> {
+        let form = crate::sys::with_owned(&self.send_mr, off, n, |p| {
+            l4_checksum_at(p).zip(pseudo_sum(p)).map(|((s, o), ps)| (s, o, ps))
+        })
+        .flatten();
+        if let Some((start, offset, ps)) = form {
+            let f = off + usize::from(start) + usize::from(offset);
+            self.send_mr
+                .write(f, &ps.to_be_bytes())
+                .map_err(|_| NodeError::OutOfBounds)?;
+            self.paths.tx_csum_pseudo += 1;
+        }
+        Ok(())
+    }
+
+    /// Fills in the partial checksum of the `n`-octet packet at `send_mr[off..]` (a send
+    /// buffer the node owns); `false` if the offsets do not fit the packet.
+    fn fill_in_place(&mut self, off: usize, n: usize, start: u16, offset: u16) -> Result<bool, NodeError> {
+        let (s, f) = (usize::from(start), usize::from(start) + usize::from(offset));
+        if f + 2 > n {
+            return Ok(false);
+        }
+        let sum = crate::sys::with_owned(&self.send_mr, off + s, n - s, crate::wire::offload::ones_sum)
+            .ok_or(NodeError::OutOfBounds)?;
+        let c = match !sum {
+            0 => 0xffff,
+            c => c,
+        };
+        self.send_mr
+            .write(off + f, &u16::to_be_bytes(c))
+            .map_err(|_| NodeError::OutOfBounds)?;
+        self.paths.tx_csum_filled += 1;
         Ok(true)
     }
 
@@ -628,10 +794,27 @@ impl Node {
         // The IP packet goes into the kernel from the receive buffer, which is posted again
         // only afterwards.
         let len = (wc.byte_len as usize).min(RC_SLOT);
+        let pseudo_form = c.peer_partial;
         let _ = crate::sys::with_owned(&c.mr, slot * RC_SLOT, len, |msg| {
             if let Some(r) = link.on_rc_recv_in_place(now, conn, msg) {
                 paths.rx_in_place += 1;
-                k.write_packet(&msg[r]);
+                let pkt = &msg[r];
+                // On a connection that carries the pseudo-header form, every TCP/UDP
+                // checksum it locates is partial.
+                match pseudo_form.then(|| l4_checksum_at(pkt)).flatten() {
+                    None => k.write_packet(pkt),
+                    Some((start, offset)) if k.offload() => {
+                        paths.rx_csum_partial += 1;
+                        k.write_packet_csum(pkt, RxCsum::Partial { start, offset });
+                    }
+                    Some((start, offset)) => {
+                        // A kernel side that checks checksums itself: complete it in a copy.
+                        let mut p = pkt.to_vec();
+                        if crate::wire::offload::fill_checksum(&mut p, start, offset).is_ok() {
+                            k.write_packet(&p);
+                        }
+                    }
+                }
             }
         });
         let Some(c) = self.rc.get_mut(&conn) else { return };
@@ -690,6 +873,7 @@ impl Node {
             self.link.on_cm_req(now, h, sid, gid.0, &pd);
             self.run_actions()?;
         }
+        let offload = self.csum_offload;
         while let Ok(d) = self.done_rx.try_recv() {
             let now = self.now();
             let Some(c) = self.rc.get_mut(&d.conn) else {
@@ -706,6 +890,7 @@ impl Node {
                         let _ = d.qp.post_recv(&[wr]);
                     }
                     c.qp = Some(d.qp);
+                    c.peer_partial = offload && CsumExt::parse(&peer_pd).partial_csum();
                     self.counters.connected += 1;
                     self.link.on_cm_rep(now, d.conn, &peer_pd);
                 }
@@ -828,17 +1013,21 @@ impl Node {
         self.send_mr
             .write(slot * RC_SLOT, payload)
             .map_err(|_| NodeError::OutOfBounds)?;
-        self.post_rc(conn, slot, payload.len());
+        if self.rc.get(&conn).is_some_and(|c| c.peer_partial) && payload.len() > EncapHeader::LEN {
+            self.rewrite_pseudo_form(slot * RC_SLOT + EncapHeader::LEN, payload.len() - EncapHeader::LEN)?;
+        }
+        self.post_rc(conn, slot, 0, payload.len());
         Ok(())
     }
 
-    /// Posts send buffer `slot` (`len` octets, header included) on `conn`, or gives it
-    /// back and counts a drop if the connection has no QP; a failed post closes it.
-    fn post_rc(&mut self, conn: ConnId, slot: usize, len: usize) {
+    /// Posts send buffer `slot` (`len` octets from `head` in it, header included) on
+    /// `conn`, or gives it back and counts a drop if the connection has no QP; a failed
+    /// post closes it.
+    fn post_rc(&mut self, conn: ConnId, slot: usize, head: usize, len: usize) {
         let wr = SendWr::new(
             rc_wr(conn, RC_RECV_SLOTS + slot),
             WrOpcode::Send,
-            vec![self.send_mr.sge(slot * RC_SLOT, len as u32)],
+            vec![self.send_mr.sge(slot * RC_SLOT + head, len as u32)],
         )
         .flags(SendFlags::SIGNALED);
         let posted = self
@@ -938,15 +1127,17 @@ impl Node {
                         qp: None,
                         mr,
                         repost: Vec::new(),
+                        peer_partial: false,
                     },
                 );
                 let tx = self.done_tx.clone();
                 let timeout = self.link.config().conn_setup;
+                let private_data = self.cm_private_data(&private_data);
                 let spawned = std::thread::Builder::new()
                     .name("softrdma-ipoib-cm".into())
                     .spawn(move || {
                         let param = ConnParam {
-                            private_data: private_data.to_vec(),
+                            private_data,
                             ..ConnParam::default()
                         };
                         let result = qp
@@ -977,8 +1168,9 @@ impl Node {
                         return Ok(());
                     }
                 };
+                let peer_partial = self.csum_offload && CsumExt::parse(r.private_data()).partial_csum();
                 let param = ConnParam {
-                    private_data: private_data.to_vec(),
+                    private_data: self.cm_private_data(&private_data),
                     ..ConnParam::default()
                 };
                 match r.accept_qp(&qp, &param) {
@@ -990,6 +1182,7 @@ impl Node {
                                 qp: Some(qp),
                                 mr,
                                 repost: Vec::new(),
+                                peer_partial,
                             },
                         );
                     }

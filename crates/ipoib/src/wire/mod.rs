@@ -11,6 +11,8 @@
 //!   and the MTU rules (RFC 4391 §7, RFC 4755 §5).
 //! - [`icmp`]: the ICMP "fragmentation needed" and ICMPv6 "packet too big" the link sends
 //!   back to the kernel for an oversize packet (RFC 792/1191, RFC 4443 §3.2).
+//! - [`offload`]: the TUN's virtio-net header, partial checksums filled in, and the
+//!   softrdma extension that carries them over an RC connection (issue 16).
 //!
 //! Every length that comes from a peer is checked before use; nothing here panics on peer
 //! input, performs I/O or reads a clock. Reserved fields are kept as read (so parse → emit
@@ -26,6 +28,7 @@ pub mod ip;
 pub mod lla;
 pub mod mgid;
 pub mod nd;
+pub mod offload;
 
 pub use arp::{ArpOp, ArpPacket};
 pub use cm::{CmPrivateData, ServiceId, ServiceIdPrefix};
