@@ -52,10 +52,10 @@ pub struct BenchArgs {
     #[arg(long)]
     progress: bool,
     /// In-process: the server's device and listening address.
-    #[arg(long, default_value = "127.116.0.1")]
+    #[arg(long, default_value = "127.118.0.1")]
     server_addr: IpAddr,
     /// In-process: the client's device address.
-    #[arg(long, default_value = "127.116.0.2")]
+    #[arg(long, default_value = "127.118.0.2")]
     client_addr: IpAddr,
     /// Serve across hosts: SMC-R on IP:PORT, plain TCP on IP:PORT+1.
     #[arg(long, conflicts_with = "connect")]

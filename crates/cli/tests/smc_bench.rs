@@ -1,5 +1,5 @@
 //! `softrdma smc bench` (issue 15's request/response latency benchmark): a short in-process
-//! run over two soft RoCEv2 devices on 127.116.40.x prints the shape its users and
+//! run over two soft RoCEv2 devices on 127.118.40.x prints the shape its users and
 //! docs/performance.md rely on (both transports, p50/p99/mean, the wait mode and the
 //! ratios), as text and as JSON. Correctness of the output, not a timing: the figures are
 //! only checked to be positive and finite, and every round trip is checked by the bench
@@ -33,7 +33,7 @@ fn bench(extra: &[&str], server: &str, client: &str) -> std::process::Output {
 
 #[test]
 fn smc_bench_json_has_both_transports_and_ratios() {
-    let out = bench(&["--json", "--size", "64"], "127.116.40.1", "127.116.40.2");
+    let out = bench(&["--json", "--size", "64"], "127.118.40.1", "127.118.40.2");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["bench"], "smc_rr");
     assert_eq!(v["size"], 64);
@@ -58,7 +58,7 @@ fn smc_bench_json_has_both_transports_and_ratios() {
 
 #[test]
 fn smc_bench_text_busy_names_the_wait_mode() {
-    let out = bench(&["--busy", "--size", "100"], "127.116.41.1", "127.116.41.2");
+    let out = bench(&["--busy", "--size", "100"], "127.118.41.1", "127.118.41.2");
     let t = String::from_utf8(out.stdout).unwrap();
     assert!(t.contains("100 B request/response, 40 round trips"), "{t}");
     assert!(t.contains("busy reads on both sides"), "{t}");

@@ -195,6 +195,37 @@ pub fn live_links() -> u32 {
     LIVE_LINKS.load(Ordering::Acquire)
 }
 
+/// What the engine's progress threads and data path did in this process (all groups):
+/// the counts the streaming guard tests check (per MiB, per write), never timings.
+#[derive(Debug, Default)]
+pub struct EngineCounters {
+    /// Completions processed.
+    pub completions: AtomicU64,
+    /// Completions that can matter to a waiting reader or writer (receives, RDMA Write
+    /// completions, errors); successful CDC/LLC send completions do not.
+    pub waking_completions: AtomicU64,
+    /// Passes of the progress threads (one per CQ wake-up or timer).
+    pub passes: AtomicU64,
+    /// Passes that ended on the timer without a completion.
+    pub idle_passes: AtomicU64,
+    /// Passes that woke the group's waiting readers and writers (`notify_all`).
+    pub wakeups: AtomicU64,
+    /// RDMA Writes posted.
+    pub rdma_writes: AtomicU64,
+    /// Octets carried by those RDMA Writes.
+    pub rdma_write_octets: AtomicU64,
+    /// CDC messages posted.
+    pub cdcs_sent: AtomicU64,
+    /// CDC messages posted that carried new data (producer cursor moved).
+    pub data_cdcs_sent: AtomicU64,
+}
+
+/// The process's [`EngineCounters`].
+pub fn engine_counters() -> &'static EngineCounters {
+    static C: OnceLock<EngineCounters> = OnceLock::new();
+    C.get_or_init(EngineCounters::default)
+}
+
 static NEXT_TOKEN: AtomicU32 = AtomicU32::new(1);
 
 /// An alert token that names a connection and is not a bare index (SMC-GEN-S2): a
