@@ -124,6 +124,10 @@ pub struct SmcConfig {
     pub alt_device: Option<Device>,
     /// Server: with a second device and one link, ADD LINK is tried this often (SMC-LG-13).
     pub add_link_retry: Duration,
+    /// Most octets one RDMA Write and its CDC carry (0 = the whole free window of the
+    /// peer's element). Smaller pieces let the reader copy the first while the rest is on
+    /// the wire, at the price of more CDCs per MiB.
+    pub write_chunk: u32,
 }
 
 impl Default for SmcConfig {
@@ -143,6 +147,7 @@ impl Default for SmcConfig {
             ueid: None,
             alt_device: None,
             add_link_retry: Duration::from_secs(5),
+            write_chunk: 0,
         }
     }
 }

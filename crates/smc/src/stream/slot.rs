@@ -49,6 +49,8 @@ pub(super) struct Slot {
     pub(super) linger_zero: bool,
     /// An RDMA Write was posted and the CDC that announces it is not yet.
     pub(super) pending_data_cdc: bool,
+    /// [`SmcConfig::write_chunk`].
+    pub(super) write_chunk: u32,
 }
 
 /// A reserved element (and connection slot) in a group.
@@ -192,6 +194,7 @@ impl Group {
                 tcp_eof_since: None,
                 linger_zero: false,
                 pending_data_cdc: false,
+                write_chunk: cfg.write_chunk,
                 local: tcp.local_addr().map(|a| a.to_string()).unwrap_or_default(),
                 peer: tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
             },
@@ -296,6 +299,9 @@ impl Group {
             t.set_nonblocking(true)?;
         }
         let mut conn = Conn::new(params);
+        if s.write_chunk > 0 {
+            conn.set_max_write(s.write_chunk);
+        }
         for c in s.early.drain(..) {
             conn.on_cdc(&c);
         }
