@@ -27,6 +27,9 @@
 //! The wire between shim and daemon is in crates/smc-preload/src/handoff.rs (kept in step
 //! with the constants here).
 
+#[path = "smc_bench.rs"]
+mod bench;
+
 use crate::providers;
 use crate::scm;
 use anyhow::{Context, Result, anyhow, bail};
@@ -80,6 +83,9 @@ enum Cmd {
     Status(StatusArgs),
     /// Link groups, links, connections and resource counts of every SMC-R process.
     Stat(StatArgs),
+    /// Request/response latency (64 B by default) of SmcStream next to plain TCP in the
+    /// same run: in-process over two soft RoCEv2 devices, or --server/--connect across hosts.
+    Bench(bench::BenchArgs),
 }
 
 /// `softrdma smc stat`.
@@ -180,6 +186,7 @@ pub fn run(a: Args) -> Result<()> {
         Cmd::Daemon(d) => daemon(d),
         Cmd::Status(s) => status(s),
         Cmd::Stat(s) => stat(s),
+        Cmd::Bench(b) => bench::bench(b),
     }
 }
 

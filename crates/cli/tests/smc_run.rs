@@ -895,3 +895,99 @@ fn iperf3_ratio() {
     }
     assert!(rows.iter().all(|r| *r > 0.0));
 }
+
+/// sockperf's figures (one-way latency, µs): (p50, p99, mean).
+fn sockperf_figures(out: &str) -> Option<(f64, f64, f64)> {
+    let after = |key: &str| -> Option<f64> {
+        let i = out.find(key)? + key.len();
+        let t = out[i..].trim_start();
+        let end = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+        t[..end].parse().ok()
+    };
+    Some((
+        after("percentile 50.000 =")?,
+        after("percentile 99.000 =")?,
+        after("avg-latency=")?,
+    ))
+}
+
+/// `sockperf ping-pong` (TCP, `SMCRUN_SOCKPERF_SIZE` octets, default 64) in namespace b
+/// against `sockperf server` in a, plain or both wrapped in `smc run`.
+fn sockperf_pair(lab: &Lab, port: u16, wrapped: bool, secs: &str) -> (f64, f64, f64) {
+    let p = port.to_string();
+    let size = std::env::var("SMCRUN_SOCKPERF_SIZE").unwrap_or_else(|_| "64".into());
+    let srv_args = ["sockperf", "server", "--tcp", "-i", &lab.ip[0], "-p", &p];
+    let mut srv = if wrapped {
+        lab.smc_run(0, &srv_args)
+    } else {
+        lab.raw(0, "sockperf", &srv_args[1..])
+    };
+    let mut srv = srv.stdout(Stdio::null()).spawn().unwrap();
+    wait_port(lab, 0, port);
+    let cargs = [
+        "sockperf",
+        "ping-pong",
+        "--tcp",
+        "-i",
+        &lab.ip[0],
+        "-p",
+        &p,
+        "-m",
+        &size,
+        "-t",
+        secs,
+    ];
+    let mut cli = if wrapped {
+        lab.smc_run(1, &cargs)
+    } else {
+        lab.raw(1, "sockperf", &cargs[1..])
+    };
+    let o = cli.output().unwrap();
+    let _ = srv.kill();
+    let _ = srv.wait();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "sockperf ping-pong: {text}");
+    sockperf_figures(&text).unwrap_or_else(|| panic!("no figures in: {text}"))
+}
+
+/// Issue 15's request/response row for unmodified programs: `sockperf ping-pong` over TCP
+/// (64 B, blocking sockets: sockperf's default) through `smc run` on both sides next to the
+/// same pair without it, over the same veth, in one run (ratios; sockperf reports one-way
+/// latency, RTT / 2). `SMCRUN_SOCKPERF_SECS` (default 3) per pair, 3 rounds.
+#[test]
+#[ignore = "benchmark: cargo test -p softrdma --release --test smc_run -- --ignored --nocapture sockperf_ratio"]
+fn sockperf_ratio() {
+    skip_unless!("sockperf", "ss");
+    let lab = Lab::new("sp", 9);
+    let secs = std::env::var("SMCRUN_SOCKPERF_SECS").unwrap_or_else(|_| "3".into());
+    for round in 0..3u16 {
+        let tcp = sockperf_pair(&lab, 5630 + round * 2, false, &secs);
+        let smc = sockperf_pair(&lab, 5631 + round * 2, true, &secs);
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        println!(
+            "round {round}: plain sockperf p50 {:.1} us p99 {:.1} us mean {:.1} us; smc run sockperf p50 {:.1} us p99 {:.1} us mean {:.1} us; ratio p50 {:.2}x mean {:.2}x; loadavg {}",
+            tcp.0,
+            tcp.1,
+            tcp.2,
+            smc.0,
+            smc.1,
+            smc.2,
+            smc.0 / tcp.0,
+            smc.2 / tcp.2,
+            load.trim()
+        );
+        assert!(tcp.0 > 0.0 && smc.0 > 0.0);
+    }
+    // The wrapped pairs went over SMC-R (the daemons' records), not a silent fallback.
+    for side in 0..2 {
+        let st = lab.status(side);
+        let n = st["conns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["mode"] == "SMC-R")
+            .count();
+        assert!(n >= 3, "sockperf through smc run used SMC-R: {st}");
+    }
+    let _ = std::fs::remove_dir_all(lab.run_dir());
+}

@@ -270,6 +270,8 @@ pub struct Conn {
     ss: u16,
     /// Failovers so far ([`Conn::failovers`]).
     failovers: u32,
+    /// Most octets one RDMA Write (and its CDC) carries ([`Conn::set_max_write`]).
+    max_write: u32,
 }
 
 impl Conn {
@@ -278,6 +280,7 @@ impl Conn {
         Self {
             actions: VecDeque::new(),
             next_seq: 1,
+            max_write: u32::MAX,
             written: 0,
             queued: 0,
             in_flight: 0,
@@ -485,6 +488,13 @@ impl Conn {
             return Some(ConnError::PeerClosed);
         }
         None
+    }
+
+    /// Most octets one RDMA Write (and the CDC that announces it) carries (at least 1;
+    /// default: the whole free window). Smaller writes let the reader start on the first
+    /// part while the rest is still on the wire.
+    pub fn set_max_write(&mut self, n: u32) {
+        self.max_write = n.max(1);
     }
 
     /// The application writes `n` octets: returns how many were accepted (the engine keeps
@@ -789,11 +799,9 @@ impl Conn {
         Ok(())
     }
 
-    /// Writes what the window allows, then handles a pending shutdown or close.
-    fn flush(&mut self) {
-        if self.abort.is_some() || self.sent_flags.contains(ConnStateFlags::CONN_CLOSED) {
-            return;
-        }
+    /// Octets the next RDMA Write may carry now: queued, within the peer's free window,
+    /// not past held urgent data.
+    fn sendable(&self) -> u64 {
         let pe = self.p.peer_rmbe;
         let free = u64::from(pe.free(self.prod, self.peer_cons).unwrap_or(0));
         let mut n = self.queued.min(free);
@@ -802,9 +810,25 @@ impl Conn {
         } else if let Some(end) = self.urg_end {
             n = n.min(end - self.written);
         }
-        if n > 0 {
+        n
+    }
+
+    /// Writes what the window allows, in writes of at most [`Conn::set_max_write`] octets,
+    /// each followed by its CDC; then handles a pending shutdown or close.
+    fn flush(&mut self) {
+        if self.abort.is_some() || self.sent_flags.contains(ConnStateFlags::CONN_CLOSED) {
+            return;
+        }
+        let pe = self.p.peer_rmbe;
+        let mut n = self.sendable();
+        if n == 0 && ((self.queued > 0 && !self.last_sent_blocked) || (self.urg_end.is_some() && !self.urg_announced)) {
+            // Blocked: tell the reader (B), and announce pending urgent data (P) (SMC-URG-2).
+            self.send_cdc();
+        }
+        while n > 0 {
             // n ≤ C ≤ 2^30.
-            let (a, b) = pe.spans(self.prod, n as u32);
+            let n1 = n.min(u64::from(self.max_write));
+            let (a, b) = pe.spans(self.prod, n1 as u32);
             self.actions.push_back(Action::RdmaWrite {
                 src: self.written,
                 remote_off: a.off,
@@ -817,17 +841,17 @@ impl Conn {
                     len: b.len,
                 });
             }
-            self.written += n;
-            self.queued -= n;
-            self.in_flight += n;
-            self.prod = pe.advance(self.prod, n);
+            self.written += n1;
+            self.queued -= n1;
+            self.in_flight += n1;
+            self.prod = pe.advance(self.prod, n1);
             if self.urg_end == Some(self.written) {
                 self.urg_written = Some(self.prod);
             }
-            self.send_cdc();
-        } else if (self.queued > 0 && !self.last_sent_blocked) || (self.urg_end.is_some() && !self.urg_announced) {
-            // Blocked: tell the reader (B), and announce pending urgent data (P) (SMC-URG-2).
-            self.send_cdc();
+            n = self.sendable();
+            // A CDC with more writes right behind it is not "blocked" (B) even though
+            // octets are still queued: the reader need not answer it at once (SMC-CDC-8).
+            self.send_cdc_blocked_ok(n == 0);
         }
         if self.app_shut_wr && self.unsent() == 0 {
             self.send_close_flag();
@@ -875,8 +899,13 @@ impl Conn {
     }
 
     fn send_cdc(&mut self) {
+        self.send_cdc_blocked_ok(true);
+    }
+
+    /// A CDC with the current cursors; B only if `blocked_ok` and octets are queued.
+    fn send_cdc_blocked_ok(&mut self, blocked_ok: bool) {
         let mut pf = ProducerFlags::empty();
-        if self.queued > 0 {
+        if blocked_ok && self.queued > 0 {
             pf |= ProducerFlags::WRITE_BLOCKED;
         }
         if self.urg_end.is_some() {

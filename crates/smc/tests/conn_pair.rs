@@ -820,3 +820,40 @@ proptest! {
         }
     }
 }
+
+// SmcConfig::write_chunk (Conn::set_max_write): a free window is filled in writes of at
+// most the chunk, each followed by its own CDC; only the last CDC of the run may carry B
+// (octets still queued, no room), so the reader answers at once only when the writer is
+// really blocked (SMC-CDC-8). The default (no chunk) is one write per contiguous span.
+#[test]
+fn write_chunk_splits_the_window_one_cdc_per_piece() {
+    let (mut a, mut b) = pair(EyecatcherMode::None, 10_000, 65_536);
+    a.conn.set_max_write(3_000);
+    let d = pattern(3, 12_000);
+    assert_eq!(app_write(&mut a, &d), 12_000);
+    run_actions(&mut a, &mut b);
+    assert_eq!(
+        a.writes,
+        vec![(0, 3_000), (3_000, 3_000), (6_000, 3_000), (9_000, 1_000)]
+    );
+    assert_eq!(a.sent.len(), 4);
+    let flags: Vec<_> = a.sent.iter().map(|c| c.prod_flags).collect();
+    assert_eq!(flags, vec![Pf::empty(), Pf::empty(), Pf::empty(), Pf::WRITE_BLOCKED]);
+    let e = Rmbe::new(10_000, EyecatcherMode::None).unwrap();
+    assert_eq!(e.position(a.sent[3].prod), 10_000);
+    // The rest goes once the reader frees room; every octet arrives in order.
+    while b.got.len() < 12_000 {
+        settle(&mut a, &mut b);
+        app_read(&mut b, u64::MAX);
+        run_actions(&mut b, &mut a);
+        settle(&mut a, &mut b);
+    }
+    assert!(b.got == d, "octets differ");
+    // Without a chunk: one write for the whole window, B on its CDC.
+    let (mut a2, mut b2) = pair(EyecatcherMode::None, 10_000, 65_536);
+    app_write(&mut a2, &d);
+    run_actions(&mut a2, &mut b2);
+    assert_eq!(a2.writes, vec![(0, 10_000)]);
+    assert_eq!(a2.sent.len(), 1);
+    assert_eq!(a2.sent[0].prod_flags, Pf::WRITE_BLOCKED);
+}

@@ -480,7 +480,24 @@ impl Group {
     }
 
     /// A completion of link `link`'s CQ.
-    pub(super) fn on_completion(&self, st: &mut GState, link: u8, wc: &WorkCompletion, now: Instant) {
+    /// Processes one completion. Returns whether it can matter to a thread waiting on the
+    /// group (data or a cursor arrived, write space returned, a link failed, LLC): a
+    /// successful send completion of a CDC, LLC or setup message changes nothing a reader
+    /// or writer waits for, so it wakes nobody.
+    pub(super) fn on_completion(&self, st: &mut GState, link: u8, wc: &WorkCompletion, now: Instant) -> bool {
+        engine_counters().completions.fetch_add(1, Ordering::Relaxed);
+        let quiet = wc.status == WcStatus::Success
+            && wc.opcode != WcOpcode::Recv
+            && wc.wr_id & WR_WRITE == 0
+            && wc.wr_id & (WR_CDC | WR_LLC | WR_SETUP) != 0;
+        if !quiet {
+            engine_counters().waking_completions.fetch_add(1, Ordering::Relaxed);
+        }
+        self.complete(st, link, wc, now);
+        !quiet
+    }
+
+    fn complete(&self, st: &mut GState, link: u8, wc: &WorkCompletion, now: Instant) {
         let Some(ls) = st.links.get_mut(link) else {
             return; // a freed link's last completions
         };
@@ -584,13 +601,16 @@ impl Group {
             let first = wait_any(&links, timeout);
             let mut st = self.lock();
             let now = Instant::now();
+            // A pass without completions (a timer) always wakes the waiters (close timers,
+            // group ends); one whose completions were all CDC/LLC sends wakes nobody.
+            let mut wake = first.is_none();
             if let Some((n, wc)) = &first {
-                self.on_completion(&mut st, *n, wc, now);
+                wake |= self.on_completion(&mut st, *n, wc, now);
                 for l in &links {
                     wcs.clear();
                     l.cq.poll(&mut wcs, 64);
                     for wc in &wcs {
-                        self.on_completion(&mut st, l.num(), wc, now);
+                        wake |= self.on_completion(&mut st, l.num(), wc, now);
                     }
                 }
             }
@@ -598,8 +618,16 @@ impl Group {
             self.lgr_actions(&mut st);
             self.housekeeping(&mut st, now);
             self.lgr_actions(&mut st);
-            self.cv.notify_all();
-            st.wakers.drain(..).for_each(std::task::Waker::wake);
+            let k = engine_counters();
+            k.passes.fetch_add(1, Ordering::Relaxed);
+            if first.is_none() {
+                k.idle_passes.fetch_add(1, Ordering::Relaxed);
+            }
+            if wake || st.lgr.terminated().is_some() {
+                k.wakeups.fetch_add(1, Ordering::Relaxed);
+                self.cv.notify_all();
+                st.wakers.drain(..).for_each(std::task::Waker::wake);
+            }
             // The QP stays a little after the end so that the peer's own DELETE LINK (Linux
             // answers ours with one) is acknowledged rather than retried into a link error.
             let idle = st.links.v.iter().all(|l| l.outstanding == 0);

@@ -230,11 +230,18 @@ impl Wake for Unpark {
 }
 
 /// Waits up to `timeout` for a completion on any of `links`' CQs; returns the link number
-/// and the completion. One link: the CQ's own blocking wait. Several: a short busy poll of
-/// all, then each CQ's async wait registered with a waker that unparks this thread.
+/// and the completion. One link: the CQ's own blocking wait without its 50 µs busy poll
+/// (polling marks the device busy-polled, which mutes the provider's receive thread for a
+/// while, so a CDC arriving just after this thread parked waited for the provider's
+/// periodic check: 64 B request/response p50 215 µs with the spin, 113-138 µs without,
+/// interleaved runs, docs/performance.md). Several: a short busy poll of all, then each
+/// CQ's async wait registered with a waker that unparks this thread.
 pub(super) fn wait_any(links: &[Arc<Link>], timeout: Duration) -> Option<(u8, WorkCompletion)> {
     if let [one] = links {
-        return one.cq.wait(Some(timeout)).map(|wc| (one.num(), wc));
+        return one
+            .cq
+            .wait_spin(Duration::ZERO, Some(timeout))
+            .map(|wc| (one.num(), wc));
     }
     let start = Instant::now();
     let spin = Duration::from_micros(50);

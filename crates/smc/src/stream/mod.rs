@@ -124,6 +124,10 @@ pub struct SmcConfig {
     pub alt_device: Option<Device>,
     /// Server: with a second device and one link, ADD LINK is tried this often (SMC-LG-13).
     pub add_link_retry: Duration,
+    /// Most octets one RDMA Write and its CDC carry (0 = the whole free window of the
+    /// peer's element). Smaller pieces let the reader copy the first while the rest is on
+    /// the wire, at the price of more CDCs per MiB.
+    pub write_chunk: u32,
 }
 
 impl Default for SmcConfig {
@@ -143,6 +147,7 @@ impl Default for SmcConfig {
             ueid: None,
             alt_device: None,
             add_link_retry: Duration::from_secs(5),
+            write_chunk: 0,
         }
     }
 }
@@ -193,6 +198,37 @@ static LIVE_LINKS: AtomicU32 = AtomicU32::new(0);
 /// process: what a leak check counts. [`crate::stats::snapshot`] has the details.
 pub fn live_links() -> u32 {
     LIVE_LINKS.load(Ordering::Acquire)
+}
+
+/// What the engine's progress threads and data path did in this process (all groups):
+/// the counts the streaming guard tests check (per MiB, per write), never timings.
+#[derive(Debug, Default)]
+pub struct EngineCounters {
+    /// Completions processed.
+    pub completions: AtomicU64,
+    /// Completions that can matter to a waiting reader or writer (receives, RDMA Write
+    /// completions, errors); successful CDC/LLC send completions do not.
+    pub waking_completions: AtomicU64,
+    /// Passes of the progress threads (one per CQ wake-up or timer).
+    pub passes: AtomicU64,
+    /// Passes that ended on the timer without a completion.
+    pub idle_passes: AtomicU64,
+    /// Passes that woke the group's waiting readers and writers (`notify_all`).
+    pub wakeups: AtomicU64,
+    /// RDMA Writes posted.
+    pub rdma_writes: AtomicU64,
+    /// Octets carried by those RDMA Writes.
+    pub rdma_write_octets: AtomicU64,
+    /// CDC messages posted.
+    pub cdcs_sent: AtomicU64,
+    /// CDC messages posted that carried new data (producer cursor moved).
+    pub data_cdcs_sent: AtomicU64,
+}
+
+/// The process's [`EngineCounters`].
+pub fn engine_counters() -> &'static EngineCounters {
+    static C: OnceLock<EngineCounters> = OnceLock::new();
+    C.get_or_init(EngineCounters::default)
 }
 
 static NEXT_TOKEN: AtomicU32 = AtomicU32::new(1);

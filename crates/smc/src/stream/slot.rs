@@ -47,6 +47,10 @@ pub(super) struct Slot {
     pub(super) peer: String,
     /// SO_LINGER {1, 0}: the last handle's drop aborts (Figure 23) instead of closing.
     pub(super) linger_zero: bool,
+    /// An RDMA Write was posted and the CDC that announces it is not yet.
+    pub(super) pending_data_cdc: bool,
+    /// [`SmcConfig::write_chunk`].
+    pub(super) write_chunk: u32,
 }
 
 /// A reserved element (and connection slot) in a group.
@@ -189,6 +193,8 @@ impl Group {
                 last_rst_check: Instant::now(),
                 tcp_eof_since: None,
                 linger_zero: false,
+                pending_data_cdc: false,
+                write_chunk: cfg.write_chunk,
                 local: tcp.local_addr().map(|a| a.to_string()).unwrap_or_default(),
                 peer: tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default(),
             },
@@ -293,6 +299,9 @@ impl Group {
             t.set_nonblocking(true)?;
         }
         let mut conn = Conn::new(params);
+        if s.write_chunk > 0 {
+            conn.set_max_write(s.write_chunk);
+        }
         for c in s.early.drain(..) {
             conn.on_cdc(&c);
         }
@@ -376,6 +385,10 @@ impl Group {
                         return;
                     }
                     sq.outstanding += 1;
+                    let k = engine_counters();
+                    k.rdma_writes.fetch_add(1, Ordering::Relaxed);
+                    k.rdma_write_octets.fetch_add(u64::from(len), Ordering::Relaxed);
+                    s.pending_data_cdc = true;
                 }
                 Action::SendCdc(m) => {
                     if sq.outstanding >= room {
@@ -391,6 +404,11 @@ impl Group {
                         return;
                     }
                     sq.outstanding += 1;
+                    let k = engine_counters();
+                    k.cdcs_sent.fetch_add(1, Ordering::Relaxed);
+                    if std::mem::take(&mut s.pending_data_cdc) {
+                        k.data_cdcs_sent.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 Action::TcpReset => {
                     s.tcp_reset = true;
