@@ -624,6 +624,8 @@ struct Conn {
     stop: AtomicBool,
     key: AtomicU8,
     progress: Mutex<Option<JoinHandle<()>>>,
+    /// [`RdmaConfig::reply_spin`]: how long a leading caller busy-polls before it sleeps.
+    reply_spin: Duration,
 }
 
 impl Conn {
@@ -694,6 +696,7 @@ impl Conn {
             stop: AtomicBool::new(false),
             key: AtomicU8::new(1),
             progress: Mutex::new(None),
+            reply_spin: cfg.reply_spin,
         });
         let c2 = conn.clone();
         let t = std::thread::Builder::new()
@@ -986,7 +989,9 @@ impl Conn {
             if now >= deadline {
                 return None;
             }
-            let r = match self.cq.wait(Some((deadline - now).min(POLL_SLICE))) {
+            let slice = (deadline - now).min(POLL_SLICE);
+            // busy-polls at most the slice, so the deadline and the CM events are still seen
+            let r = match self.cq.wait_spin(self.reply_spin.min(slice), Some(slice)) {
                 Some(wc) => self.on_completion(wc),
                 None => self.check_event(),
             };
