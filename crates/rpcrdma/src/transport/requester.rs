@@ -490,6 +490,15 @@ impl Done {
             })
             .unwrap_or(Err(RpcError::Decode(XdrError::Overflow)));
         }
+        // a Short Reply without Write chunks (NULL, small results): decoded from the message
+        // as it is, with nothing to gather (no vector allocated for it)
+        if !long && lists.writes.is_empty() {
+            return decode_reply(
+                &mut Decoder::with_chunks(&self.msg[len..], ChunkSource::Write(&[])),
+                xid,
+                decode,
+            );
+        }
         // otherwise copied out of the registered region into reused scratch buffers
         let mut bufs: Vec<(Vec<u8>, usize)> = Vec::with_capacity(lists.writes.len() + 1);
         let r = (|| {
@@ -874,7 +883,9 @@ impl Conn {
                 st.credit_waiters -= 1;
             }
             let header = Header::new(xid, st.credits.requested(), body);
-            let mut msg = header.to_vec().map_err(|e| local(LocalError::Header(e)))?;
+            let mut msg = header
+                .to_vec_reserving(payload.len())
+                .map_err(|e| local(LocalError::Header(e)))?;
             msg.extend_from_slice(payload);
             let send_pair = self.pool.take_send(&self.pd, msg.len()).map_err(|e| local(e.into()))?;
             let send_mr = &send_pair.0;
