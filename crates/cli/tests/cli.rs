@@ -1133,7 +1133,12 @@ fn rpc_bench_json_has_the_family_units() {
 /// default, `--busy-poll`), named in the JSON and the text.
 #[test]
 fn rpc_bench_small_calls_report_round_trips() {
-    for (proc_, size, busy) in [("null", 0, false), ("echo", 64, false), ("null", 0, true), ("echo", 64, true)] {
+    for (proc_, size, busy) in [
+        ("null", 0, false),
+        ("echo", 64, false),
+        ("null", 0, true),
+        ("echo", 64, true),
+    ] {
         let mut a = vec!["rpc", "bench", "--proc", proc_, "--calls", "200", "--json"];
         if busy {
             a.push("--busy-poll");

@@ -223,7 +223,11 @@ impl Replier {
                 return self.send(h.to_vec()?, WriteSource::Nothing, None, Vec::new(), fixed.xid);
             }
         };
-        let inline_payload = if pr.form == ReplyForm::Short { pr.payload.len() } else { 0 };
+        let inline_payload = if pr.form == ReplyForm::Short {
+            pr.payload.len()
+        } else {
+            0
+        };
         let mut msg = pr.header.to_vec_reserving(inline_payload)?;
         let writes: Vec<(u32, u64, std::ops::Range<usize>)> = pr
             .item_writes
