@@ -169,7 +169,7 @@ impl Conn {
                     // a blocking read timed out (its timeout is the call's), or a busy one
                     // found nothing: look at the deadline now and then
                     spins = spins.wrapping_add(1);
-                    if (self.blocking || spins % 1024 == 0) && Instant::now() >= deadline {
+                    if (self.blocking || spins.is_multiple_of(1024)) && Instant::now() >= deadline {
                         return Err(RpcError::Timeout);
                     }
                     std::hint::spin_loop();
