@@ -534,17 +534,18 @@ pub fn run(args: Args) -> Result<()> {
                 bail!("{target} is a {}, not a regular file", a.ftype.name());
             }
             let local = local.unwrap_or_else(|| s.rest.rsplit('/').next().unwrap_or("nfs.out").to_string());
-            let mut out: Box<dyn Write + Send> = if local == "-" {
-                Box::new(std::io::stdout())
-            } else {
-                Box::new(std::io::BufWriter::with_capacity(
-                    4 << 20,
-                    std::fs::File::create(&local).with_context(|| format!("creating {local}"))?,
-                ))
-            };
             let t = Instant::now();
-            let n = get(&s.nfs, &fh, a.size, &o, &mut *out)?;
-            out.flush()?;
+            let n = if local == "-" {
+                let mut out = std::io::stdout();
+                let n = get(&s.nfs, &fh, a.size, &o, &mut out)?;
+                out.flush()?;
+                n
+            } else {
+                // a file (or a device such as /dev/null): each reader writes its piece where
+                // it belongs, straight from the reply
+                let f = std::fs::File::create(&local).with_context(|| format!("creating {local}"))?;
+                get_at(&s.nfs, &fh, a.size, &o, &f).with_context(|| format!("get to {local}"))?
+            };
             summary(&o, "get", n, t.elapsed(), &s.info, &local, connects(s.nfs.rpc()));
             Ok(())
         }
@@ -621,6 +622,94 @@ fn summary(o: &Opts, op: &str, bytes: u64, d: Duration, via: &str, what: &str, c
             d.as_secs_f64()
         );
     }
+}
+
+/// READ the whole file into `file` with `parallel` calls in flight all the time: each of
+/// `parallel` reader threads takes the next piece as soon as it is free and writes it at its
+/// offset (`pwrite`) straight from the reply, where the RDMA Write placed it (no copy into a
+/// vector, none into a write buffer, and no thread that writes the pieces one after another:
+/// issue 17/18, `nfs get` to a file). Returns the bytes of the file (to its eof).
+fn get_at(nfs: &Nfs3Client<Client>, fh: &Fh, size: u64, o: &Opts, file: &std::fs::File) -> Result<u64> {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::mpsc::channel;
+    let rsize = o.rsize.clamp(512, 64 << 20);
+    let par = o.parallel.clamp(1, 64) as u64;
+    let mut prog = Progress::new(o.progress, o.json, size);
+    let pieces = size.div_ceil(rsize).max(1);
+    let next = AtomicU64::new(0);
+    let stop = AtomicBool::new(false);
+    // one piece: READ at its offset, written where it belongs from the reply itself
+    let piece = |off: u64| -> Result<(u64, bool)> {
+        let (wrote, rr) = nfs.read_then(fh, off, rsize as u32, |data| {
+            file.write_all_at(data, off).map(|()| data.len() as u64)
+        })?;
+        Ok((wrote.context("writing the local file")?, rr.eof))
+    };
+    // (piece, bytes, eof) of every piece, as they complete
+    let done: Vec<(u64, u64, bool)> = std::thread::scope(|s| -> Result<Vec<(u64, u64, bool)>> {
+        let (tx, rx) = channel::<(u64, Result<(u64, bool)>)>();
+        for _ in 0..par.min(pieces) {
+            let (tx, next, stop, piece) = (tx.clone(), &next, &stop, &piece);
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= pieces {
+                        return;
+                    }
+                    if tx.send((i, piece(i * rsize))).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        let mut done = Vec::with_capacity(pieces as usize);
+        let mut moved = 0;
+        for (i, r) in rx {
+            match r {
+                Ok((n, eof)) => {
+                    moved += n;
+                    prog.update(moved.min(size));
+                    done.push((i, n, eof));
+                }
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(done)
+    })?;
+    // the file is what the pieces hold up to the first short one or eof
+    let mut by_piece = done;
+    by_piece.sort_unstable_by_key(|&(i, _, _)| i);
+    let mut off = 0u64;
+    let mut last_eof = false;
+    let mut full = true;
+    for &(_, n, eof) in &by_piece {
+        off += n;
+        last_eof = eof;
+        if eof || n < rsize {
+            if off < size && !eof {
+                bail!("short READ at {off} without eof");
+            }
+            full = false;
+            break;
+        }
+    }
+    if !full && off < by_piece.len() as u64 * rsize && file.metadata().is_ok_and(|m| m.is_file()) {
+        // the file shrank while it was read: later pieces may have written past its end
+        file.set_len(off).context("truncating the local file")?;
+    }
+    // the file grew past the size it had: the rest one READ at a time, to its eof
+    while full && !last_eof {
+        let (n, eof) = piece(off)?;
+        off += n;
+        last_eof = eof || n < rsize;
+    }
+    prog.update(size);
+    Ok(off)
 }
 
 /// READ the whole file with `parallel` calls in flight all the time: `parallel` reader threads

@@ -15,7 +15,7 @@ use anyhow::{Result, anyhow, bail};
 use rpcrdma::client::{RpcClient, RpcError};
 use rpcrdma::demo;
 use rpcrdma::rpc::AcceptStat;
-use rpcrdma::tcp::{TcpClient, TcpServer, TcpServerConfig};
+use rpcrdma::tcp::{TcpCaller, TcpClient, TcpServer, TcpServerConfig};
 use rpcrdma::transport::{RdmaClient, RdmaConfig, RdmaServer};
 use rpcrdma::wire::ErrorBody;
 use std::net::SocketAddr;
@@ -123,6 +123,11 @@ enum Cmd {
         /// One JSON object with both transports' MB/s and Gbit/s and the ratio (docs/json.md).
         #[arg(long)]
         json: bool,
+        /// `--proc null|echo`: both callers busy-poll for their Replies (the RDMA caller spins
+        /// on its completion queue, the TCP caller on a non-blocking socket). Without it both
+        /// sleep at once (the RDMA caller in its completion queue, the TCP caller in `read`).
+        #[arg(long)]
+        busy_poll: bool,
     },
 }
 
@@ -303,6 +308,7 @@ pub fn run(args: Args) -> Result<()> {
             calls,
             threads,
             json,
+            busy_poll,
         } if proc_ != "read" => {
             if threads != 1 {
                 bail!("--proc {proc_} times one call at a time; drop --threads");
@@ -312,7 +318,11 @@ pub fn run(args: Args) -> Result<()> {
             } else {
                 size.unwrap_or(64) as usize
             };
-            bench_small(&args.dev, &proc_, size, &transport, calls.unwrap_or(20_000), json)
+            let mode = if busy_poll { Mode::BusyPoll } else { Mode::Events };
+            bench_small(&args.dev, &proc_, size, &transport, calls.unwrap_or(20_000), json, mode)
+        }
+        Cmd::Bench { busy_poll: true, .. } => {
+            bail!("--busy-poll is for --proc null|echo (READ bandwidth keeps the transports' default waits)")
         }
         Cmd::Bench {
             size,
@@ -433,13 +443,63 @@ struct RpcLatJson {
     proc_: &'static str,
     size: u64,
     calls: u64,
-    /// How the callers wait for replies: the RDMA client's thread spins briefly on its
-    /// CQ and then sleeps; the TCP client blocks in `read`.
+    /// `"busy-poll"` or `"events"`: the one wait mode both callers used.
+    mode: &'static str,
+    /// How the callers wait for replies, in words.
     wait: &'static str,
     tcp: Option<crate::report::Latency>,
     rdma: Option<crate::report::Latency>,
     /// RDMA p50 over TCP p50 (lower is better); null unless both ran.
     rdma_tcp_ratio: Option<f64>,
+}
+
+/// How both callers of `rpc bench --proc null|echo` wait for their Replies (issue 18: the
+/// RDMA and TCP round trips are compared in the same mode).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    /// Both sleep at once: the RDMA caller in its completion queue (no spin first), the TCP
+    /// caller in `read(2)` on a blocking socket.
+    Events,
+    /// Both spin: the RDMA caller polls its completion queue (driving the provider inline),
+    /// the TCP caller `read(2)`s a non-blocking socket until the Reply is there.
+    BusyPoll,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Events => "events",
+            Mode::BusyPoll => "busy-poll",
+        }
+    }
+
+    fn wait(self) -> &'static str {
+        match self {
+            Mode::Events => {
+                "both callers sleep at once (rdma: in the CQ, no spin; tcp: blocking read by the caller); \
+                 the servers' threads sleep"
+            }
+            Mode::BusyPoll => {
+                "both callers busy-poll (rdma: the CQ, driving the provider; tcp: non-blocking read by the caller); \
+                 the servers' threads sleep"
+            }
+        }
+    }
+
+    /// The RDMA caller's busy-poll budget ([`RdmaConfig::reply_spin`]).
+    fn reply_spin(self) -> std::time::Duration {
+        match self {
+            Mode::Events => std::time::Duration::ZERO,
+            Mode::BusyPoll => std::time::Duration::MAX,
+        }
+    }
+
+    fn tcp_wait(self) -> rpcrdma::tcp::TcpWait {
+        match self {
+            Mode::Events => rpcrdma::tcp::TcpWait::Block,
+            Mode::BusyPoll => rpcrdma::tcp::TcpWait::BusyPoll,
+        }
+    }
 }
 
 /// One small call (NULL, or ECHO of `data`, checked).
@@ -464,6 +524,7 @@ fn bench_small(
     transport: &str,
     calls: u64,
     json: bool,
+    mode: Mode,
 ) -> Result<()> {
     use hdrhistogram::Histogram;
     let data = (proc_ == "echo").then(|| demo::pattern(size, 1));
@@ -477,7 +538,8 @@ fn bench_small(
         None
     };
     let tcp = match &tcp_srv {
-        Some(s) => Some(TcpClient::connect(s.local_addr())?),
+        // the caller reads its own Reply, as the RDMA caller does (no reader thread)
+        Some(s) => Some(TcpCaller::connect(s.local_addr(), mode.tcp_wait())?),
         None => None,
     };
     let rdma_srv = if transport != "tcp" {
@@ -491,7 +553,11 @@ fn bench_small(
     let rdma = match &rdma_srv {
         Some(s) => {
             let pd = dev.alloc_pd().map_err(|e| anyhow!("{e}"))?;
-            Some(RdmaClient::connect(&pd, s.local_addr(), RdmaConfig::default()).map_err(|e| anyhow!("{e}"))?)
+            let cfg = RdmaConfig {
+                reply_spin: mode.reply_spin(),
+                ..RdmaConfig::default()
+            };
+            Some(RdmaClient::connect(&pd, s.local_addr(), cfg).map_err(|e| anyhow!("{e}"))?)
         }
         None => None,
     };
@@ -529,20 +595,24 @@ fn bench_small(
         _ => None,
     };
     let proc_ = if proc_ == "null" { "NULL" } else { "ECHO" };
-    let wait = "rdma: the client thread spins up to 50 us on its CQ, then sleeps; the server workers sleep; tcp: blocking reads";
+    let wait = mode.wait();
     if json {
         crate::report::print_line(&RpcLatJson {
             tool: "rpc bench",
             proc_,
             size: size as u64,
             calls,
+            mode: mode.name(),
             wait,
             tcp: t,
             rdma: r,
             rdma_tcp_ratio: ratio,
         });
     } else {
-        println!("{proc_} of {size} bytes, {calls} calls one at a time ({wait}):");
+        println!(
+            "{proc_} of {size} bytes, {calls} calls one at a time, mode {} ({wait}):",
+            mode.name()
+        );
         for (name, l) in [("ONC RPC over TCP:", &t), ("RPC-over-RDMA:   ", &r)] {
             if let Some(l) = l {
                 println!(

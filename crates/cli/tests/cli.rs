@@ -1129,18 +1129,34 @@ fn rpc_bench_json_has_the_family_units() {
 }
 
 /// `rpc bench --proc null|echo` (issue 18): small calls' round trips over both transports in
-/// one run, the ratio of their medians, and how each side waits.
+/// one run, the ratio of their medians, and the one wait mode both callers used (events by
+/// default, `--busy-poll`), named in the JSON and the text.
 #[test]
 fn rpc_bench_small_calls_report_round_trips() {
-    for (proc_, size) in [("null", 0), ("echo", 64)] {
-        let v = &json_lines(&ok(&["rpc", "bench", "--proc", proc_, "--calls", "200", "--json"]))[0];
+    for (proc_, size, busy) in [
+        ("null", 0, false),
+        ("echo", 64, false),
+        ("null", 0, true),
+        ("echo", 64, true),
+    ] {
+        let mut a = vec!["rpc", "bench", "--proc", proc_, "--calls", "200", "--json"];
+        if busy {
+            a.push("--busy-poll");
+        }
+        let v = &json_lines(&ok(&a))[0];
+        let (mode, words) = if busy {
+            ("busy-poll", "both callers busy-poll")
+        } else {
+            ("events", "both callers sleep at once")
+        };
+        assert_eq!(v["mode"].as_str(), Some(mode), "{v}");
+        assert!(v["wait"].as_str().is_some_and(|w| w.contains(words)), "{v}");
         assert_eq!(v["proc"].as_str(), Some(proc_.to_uppercase().as_str()), "{v}");
         assert_eq!(
             (v["size"].as_u64(), v["calls"].as_u64()),
             (Some(size), Some(200)),
             "{v}"
         );
-        assert!(v["wait"].as_str().is_some_and(|w| w.contains("tcp: blocking")), "{v}");
         for t in ["tcp", "rdma"] {
             let l = &v[t];
             assert!(num(l, "min_us") > 0.0 && num(l, "min_us") <= num(l, "p50_us"), "{v}");
@@ -1155,6 +1171,11 @@ fn rpc_bench_small_calls_report_round_trips() {
     let out = run(&["rpc", "bench", "--proc", "null", "--threads", "2"]);
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && e.contains("--threads"), "{e}");
+    let text = ok(&["rpc", "bench", "--proc", "null", "--calls", "100", "--busy-poll"]);
+    assert!(text.contains("mode busy-poll"), "{text}");
+    let out = run(&["rpc", "bench", "--size", "64K", "--calls", "20", "--busy-poll"]);
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("--busy-poll"), "{e}");
 }
 
 /// `softrdma scale` (issue 18, "Scale"): both kinds of connection measured in one run, with

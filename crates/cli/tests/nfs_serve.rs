@@ -139,6 +139,22 @@ fn put_get_ls_stat_rm_over_tcp_and_rdma() {
         let back = s.0.join(format!("back-{t}.bin"));
         srv.ok(t, &["get", &name, back.to_str().unwrap()]);
         assert_eq!(std::fs::read(&back).unwrap(), data, "{t}: get");
+        // pieces written at their offsets by 8 readers (out of order), over a longer file
+        // that must end up truncated to the copy, the last piece short
+        std::fs::write(&back, vec![9u8; data.len() + 300_000]).unwrap();
+        srv.ok(
+            t,
+            &[
+                "get",
+                &name,
+                back.to_str().unwrap(),
+                "--rsize",
+                "64K",
+                "--parallel",
+                "8",
+            ],
+        );
+        assert_eq!(std::fs::read(&back).unwrap(), data, "{t}: get, 64 KiB pieces");
         let v: serde_json::Value = serde_json::from_str(srv.ok(t, &["stat", &name, "--json"]).trim()).unwrap();
         assert_eq!(v["size"], data.len());
         assert_eq!(v["type"], "reg");

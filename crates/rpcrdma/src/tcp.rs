@@ -61,6 +61,9 @@
 //! The client writes each call as one record and a reader thread hands every
 //! reply to the caller waiting for its XID; replies may come in any order.
 
+mod caller;
+pub use caller::{TcpCaller, TcpWait};
+
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};

@@ -392,6 +392,20 @@ impl<C: RpcClient> Nfs3Client<C> {
         self.retry_jukebox(|| self.read_once(fh, offset, count))
     }
 
+    /// READ `count` bytes at `offset` and hand the data to `take` where it lies in the
+    /// reply (over RDMA: the registered region the server's RDMA Write placed it in), so a
+    /// caller that writes it to a file makes no copy of its own (`nfs get`, issue 17/18).
+    /// `take` runs once per reply: again if the server answered JUKEBOX and the READ is retried.
+    pub fn read_then<T>(
+        &self,
+        fh: &Fh,
+        offset: u64,
+        count: u32,
+        mut take: impl FnMut(&[u8]) -> T,
+    ) -> Result<(T, ReadReply), NfsError> {
+        self.retry_jukebox(|| self.read_with(fh, offset, count, &mut take))
+    }
+
     fn read_once(&self, fh: &Fh, offset: u64, count: u32) -> Result<(Vec<u8>, ReadReply), NfsError> {
         self.read_with(fh, offset, count, <[u8]>::to_vec)
     }

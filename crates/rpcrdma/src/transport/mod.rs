@@ -178,6 +178,12 @@ pub struct RdmaConfig {
     /// receive ends the connection (the Call is then retransmitted after a
     /// reconnect). Our Responder posts its receives before accepting.
     pub connect_settle: Duration,
+    /// Requester: how long a caller waiting for its Reply busy-polls the connection's
+    /// completion queue (driving the provider inline) before it sleeps (default 50 µs).
+    /// `Duration::ZERO`: sleep at once (on iWARP in `poll(2)` on the socket, receiving the
+    /// Reply itself, as a blocking TCP reader does); `Duration::MAX`: busy-poll until the
+    /// Reply arrives (`rpc bench --busy-poll`, issue 18's same-mode comparison).
+    pub reply_spin: Duration,
 }
 
 impl Default for RdmaConfig {
@@ -202,6 +208,7 @@ impl Default for RdmaConfig {
             call_options: CallOptions::default(),
             rd_atomic: 16,
             connect_settle: Duration::ZERO,
+            reply_spin: Duration::from_micros(50),
         }
     }
 }

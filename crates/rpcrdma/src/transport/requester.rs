@@ -490,6 +490,15 @@ impl Done {
             })
             .unwrap_or(Err(RpcError::Decode(XdrError::Overflow)));
         }
+        // a Short Reply without Write chunks (NULL, small results): decoded from the message
+        // as it is, with nothing to gather (no vector allocated for it)
+        if !long && lists.writes.is_empty() {
+            return decode_reply(
+                &mut Decoder::with_chunks(&self.msg[len..], ChunkSource::Write(&[])),
+                xid,
+                decode,
+            );
+        }
         // otherwise copied out of the registered region into reused scratch buffers
         let mut bufs: Vec<(Vec<u8>, usize)> = Vec::with_capacity(lists.writes.len() + 1);
         let r = (|| {
@@ -624,6 +633,8 @@ struct Conn {
     stop: AtomicBool,
     key: AtomicU8,
     progress: Mutex<Option<JoinHandle<()>>>,
+    /// [`RdmaConfig::reply_spin`]: how long a leading caller busy-polls before it sleeps.
+    reply_spin: Duration,
 }
 
 impl Conn {
@@ -694,6 +705,7 @@ impl Conn {
             stop: AtomicBool::new(false),
             key: AtomicU8::new(1),
             progress: Mutex::new(None),
+            reply_spin: cfg.reply_spin,
         });
         let c2 = conn.clone();
         let t = std::thread::Builder::new()
@@ -871,7 +883,9 @@ impl Conn {
                 st.credit_waiters -= 1;
             }
             let header = Header::new(xid, st.credits.requested(), body);
-            let mut msg = header.to_vec().map_err(|e| local(LocalError::Header(e)))?;
+            let mut msg = header
+                .to_vec_reserving(payload.len())
+                .map_err(|e| local(LocalError::Header(e)))?;
             msg.extend_from_slice(payload);
             let send_pair = self.pool.take_send(&self.pd, msg.len()).map_err(|e| local(e.into()))?;
             let send_mr = &send_pair.0;
@@ -986,7 +1000,9 @@ impl Conn {
             if now >= deadline {
                 return None;
             }
-            let r = match self.cq.wait(Some((deadline - now).min(POLL_SLICE))) {
+            let slice = (deadline - now).min(POLL_SLICE);
+            // busy-polls at most the slice, so the deadline and the CM events are still seen
+            let r = match self.cq.wait_spin(self.reply_spin.min(slice), Some(slice)) {
                 Some(wc) => self.on_completion(wc),
                 None => self.check_event(),
             };

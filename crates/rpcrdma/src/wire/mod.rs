@@ -391,7 +391,13 @@ impl Header {
 
     /// Encode into a new `Vec`.
     pub fn to_vec(&self) -> Result<Vec<u8>, HeaderError> {
-        let mut e = Encoder::new(Vec::with_capacity(self.encoded_len()));
+        self.to_vec_reserving(0)
+    }
+
+    /// Encode into a new `Vec` with room for `extra` more octets after the header (the
+    /// message's payload, appended without growing the vector again).
+    pub fn to_vec_reserving(&self, extra: usize) -> Result<Vec<u8>, HeaderError> {
+        let mut e = Encoder::new(Vec::with_capacity(self.encoded_len() + extra));
         self.encode(&mut e)?;
         Ok(e.finish().0)
     }

@@ -150,7 +150,7 @@ impl Replier {
             Outcome::Garbage => {
                 let grant = self.grant()?;
                 let m = garbage_args_message(xid, grant, lists);
-                self.send(&m, WriteSource::Nothing, None, &[], xid)
+                self.send(m, WriteSource::Nothing, None, Vec::new(), xid)
             }
         }
     }
@@ -161,7 +161,7 @@ impl Replier {
         let mut e = crate::xdr::Encoder::new(Vec::new());
         h.encode(&mut e)?;
         self.stats.rdma_errors.fetch_add(1, Ordering::Relaxed);
-        self.send(&e.finish().0, WriteSource::Nothing, None, &[], failed.xid)
+        self.send(e.finish().0, WriteSource::Nothing, None, Vec::new(), failed.xid)
     }
 
     /// An RPC reply of SYSTEM_ERR (the server lacks the resources for this Call now).
@@ -220,10 +220,15 @@ impl Replier {
                 tracing::debug!(xid = fixed.xid, "rpcrdma server: cannot reply: {e}");
                 let h = Header::error_reply(fixed, grant, ErrorBody::Chunk);
                 self.stats.rdma_errors.fetch_add(1, Ordering::Relaxed);
-                return self.send(&h.to_vec()?, WriteSource::Nothing, None, &[], fixed.xid);
+                return self.send(h.to_vec()?, WriteSource::Nothing, None, Vec::new(), fixed.xid);
             }
         };
-        let mut msg = pr.header.to_vec()?;
+        let inline_payload = if pr.form == ReplyForm::Short {
+            pr.payload.len()
+        } else {
+            0
+        };
+        let mut msg = pr.header.to_vec_reserving(inline_payload)?;
         let writes: Vec<(u32, u64, std::ops::Range<usize>)> = pr
             .item_writes
             .iter()
@@ -297,18 +302,18 @@ impl Replier {
         form.fetch_add(1, Ordering::Relaxed);
         if direct {
             let mr = self.pd.reg_mr_vec(stream, Access::LOCAL_WRITE)?;
-            self.send(&msg, WriteSource::Registered(mr, charge), inv, &writes, fixed.xid)
+            self.send(msg, WriteSource::Registered(mr, charge), inv, writes, fixed.xid)
         } else if pr.form == ReplyForm::Long && !writes.is_empty() {
             let (mr, charge) = staged.ok_or(Fatal::StagingExhausted)?;
             self.send(
-                &msg,
+                msg,
                 WriteSource::Staged(&[&stream, &pr.payload], mr, charge),
                 inv,
-                &writes,
+                writes,
                 fixed.xid,
             )
         } else {
-            self.send(&msg, WriteSource::Nothing, inv, &writes, fixed.xid)
+            self.send(msg, WriteSource::Nothing, inv, writes, fixed.xid)
         }
     }
 
@@ -318,10 +323,10 @@ impl Replier {
     /// connection).
     fn send(
         &self,
-        msg: &[u8],
+        msg: Vec<u8>,
         source: WriteSource<'_>,
         inv: Option<u32>,
-        writes: &[(u32, u64, std::ops::Range<usize>)],
+        writes: Vec<(u32, u64, std::ops::Range<usize>)>,
         xid: u32,
     ) -> Result<(), Fatal> {
         if msg.len() > self.slot_len || msg.len() > self.th.reply as usize {
@@ -352,10 +357,10 @@ impl Replier {
             self.note_rdma(&mut tx, xid);
         }
         tx.queued.push_back(Outgoing {
-            msg: msg.to_vec(),
+            msg,
             held,
             inv,
-            writes: writes.to_vec(),
+            writes,
             xid,
         });
         self.post_queued(&mut tx)
