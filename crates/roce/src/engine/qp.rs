@@ -19,9 +19,14 @@ use crate::wire::Packet;
 /// instead of the 24 a batch of 32 (15 + 15 + 2) made.
 const BATCH: usize = 60;
 
+/// Octets of header room per packet of a batch ([`RcQp::MAX_HEADER_LEN`] rounded up).
+const HDR_ROOM: usize = 48;
+const _: () = assert!(HDR_ROOM >= RcQp::MAX_HEADER_LEN);
+
 thread_local! {
-    /// The packets of one batch, built by `poll_transmit` in this thread.
-    static TX_BATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The headers of one batch, built by `poll_transmit_parts` in this thread (the
+    /// payloads stay in registered memory).
+    static TX_HDRS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 pub(crate) struct QpInner {
@@ -151,20 +156,22 @@ impl QpShared {
 
     fn service_tx(&self, g: &mut QpInner, now: Instant, tx: bool) -> bool {
         let mut any = false;
-        let need = g.core.max_packet_len();
         if let Some(to) = g.dest.filter(|_| tx) {
             let core = &mut g.core;
-            TX_BATCH.with_borrow_mut(|buf| {
-                if buf.len() < BATCH * need {
-                    buf.resize(BATCH * need, 0);
+            TX_HDRS.with_borrow_mut(|buf| {
+                if buf.len() < BATCH * HDR_ROOM {
+                    buf.resize(BATCH * HDR_ROOM, 0);
                 }
+                let mut pieces: Vec<crate::rc::Piece> = Vec::new();
                 loop {
-                    let mut lens = [0usize; BATCH];
+                    // (header length, payload length, pieces' end) of each packet.
+                    let mut lens = [(0usize, 0usize, 0usize); BATCH];
                     let mut n = 0;
+                    pieces.clear();
                     while n < BATCH {
-                        match core.poll_transmit(now, &mut buf[n * need..(n + 1) * need]) {
-                            Some(len) => {
-                                lens[n] = len;
+                        match core.poll_transmit_parts(now, &mut buf[n * HDR_ROOM..(n + 1) * HDR_ROOM], &mut pieces) {
+                            Some((h, p)) => {
+                                lens[n] = (h, p, pieces.len());
                                 n += 1;
                             }
                             None => break,
@@ -174,15 +181,24 @@ impl QpShared {
                         break;
                     }
                     any = true;
-                    let mut pkts: Vec<&mut [u8]> = buf
-                        .chunks_mut(need)
+                    let mut start = 0;
+                    let mut pkts: Vec<super::TxParts<'_>> = buf
+                        .chunks(HDR_ROOM)
                         .zip(&lens[..n])
-                        .map(|(c, &l)| &mut c[..l])
+                        .map(|(c, &(h, p, end))| {
+                            let t = super::TxParts {
+                                hdr: &c[..h],
+                                pieces: &pieces[start..end],
+                                payload_len: p,
+                            };
+                            start = end;
+                            t
+                        })
                         .collect();
                     if ack_goes_last(&pkts) {
                         pkts.rotate_left(1);
                     }
-                    self.dev.send_batch(to, &mut pkts);
+                    self.dev.send_parts(to, &pkts);
                     if n < BATCH {
                         break;
                     }
@@ -239,11 +255,11 @@ pub fn qp_lock_waits() -> u64 {
 /// direction's PSN space, so the peer's responder and requester see the same order of
 /// their own packets (an ACK behind Read responses would arrive after the responses that
 /// acknowledge it implicitly).
-pub(crate) fn ack_goes_last(pkts: &[&mut [u8]]) -> bool {
-    let opcode = |p: &[u8]| p.first().copied().unwrap_or(0);
-    let is_response = |p: &[u8]| (0x0d..=0x12).contains(&opcode(p));
+pub(crate) fn ack_goes_last(pkts: &[super::TxParts<'_>]) -> bool {
+    let opcode = |p: &super::TxParts<'_>| p.hdr.first().copied().unwrap_or(0);
+    let is_response = |p: &super::TxParts<'_>| (0x0d..=0x12).contains(&opcode(p));
     pkts.len() >= 2
-        && opcode(pkts[0]) == crate::wire::Opcode::RC_ACKNOWLEDGE.0
+        && opcode(&pkts[0]) == crate::wire::Opcode::RC_ACKNOWLEDGE.0
         && pkts[0].len() < pkts[1].len()
         && pkts[1..].iter().all(|p| !is_response(p))
 }
