@@ -48,7 +48,7 @@ use verbs::{DeviceAttr, Error, Gid, InvalidArg, Mtu, PortAttr, QpType, Result};
 
 use crate::gsi::{GsiHandler, GsiPort};
 use crate::wire::{Bth, Deth, ExtHeaders, Opcode, Packet, Psn, icrc};
-pub use qp::{RoceQp, qp_lock_waits};
+pub use qp::{RoceQp, inline_wakeups, qp_lock_waits};
 pub use ud::{RoceUdQp, mcast_ip};
 
 /// What a RoCEv2 device is opened with (the registry's text options, parsed by
@@ -217,6 +217,9 @@ pub(crate) struct DevInner {
     /// Whether the progress thread has taken the sockets out of its epoll set (or is about
     /// to): a poller that goes to sleep wakes it ([`DevInner::poller_parked`]).
     pub(crate) muted: AtomicBool,
+    /// Application threads asleep in `poll(2)` on the UDP socket in an inline CQ wait
+    /// (`Progress::wait_fd`): they receive themselves, so the progress thread stays muted.
+    pub(crate) inline_waiters: AtomicUsize,
     /// The RC counters of QPs already destroyed.
     pub retired: Mutex<crate::rc::RcStats>,
     /// The UD QPs.
@@ -1178,6 +1181,7 @@ impl RoceProvider {
             counters: DevCounters::default(),
             last_poll: AtomicU64::new(0),
             muted: AtomicBool::new(false),
+            inline_waiters: AtomicUsize::new(0),
             retired: Mutex::new(crate::rc::RcStats::default()),
             ud_qps: RwLock::new(HashMap::new()),
             ud_retired: Mutex::new(crate::ud::UdStats::default()),

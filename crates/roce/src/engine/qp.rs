@@ -301,6 +301,59 @@ impl Progress for QpShared {
     fn parked(&self) {
         self.dev.poller_parked();
     }
+
+    /// Inline CQ wait (issue 13, as iWARP's of issue 18): the waiting thread sleeps in
+    /// `poll(2)` on the device's UDP socket and receives what arrives itself, instead of
+    /// the progress thread receiving it and waking the waiter through the CQ (two thread
+    /// wake-ups per message). The progress thread stays muted meanwhile (it still runs
+    /// timers and sends what a receive deferred within 1 ms). Not on a device with a raw
+    /// socket (off loopback with `icrc_rx=auto`): packets arrive on two descriptors there.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        if self.dev.raw.is_some() {
+            return None;
+        }
+        if !matches!(
+            self.inner.lock().unwrap().core.state(),
+            QpState::Rtr | QpState::Rts | QpState::Sqd
+        ) {
+            return None;
+        }
+        self.dev.inline_waiters.fetch_add(1, Ordering::SeqCst);
+        self.dev.note_poll();
+        // A progress thread asleep with the socket in its epoll set would wake for the
+        // datagram the waiter receives: it mutes itself now instead (once per idle spell,
+        // it stays muted while waits follow each other).
+        if !self.dev.muted.load(Ordering::SeqCst) {
+            let _ = self.dev.waker.wake();
+        }
+        Some(self.dev.sock.as_raw_fd())
+    }
+
+    /// The socket polled readable: receive (replies deferred into the next post, as a
+    /// busy poller's) and deliver.
+    fn wait_ready(&self) -> bool {
+        INLINE_WAKEUPS.fetch_add(1, Ordering::Relaxed);
+        self.progress();
+        true
+    }
+
+    /// The inline waiter left: the progress thread takes the socket back once no thread
+    /// has waited or polled for `BUSY_POLL_RECENT` (500 µs).
+    fn wait_done(&self) {
+        self.dev.note_poll();
+        self.dev.inline_waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Times an inline CQ waiter woke on a RoCEv2 device's socket and received.
+static INLINE_WAKEUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times an application thread asleep in a CQ wait was woken by a RoCEv2
+/// device's socket and received what came itself (the inline wait), in this process: a
+/// diagnostic for tests that count wake-ups per message.
+pub fn inline_wakeups() -> u64 {
+    INLINE_WAKEUPS.load(Ordering::Relaxed)
 }
 
 impl QpOps for RoceQp {
