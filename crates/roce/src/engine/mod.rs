@@ -780,7 +780,15 @@ impl DevInner {
             return;
         }
         let msgs = gso_trains(pkts.iter().map(TxParts::len), !to.ip().is_multicast());
-        let mut trailers = vec![[0u8; 8]; pkts.len()];
+        // Pad (0-3 octets) and ICRC of each packet; a batch is at most qp::BATCH packets.
+        let mut on_stack = [[0u8; 8]; qp::BATCH];
+        let mut on_heap = Vec::new();
+        let trailers: &mut [[u8; 8]] = if pkts.len() <= qp::BATCH {
+            &mut on_stack[..pkts.len()]
+        } else {
+            on_heap.resize(pkts.len(), [0u8; 8]);
+            &mut on_heap
+        };
         for m in &msgs {
             for (k, (p, t)) in pkts[m.first..m.first + m.count]
                 .iter()

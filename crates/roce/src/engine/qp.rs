@@ -17,7 +17,7 @@ use crate::wire::Packet;
 /// Packets sent with one `sendmmsg` at most: four full GSO trains of 4 KiB packets (15
 /// each fit in [`super::sys::GSO_MAX_BYTES`]), so a 1 MiB Write at MTU 4096 is 18 trains
 /// instead of the 24 a batch of 32 (15 + 15 + 2) made.
-const BATCH: usize = 60;
+pub(crate) const BATCH: usize = 60;
 
 /// Octets of header room per packet of a batch ([`RcQp::MAX_HEADER_LEN`] rounded up).
 const HDR_ROOM: usize = 48;
@@ -26,7 +26,8 @@ const _: () = assert!(HDR_ROOM >= RcQp::MAX_HEADER_LEN);
 thread_local! {
     /// The headers of one batch, built by `poll_transmit_parts` in this thread (the
     /// payloads stay in registered memory).
-    static TX_HDRS: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static TX_HDRS: std::cell::RefCell<(Vec<u8>, Vec<crate::rc::Piece>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 pub(crate) struct QpInner {
@@ -158,18 +159,17 @@ impl QpShared {
         let mut any = false;
         if let Some(to) = g.dest.filter(|_| tx) {
             let core = &mut g.core;
-            TX_HDRS.with_borrow_mut(|buf| {
+            TX_HDRS.with_borrow_mut(|(buf, pieces)| {
                 if buf.len() < BATCH * HDR_ROOM {
                     buf.resize(BATCH * HDR_ROOM, 0);
                 }
-                let mut pieces: Vec<crate::rc::Piece> = Vec::new();
                 loop {
                     // (header length, payload length, pieces' end) of each packet.
                     let mut lens = [(0usize, 0usize, 0usize); BATCH];
                     let mut n = 0;
                     pieces.clear();
                     while n < BATCH {
-                        match core.poll_transmit_parts(now, &mut buf[n * HDR_ROOM..(n + 1) * HDR_ROOM], &mut pieces) {
+                        match core.poll_transmit_parts(now, &mut buf[n * HDR_ROOM..(n + 1) * HDR_ROOM], pieces) {
                             Some((h, p)) => {
                                 lens[n] = (h, p, pieces.len());
                                 n += 1;
@@ -199,10 +199,13 @@ impl QpShared {
                         pkts.rotate_left(1);
                     }
                     self.dev.send_parts(to, &pkts);
+                    drop(pkts);
                     if n < BATCH {
                         break;
                     }
                 }
+                // The regions' buffers are not kept alive past the batch.
+                pieces.clear();
             });
         }
         while let Some(wc) = g.core.poll_completion() {
