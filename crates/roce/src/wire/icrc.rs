@@ -398,15 +398,8 @@ mod tests {
             let whole = compute(&ip, &udp, &pkt).unwrap();
             for chunk in [1usize, 7, 64, 4096] {
                 let body = &pkt[hdr..hdr + payload];
-                let parts = compute_parts(
-                    &ip,
-                    &udp,
-                    &pkt[..hdr],
-                    payload,
-                    |f| body.chunks(chunk).for_each(|c| f(c)),
-                    pad,
-                )
-                .unwrap();
+                let parts =
+                    compute_parts(&ip, &udp, &pkt[..hdr], payload, |f| body.chunks(chunk).for_each(f), pad).unwrap();
                 assert_eq!(parts, whole, "headers {hdr}, payload {payload}, chunks of {chunk}");
             }
         }
