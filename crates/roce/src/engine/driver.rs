@@ -50,7 +50,9 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
             // Announced before `last_poll` is read: a poller that parks meanwhile sees it
             // and wakes this thread (`DevInner::poller_parked`).
             d.muted.store(true, Ordering::SeqCst);
-            let busy = d.busy_polled(BUSY_POLL_RECENT);
+            // A thread asleep on the socket in an inline CQ wait receives itself, as a
+            // busy poller does.
+            let busy = d.busy_polled(BUSY_POLL_RECENT) || d.inline_waiters.load(Ordering::SeqCst) > 0;
             if busy && !muted {
                 muted = fds
                     .iter()

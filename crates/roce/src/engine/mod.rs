@@ -48,7 +48,7 @@ use verbs::{DeviceAttr, Error, Gid, InvalidArg, Mtu, PortAttr, QpType, Result};
 
 use crate::gsi::{GsiHandler, GsiPort};
 use crate::wire::{Bth, Deth, ExtHeaders, Opcode, Packet, Psn, icrc};
-pub use qp::{RoceQp, qp_lock_waits};
+pub use qp::{RoceQp, inline_wakeups, qp_lock_waits};
 pub use ud::{RoceUdQp, mcast_ip};
 
 /// What a RoCEv2 device is opened with (the registry's text options, parsed by
@@ -222,6 +222,9 @@ pub(crate) struct DevInner {
     /// Whether the progress thread has taken the sockets out of its epoll set (or is about
     /// to): a poller that goes to sleep wakes it ([`DevInner::poller_parked`]).
     pub(crate) muted: AtomicBool,
+    /// Application threads asleep in `poll(2)` on the UDP socket in an inline CQ wait
+    /// (`Progress::wait_fd`): they receive themselves, so the progress thread stays muted.
+    pub(crate) inline_waiters: AtomicUsize,
     /// The RC counters of QPs already destroyed.
     pub retired: Mutex<crate::rc::RcStats>,
     /// The UD QPs.
@@ -768,6 +771,127 @@ impl DevInner {
             .fetch_add((pkts.len() - sent) as u64, Ordering::Relaxed);
     }
 
+    /// Seals and sends RC packets whose payloads stay in registered memory (issue 13: Send
+    /// from the MR): each packet is its headers, its payload pieces and a trailer (pad and
+    /// ICRC) as iovecs of one `sendmmsg`, runs of equal-size packets as GSO trains as in
+    /// [`Self::send_batch`]. The ICRC is computed over the region's octets; the kernel
+    /// copies them into its skbs during the call (the only copy on the send side). Through
+    /// the impairment (tests' fault injection) each packet is first laid out in a buffer.
+    pub(crate) fn send_parts(&self, to: SocketAddr, pkts: &[TxParts<'_>]) {
+        if self.impair.is_some() || !self.gso.load(Ordering::Relaxed) {
+            let mut flat: Vec<Vec<u8>> = pkts.iter().map(TxParts::flatten).collect();
+            let mut refs: Vec<&mut [u8]> = flat.iter_mut().map(|v| &mut v[..]).collect();
+            self.send_batch(to, &mut refs);
+            return;
+        }
+        let msgs = gso_trains(pkts.iter().map(TxParts::len), !to.ip().is_multicast());
+        // Pad (0-3 octets) and ICRC of each packet; a batch is at most qp::BATCH packets.
+        let mut on_stack = [[0u8; 8]; qp::BATCH];
+        let mut on_heap = Vec::new();
+        let trailers: &mut [[u8; 8]] = if pkts.len() <= qp::BATCH {
+            &mut on_stack[..pkts.len()]
+        } else {
+            on_heap.resize(pkts.len(), [0u8; 8]);
+            &mut on_heap
+        };
+        for m in &msgs {
+            for (k, (p, t)) in pkts[m.first..m.first + m.count]
+                .iter()
+                .zip(&mut trailers[m.first..m.first + m.count])
+                .enumerate()
+            {
+                let pad = usize::from(crate::wire::segment::pad_count(p.payload_len));
+                let len = p.len();
+                let mut ipb = [0u8; 40];
+                let ip = ip_header(self.local.ip(), to.ip(), len, k as u16, &mut ipb);
+                let udp = icrc::udp_header(self.local.port(), to.port(), len);
+                let crc = icrc::compute_parts(
+                    ip,
+                    &udp,
+                    p.hdr,
+                    p.payload_len,
+                    |f| {
+                        for pc in p.pieces {
+                            // In bounds: checked when the WR was posted or the Read arrived.
+                            if pc.len <= SMALL_PIECE {
+                                // A small payload (a ping-pong's): one read, no 4 KiB bounce
+                                // buffer to clear.
+                                let mut b = [0u8; SMALL_PIECE];
+                                let _ = pc.buf.read(pc.off, &mut b[..pc.len]);
+                                f(&b[..pc.len]);
+                            } else {
+                                let _ = pc.buf.scan(pc.off, pc.len, &mut *f);
+                            }
+                        }
+                    },
+                    pad,
+                );
+                match crc {
+                    Ok(c) => t[pad..pad + 4].copy_from_slice(&c.to_le_bytes()),
+                    Err(_) => {
+                        self.counters.send_err.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+        let mut iov = sys::TxIov::default();
+        let mut imsgs = Vec::with_capacity(msgs.len());
+        for m in &msgs {
+            let first = iov.len();
+            for (p, t) in pkts[m.first..m.first + m.count]
+                .iter()
+                .zip(&trailers[m.first..m.first + m.count])
+            {
+                iov.push(p.hdr);
+                for pc in p.pieces {
+                    if iov.push_region(&pc.buf, pc.off, pc.len).is_err() {
+                        // Cannot happen: checked at post time; the peer sees a bad ICRC.
+                        self.counters.send_err.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let pad = usize::from(crate::wire::segment::pad_count(p.payload_len));
+                iov.push(&t[..pad + 4]);
+            }
+            imsgs.push(sys::TxMsg {
+                first,
+                count: iov.len() - first,
+                seg: if m.count > 1 { m.seg } else { 0 },
+            });
+        }
+        let sa = socket2::SockAddr::from(to);
+        let (sent_msgs, err) = match sys::sendmmsg_iov(self.sock.as_fd(), &sa, &mut iov, &imsgs, None) {
+            Ok(n) if n == msgs.len() => (n, None),
+            Ok(n) => (n, Some(io::Error::other("short sendmmsg"))),
+            Err(e) => (0, Some(e)),
+        };
+        drop(iov);
+        let sent: usize = msgs[..sent_msgs].iter().map(|m| m.count).sum();
+        self.counters.sent_pkts.fetch_add(sent as u64, Ordering::Relaxed);
+        self.counters
+            .tx_datagrams
+            .fetch_add(sent_msgs as u64, Ordering::Relaxed);
+        self.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
+        let Some(e) = err else { return };
+        let failed = msgs[sent_msgs];
+        let refused = matches!(
+            e.raw_os_error(),
+            Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
+        );
+        if failed.count > 1 && refused {
+            // The kernel takes no GSO on this route: single datagrams from now on (laid
+            // out and sealed with ID 0 by `send_batch`).
+            tracing::info!(device = %self.cfg.name, error = %e, %to, "UDP GSO refused: single datagrams from now on");
+            self.gso.store(false, Ordering::Relaxed);
+            self.send_parts(to, &pkts[failed.first..]);
+            return;
+        }
+        // Lost like dropped frames: the RC retransmission recovers.
+        tracing::debug!(device = %self.cfg.name, error = %e, %to, "sendmmsg");
+        self.counters
+            .send_err
+            .fetch_add((pkts.len() - sent) as u64, Ordering::Relaxed);
+    }
+
     /// Sends the held packets that are due.
     fn release_held(&self, now: Instant) {
         let Some(im) = &self.impair else { return };
@@ -831,6 +955,42 @@ fn raw_socket(addr: Ipv4Addr) -> io::Result<socket2::Socket> {
     let mut junk = [std::mem::MaybeUninit::<u8>::uninit(); 64];
     while r.recv(&mut junk).is_ok() {}
     Ok(r)
+}
+
+/// Pieces of payload up to this long are read for the ICRC in one copy to the stack.
+const SMALL_PIECE: usize = 256;
+
+/// One RC packet to send with its payload where it is ([`DevInner::send_parts`]).
+pub(crate) struct TxParts<'a> {
+    /// BTH and extension headers.
+    pub hdr: &'a [u8],
+    /// The payload's pieces of registered memory, in order.
+    pub pieces: &'a [crate::rc::Piece],
+    /// Their total length.
+    pub payload_len: usize,
+}
+
+impl TxParts<'_> {
+    /// The UDP payload's length: headers, payload, pad, ICRC.
+    pub(crate) fn len(&self) -> usize {
+        self.hdr.len()
+            + self.payload_len
+            + usize::from(crate::wire::segment::pad_count(self.payload_len))
+            + crate::wire::ICRC_LEN
+    }
+
+    /// The packet laid out in one buffer (ICRC field 0), for the paths that send packets
+    /// whole (fault injection, routes without GSO).
+    pub(crate) fn flatten(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len()];
+        v[..self.hdr.len()].copy_from_slice(self.hdr);
+        let mut at = self.hdr.len();
+        for pc in self.pieces {
+            let _ = pc.buf.read(pc.off, &mut v[at..at + pc.len]);
+            at += pc.len;
+        }
+        v
+    }
 }
 
 /// How the sockets' datagrams go into trains: runs of equal-size packets (the last of a run
@@ -1053,6 +1213,7 @@ impl RoceProvider {
             counters: DevCounters::default(),
             last_poll: AtomicU64::new(0),
             muted: AtomicBool::new(false),
+            inline_waiters: AtomicUsize::new(0),
             retired: Mutex::new(crate::rc::RcStats::default()),
             ud_qps: RwLock::new(HashMap::new()),
             ud_retired: Mutex::new(crate::ud::UdStats::default()),
@@ -1140,6 +1301,12 @@ impl Provider for RoceProvider {
             ("rx_datagrams", ld(&c.rx_datagrams)),
             ("rx_syscalls", ld(&c.rx_syscalls)),
             ("progress_mutes", ld(&c.progress_mutes)),
+            // Payload octets of RC packets: copied in user space on the way out (0: sent
+            // from the registered memory), handed to the kernel by reference, and copied
+            // once into memory on the way in (tests/copies_per_octet.rs).
+            ("tx_payload_copied", rc.tx_payload_copied),
+            ("tx_payload_by_ref", rc.tx_payload_by_ref),
+            ("rx_payload_copied", rc.rx_payload_copied),
         ];
         let ud = self.ud_totals();
         v.extend([

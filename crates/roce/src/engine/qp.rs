@@ -17,11 +17,17 @@ use crate::wire::Packet;
 /// Packets sent with one `sendmmsg` at most: four full GSO trains of 4 KiB packets (15
 /// each fit in [`super::sys::GSO_MAX_BYTES`]), so a 1 MiB Write at MTU 4096 is 18 trains
 /// instead of the 24 a batch of 32 (15 + 15 + 2) made.
-const BATCH: usize = 60;
+pub(crate) const BATCH: usize = 60;
+
+/// Octets of header room per packet of a batch ([`RcQp::MAX_HEADER_LEN`] rounded up).
+const HDR_ROOM: usize = 48;
+const _: () = assert!(HDR_ROOM >= RcQp::MAX_HEADER_LEN);
 
 thread_local! {
-    /// The packets of one batch, built by `poll_transmit` in this thread.
-    static TX_BATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// The headers of one batch, built by `poll_transmit_parts` in this thread (the
+    /// payloads stay in registered memory).
+    static TX_HDRS: std::cell::RefCell<(Vec<u8>, Vec<crate::rc::Piece>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 pub(crate) struct QpInner {
@@ -151,20 +157,21 @@ impl QpShared {
 
     fn service_tx(&self, g: &mut QpInner, now: Instant, tx: bool) -> bool {
         let mut any = false;
-        let need = g.core.max_packet_len();
         if let Some(to) = g.dest.filter(|_| tx) {
             let core = &mut g.core;
-            TX_BATCH.with_borrow_mut(|buf| {
-                if buf.len() < BATCH * need {
-                    buf.resize(BATCH * need, 0);
+            TX_HDRS.with_borrow_mut(|(buf, pieces)| {
+                if buf.len() < BATCH * HDR_ROOM {
+                    buf.resize(BATCH * HDR_ROOM, 0);
                 }
                 loop {
-                    let mut lens = [0usize; BATCH];
+                    // (header length, payload length, pieces' end) of each packet.
+                    let mut lens = [(0usize, 0usize, 0usize); BATCH];
                     let mut n = 0;
+                    pieces.clear();
                     while n < BATCH {
-                        match core.poll_transmit(now, &mut buf[n * need..(n + 1) * need]) {
-                            Some(len) => {
-                                lens[n] = len;
+                        match core.poll_transmit_parts(now, &mut buf[n * HDR_ROOM..(n + 1) * HDR_ROOM], pieces) {
+                            Some((h, p)) => {
+                                lens[n] = (h, p, pieces.len());
                                 n += 1;
                             }
                             None => break,
@@ -174,19 +181,31 @@ impl QpShared {
                         break;
                     }
                     any = true;
-                    let mut pkts: Vec<&mut [u8]> = buf
-                        .chunks_mut(need)
+                    let mut start = 0;
+                    let mut pkts: Vec<super::TxParts<'_>> = buf
+                        .chunks(HDR_ROOM)
                         .zip(&lens[..n])
-                        .map(|(c, &l)| &mut c[..l])
+                        .map(|(c, &(h, p, end))| {
+                            let t = super::TxParts {
+                                hdr: &c[..h],
+                                pieces: &pieces[start..end],
+                                payload_len: p,
+                            };
+                            start = end;
+                            t
+                        })
                         .collect();
                     if ack_goes_last(&pkts) {
                         pkts.rotate_left(1);
                     }
-                    self.dev.send_batch(to, &mut pkts);
+                    self.dev.send_parts(to, &pkts);
+                    drop(pkts);
                     if n < BATCH {
                         break;
                     }
                 }
+                // The regions' buffers are not kept alive past the batch.
+                pieces.clear();
             });
         }
         while let Some(wc) = g.core.poll_completion() {
@@ -239,11 +258,11 @@ pub fn qp_lock_waits() -> u64 {
 /// direction's PSN space, so the peer's responder and requester see the same order of
 /// their own packets (an ACK behind Read responses would arrive after the responses that
 /// acknowledge it implicitly).
-pub(crate) fn ack_goes_last(pkts: &[&mut [u8]]) -> bool {
-    let opcode = |p: &[u8]| p.first().copied().unwrap_or(0);
-    let is_response = |p: &[u8]| (0x0d..=0x12).contains(&opcode(p));
+pub(crate) fn ack_goes_last(pkts: &[super::TxParts<'_>]) -> bool {
+    let opcode = |p: &super::TxParts<'_>| p.hdr.first().copied().unwrap_or(0);
+    let is_response = |p: &super::TxParts<'_>| (0x0d..=0x12).contains(&opcode(p));
     pkts.len() >= 2
-        && opcode(pkts[0]) == crate::wire::Opcode::RC_ACKNOWLEDGE.0
+        && opcode(&pkts[0]) == crate::wire::Opcode::RC_ACKNOWLEDGE.0
         && pkts[0].len() < pkts[1].len()
         && pkts[1..].iter().all(|p| !is_response(p))
 }
@@ -285,6 +304,59 @@ impl Progress for QpShared {
     fn parked(&self) {
         self.dev.poller_parked();
     }
+
+    /// Inline CQ wait (issue 13, as iWARP's of issue 18): the waiting thread sleeps in
+    /// `poll(2)` on the device's UDP socket and receives what arrives itself, instead of
+    /// the progress thread receiving it and waking the waiter through the CQ (two thread
+    /// wake-ups per message). The progress thread stays muted meanwhile (it still runs
+    /// timers and sends what a receive deferred within 1 ms). Not on a device with a raw
+    /// socket (off loopback with `icrc_rx=auto`): packets arrive on two descriptors there.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        if self.dev.raw.is_some() {
+            return None;
+        }
+        if !matches!(
+            self.inner.lock().unwrap().core.state(),
+            QpState::Rtr | QpState::Rts | QpState::Sqd
+        ) {
+            return None;
+        }
+        self.dev.inline_waiters.fetch_add(1, Ordering::SeqCst);
+        self.dev.note_poll();
+        // A progress thread asleep with the socket in its epoll set would wake for the
+        // datagram the waiter receives: it mutes itself now instead (once per idle spell,
+        // it stays muted while waits follow each other).
+        if !self.dev.muted.load(Ordering::SeqCst) {
+            let _ = self.dev.waker.wake();
+        }
+        Some(self.dev.sock.as_raw_fd())
+    }
+
+    /// The socket polled readable: receive (replies deferred into the next post, as a
+    /// busy poller's) and deliver.
+    fn wait_ready(&self) -> bool {
+        INLINE_WAKEUPS.fetch_add(1, Ordering::Relaxed);
+        self.progress();
+        true
+    }
+
+    /// The inline waiter left: the progress thread takes the socket back once no thread
+    /// has waited or polled for `BUSY_POLL_RECENT` (500 µs).
+    fn wait_done(&self) {
+        self.dev.note_poll();
+        self.dev.inline_waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Times an inline CQ waiter woke on a RoCEv2 device's socket and received.
+static INLINE_WAKEUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times an application thread asleep in a CQ wait was woken by a RoCEv2
+/// device's socket and received what came itself (the inline wait), in this process: a
+/// diagnostic for tests that count wake-ups per message.
+pub fn inline_wakeups() -> u64 {
+    INLINE_WAKEUPS.load(Ordering::Relaxed)
 }
 
 impl QpOps for RoceQp {

@@ -255,6 +255,7 @@ pub(crate) fn rocev2_ipv4_filter_not_lo(addr: std::net::Ipv4Addr, port: u16) -> 
 
 /// One datagram of a [`sendmmsg_gso`] batch: packets `first..first + count` of the batch,
 /// sent as one GSO train of `seg`-octet segments (the last may be shorter) when `count > 1`.
+/// For [`sendmmsg_iov`], `first`/`count` are iovecs and `seg` 0 means no train.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TxMsg {
     pub first: usize,
@@ -273,13 +274,79 @@ pub(crate) fn sendmmsg_gso(
     msgs: &[TxMsg],
     ip: Option<IpFields>,
 ) -> io::Result<usize> {
-    let mut iov: Vec<libc::iovec> = pkts
+    let mut iov = TxIov::default();
+    for p in pkts {
+        iov.push(p);
+    }
+    // One iovec per packet; a single packet takes no UDP_SEGMENT.
+    let msgs: Vec<TxMsg> = msgs
         .iter()
-        .map(|p| libc::iovec {
-            iov_base: p.as_ptr().cast_mut().cast(),
-            iov_len: p.len(),
+        .map(|m| TxMsg {
+            seg: if m.count > 1 { m.seg } else { 0 },
+            ..*m
         })
         .collect();
+    sendmmsg_iov(fd, to, &mut iov, &msgs, ip)
+}
+
+/// The iovecs of a `sendmmsg` whose payload octets stay where they are: packet headers
+/// and trailers in the engine's buffers, payloads in registered memory (Send from the
+/// MR, issue 13). The lifetime ties every iovec to what it points into, which the
+/// borrow keeps alive until the call is made; the kernel copies from them during the
+/// call (no `MSG_ZEROCOPY`), so nothing is read after it returns.
+#[derive(Default)]
+pub(crate) struct TxIov<'a> {
+    iov: Vec<libc::iovec>,
+    _borrow: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl<'a> TxIov<'a> {
+    /// Appends an iovec over `b`.
+    pub(crate) fn push(&mut self, b: &'a [u8]) {
+        if !b.is_empty() {
+            self.iov.push(libc::iovec {
+                iov_base: b.as_ptr().cast_mut().cast(),
+                iov_len: b.len(),
+            });
+        }
+    }
+
+    /// Appends an iovec over `len` octets at `off` of a memory region's buffer, checked
+    /// against it. No Rust reference to the region is formed (verbs::buffer's rule: the
+    /// region is shared with "the NIC"); the kernel reads it in the call.
+    pub(crate) fn push_region(
+        &mut self,
+        buf: &'a verbs::buffer::Buffer,
+        off: usize,
+        len: usize,
+    ) -> Result<(), verbs::buffer::OutOfBounds> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (p, n) = buf.raw_range(off, len)?;
+        self.iov.push(libc::iovec {
+            iov_base: p.cast(),
+            iov_len: n,
+        });
+        Ok(())
+    }
+
+    /// Iovecs so far (the next one's index).
+    pub(crate) fn len(&self) -> usize {
+        self.iov.len()
+    }
+}
+
+/// [`sendmmsg_gso`] over prepared iovecs: each [`TxMsg`] names `count` iovecs from
+/// `first` (not packets: a packet may be several iovecs) and its GSO segment size.
+pub(crate) fn sendmmsg_iov(
+    fd: BorrowedFd<'_>,
+    to: &socket2::SockAddr,
+    txiov: &mut TxIov<'_>,
+    msgs: &[TxMsg],
+    ip: Option<IpFields>,
+) -> io::Result<usize> {
+    let iov = &mut txiov.iov;
     // Control messages per datagram: UDP_SEGMENT (u16) for a train, IP_TTL and IP_TOS (ints)
     // for an address handle's fields; each takes CMSG_SPACE(4) = 16 octets or less.
     const WORDS: usize = 8;
@@ -299,12 +366,12 @@ pub(crate) fn sendmmsg_gso(
     // SAFETY: an all-zero mmsghdr is a valid value of that plain C struct.
     let mut hdrs: Vec<libc::mmsghdr> = (0..msgs.len()).map(|_| unsafe { std::mem::zeroed() }).collect();
     for (i, (h, m)) in hdrs.iter_mut().zip(msgs).enumerate() {
-        assert!(m.count >= 1 && m.first + m.count <= pkts.len());
+        assert!(m.count >= 1 && m.first + m.count <= iov.len());
         h.msg_hdr.msg_name = to.as_ptr().cast_mut().cast();
         h.msg_hdr.msg_namelen = to.len();
         h.msg_hdr.msg_iov = iov[m.first..].as_mut_ptr();
         h.msg_hdr.msg_iovlen = m.count;
-        if m.count == 1 && items.is_empty() {
+        if m.seg == 0 && items.is_empty() {
             continue;
         }
         let c = &mut ctrl[i * WORDS..(i + 1) * WORDS];
@@ -316,7 +383,7 @@ pub(crate) fn sendmmsg_gso(
         unsafe {
             let mut cm = libc::CMSG_FIRSTHDR(&h.msg_hdr);
             let mut len = 0usize;
-            if m.count > 1 {
+            if m.seg != 0 {
                 (*cm).cmsg_level = libc::SOL_UDP;
                 (*cm).cmsg_type = UDP_SEGMENT;
                 (*cm).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<u16>() as libc::c_uint) as usize;
@@ -339,9 +406,10 @@ pub(crate) fn sendmmsg_gso(
     let mut sent = 0;
     while sent < hdrs.len() {
         let rest = &mut hdrs[sent..];
-        // SAFETY: every header points at `to`, at iovecs of `iov` (into packets of `pkts`)
-        // and at its control block in `ctrl`, all alive for the call; the kernel reads them
-        // and writes `msg_len` into the headers, which we own mutably.
+        // SAFETY: every header points at `to`, at iovecs of `iov` (into buffers the
+        // `TxIov`'s lifetime keeps borrowed, checked when pushed) and at its control block
+        // in `ctrl`, all alive for the call; the kernel reads them and writes `msg_len`
+        // into the headers, which we own mutably.
         let r = unsafe { libc::sendmmsg(fd.as_raw_fd(), rest.as_mut_ptr(), rest.len() as libc::c_uint, 0) };
         if r < 0 {
             let e = io::Error::last_os_error();

@@ -196,6 +196,9 @@ impl RcQp {
             u64::from(off),
             pkt.payload,
         );
+        if r.is_ok() {
+            self.stats.rx_payload_copied += pkt.payload.len() as u64;
+        }
         if let Err(e) = r {
             self.fail_at(
                 i,

@@ -199,6 +199,16 @@ pub struct RcStats {
     pub out_of_sequence_dropped: u64,
     /// Packets for another QP or P_Key, or not RC, dropped.
     pub misdirected_dropped: u64,
+    /// Payload octets of sent packets (Send, Write, Read response) copied by the core into a
+    /// packet buffer ([`RcQp::poll_transmit`]); the engine sends them from the registered
+    /// memory instead ([`RcQp::poll_transmit_parts`]) and this stays 0 there.
+    pub tx_payload_copied: u64,
+    /// Payload octets of sent packets handed out by reference to the memory they are in
+    /// ([`RcQp::poll_transmit_parts`]: the kernel copies them, once).
+    pub tx_payload_by_ref: u64,
+    /// Payload octets of received packets copied into memory (a receive's SGEs, a Write's
+    /// target, a Read's sink): one copy each, from the datagram buffer.
+    pub rx_payload_copied: u64,
 }
 
 impl RcStats {
@@ -217,10 +227,14 @@ impl RcStats {
         self.duplicate_requests += o.duplicate_requests;
         self.out_of_sequence_dropped += o.out_of_sequence_dropped;
         self.misdirected_dropped += o.misdirected_dropped;
+        self.tx_payload_copied += o.tx_payload_copied;
+        self.tx_payload_by_ref += o.tx_payload_by_ref;
+        self.rx_payload_copied += o.rx_payload_copied;
     }
 }
 
-/// Local memory resolved at post time (or owned inline data).
+/// Local memory resolved at post time (or inline data, in a buffer of its own): a range
+/// of a registered region's buffer, which the `Arc` keeps alive.
 #[derive(Clone)]
 pub(crate) struct Piece {
     pub buf: Arc<Buffer>,
@@ -228,34 +242,59 @@ pub(crate) struct Piece {
     pub len: usize,
 }
 
+/// Where a send WQE's payload is: its gather list resolved at post time (inline data is
+/// one piece of a buffer of its own).
 #[derive(Clone)]
 pub(crate) enum Source {
-    Owned(Vec<u8>),
     Pieces(Vec<Piece>),
 }
 
 impl Source {
+    /// No payload.
+    pub(crate) fn empty() -> Source {
+        Source::Pieces(Vec::new())
+    }
+
+    /// Inline data, owned.
+    pub(crate) fn owned(v: Vec<u8>) -> Source {
+        let len = v.len();
+        Source::Pieces(vec![Piece {
+            buf: Arc::new(Buffer::from_vec(v)),
+            off: 0,
+            len,
+        }])
+    }
+
     /// Copies `out.len()` octets from message offset `at`.
-    pub(crate) fn copy_out(&self, mut at: usize, out: &mut [u8]) {
-        match self {
-            Source::Owned(v) => out.copy_from_slice(&v[at..at + out.len()]),
-            Source::Pieces(ps) => {
-                let mut done = 0;
-                for p in ps {
-                    if done == out.len() {
-                        break;
-                    }
-                    if at >= p.len {
-                        at -= p.len;
-                        continue;
-                    }
-                    let n = (p.len - at).min(out.len() - done);
-                    // In bounds: each piece was checked against its region at post time.
-                    let _ = p.buf.read(p.off + at, &mut out[done..done + n]);
-                    done += n;
-                    at = 0;
-                }
+    pub(crate) fn copy_out(&self, at: usize, out: &mut [u8]) {
+        let mut done = 0;
+        self.each_piece(at, out.len(), |p| {
+            // In bounds: each piece was checked against its region at post time.
+            let _ = p.buf.read(p.off, &mut out[done..done + p.len]);
+            done += p.len;
+        });
+    }
+
+    /// The pieces of the `n` octets at message offset `at`, in order.
+    pub(crate) fn each_piece(&self, mut at: usize, n: usize, mut f: impl FnMut(Piece)) {
+        let Source::Pieces(ps) = self;
+        let mut left = n;
+        for p in ps {
+            if left == 0 {
+                break;
             }
+            if at >= p.len {
+                at -= p.len;
+                continue;
+            }
+            let k = (p.len - at).min(left);
+            f(Piece {
+                buf: p.buf.clone(),
+                off: p.off + at,
+                len: k,
+            });
+            left -= k;
+            at = 0;
         }
     }
 }
@@ -314,8 +353,6 @@ pub struct RcQp {
     pub(crate) resp: responder::Responder,
     pub(crate) completions: VecDeque<WorkCompletion>,
     pub(crate) stats: RcStats,
-    /// Scratch for payload octets of the packet being built.
-    pub(crate) scratch: Vec<u8>,
     /// The move to SQD asked for `IBV_EVENT_SQ_DRAINED` and it has not been reported yet.
     pub(crate) sqd_notify: bool,
 }
@@ -332,7 +369,6 @@ impl RcQp {
             state: QpState::Reset,
             completions: VecDeque::new(),
             stats: RcStats::default(),
-            scratch: Vec::new(),
             sqd_notify: false,
         }
     }
@@ -517,15 +553,55 @@ impl RcQp {
     /// ([`crate::wire::icrc::seal`]). Responses (ACK, NAK, Read responses, ATOMIC ACK) go
     /// before new requests.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
-        if buf.len() < self.max_packet_len() || matches!(self.state, QpState::Reset | QpState::Init) {
+        if buf.len() < self.max_packet_len() {
             return None;
         }
-        if let Some(n) = self.next_response(buf) {
-            self.stats.packets_sent += 1;
-            return Some(n);
+        let mut pieces = Vec::new();
+        let (hdr, payload) = self.poll_transmit_parts(now, buf, &mut pieces)?;
+        let mut at = hdr;
+        for p in &pieces {
+            // In bounds: checked when the WR was posted or the Read arrived.
+            let _ = p.buf.read(p.off, &mut buf[at..at + p.len]);
+            at += p.len;
         }
-        self.next_request(now, buf)
+        self.stats.tx_payload_copied += payload as u64;
+        self.stats.tx_payload_by_ref -= payload as u64;
+        let pad = usize::from(crate::wire::segment::pad_count(payload));
+        buf[at..at + pad + crate::wire::ICRC_LEN].fill(0);
+        Some(at + pad + crate::wire::ICRC_LEN)
     }
+
+    /// [`RcQp::poll_transmit`] without copying the payload: the packet's headers go into
+    /// `hdr` (at least [`RcQp::MAX_HEADER_LEN`] octets) and the pieces of memory its payload
+    /// is in are appended to `pieces`, in order. Returns (header length, payload length);
+    /// the packet on the wire is the headers, the payload, `pad_count(payload)` zero octets
+    /// and the ICRC. A retransmission reads the memory again (as rxe does): the application
+    /// must leave a posted buffer alone until its completion.
+    pub(crate) fn poll_transmit_parts(
+        &mut self,
+        now: Instant,
+        hdr: &mut [u8],
+        pieces: &mut Vec<Piece>,
+    ) -> Option<(usize, usize)> {
+        if hdr.len() < Self::MAX_HEADER_LEN || matches!(self.state, QpState::Reset | QpState::Init) {
+            return None;
+        }
+        let r = match self.next_response(hdr, pieces) {
+            Some(r) => {
+                self.stats.packets_sent += 1;
+                Some(r)
+            }
+            None => self.next_request(now, hdr, pieces),
+        };
+        if let Some((_, payload)) = r {
+            self.stats.tx_payload_by_ref += payload as u64;
+        }
+        r
+    }
+
+    /// The longest header [`RcQp::poll_transmit_parts`] writes: BTH, AtomicETH (28), or
+    /// RETH (16) and ImmDt, or AETH and AtomicAckETH.
+    pub const MAX_HEADER_LEN: usize = 12 + 28 + 4;
 
     /// Move to ERR from outside (`ibv_modify_qp(ERR)`, a CM disconnect): flushes.
     pub fn set_error(&mut self) {

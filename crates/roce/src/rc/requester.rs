@@ -256,7 +256,7 @@ impl RcQp {
             signaled,
             solicited: wr.flags.contains(SendFlags::SOLICITED),
             fence: wr.flags.contains(SendFlags::FENCE),
-            src: Source::Owned(Vec::new()),
+            src: Source::empty(),
             sink: Vec::new(),
             len: 0,
             first: Psn::new(0),
@@ -312,7 +312,7 @@ impl RcQp {
                     Ok(s) => s.copy_out(0, &mut v),
                     Err(e) => status = status.or(Some(e)),
                 }
-                w.src = Source::Owned(v);
+                w.src = Source::owned(v);
             }
             _ => match self.gather(&wr.sg_list) {
                 Ok(s) => w.src = s,
@@ -437,7 +437,12 @@ impl RcQp {
     ///
     /// In SQD only the WQEs already started go on (their remaining packets and
     /// retransmissions); the next unstarted one waits for RTS (IBA vol. 1 §10.3, SQ drain).
-    pub(crate) fn next_request(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+    pub(crate) fn next_request(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        pieces: &mut Vec<super::Piece>,
+    ) -> Option<(usize, usize)> {
         if !matches!(self.state, QpState::Rts | QpState::Sqd) || self.req.rnr_until.is_some() {
             return None;
         }
@@ -494,7 +499,7 @@ impl RcQp {
                 return None;
             }
             let retransmit = psn.is_before(self.req.sent_max);
-            let len = self.emit_request(i, buf)?;
+            let len = self.emit_request(i, buf, pieces)?;
             if retransmit {
                 self.stats.retransmitted_packets += 1;
             }
@@ -508,8 +513,9 @@ impl RcQp {
         }
     }
 
-    /// Emits the packet at the cursor and moves the cursor on.
-    fn emit_request(&mut self, i: usize, buf: &mut [u8]) -> Option<usize> {
+    /// Emits the headers of the packet at the cursor into `buf`, appends the pieces of its
+    /// payload to `pieces` and moves the cursor on. Returns (header length, payload length).
+    fn emit_request(&mut self, i: usize, buf: &mut [u8], pieces: &mut Vec<super::Piece>) -> Option<(usize, usize)> {
         let mtu = self.attr.path_mtu.bytes();
         let dest = self.attr.dest_qpn;
         let p_key = self.cfg.p_key;
@@ -519,8 +525,7 @@ impl RcQp {
         let mut bth = Bth::new(Opcode::RC_SEND_ONLY, dest, psn);
         bth.p_key = p_key;
         let mut ext = ExtHeaders::default();
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
+        let mut payload = (0, 0);
         let next_pkt;
         let mut ends = true;
         match w.kind {
@@ -562,8 +567,7 @@ impl RcQp {
                         dma_len: w.len,
                     });
                 }
-                scratch.resize(n as usize, 0);
-                w.src.copy_out(off as usize, &mut scratch);
+                payload = (off as usize, n as usize);
                 next_pkt = k + 1;
             }
             WqeKind::Read { va, rkey } => {
@@ -608,9 +612,12 @@ impl RcQp {
             bth.ack_req = true;
             self.req.since_ack_req = 0;
         }
-        let r = Packet::new(bth, ext, &scratch).ok().and_then(|p| p.emit(buf).ok());
-        self.scratch = scratch;
+        let r = Packet::new(bth, ext, &[])
+            .ok()
+            .and_then(|p| p.emit_header(buf, payload.1).ok())
+            .map(|h| (h, payload.1));
         if r.is_some() {
+            self.req.sq[i].src.each_piece(payload.0, payload.1, |p| pieces.push(p));
             self.req.cur_pkt = next_pkt;
             let hw = psn.add(next_pkt - k);
             if hw.is_after(self.req.sent_max) {

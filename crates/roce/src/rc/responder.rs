@@ -231,6 +231,9 @@ impl RcQp {
                 };
                 let r = scatter(&self.cfg.mem, pd, qpn, &cur.sges, cur.off, pkt.payload);
                 cur.off += pkt.payload.len() as u64;
+                if r.is_ok() {
+                    self.stats.rx_payload_copied += pkt.payload.len() as u64;
+                }
                 if let Err(e) = r {
                     let cur = self.resp.cur_recv.take().expect("present");
                     let (status, code) = match e {
@@ -302,6 +305,7 @@ impl RcQp {
                 if w.buf.write(at, pkt.payload).is_err() {
                     return Err(Refuse::Nak(NakCode::RemoteAccessError));
                 }
+                self.stats.rx_payload_copied += pkt.payload.len() as u64;
                 w.remaining -= n;
                 if info.position.ends() {
                     let total = w.total;
@@ -483,14 +487,15 @@ impl RcQp {
     }
 
     /// The next response packet, if any.
-    pub(crate) fn next_response(&mut self, buf: &mut [u8]) -> Option<usize> {
+    /// Emits its headers into `buf` and appends the pieces of its payload (a Read
+    /// response's) to `pieces`. Returns (header length, payload length).
+    pub(crate) fn next_response(&mut self, buf: &mut [u8], pieces: &mut Vec<super::Piece>) -> Option<(usize, usize)> {
         let dest = self.attr.dest_qpn;
         let p_key = self.cfg.p_key;
         let mtu = self.attr.path_mtu.bytes();
         let credits = self.resp.credits();
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
         let out = self.resp.out.front_mut()?;
+        let mut payload = None;
         let mut ext = ExtHeaders::default();
         let (opcode, psn, done) = match out {
             RespOut::Ack { psn, syndrome, msn } => {
@@ -524,9 +529,12 @@ impl RcQp {
                 }
                 let off = k * mtu;
                 let n = (j.len - off.min(j.len)).min(mtu) as usize;
-                scratch.resize(n, 0);
                 // In bounds: checked by MemTable::check when the Read arrived.
-                let _ = j.buf.read(j.off + off as usize, &mut scratch);
+                payload = Some(super::Piece {
+                    buf: j.buf.clone(),
+                    off: j.off + off as usize,
+                    len: n,
+                });
                 j.next += 1;
                 (
                     Opcode::rc_segment(MessageKind::RdmaReadResponse, position),
@@ -540,8 +548,14 @@ impl RcQp {
         }
         let mut bth = Bth::new(opcode, dest, psn);
         bth.p_key = p_key;
-        let r = Packet::new(bth, ext, &scratch).ok().and_then(|p| p.emit(buf).ok());
-        self.scratch = scratch;
+        let n = payload.as_ref().map_or(0, |p| p.len);
+        let r = Packet::new(bth, ext, &[])
+            .ok()
+            .and_then(|p| p.emit_header(buf, n).ok())
+            .map(|h| (h, n));
+        if r.is_some() {
+            pieces.extend(payload.filter(|p| p.len > 0));
+        }
         r
     }
 }

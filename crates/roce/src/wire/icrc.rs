@@ -71,6 +71,68 @@ pub enum IcrcError {
 /// content is ignored) sent in these IP and UDP headers, as the `u32` that is stored
 /// little-endian.
 pub fn compute(ip_header: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<u32, IcrcError> {
+    if packet.len() < Bth::LEN + ICRC_LEN {
+        return Err(IcrcError::TooShort { len: packet.len() });
+    }
+    let mut buf = [0u8; SMALL];
+    let n = masked_prefix(ip_header, udp_header, &packet[..Bth::LEN], &mut buf)?;
+    let rest = &packet[Bth::LEN..packet.len() - ICRC_LEN];
+    if n + rest.len() <= SMALL {
+        buf[n..n + rest.len()].copy_from_slice(rest);
+        return Ok(crc_fast::checksum(CrcAlgorithm::Crc32IsoHdlc, &buf[..n + rest.len()]) as u32);
+    }
+    let mut d = Digest::new(CrcAlgorithm::Crc32IsoHdlc);
+    d.update(&buf[..n]);
+    d.update(rest);
+    Ok(d.finalize() as u32)
+}
+
+/// [`compute`] of a packet given in parts, as the engine sends it from registered memory:
+/// `headers` (BTH first), then `payload_len` octets that `payload` hands over in order (it
+/// calls its argument once per chunk), then `pad` zero octets (the ICRC follows).
+pub fn compute_parts(
+    ip_header: &[u8],
+    udp_header: &[u8],
+    headers: &[u8],
+    payload_len: usize,
+    payload: impl FnOnce(&mut dyn FnMut(&[u8])),
+    pad: usize,
+) -> Result<u32, IcrcError> {
+    if headers.len() < Bth::LEN {
+        return Err(IcrcError::TooShort {
+            len: headers.len() + payload_len + pad + ICRC_LEN,
+        });
+    }
+    let mut buf = [0u8; SMALL];
+    let mut n = masked_prefix(ip_header, udp_header, &headers[..Bth::LEN], &mut buf)?;
+    let rest = &headers[Bth::LEN..];
+    if n + rest.len() + payload_len + pad <= SMALL {
+        // One call from a stack copy (see `compute`).
+        buf[n..n + rest.len()].copy_from_slice(rest);
+        n += rest.len();
+        let mut at = n;
+        payload(&mut |c: &[u8]| {
+            let k = c.len().min(SMALL - at);
+            buf[at..at + k].copy_from_slice(&c[..k]);
+            at += k;
+        });
+        debug_assert_eq!(at, n + payload_len);
+        let end = n + payload_len + pad;
+        buf[n + payload_len..end].fill(0);
+        return Ok(crc_fast::checksum(CrcAlgorithm::Crc32IsoHdlc, &buf[..end]) as u32);
+    }
+    let mut d = Digest::new(CrcAlgorithm::Crc32IsoHdlc);
+    d.update(&buf[..n]);
+    d.update(rest);
+    payload(&mut |c: &[u8]| d.update(c));
+    d.update(&[0u8; 3][..pad.min(3)]);
+    Ok(d.finalize() as u32)
+}
+
+/// The masked IP and UDP headers and BTH the ICRC starts with (eight 0xff octets for the
+/// LRH of IB, then the headers with their variant fields set to 1s) into `buf`; returns
+/// their length.
+fn masked_prefix(ip_header: &[u8], udp_header: &[u8], bth: &[u8], buf: &mut [u8; SMALL]) -> Result<usize, IcrcError> {
     let mut ip = [0u8; IPV6_LEN];
     let version = ip_header.first().map_or(0, |v| v >> 4);
     let ip = match (version, ip_header.len()) {
@@ -103,13 +165,9 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<u32
     let udp: [u8; UDP_LEN] = udp_header
         .try_into()
         .map_err(|_| IcrcError::UdpHeader { len: udp_header.len() })?;
-    if packet.len() < Bth::LEN + ICRC_LEN {
-        return Err(IcrcError::TooShort { len: packet.len() });
-    }
     // The masked octets in one buffer and, for a small packet, the rest after them: crc_fast
     // costs about 150 instructions per call before the first octet, so five `update`s of a
     // 64-octet UD Send spent more than the CRC itself (callgrind, issue 14's UD benchmark).
-    let mut buf = [0u8; SMALL];
     buf[..8].fill(0xff);
     let mut n = 8;
     buf[n..n + ip.len()].copy_from_slice(ip);
@@ -117,18 +175,10 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<u32
     buf[n..n + UDP_LEN].copy_from_slice(&udp);
     buf[n + 6..n + 8].fill(0xff); // UDP checksum
     n += UDP_LEN;
-    buf[n..n + Bth::LEN].copy_from_slice(&packet[..Bth::LEN]);
+    buf[n..n + Bth::LEN].copy_from_slice(bth);
     buf[n + 4] = 0xff; // FECN, BECN, Resv6a
     n += Bth::LEN;
-    let rest = &packet[Bth::LEN..packet.len() - ICRC_LEN];
-    if n + rest.len() <= SMALL {
-        buf[n..n + rest.len()].copy_from_slice(rest);
-        return Ok(crc_fast::checksum(CrcAlgorithm::Crc32IsoHdlc, &buf[..n + rest.len()]) as u32);
-    }
-    let mut d = Digest::new(CrcAlgorithm::Crc32IsoHdlc);
-    d.update(&buf[..n]);
-    d.update(rest);
-    Ok(d.finalize() as u32)
+    Ok(n)
 }
 
 /// Packets whose covered octets fit this are CRCed in one call from a stack copy.
@@ -320,6 +370,38 @@ mod tests {
             let mut bad = pkt.clone();
             bad[len / 2] ^= 0x10;
             assert!(verify_any_ipv4_id(&unknown, &udp, &bad).is_err(), "len {len}");
+        }
+    }
+
+    /// C3 ICRC: a packet given in parts (headers, payload in chunks, pad), as the engine
+    /// sends it from registered memory, has the ICRC of the same packet laid out in one
+    /// buffer, on both sides of the one-call boundary, for every pad count.
+    #[test]
+    fn parts_give_the_crc_of_the_whole_packet() {
+        for (hdr, payload) in [
+            (12usize, 0usize),
+            (12, 8),
+            (28, 1),
+            (28, 2),
+            (16, 3),
+            (12, 440),
+            (12, 470),
+            (28, 4096),
+            (44, 4093),
+        ] {
+            let pad = usize::from(super::super::segment::pad_count(payload));
+            let len = hdr + payload + pad + ICRC_LEN;
+            let mut pkt: Vec<u8> = (0..len).map(|i| (i * 13 + 5) as u8).collect();
+            pkt[hdr + payload..hdr + payload + pad].fill(0);
+            let udp = udp_header(0xc001, 4791, len);
+            let ip = ipv4_header([127, 0, 0, 1], [127, 0, 0, 2], 3, len);
+            let whole = compute(&ip, &udp, &pkt).unwrap();
+            for chunk in [1usize, 7, 64, 4096] {
+                let body = &pkt[hdr..hdr + payload];
+                let parts =
+                    compute_parts(&ip, &udp, &pkt[..hdr], payload, |f| body.chunks(chunk).for_each(f), pad).unwrap();
+                assert_eq!(parts, whole, "headers {hdr}, payload {payload}, chunks of {chunk}");
+            }
         }
     }
 

@@ -277,10 +277,33 @@ impl<'a> Packet<'a> {
     /// the payload needs it (so a parsed packet re-emits to the same octets; pad octets and
     /// reserved CNP octets are written as 0), the ICRC field as [`Packet::icrc`].
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize, EmitError> {
-        let info = self.check()?;
         let total = self.buffer_len();
         need(buf.len(), total)?;
         let pad = pad_count(self.payload.len());
+        let mut at = self.emit_header(buf, self.payload.len())?;
+        buf[at..at + self.payload.len()].copy_from_slice(self.payload);
+        at += self.payload.len();
+        buf[at..at + usize::from(pad)].fill(0);
+        at += usize::from(pad);
+        buf[at..at + ICRC_LEN].copy_from_slice(&self.icrc.to_le_bytes());
+        Ok(at + ICRC_LEN)
+    }
+
+    /// Writes only the headers (BTH through the last extension header) of a packet whose
+    /// payload of `payload_len` octets goes elsewhere (the engine sends it from the
+    /// registered memory, an iovec of its own); the BTH pad count is that payload's. The
+    /// packet's own [`Packet::payload`] must be empty or `payload_len` long. Returns the
+    /// header length ([`OpInfo::header_len`]).
+    pub fn emit_header(&self, buf: &mut [u8], payload_len: usize) -> Result<usize, EmitError> {
+        let info = self.check()?;
+        if !info.payload && payload_len != 0 {
+            return Err(EmitError::UnexpectedPayload {
+                opcode: self.bth.opcode,
+                len: payload_len,
+            });
+        }
+        need(buf.len(), info.header_len())?;
+        let pad = pad_count(payload_len);
         let bth = Bth {
             pad_count: pad,
             ..self.bth
@@ -313,12 +336,7 @@ impl<'a> Packet<'a> {
             at += CNP_RESERVED_LEN;
         }
         debug_assert_eq!(at, info.header_len());
-        buf[at..at + self.payload.len()].copy_from_slice(self.payload);
-        at += self.payload.len();
-        buf[at..at + usize::from(pad)].fill(0);
-        at += usize::from(pad);
-        buf[at..at + ICRC_LEN].copy_from_slice(&self.icrc.to_le_bytes());
-        Ok(at + ICRC_LEN)
+        Ok(at)
     }
 }
 
