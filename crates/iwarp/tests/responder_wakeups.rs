@@ -11,7 +11,7 @@
 //! `iwarp::engine::responder_wakeups()` counts progress-thread turns that began
 //! with a wait (a poll with a timeout) and answered a request. The test sets
 //! the window far longer than any gap a loaded machine puts between two Reads
-//! (500 ms), so only the choice "wait or stay awake" decides the count; the
+//! (100 ms), so only the choice "wait or stay awake" decides the count; the
 //! control with the window at zero shows the counter sees every Read. Its own
 //! test binary (the counter is process-wide), tests serialised.
 
@@ -24,7 +24,7 @@ use pair::{T, pair_with};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-const READS: u64 = 300;
+const READS: u64 = 200;
 
 /// `READS` 8-octet Reads in a loop, the requester busy-polling its CQ, the
 /// responder's CQ never polled. Returns the responder's wake-ups.
@@ -70,7 +70,7 @@ fn read_loop(spin: Duration) -> u64 {
 #[test]
 fn a_passive_read_responder_stays_awake_between_reads_rdmap_rd_01() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let w = read_loop(Duration::from_millis(500));
+    let w = read_loop(Duration::from_millis(100));
     assert!(
         w <= READS / 10,
         "{w} wake-ups of the responder for {READS} Reads (bound {})",
