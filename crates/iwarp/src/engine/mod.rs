@@ -23,7 +23,12 @@
 //!   handed it back by a timer when the waiter has gone (issue 18);
 //! * the device's progress thread (`driver.rs`), which sleeps in `epoll_wait` on
 //!   every socket and wakes only when one becomes readable or writable. An idle
-//!   device therefore uses no CPU, and hundreds of QPs share one thread.
+//!   device therefore uses no CPU, and hundreds of QPs share one thread. It is
+//!   also the passive side of RDMA Reads and Atomics (nobody polls that CQ):
+//!   after it answered a request it stays awake for
+//!   [`IwarpConfig::responder_spin`] (polling `epoll_wait` without a timeout,
+//!   yielding its core in between), so a requester's next Read finds it
+//!   running rather than paying a wake-up of an idle vCPU (issue 18).
 //!
 //! Contention is settled with try-locks that never lose a wake-up
 //! (`driver::Poke`).
