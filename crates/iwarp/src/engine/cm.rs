@@ -62,7 +62,7 @@ pub struct IwarpProvider {
 impl IwarpProvider {
     /// A provider with `cfg`, and its progress thread (the device's epoll loop).
     pub fn new(cfg: IwarpConfig) -> std::io::Result<Self> {
-        let driver = Driver::start(&cfg.name)?;
+        let driver = Driver::start(&cfg.name, cfg.responder_spin)?;
         Ok(IwarpProvider {
             cfg,
             driver,

@@ -22,8 +22,11 @@ pub(crate) trait Pollable: Send + Sync {
     /// The socket may be readable and/or writable: make non-blocking progress.
     /// `closed`: the peer closed its side or the socket has an error, so a
     /// short read no longer means nothing more is to be read (the end of
-    /// stream must still be read, and raises no further edge).
-    fn on_event(&self, readable: bool, writable: bool, closed: bool);
+    /// stream must still be read, and raises no further edge). Returns
+    /// whether a peer's request (RDMA Read, Atomic) was answered since the
+    /// last call: the thread then stays awake for the next one
+    /// ([`IwarpConfig::responder_spin`](super::IwarpConfig::responder_spin)).
+    fn on_event(&self, readable: bool, writable: bool, closed: bool) -> bool;
     /// Called on muted connections every [`UNMUTE_CHECK`] while one of them
     /// is busy-polled, and when the unmute timer ([`Driver::arm_unmute_timer`])
     /// fires: whether the connection is still muted and why.
@@ -52,6 +55,21 @@ pub(crate) const UNMUTE_CHECK: Duration = Duration::from_micros(100);
 /// thread within this.
 pub(crate) const UNMUTE_TIMER: Duration = Duration::from_millis(2);
 
+/// Progress-thread turns that began with a sleep in `epoll_wait` and answered a
+/// peer's request (see [`responder_wakeups`]).
+static RESPONDER_WAKEUPS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times a progress thread of this process was woken from a sleep in
+/// `epoll_wait` (a wait with a timeout, not a poll while it stays awake) and
+/// answered a peer's RDMA Read or Atomic request in that turn: the passive
+/// side's wake-ups per Read, a diagnostic for tests that count them (issue 18).
+/// A turn whose wait returned at once because the event was already there
+/// counts too: what is counted is the code path (wait, or stay awake), not
+/// whether the kernel had to wake the thread.
+pub fn responder_wakeups() -> u64 {
+    RESPONDER_WAKEUPS.load(Ordering::Relaxed)
+}
+
 /// Times the unmute timer was set, in this process (see [`unmute_timer_sets`]).
 static TIMER_SETS: AtomicU64 = AtomicU64::new(0);
 
@@ -79,11 +97,13 @@ pub(crate) struct Driver {
     epoch: std::time::Instant,
     next: AtomicUsize,
     stop: AtomicBool,
+    /// See [`IwarpConfig::responder_spin`](super::IwarpConfig::responder_spin).
+    responder_spin: Duration,
 }
 
 impl Driver {
     /// Starts the progress thread of a device.
-    pub(crate) fn start(name: &str) -> std::io::Result<Arc<Driver>> {
+    pub(crate) fn start(name: &str, responder_spin: Duration) -> std::io::Result<Arc<Driver>> {
         let poll = Poll::new()?;
         let registry = poll.registry().try_clone()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
@@ -100,6 +120,7 @@ impl Driver {
             epoch: std::time::Instant::now(),
             next: AtomicUsize::new(1),
             stop: AtomicBool::new(false),
+            responder_spin,
         });
         let weak = Arc::downgrade(&d);
         std::thread::Builder::new()
@@ -190,12 +211,20 @@ impl Drop for Driver {
 
 fn run(mut poll: Poll, driver: Weak<Driver>) {
     let mut events = Events::with_capacity(256);
+    // Until when the thread stays awake (polls with a zero timeout) after it answered a
+    // peer's request: the next Read of a requester in a loop finds it running.
+    let mut awake_until: Option<std::time::Instant> = None;
     loop {
         let timeout = match driver.upgrade() {
+            None => return,
+            Some(_) if awake_until.is_some_and(|t| std::time::Instant::now() < t) => Duration::ZERO,
             Some(d) if d.muted.lock().unwrap().iter().any(|t| t.1) => UNMUTE_CHECK,
             Some(_) => Duration::from_secs(1),
-            None => return,
         };
+        let slept = !timeout.is_zero();
+        if slept {
+            awake_until = None;
+        }
         if let Err(e) = poll.poll(&mut events, Some(timeout)) {
             if e.kind() == std::io::ErrorKind::Interrupted {
                 continue;
@@ -207,6 +236,15 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
         if d.stop.load(Ordering::Acquire) {
             return;
         }
+        if !slept && events.is_empty() {
+            // Staying awake and nothing came: the muted connections are checked when
+            // the thread next waits (at most `responder_spin` later). The thread gives
+            // its core to any other runnable thread meanwhile (on 2 vCPUs that may be
+            // the requester itself): it stays awake, not in the way.
+            std::thread::yield_now();
+            continue;
+        }
+        let mut answered = false;
         for ev in events.iter() {
             if ev.token() == WAKER {
                 continue;
@@ -219,7 +257,15 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
             if let Some(c) = conn {
                 let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
                 let writable = ev.is_writable() || ev.is_write_closed() || ev.is_error();
-                c.on_event(readable, writable, ev.is_read_closed() || ev.is_error());
+                answered |= c.on_event(readable, writable, ev.is_read_closed() || ev.is_error());
+            }
+        }
+        if answered {
+            if slept {
+                RESPONDER_WAKEUPS.fetch_add(1, Ordering::Relaxed);
+            }
+            if !d.responder_spin.is_zero() {
+                awake_until = Some(std::time::Instant::now() + d.responder_spin);
             }
         }
         let muted: Vec<usize> = d.muted.lock().unwrap().iter().map(|t| t.0).collect();

@@ -23,7 +23,12 @@
 //!   handed it back by a timer when the waiter has gone (issue 18);
 //! * the device's progress thread (`driver.rs`), which sleeps in `epoll_wait` on
 //!   every socket and wakes only when one becomes readable or writable. An idle
-//!   device therefore uses no CPU, and hundreds of QPs share one thread.
+//!   device therefore uses no CPU, and hundreds of QPs share one thread. It is
+//!   also the passive side of RDMA Reads and Atomics (nobody polls that CQ):
+//!   after it answered a request it stays awake for
+//!   [`IwarpConfig::responder_spin`] (polling `epoll_wait` without a timeout,
+//!   yielding its core in between), so a requester's next Read finds it
+//!   running rather than paying a wake-up of an idle vCPU (issue 18).
 //!
 //! Contention is settled with try-locks that never lose a wake-up
 //! (`driver::Poke`).
@@ -59,7 +64,7 @@
 
 pub mod cm;
 pub(crate) mod driver;
-pub use driver::unmute_timer_sets;
+pub use driver::{responder_wakeups, unmute_timer_sets};
 pub mod qp;
 pub(crate) mod sockio;
 mod txq;
@@ -102,6 +107,16 @@ pub struct IwarpConfig {
     /// Listeners: `listen(2)` backlog and the most connections in MPA
     /// negotiation at once (see [`cm`]'s listener resource model).
     pub listener: cm::ListenerLimits,
+    /// How long the progress thread keeps polling its sockets without
+    /// sleeping after it answered a peer's RDMA Read or Atomic request
+    /// (issue 18). A passive Read responder has no application thread that
+    /// polls (as `ib_read_lat`'s server), so every Request would otherwise
+    /// wake the progress thread from `epoll_wait`: on an idle 2-vCPU VM
+    /// that wake-up (the vCPU leaving its idle state) was most of a quiet
+    /// machine's Read round trip. A requester that issues its next Read
+    /// within this finds the thread awake. Zero: sleep at once. An idle
+    /// device still uses no CPU once the window has passed.
+    pub responder_spin: Duration,
 }
 
 impl Default for IwarpConfig {
@@ -120,6 +135,7 @@ impl Default for IwarpConfig {
             // One FPDU per 64 KiB, a multiple of 8 like siw on loopback.
             max_ulpdu: 65_528,
             listener: cm::ListenerLimits::default(),
+            responder_spin: Duration::from_micros(50),
         }
     }
 }

@@ -67,21 +67,38 @@ pub enum IoPart<'a> {
 /// The most parts one [`writev`] call takes (Linux's `IOV_MAX`).
 pub const MAX_IO_PARTS: usize = 1024;
 
+/// Gather lists up to this long are built on the stack, without an allocation.
+pub const SMALL_IO_PARTS: usize = 16;
+
 /// `writev(2)` of up to [`MAX_IO_PARTS`] parts to the socket `fd` (as `sendmsg` with
 /// `MSG_NOSIGNAL`): the kernel copies straight from registered buffers into socket
 /// buffers. Returns the octets written (possibly fewer than asked, as `writev` does); a
 /// reset connection is `EPIPE`, never SIGPIPE.
 pub fn writev(fd: RawFd, parts: &[IoPart<'_>]) -> std::io::Result<usize> {
-    let mut iov: Vec<libc::iovec> = Vec::with_capacity(parts.len().min(MAX_IO_PARTS));
-    for part in parts.iter().take(MAX_IO_PARTS) {
+    let parts = &parts[..parts.len().min(MAX_IO_PARTS)];
+    // A small gather list (a latency-sized message: header, payload, trailer) goes
+    // through an array on the stack: no allocation per write (issue 18).
+    let empty = libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    };
+    let mut small = [empty; SMALL_IO_PARTS];
+    let mut large: Vec<libc::iovec> = Vec::new();
+    let iov: &mut [libc::iovec] = if parts.len() <= SMALL_IO_PARTS {
+        &mut small[..parts.len()]
+    } else {
+        large.resize(parts.len(), empty);
+        &mut large[..]
+    };
+    for (slot, part) in iov.iter_mut().zip(parts) {
         let (base, len) = match *part {
             IoPart::Bytes(b) => (b.as_ptr() as *mut u8, b.len()),
             IoPart::Mem { buf, off, len } => buf.raw_range(off, len).map_err(out_of_bounds)?,
         };
-        iov.push(libc::iovec {
+        *slot = libc::iovec {
             iov_base: base as *mut libc::c_void,
             iov_len: len,
-        });
+        };
     }
     // `sendmsg` with MSG_NOSIGNAL rather than `writev`: a write to a connection the peer
     // has reset must fail with EPIPE (the QP goes to error), not raise SIGPIPE, whose

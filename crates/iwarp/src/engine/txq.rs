@@ -7,7 +7,7 @@
 //! Positions are counted in octets since the start of Full Operation, so a
 //! completion mark ("slot N is done once octet X left") survives compaction.
 
-use super::sockio::{self, IoPart, MAX_IO_PARTS};
+use super::sockio::{self, IoPart, MAX_IO_PARTS, SMALL_IO_PARTS};
 use std::collections::VecDeque;
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -18,6 +18,18 @@ enum Part {
     Arena { start: usize, len: usize },
     /// A range of a registered buffer.
     Mem { buf: Arc<Buffer>, off: usize, len: usize },
+}
+
+/// The gather-list element of `p`, its first `skip` octets already written.
+fn io_part<'a>(arena: &'a [u8], skip: usize, p: &'a Part) -> IoPart<'a> {
+    match p {
+        Part::Arena { start, len } => IoPart::Bytes(&arena[start + skip..start + len]),
+        Part::Mem { buf, off, len } => IoPart::Mem {
+            buf,
+            off: off + skip,
+            len: len - skip,
+        },
+    }
 }
 
 impl Part {
@@ -127,18 +139,18 @@ impl TxQueue {
         if self.is_empty() {
             return Ok(0);
         }
-        let mut iov: Vec<IoPart<'_>> = Vec::with_capacity(self.parts.len().min(MAX_IO_PARTS));
-        for (i, p) in self.parts.iter().take(MAX_IO_PARTS).enumerate() {
-            let skip = if i == 0 { self.head_off } else { 0 };
-            iov.push(match p {
-                Part::Arena { start, len } => IoPart::Bytes(&self.arena[start + skip..start + len]),
-                Part::Mem { buf, off, len } => IoPart::Mem {
-                    buf,
-                    off: off + skip,
-                    len: len - skip,
-                },
-            });
+        let n = self.parts.len().min(MAX_IO_PARTS);
+        if n <= SMALL_IO_PARTS {
+            // A latency-sized queue: the gather list on the stack (issue 18).
+            let mut small = [IoPart::Bytes(&[]); SMALL_IO_PARTS];
+            for (i, (slot, p)) in small.iter_mut().zip(self.parts.iter()).enumerate() {
+                *slot = io_part(&self.arena, if i == 0 { self.head_off } else { 0 }, p);
+            }
+            return sockio::writev(fd, &small[..n]);
         }
+        let iov: Vec<IoPart<'_>> = (self.parts.iter().take(n).enumerate())
+            .map(|(i, p)| io_part(&self.arena, if i == 0 { self.head_off } else { 0 }, p))
+            .collect();
         sockio::writev(fd, &iov)
     }
 

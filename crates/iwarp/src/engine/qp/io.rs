@@ -26,6 +26,8 @@ pub struct IwarpQp {
     rx_closed: std::sync::atomic::AtomicBool,
     core: Mutex<Core>,
     poke: Poke,
+    /// A peer's request was answered (see [`Pollable::on_event`]'s result).
+    answered: std::sync::atomic::AtomicBool,
     state: Arc<AtomicU8>,
     info: ConnInfo,
 }
@@ -91,6 +93,7 @@ impl IwarpQp {
             rx_closed: std::sync::atomic::AtomicBool::new(false),
             core: Mutex::new(Core { p, rx }),
             poke: Poke::new(),
+            answered: std::sync::atomic::AtomicBool::new(false),
             state: p_state,
             info: neg.info.clone(),
         });
@@ -125,6 +128,9 @@ impl IwarpQp {
     fn work(&self, c: &mut Core) -> bool {
         let rx = self.pump_rx(c);
         let tx = self.pump_tx(&mut c.p);
+        if std::mem::take(&mut c.p.answered) {
+            self.answered.store(true, Ordering::Release);
+        }
         rx | tx
     }
 
@@ -290,7 +296,7 @@ impl IwarpQp {
 }
 
 impl Pollable for IwarpQp {
-    fn on_event(&self, readable: bool, _writable: bool, closed: bool) {
+    fn on_event(&self, readable: bool, _writable: bool, closed: bool) -> bool {
         if closed {
             self.rx_closed.store(true, Ordering::Release);
         }
@@ -310,6 +316,7 @@ impl Pollable for IwarpQp {
                 })
             });
         }
+        self.answered.swap(false, Ordering::AcqRel)
     }
     fn still_muted(&self) -> Muted {
         if self.busy.waiter.load(Ordering::Acquire) {

@@ -287,6 +287,11 @@ pub(crate) struct Proto {
     irq: VecDeque<Irq>,
     /// Responses taken off `irq` and still being framed (they count to IRD).
     responding: u32,
+    /// A peer's Read or Atomic request was queued on `irq` since the socket side
+    /// last looked (it keeps the progress thread awake for the next, issue 18).
+    pub(super) answered: bool,
+    /// Slots a write completed (`consumed_out`), kept to spare an allocation per write.
+    done_scratch: Vec<u64>,
     ird: u32,
     next_atomic_id: u32,
     rtr: Option<RtrRole>,
@@ -449,6 +454,8 @@ impl Proto {
             ord: neg.ord.max(1),
             irq: VecDeque::new(),
             responding: 0,
+            answered: false,
+            done_scratch: Vec::new(),
             ird: neg.ird,
             next_atomic_id: 1,
             rtr: neg.rtr,

@@ -486,6 +486,7 @@ impl Proto {
                 rreq: Some(rr),
             });
         }
+        self.answered = true;
         if rr.size == 0 {
             // RDMAP-RD-08: no validation for a zero-length Read.
             self.irq.push_back(Irq::ReadResponse {
@@ -564,6 +565,7 @@ impl Proto {
             .buffer
             .atomic_rmw(r.offset, f)
             .map_err(|_| Fatal::new(cause::RDMAP_ERR_CATASTROPHIC_STREAM))?;
+        self.answered = true;
         self.irq.push_back(Irq::AtomicResponse {
             request_id: ar.request_id,
             orig,

@@ -320,6 +320,15 @@ impl Proto {
         if self.term_sent || self.term_received || self.state == QpState::Err {
             return false;
         }
+        if self.cur.is_none()
+            && self.follow.is_none()
+            && self.rtr.is_none()
+            && self.irq.is_empty()
+            && self.sq.is_empty()
+        {
+            // Nothing to frame: the common case of a busy poll that finds nothing (issue 18).
+            return false;
+        }
         let mut any = false;
         while self.tx.pending() < TX_HIGH_WATER {
             if self.cur.is_none() {
@@ -392,12 +401,15 @@ impl Proto {
 
     /// `n` octets were written: complete what fully left.
     pub(crate) fn consumed_out(&mut self, n: usize) {
-        let mut done = Vec::new();
+        // The list is kept between writes: no allocation per write (issue 18).
+        let mut done = std::mem::take(&mut self.done_scratch);
         self.tx.consumed(n, &mut done);
-        for id in done {
+        for &id in &done {
             // RDMAP-ORD-14: complete once handed to the LLP in full.
             self.finish_slot(id, WcStatus::Success);
         }
+        done.clear();
+        self.done_scratch = done;
         self.deliver_send_completions();
     }
 
