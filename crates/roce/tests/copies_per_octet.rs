@@ -16,52 +16,24 @@
 use std::time::Duration;
 use verbs::*;
 
-struct End {
-    dev: Device,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-}
+#[path = "common/pair.rs"]
+mod pair;
+use pair::{End, PairOpts, counter as c, rc_pair};
 
 const LEN: usize = 1 << 20;
 
 fn pair(a: &str, b: &str) -> (End, End) {
-    let open = |addr: &str| {
-        let dev = roce::RoceFactory
-            .open(&DeviceOptions::new().with("addr", addr))
-            .unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(64).unwrap();
-        let qp = pd.create_qp(QpInit::new(QpType::Rc, &cq)).unwrap();
-        let mr = pd.reg_mr(LEN, Access::all_remote()).unwrap();
-        End { dev, cq, qp, mr }
-    };
-    let (x, y) = (open(a), open(b));
-    for (s, p) in [(&x, &y), (&y, &x)] {
-        s.qp.modify_qp(&QpAttr::init(1, 0, Access::all_remote())).unwrap();
-        s.qp.modify_qp(&QpAttr::rtr(RtrAttr {
-            ah_attr: AhAttr::to_gid(p.dev.query_gid(1, 0).unwrap()),
-            path_mtu: Mtu::Mtu4096,
-            dest_qp_num: p.qp.qp_num(),
-            rq_psn: 5,
-            max_dest_rd_atomic: 4,
-            min_rnr_timer: 1,
-        }))
-        .unwrap();
-        s.qp.modify_qp(&QpAttr::rts(RtsAttr {
-            sq_psn: 5,
+    rc_pair(
+        a,
+        b,
+        &PairOpts {
+            cq_depth: 64,
+            mr_len: LEN,
+            psn: 5,
             timeout: 18,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 4,
-        }))
-        .unwrap();
-    }
-    (x, y)
-}
-
-fn c(d: &Device, name: &str) -> u64 {
-    d.hw_counter(name).unwrap_or_else(|| panic!("counter {name}"))
+            dev_opts: &[],
+        },
+    )
 }
 
 fn wait(e: &End) -> WorkCompletion {

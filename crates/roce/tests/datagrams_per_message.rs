@@ -14,55 +14,22 @@
 use std::time::Duration;
 use verbs::*;
 
-struct End {
-    dev: Device,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-}
+#[path = "common/pair.rs"]
+mod pair;
+use pair::{End, PairOpts, counter as c, rc_pair};
 
 fn pair(a: &str, b: &str, icrc_rx: &str) -> (End, End) {
-    let open = |addr: &str| {
-        let dev = roce::RoceFactory
-            .open(&DeviceOptions::new().with("addr", addr).with("icrc_rx", icrc_rx))
-            .unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(4096).unwrap();
-        let qp = pd.create_qp(QpInit::new(QpType::Rc, &cq)).unwrap();
-        let mr = pd.reg_mr(1 << 20, Access::all_remote()).unwrap();
-        End { dev, cq, qp, mr }
-    };
-    let (x, y) = (open(a), open(b));
-    for (s, p) in [(&x, &y), (&y, &x)] {
-        assert_eq!(
-            s.dev.query_port(1).unwrap().active_mtu,
-            Mtu::Mtu4096,
-            "loopback allows 4096"
-        );
-        s.qp.modify_qp(&QpAttr::init(1, 0, Access::all_remote())).unwrap();
-        s.qp.modify_qp(&QpAttr::rtr(RtrAttr {
-            ah_attr: AhAttr::to_gid(p.dev.query_gid(1, 0).unwrap()),
-            path_mtu: Mtu::Mtu4096,
-            dest_qp_num: p.qp.qp_num(),
-            rq_psn: 7,
-            max_dest_rd_atomic: 4,
-            min_rnr_timer: 1,
-        }))
-        .unwrap();
-        s.qp.modify_qp(&QpAttr::rts(RtsAttr {
-            sq_psn: 7,
+    rc_pair(
+        a,
+        b,
+        &PairOpts {
+            cq_depth: 4096,
+            mr_len: 1 << 20,
+            psn: 7,
             timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 4,
-        }))
-        .unwrap();
-    }
-    (x, y)
-}
-
-fn c(d: &Device, name: &str) -> u64 {
-    d.hw_counter(name).unwrap_or_else(|| panic!("counter {name}"))
+            dev_opts: &[("icrc_rx", icrc_rx)],
+        },
+    )
 }
 
 fn wait_n(cq: &CompletionQueue, n: usize) {

@@ -17,48 +17,24 @@
 use std::time::Duration;
 use verbs::*;
 
+#[path = "common/pair.rs"]
+mod pair;
+use pair::{End, PairOpts, rc_pair};
+
 const T: Duration = Duration::from_secs(20);
 
-struct End {
-    dev: Device,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-}
-
 fn pair(a: &str, b: &str) -> (End, End) {
-    let open = |addr: &str| {
-        let dev = roce::RoceFactory
-            .open(&DeviceOptions::new().with("addr", addr))
-            .unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(256).unwrap();
-        let qp = pd.create_qp(QpInit::new(QpType::Rc, &cq)).unwrap();
-        let mr = pd.reg_mr(4096, Access::all_remote()).unwrap();
-        End { dev, cq, qp, mr }
-    };
-    let (x, y) = (open(a), open(b));
-    for (s, p) in [(&x, &y), (&y, &x)] {
-        s.qp.modify_qp(&QpAttr::init(1, 0, Access::all_remote())).unwrap();
-        s.qp.modify_qp(&QpAttr::rtr(RtrAttr {
-            ah_attr: AhAttr::to_gid(p.dev.query_gid(1, 0).unwrap()),
-            path_mtu: Mtu::Mtu4096,
-            dest_qp_num: p.qp.qp_num(),
-            rq_psn: 3,
-            max_dest_rd_atomic: 4,
-            min_rnr_timer: 1,
-        }))
-        .unwrap();
-        s.qp.modify_qp(&QpAttr::rts(RtsAttr {
-            sq_psn: 3,
+    rc_pair(
+        a,
+        b,
+        &PairOpts {
+            cq_depth: 256,
+            mr_len: 4096,
+            psn: 3,
             timeout: 18,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 4,
-        }))
-        .unwrap();
-    }
-    (x, y)
+            dev_opts: &[],
+        },
+    )
 }
 
 /// Voluntary context switches of the calling thread so far: one each time it blocked.

@@ -18,55 +18,25 @@ use std::sync::Mutex;
 use std::time::Duration;
 use verbs::*;
 
+#[path = "common/pair.rs"]
+mod pair;
+use pair::{End, PairOpts, counter as c, rc_pair};
+
 /// The lock-wait counter is per process: the tests of this file run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-struct End {
-    dev: Device,
-    cq: CompletionQueue,
-    qp: QueuePair,
-    mr: MemoryRegion,
-}
-
 fn pair(a: &str, b: &str) -> (End, End) {
-    let open = |addr: &str| {
-        let dev = roce::RoceFactory
-            .open(&DeviceOptions::new().with("addr", addr))
-            .unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(4096).unwrap();
-        let qp = pd.create_qp(QpInit::new(QpType::Rc, &cq)).unwrap();
-        let mr = pd.reg_mr(4096, Access::all_remote()).unwrap();
-        End { dev, cq, qp, mr }
-    };
-    let (x, y) = (open(a), open(b));
-    for (s, p) in [(&x, &y), (&y, &x)] {
-        s.qp.modify_qp(&QpAttr::init(1, 0, Access::all_remote())).unwrap();
-        s.qp.modify_qp(&QpAttr::rtr(RtrAttr {
-            ah_attr: AhAttr::to_gid(p.dev.query_gid(1, 0).unwrap()),
-            path_mtu: Mtu::Mtu4096,
-            dest_qp_num: p.qp.qp_num(),
-            rq_psn: 11,
-            max_dest_rd_atomic: 4,
-            min_rnr_timer: 1,
-        }))
-        .unwrap();
-        s.qp.modify_qp(&QpAttr::rts(RtsAttr {
-            sq_psn: 11,
-            // The IB CM's default (1.07 s): both ends spin, and on a loaded machine a
-            // descheduled spinner can leave an ACK unsent for tens of milliseconds.
+    rc_pair(
+        a,
+        b,
+        &PairOpts {
+            cq_depth: 4096,
+            mr_len: 4096,
+            psn: 11,
             timeout: 18,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 4,
-        }))
-        .unwrap();
-    }
-    (x, y)
-}
-
-fn c(d: &Device, name: &str) -> u64 {
-    d.hw_counter(name).unwrap_or_else(|| panic!("counter {name}"))
+            dev_opts: &[],
+        },
+    )
 }
 
 /// The next receive completion on `e` (send completions are skipped), busy-polled or
