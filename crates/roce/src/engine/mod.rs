@@ -720,30 +720,12 @@ impl DevInner {
         }
         let sa = socket2::SockAddr::from(to);
         let refs: Vec<&[u8]> = pkts.iter().map(|p| &**p).collect();
-        let (sent_msgs, err) = match sys::sendmmsg_gso(self.sock.as_fd(), &sa, &refs, &msgs, ip) {
-            Ok(n) if n == msgs.len() => (n, None),
-            Ok(n) => (n, Some(io::Error::other("short sendmmsg"))),
-            Err(e) => (0, Some(e)),
-        };
-        let sent: usize = msgs[..sent_msgs].iter().map(|m| m.count).sum();
-        self.counters.sent_pkts.fetch_add(sent as u64, Ordering::Relaxed);
-        self.counters
-            .tx_datagrams
-            .fetch_add(sent_msgs as u64, Ordering::Relaxed);
-        self.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
-        let Some(e) = err else { return };
-        let failed = msgs[sent_msgs];
-        let refused = matches!(
-            e.raw_os_error(),
-            Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
-        );
-        if failed.count > 1 && refused {
+        let r = sys::sendmmsg_gso(self.sock.as_fd(), &sa, &refs, &msgs, ip);
+        if let Some(first) = self.after_sendmmsg(to, &msgs, pkts.len(), r) {
             // The kernel takes no GSO on this route: send the rest one packet per datagram,
-            // each sealed with ID 0, from now on.
-            tracing::info!(device = %self.cfg.name, error = %e, %to, "UDP GSO refused: single datagrams from now on");
-            self.gso.store(false, Ordering::Relaxed);
+            // each sealed with ID 0.
             drop(refs);
-            let rest = &mut pkts[failed.first..];
+            let rest = &mut pkts[first..];
             for p in rest.iter_mut() {
                 let _ = icrc_seal(self.local.ip(), to.ip(), self.local.port(), to.port(), 0, p);
             }
@@ -762,13 +744,42 @@ impl DevInner {
             self.counters
                 .send_err
                 .fetch_add((refs.len() - n) as u64, Ordering::Relaxed);
-            return;
         }
-        // Lost like dropped frames: the RC retransmission recovers.
+    }
+
+    /// Counts what one `sendmmsg` of `msgs` (over `pkts` packets) sent. On a failure: when
+    /// the first unsent datagram was a GSO train the kernel refused, turns GSO off for the
+    /// device and returns that datagram's first packet, which the caller sends again as
+    /// single datagrams; any other failure counts the unsent packets as send errors (lost
+    /// like dropped frames: the RC retransmission recovers) and returns `None`.
+    fn after_sendmmsg(&self, to: SocketAddr, msgs: &[sys::TxMsg], pkts: usize, r: io::Result<usize>) -> Option<usize> {
+        let (sent_msgs, err) = match r {
+            Ok(n) if n == msgs.len() => (n, None),
+            Ok(n) => (n, Some(io::Error::other("short sendmmsg"))),
+            Err(e) => (0, Some(e)),
+        };
+        let sent: usize = msgs[..sent_msgs].iter().map(|m| m.count).sum();
+        self.counters.sent_pkts.fetch_add(sent as u64, Ordering::Relaxed);
+        self.counters
+            .tx_datagrams
+            .fetch_add(sent_msgs as u64, Ordering::Relaxed);
+        self.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
+        let e = err?;
+        let failed = msgs[sent_msgs];
+        let refused = matches!(
+            e.raw_os_error(),
+            Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
+        );
+        if failed.count > 1 && refused {
+            tracing::info!(device = %self.cfg.name, error = %e, %to, "UDP GSO refused: single datagrams from now on");
+            self.gso.store(false, Ordering::Relaxed);
+            return Some(failed.first);
+        }
         tracing::debug!(device = %self.cfg.name, error = %e, %to, "sendmmsg");
         self.counters
             .send_err
-            .fetch_add((pkts.len() - sent) as u64, Ordering::Relaxed);
+            .fetch_add((pkts - sent) as u64, Ordering::Relaxed);
+        None
     }
 
     /// Seals and sends RC packets whose payloads stay in registered memory (issue 13: Send
@@ -859,37 +870,12 @@ impl DevInner {
             });
         }
         let sa = socket2::SockAddr::from(to);
-        let (sent_msgs, err) = match sys::sendmmsg_iov(self.sock.as_fd(), &sa, &mut iov, &imsgs, None) {
-            Ok(n) if n == msgs.len() => (n, None),
-            Ok(n) => (n, Some(io::Error::other("short sendmmsg"))),
-            Err(e) => (0, Some(e)),
-        };
+        let r = sys::sendmmsg_iov(self.sock.as_fd(), &sa, &mut iov, &imsgs, None);
         drop(iov);
-        let sent: usize = msgs[..sent_msgs].iter().map(|m| m.count).sum();
-        self.counters.sent_pkts.fetch_add(sent as u64, Ordering::Relaxed);
-        self.counters
-            .tx_datagrams
-            .fetch_add(sent_msgs as u64, Ordering::Relaxed);
-        self.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
-        let Some(e) = err else { return };
-        let failed = msgs[sent_msgs];
-        let refused = matches!(
-            e.raw_os_error(),
-            Some(libc::EIO | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOPROTOOPT)
-        );
-        if failed.count > 1 && refused {
-            // The kernel takes no GSO on this route: single datagrams from now on (laid
-            // out and sealed with ID 0 by `send_batch`).
-            tracing::info!(device = %self.cfg.name, error = %e, %to, "UDP GSO refused: single datagrams from now on");
-            self.gso.store(false, Ordering::Relaxed);
-            self.send_parts(to, &pkts[failed.first..]);
-            return;
+        if let Some(first) = self.after_sendmmsg(to, &msgs, pkts.len(), r) {
+            // GSO is off now: single datagrams, laid out and sealed with ID 0 by `send_batch`.
+            self.send_parts(to, &pkts[first..]);
         }
-        // Lost like dropped frames: the RC retransmission recovers.
-        tracing::debug!(device = %self.cfg.name, error = %e, %to, "sendmmsg");
-        self.counters
-            .send_err
-            .fetch_add((pkts.len() - sent) as u64, Ordering::Relaxed);
     }
 
     /// Sends the held packets that are due.
