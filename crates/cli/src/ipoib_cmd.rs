@@ -88,6 +88,14 @@ struct UpArgs {
     /// a restart by themselves (RC retries, neighbour revalidation).
     #[arg(long)]
     no_announce: bool,
+    /// How the RoCEv2 device receives for its ICRC check (the provider's `icrc_rx`): udp
+    /// (default: the UDP socket with UDP_GRO, so a 64 KiB RC message arrives as a few GSO
+    /// trains in one receive each; IPoIB peers are softrdma nodes, whose IPv4 ID is 0, so
+    /// their ICRC is checked in full), raw (a raw socket beside it sees every packet's IP
+    /// header: each train is cloned to it and segmented for the UDP socket), auto (raw if
+    /// permitted).
+    #[arg(long, default_value = "udp", value_parser = ["udp", "raw", "auto"])]
+    icrc_rx: String,
 }
 
 fn parse_pkey(s: &str) -> std::result::Result<u16, String> {
@@ -156,6 +164,7 @@ fn up(a: UpArgs) -> Result<()> {
     let opts = DeviceOptions::new()
         .with("addr", local.to_string())
         .with("mtu", ib_mtu)
+        .with("icrc_rx", a.icrc_rx.clone())
         .with("name", format!("rxe_{}", a.dev));
     // IPoIB is defined on the InfiniBand transport: the RoCEv2 provider, opened by its
     // registry name like every other command's device.

@@ -230,6 +230,13 @@ fn ipoib_connected_mode_between_two_namespaces() {
             n(&cb, "ipoib_rx_csum_partial") * 20 > n(&cb, "ipoib_rx_in_place") * 19,
             "{cb}"
         );
+        // Session 13: the daemons open their devices with `icrc_rx=udp` (`--icrc-rx`, udp by
+        // default), so the UDP socket takes GSO trains whole (UDP_GRO): B's 64 KiB RC
+        // messages arrived as a few datagrams of up to ~60 KiB each. With a raw socket beside
+        // it (`--icrc-rx raw`, what `auto` chose before) every train was cloned to the raw
+        // socket and segmented for the UDP socket: at most 4,096 payload octets a datagram.
+        let per = n(&cb, "dev_rx_payload_copied") / n(&cb, "dev_rx_datagrams").max(1);
+        assert!(per > 8192, "payload octets per received datagram: {per}; {cb}");
     }
     // Restart B: a new daemon (new UD QPN, its gratuitous ARP) is reached on the next ping
     // over a new connection.
