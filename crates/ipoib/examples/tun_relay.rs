@@ -122,7 +122,11 @@ fn setsockopt(s: &UdpSocket, level: libc::c_int, name: libc::c_int, v: libc::c_i
             size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
-    if rc < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 fn crc32(b: &[u8]) -> u32 {
@@ -144,6 +148,7 @@ fn tun_to_udp(tun: &std::fs::File, sock: &UdpSocket, crc: bool, c: &Counts) {
     let mut hdrs = [[0u8; HDR]; MAX_SEGS];
     let mut msg: u32 = 0;
     // Control message: one UDP_SEGMENT (u16) per train.
+    // SAFETY: CMSG_SPACE only computes a size.
     let cmsg_space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
     let mut ctrl = vec![0u64; (2 * cmsg_space).div_ceil(8)];
     loop {
@@ -200,9 +205,7 @@ fn tun_to_udp(tun: &std::fs::File, sock: &UdpSocket, crc: bool, c: &Counts) {
         while sent < trains {
             // SAFETY: every mmsghdr points at iovecs into `hdrs` and `buf` and at `ctrl`,
             // all alive and unchanged until the call returns.
-            let r = unsafe {
-                libc::sendmmsg(sock.as_raw_fd(), mm[sent..].as_mut_ptr(), (trains - sent) as u32, 0)
-            };
+            let r = unsafe { libc::sendmmsg(sock.as_raw_fd(), mm[sent..].as_mut_ptr(), (trains - sent) as u32, 0) };
             c.sends.fetch_add(1, Ordering::Relaxed);
             if r < 0 {
                 let e = io::Error::last_os_error();
@@ -223,6 +226,7 @@ fn udp_to_tun(sock: &UdpSocket, tun: &std::fs::File, crc: bool, c: &Counts) {
     let mut hdrs = [[0u8; HDR]; MAX_SEGS];
     // The packet being assembled: message number, segments placed so far.
     let mut cur: Option<(u32, usize)> = None;
+    // SAFETY: CMSG_SPACE only computes a size.
     let cmsg_space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
     let mut ctrl = vec![0u64; cmsg_space.div_ceil(8) + 1];
     loop {
