@@ -12,6 +12,10 @@
 //! peers goes over RC connections the device's IB CM sets up on the IPoIB-CM service IDs,
 //! datagram-only peers are reached over UD at their MTU; `--idle SECS` sets the idle
 //! teardown of connections.
+//!
+//! `--icrc-rx udp|raw|auto` (udp by default) is the device's `icrc_rx`: with udp its UDP
+//! socket takes GSO trains whole (`UDP_GRO`), so a 64 KiB RC message is received as two
+//! datagrams rather than sixteen (docs/ipoib.md, "Session 13").
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
