@@ -33,4 +33,5 @@ r smc_stream cargo test -p smc --release --test stream_roce -- --ignored --nocap
 r smc_stream cargo test -p smc --release --test stream_roce -- --ignored --nocapture streaming_ratio
 r nfs bash scripts/nfs-bench.sh 1024 2
 r ipoib bash scripts/ipoib-bench.sh 5 3
+cargo build -p ipoib --release --example tun_relay >/dev/null 2>&1 && r ipoib_bound bash scripts/ipoib-bound.sh 5 3
 echo done > $O/DONE
