@@ -448,7 +448,11 @@ mod tests {
     fn all_parked(pool: &IoPool, n: usize) {
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while pool.idle_threads() < n {
-            assert!(std::time::Instant::now() < deadline, "{} of {n} parked", pool.idle_threads());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} of {n} parked",
+                pool.idle_threads()
+            );
             std::thread::sleep(Duration::from_millis(1));
         }
     }
