@@ -34,14 +34,16 @@ for _ in $(seq 100); do grep -q "exporting" "$dir/serve.log" && break; sleep 0.1
 grep -q "exporting" "$dir/serve.log" || { cat "$dir/serve.log" >&2; exit 1; }
 head -c $((size_mib << 20)) /dev/urandom >"$dir/exp/src.bin"
 want=$(sha256sum "$dir/exp/src.bin" | cut -d' ' -f1)
-echo "load: $(cut -d' ' -f1-3 /proc/loadavg); ${size_mib} MiB, $rounds rounds, rsize/wsize 1M" >&2
+echo "load: $(cut -d' ' -f1-3 /proc/loadavg); ${size_mib} MiB, $rounds rounds, rsize/wsize 1M, 4 calls in flight, the same client and server code over either transport" >&2
 declare -A fig
 for r in $(seq "$rounds"); do
     for t in rdma tcp; do
         p=$prdma; [ "$t" = tcp ] && p=$ptcp
         c=("$bin" nfs --transport "$t" --port "$p" --mount-port "$pmnt" --json)
         rm -f "$dir/out.bin"
-        g=$("${c[@]}" get 127.0.0.1:/src.bin "$dir/out.bin" | jq -r .mb_per_s)
+        gj=$("${c[@]}" get 127.0.0.1:/src.bin "$dir/out.bin")
+        g=$(jq -r .mb_per_s <<<"$gj")
+        [ "$r" = 1 ] && echo "$t: $(jq -c '{rsize, wsize, calls_in_flight}' <<<"$gj")" >&2
         [ "$(sha256sum "$dir/out.bin" | cut -d' ' -f1)" = "$want" ] || { echo "get over $t: sha256 differs" >&2; exit 1; }
         rm -f "$dir/out.bin"
         n=$("${c[@]}" get 127.0.0.1:/src.bin /dev/null | jq -r .mb_per_s)

@@ -609,7 +609,7 @@ fn summary(o: &Opts, op: &str, bytes: u64, d: Duration, via: &str, what: &str, c
     if o.json {
         println!(
             "{}",
-            json!({"op": op, "bytes": bytes, "seconds": d.as_secs_f64(), "mb_per_s": mbs, "via": via, "path": what, "rsize": o.rsize, "wsize": o.wsize, "connects": connects})
+            json!({"op": op, "bytes": bytes, "seconds": d.as_secs_f64(), "mb_per_s": mbs, "via": via, "path": what, "rsize": o.rsize, "wsize": o.wsize, "calls_in_flight": o.parallel, "connects": connects})
         );
     } else {
         let re = if connects > 1 {
@@ -618,8 +618,12 @@ fn summary(o: &Opts, op: &str, bytes: u64, d: Duration, via: &str, what: &str, c
             String::new()
         };
         eprintln!(
-            "{op}: {bytes} bytes in {:.3} s ({mbs:.1} MB/s) via {via}{re} -> {what}",
-            d.as_secs_f64()
+            "{op}: {bytes} bytes in {:.3} s ({mbs:.1} MB/s) via {via}{re} -> {what} \
+             (rsize {}, wsize {}, {} calls in flight; the same over either transport)",
+            d.as_secs_f64(),
+            o.rsize,
+            o.wsize,
+            o.parallel
         );
     }
 }

@@ -23,6 +23,10 @@
 //!   runs at most [`PoolConfig::per_group`] jobs at once (default: three quarters of the
 //!   threads), so when a disk stalls, all the clients of the export on it together hold at
 //!   most that many threads, and the other exports sharing the pool keep the rest.
+//! * **Wake-ups**: an idle thread parks on its own condition variable, and a submitted job
+//!   wakes the thread that went idle last (a stack, not a queue): a caller making one call
+//!   at a time is served by one warm thread (its stack, its malloc arena, the cache of the
+//!   CPU it last ran on) instead of each of the threads in turn; the others stay asleep.
 //! * **Queue**: the pool does not bound its queues itself; the submitters do, before
 //!   they submit: the Responder by its credits (a Requester has at most `credits` Calls
 //!   outstanding per connection, and their receive buffers are not posted again until the
@@ -93,11 +97,29 @@ struct State {
     group_running: HashMap<u64, usize>,
     queued: usize,
     stop: bool,
+    /// Parked threads, the one that parked last on top.
+    idle: Vec<usize>,
+    /// Per thread: on `idle` (cleared by whoever wakes it).
+    parked: Vec<bool>,
+    /// Per thread: jobs run (the wake-up order's counter).
+    ran: Vec<u64>,
+}
+
+impl State {
+    /// Wake the thread that parked last, if any (call with the lock held; the thread
+    /// checks for work once it has the lock).
+    fn wake_one(&mut self, inner: &Inner) {
+        if let Some(t) = self.idle.pop() {
+            self.parked[t] = false;
+            inner.wake[t].notify_one();
+        }
+    }
 }
 
 struct Inner {
     state: Mutex<State>,
-    work: Condvar,
+    /// One condition variable per thread (see [`State::idle`]).
+    wake: Vec<Condvar>,
     cfg: PoolConfig,
 }
 
@@ -135,8 +157,12 @@ impl IoPool {
             per_group: cfg.per_group.max(1),
         };
         let inner = Arc::new(Inner {
-            state: Mutex::new(State::default()),
-            work: Condvar::new(),
+            state: Mutex::new(State {
+                parked: vec![false; cfg.threads],
+                ran: vec![0; cfg.threads],
+                ..State::default()
+            }),
+            wake: (0..cfg.threads).map(|_| Condvar::new()).collect(),
             cfg,
         });
         let mut threads = Vec::with_capacity(cfg.threads);
@@ -144,7 +170,7 @@ impl IoPool {
             let mine = inner.clone();
             let t = std::thread::Builder::new()
                 .name(format!("{name}-{i}"))
-                .spawn(move || run(&mine));
+                .spawn(move || run(&mine, i));
             match t {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -176,8 +202,7 @@ impl IoPool {
             s.ring.push_back(client);
         }
         s.queued += 1;
-        drop(s);
-        self.inner.work.notify_one();
+        s.wake_one(&self.inner);
     }
 
     /// Jobs queued and running now.
@@ -187,6 +212,16 @@ impl IoPool {
             queued: s.queued,
             running: s.running.values().sum(),
         }
+    }
+
+    /// Jobs run so far by each thread (index `i` is the thread named `{name}-{i}`).
+    pub fn jobs_per_thread(&self) -> Vec<u64> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner()).ran.clone()
+    }
+
+    /// Threads parked now (waiting for a job).
+    pub fn idle_threads(&self) -> usize {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner()).idle.len()
     }
 }
 
@@ -198,8 +233,12 @@ impl Drop for IoPool {
             s.queues.clear();
             s.ring.clear();
             s.queued = 0;
+            s.idle.clear();
+            s.parked.iter_mut().for_each(|p| *p = false);
         }
-        self.inner.work.notify_all();
+        for c in &self.inner.wake {
+            c.notify_all();
+        }
         let me = std::thread::current().id();
         for t in self.threads.drain(..) {
             // the last reference may go away inside a job (it owned a server)
@@ -237,16 +276,26 @@ fn next(s: &mut State, cfg: &PoolConfig) -> Option<(u64, u64, Job)> {
     None
 }
 
-fn run(inner: &Inner) {
+fn run(inner: &Inner, me: usize) {
     let mut s = inner.state.lock().unwrap_or_else(|e| e.into_inner());
     loop {
         if s.stop {
             return;
         }
         let Some((client, group, job)) = next(&mut s, &inner.cfg) else {
-            s = inner.work.wait(s).unwrap_or_else(|e| e.into_inner());
+            if !s.parked[me] {
+                s.parked[me] = true;
+                s.idle.push(me);
+            }
+            s = inner.wake[me].wait(s).unwrap_or_else(|e| e.into_inner());
             continue;
         };
+        if s.parked[me] {
+            // woken spuriously with work queued: no longer idle
+            s.parked[me] = false;
+            s.idle.retain(|&t| t != me);
+        }
+        s.ran[me] += 1;
         drop(s);
         // a panicking procedure must not take the pool thread (and its running count) with it
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
@@ -262,9 +311,10 @@ fn run(inner: &Inner) {
                 }
             }
         }
-        // the client may be below its limit again: another thread may take its next job
-        if s.queued > 0 {
-            inner.work.notify_all();
+        // the client may be below its limit again: other threads may take its next jobs
+        // (this one looks for work itself before it parks)
+        for _ in 1..s.queued.min(s.idle.len() + 1) {
+            s.wake_one(inner);
         }
     }
 }
@@ -392,6 +442,62 @@ mod tests {
             .expect("group 8 ran while group 7 was blocked");
         settles_at(&started, 3, "group 7 runs only its share");
         drop(open_tx);
+    }
+
+    /// Idle threads until all `n` are parked.
+    fn all_parked(pool: &IoPool, n: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while pool.idle_threads() < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} of {n} parked",
+                pool.idle_threads()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Issue 18 (one caller's 1 MiB READs): calls made one at a time, each submitted when
+    /// every thread is parked, run on one thread, the one that parked last, not on each
+    /// thread in turn (decided by the pool's wake-up order, not by the scheduler: the
+    /// thread that ran a job parks after the others).
+    #[test]
+    fn one_call_at_a_time_runs_on_one_warm_thread() {
+        let pool = IoPool::new("t-pool", PoolConfig::with_threads(8)).unwrap();
+        for i in 0..40 {
+            all_parked(&pool, 8);
+            let (tx, rx) = channel();
+            pool.submit(1, 0, Box::new(move || tx.send(i).unwrap()));
+            assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), i);
+        }
+        all_parked(&pool, 8);
+        let ran = pool.jobs_per_thread();
+        assert_eq!(ran.iter().sum::<u64>(), 40);
+        assert_eq!(ran.iter().filter(|&&n| n > 0).count(), 1, "jobs per thread: {ran:?}");
+        // jobs that do overlap still spread over the threads
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let started = Arc::new(AtomicUsize::new(0));
+        for c in 0..4u64 {
+            let (g, st) = (gate.clone(), started.clone());
+            pool.submit(
+                10 + c,
+                0,
+                Box::new(move || {
+                    st.fetch_add(1, Ordering::SeqCst);
+                    let (m, cv) = &*g;
+                    let mut open = m.lock().unwrap();
+                    while !*open {
+                        open = cv.wait(open).unwrap();
+                    }
+                }),
+            );
+        }
+        settles_at(&started, 4, "four blocking jobs run at once");
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+        all_parked(&pool, 8);
+        let busy = pool.jobs_per_thread().iter().filter(|&&n| n > 0).count();
+        assert!(busy >= 4, "{:?}", pool.jobs_per_thread());
     }
 
     #[test]

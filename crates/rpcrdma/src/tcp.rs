@@ -943,10 +943,7 @@ impl TcpClient {
         call: &Call<'_>,
         decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
     ) -> Result<T, RpcError> {
-        let xid = self.xids.next();
-        let (msg, _) = call.encode(xid).map_err(LocalError::Encode)?;
-        let mut rec = Vec::with_capacity(msg.len() + 8);
-        encode_record(&msg, MAX_FRAGMENT, &mut rec).map_err(LocalError::Record)?;
+        let (xid, rec) = encode_call_record(&self.xids, call)?;
         let (tx, rx) = sync_channel(1);
         if self.shared.dead.load(Ordering::Acquire) {
             return Err(Disconnect::Closed.into());
@@ -971,6 +968,16 @@ impl TcpClient {
         };
         decode_reply(&mut Decoder::new(&reply), xid, decode)
     }
+}
+
+/// The record-marked bytes of `call` under the next XID of `xids`, and that XID: the
+/// prelude of every ONC RPC over TCP call ([`TcpClient::call`], `TcpCaller::call`).
+fn encode_call_record(xids: &XidSource, call: &Call<'_>) -> Result<(u32, Vec<u8>), RpcError> {
+    let xid = xids.next();
+    let (msg, _) = call.encode(xid).map_err(LocalError::Encode)?;
+    let mut rec = Vec::with_capacity(msg.len() + 8);
+    encode_record(&msg, MAX_FRAGMENT, &mut rec).map_err(LocalError::Record)?;
+    Ok((xid, rec))
 }
 
 impl Drop for TcpClient {

@@ -13,11 +13,11 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::client::{Call, Disconnect, LocalError, RpcError, XidSource, decode_reply};
-use crate::record::{RecordReader, encode_record};
+use crate::client::{Call, Disconnect, RpcError, XidSource, decode_reply};
+use crate::record::RecordReader;
 use crate::xdr::{Decoder, XdrError};
 
-use super::{MAX_FRAGMENT, MAX_RECORD};
+use super::MAX_RECORD;
 
 /// How a [`TcpCaller`] waits for its Reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,10 +96,7 @@ impl TcpCaller {
         call: &Call<'_>,
         decode: impl FnOnce(&mut Decoder<'_>) -> Result<T, XdrError>,
     ) -> Result<T, RpcError> {
-        let xid = self.xids.next();
-        let (msg, _) = call.encode(xid).map_err(LocalError::Encode)?;
-        let mut rec = Vec::with_capacity(msg.len() + 8);
-        encode_record(&msg, MAX_FRAGMENT, &mut rec).map_err(LocalError::Record)?;
+        let (xid, rec) = super::encode_call_record(&self.xids, call)?;
         let deadline = Instant::now() + self.timeout;
         let mut c = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(d) = &c.dead {
