@@ -32,6 +32,7 @@ r iw_write64 $B bench write -s 64 -t 64 -D 2
 r smc_stream cargo test -p smc --release --test stream_roce -- --ignored --nocapture streaming_ratio
 r smc_stream cargo test -p smc --release --test stream_roce -- --ignored --nocapture streaming_ratio
 r nfs bash scripts/nfs-bench.sh 1024 2
+cargo build -p rpcrdma --release --example rpc_read_bound >/dev/null 2>&1 && r rpc_bound target/release/examples/rpc_read_bound 1048576 1000 3
 r ipoib bash scripts/ipoib-bench.sh 5 3
 cargo build -p ipoib --release --example tun_relay >/dev/null 2>&1 && r ipoib_bound bash scripts/ipoib-bound.sh 5 3
 echo done > $O/DONE
