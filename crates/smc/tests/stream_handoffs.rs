@@ -61,7 +61,7 @@ fn read_full(s: &mut SmcStream, buf: &mut [u8], busy: bool) {
             Ok(0) => panic!("EOF after {got} octets"),
             Ok(n) => got += n,
             Err(e) if busy && e.kind() == ErrorKind::WouldBlock => std::hint::spin_loop(),
-            Err(e) => panic!("read: {e}"),
+            Err(e) => panic!("{} read: {e}", if busy { "busy" } else { "blocking" }),
         }
     }
 }

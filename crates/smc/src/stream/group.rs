@@ -780,11 +780,12 @@ impl Group {
                     .map_or(TICK, |d| d.saturating_duration_since(now))
                     .clamp(Duration::from_millis(1), TICK);
                 // Application threads poll the CQ themselves: stay off it until they have
-                // not for `progress_linger` (async tasks need this thread: no lingering).
+                // not for `progress_linger` (async tasks need this thread, and two links
+                // are this thread's alone: no lingering).
                 let linger = st
                     .caller_seen
                     .map(|c| c + self.progress_linger)
-                    .filter(|u| *u > now && st.wakers.is_empty());
+                    .filter(|u| *u > now && st.wakers.is_empty() && Self::lone_link(&st).is_some());
                 let callers = matches!(st.leader, Leader::Caller(_)) || linger.is_some();
                 let links: Vec<Arc<Link>> = st.links.v.iter().map(|l| Arc::clone(&l.link)).collect();
                 // taken under the lock the CQ is handed over with: an interrupt from a caller
