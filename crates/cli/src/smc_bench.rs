@@ -7,9 +7,9 @@
 //! plain `TcpStream` (TCP_NODELAY) between the same two addresses, so the ratio compares the
 //! two transports under the same load.
 //!
-//! Waiting: by default both sides block in `read` (an `SmcStream` sleeps on its link
-//! group's condition variable until the progress thread delivers a CDC; TCP sleeps in the
-//! kernel). `--busy` makes both sides nonblocking and spin on `WouldBlock` (both
+//! Waiting: by default both sides block in `read` (an `SmcStream` reader takes its link's
+//! CQ itself and sleeps in it, with the RoCE provider in `poll(2)` on the device's socket,
+//! and applies the CDC it waits for; TCP sleeps in the kernel). `--busy` makes both sides nonblocking and spin on `WouldBlock` (both
 //! transports, so the comparison stays like for like). The mode is printed and is in the
 //! JSON (`"wait": "blocking" | "busy"`).
 //!

@@ -337,9 +337,24 @@ impl CompletionQueue {
     /// as a blocking TCP reader does: one wake-up per completion instead of the
     /// provider's thread waking and then waking this one (issue 18).
     pub fn wait_spin(&self, spin: Duration, timeout: Option<Duration>) -> Option<WorkCompletion> {
+        self.wait_spin_since(spin, timeout, self.interrupt_epoch())
+    }
+
+    /// How many times [`interrupt`](Self::interrupt) was called so far: taken by a poller
+    /// while it holds the lock its application hands the CQ over with, and given to
+    /// [`wait_spin_since`](Self::wait_spin_since), an interrupt made after the hand-over
+    /// and before the wait began still ends the wait.
+    pub fn interrupt_epoch(&self) -> u64 {
+        self.inner.interrupts.load(Ordering::Acquire)
+    }
+
+    /// [`wait_spin`](Self::wait_spin) that does not sleep if `interrupt` was called since
+    /// `epoch` ([`interrupt_epoch`](Self::interrupt_epoch)): it returns a completion already
+    /// queued, else `None`.
+    pub fn wait_spin_since(&self, spin: Duration, timeout: Option<Duration>, epoch: u64) -> Option<WorkCompletion> {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
-        let interrupts = self.inner.interrupts.load(Ordering::Acquire);
+        let interrupts = epoch;
         if spin.is_zero() {
             // No progress pass first: the inline wait's poll(2) returns at once if a
             // socket has data, so a read that would only say EAGAIN is saved.

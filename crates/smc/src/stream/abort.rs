@@ -43,8 +43,7 @@ impl SmcStream {
                     c.abort();
                 }
                 s.g.drive(links, s.cid, sl);
-                s.g.cv.notify_all();
-                st.wakers.drain(..).for_each(std::task::Waker::wake);
+                s.g.wake_waiters(&mut st);
                 Ok(())
             }
         }

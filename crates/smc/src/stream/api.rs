@@ -132,7 +132,7 @@ impl SmcStream {
                     c.shutdown_write().map_err(|e| io_err(io::ErrorKind::NotConnected, e))?;
                     s.g.drive(links, s.cid, sl);
                 }
-                s.g.cv.notify_all();
+                s.g.wake_waiters(&mut st);
                 Ok(())
             }
         }
@@ -242,13 +242,13 @@ impl Read for SmcStream {
                 return Err(Self::smc_err(Some(&*sl)));
             }
             if sl.nonblocking {
+                // a busy reader or writer polls the CQ itself
+                if s.g.poll_conn(&mut st) {
+                    continue;
+                }
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            st =
-                s.g.cv
-                    .wait_timeout(st, Duration::from_millis(200))
-                    .map(|r| r.0)
-                    .unwrap_or_else(|p| p.into_inner().0);
+            st = s.g.wait_conn(st, Duration::from_millis(200));
         }
     }
 }
@@ -302,13 +302,13 @@ impl SmcStream {
                 return Err(io_err(io::ErrorKind::BrokenPipe, e));
             }
             if sl.nonblocking {
+                // a busy reader or writer polls the CQ itself
+                if s.g.poll_conn(&mut st) {
+                    continue;
+                }
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            st =
-                s.g.cv
-                    .wait_timeout(st, Duration::from_millis(200))
-                    .map(|r| r.0)
-                    .unwrap_or_else(|p| p.into_inner().0);
+            st = s.g.wait_conn(st, Duration::from_millis(200));
         }
     }
 

@@ -113,6 +113,8 @@ impl AsyncSmcStream {
             if !st.wakers.iter().any(|x| x.will_wake(w)) {
                 st.wakers.push(w.clone());
             }
+            // the progress thread polls the CQ for async tasks (no lingering)
+            side.g.pcv.notify_one();
         }
     }
 

@@ -53,6 +53,29 @@ pub(super) struct GState {
     /// Async tasks waiting on a connection of the group (`async_io`): woken with the
     /// condition variable's waiters.
     pub(super) wakers: Vec<std::task::Waker>,
+    /// Who takes the completions off the link's CQ (leader/follower, issue 15 session 13).
+    pub(super) leader: Leader,
+    /// Threads asleep on [`Group::cv`] (followers, setup): `notify_all` only when there are.
+    pub(super) cv_waiters: u32,
+    /// When an application thread last polled the CQ itself: the progress thread stays off
+    /// the CQ for [`SmcConfig::progress_linger`] after it.
+    pub(super) caller_seen: Option<Instant>,
+}
+
+/// Who polls a link group's CQ. A reader or writer that has to wait takes the CQ itself
+/// (one link, group active): it sleeps in the CQ (with the RoCE provider's inline wait, in
+/// `poll(2)` on the device's socket), applies what arrives and wakes only the threads the
+/// completions concern, so the octets a reader waits for reach it with one wake-up, as a
+/// blocking TCP reader's do. Other waiters sleep on the condition variable (followers) and
+/// one of them leads when the leader leaves. The progress thread polls only when no
+/// application thread has for [`SmcConfig::progress_linger`] (async tasks, idle
+/// connections, LLC while nobody reads) and leaves at once when one comes
+/// ([`CompletionQueue::interrupt`]); it keeps the timers either way.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Leader {
+    None,
+    Caller(std::thread::ThreadId),
+    Progress,
 }
 
 /// A link group: up to two links (one per RoCE device) and its connections.
@@ -66,6 +89,10 @@ pub(super) struct Group {
     pub(super) llc_version: LlcVersion,
     pub(super) st: Mutex<GState>,
     pub(super) cv: Condvar,
+    /// The progress thread sleeps here while application threads poll the CQ.
+    pub(super) pcv: Condvar,
+    /// [`SmcConfig::progress_linger`].
+    pub(super) progress_linger: Duration,
 }
 
 pub(super) fn registry() -> &'static Mutex<Vec<Arc<Group>>> {
@@ -180,8 +207,13 @@ impl Group {
                 terminated_at: None,
                 unknown_tokens: 0,
                 wakers: Vec::new(),
+                leader: Leader::None,
+                cv_waiters: 0,
+                caller_seen: None,
             }),
             cv: Condvar::new(),
+            pcv: Condvar::new(),
+            progress_linger: cfg.progress_linger,
         })
     }
 
@@ -388,11 +420,7 @@ impl Group {
                     if Instant::now() >= deadline {
                         return Err(io_err(io::ErrorKind::TimedOut, "CONFIRM RKEY busy"));
                     }
-                    st = self
-                        .cv
-                        .wait_timeout(st, TICK)
-                        .map(|r| r.0)
-                        .unwrap_or_else(|p| p.into_inner().0);
+                    st = self.wait_cv(st, TICK);
                 }
             }
         };
@@ -411,11 +439,7 @@ impl Group {
             if st.lgr.terminated().is_some() || Instant::now() >= deadline {
                 return Err(io_err(io::ErrorKind::TimedOut, "CONFIRM RKEY not answered"));
             }
-            st = self
-                .cv
-                .wait_timeout(st, TICK)
-                .map(|r| r.0)
-                .unwrap_or_else(|p| p.into_inner().0);
+            st = self.wait_conn(st, TICK);
         }
     }
 
@@ -475,8 +499,168 @@ impl Group {
                 }
             }
         }
-        self.cv.notify_all();
+        self.wake_waiters(st);
+    }
+
+    /// Wakes whoever waits on the group: the followers on the condition variable (a
+    /// `futex` call only when there are), the async tasks, and an application thread
+    /// asleep in the CQ as leader unless it is this thread.
+    pub(super) fn wake_waiters(&self, st: &mut GState) {
+        if st.cv_waiters > 0 {
+            self.cv.notify_all();
+        }
         st.wakers.drain(..).for_each(std::task::Waker::wake);
+        if let Leader::Caller(t) = st.leader
+            && t != std::thread::current().id()
+        {
+            st.links.v.iter().for_each(|l| l.link.cq.interrupt());
+        }
+    }
+
+    /// Sleeps on the condition variable for at most `timeout` (counted in `cv_waiters`).
+    pub(super) fn wait_cv<'a>(&'a self, mut st: MutexGuard<'a, GState>, timeout: Duration) -> MutexGuard<'a, GState> {
+        st.cv_waiters += 1;
+        let mut st = self
+            .cv
+            .wait_timeout(st, timeout)
+            .map(|r| r.0)
+            .unwrap_or_else(|p| p.into_inner().0);
+        st.cv_waiters -= 1;
+        st
+    }
+
+    /// The group's one link while callers may poll it themselves: one active link and the
+    /// group not ended (with two, failover and ADD LINK stay with the progress thread).
+    fn lone_link(st: &GState) -> Option<Arc<Link>> {
+        match st.links.v.as_slice() {
+            [l] if l.state == LinkState::Active
+                && st.link_state == LinkState::Active
+                && st.lgr.terminated().is_none() =>
+            {
+                Some(Arc::clone(&l.link))
+            }
+            _ => None,
+        }
+    }
+
+    /// A blocking reader's or writer's wait (up to `timeout`) for something to change on
+    /// the group: it takes the CQ itself when nobody else does and applies what arrives
+    /// (see [`Leader`]), else it sleeps on the condition variable as a follower. The caller
+    /// re-checks its condition afterwards.
+    pub(super) fn wait_conn<'a>(&'a self, mut st: MutexGuard<'a, GState>, timeout: Duration) -> MutexGuard<'a, GState> {
+        let me = std::thread::current().id();
+        let link = match st.leader {
+            Leader::Caller(_) => None,
+            _ => Self::lone_link(&st),
+        };
+        let Some(link) = link else {
+            return self.wait_cv(st, timeout);
+        };
+        let prev = std::mem::replace(&mut st.leader, Leader::Caller(me));
+        // taken under the group's lock: a thread that changes what this one waits for
+        // after it (and interrupts the leader) ends the wait below even before it begins
+        let mut epoch = link.cq.interrupt_epoch();
+        drop(st);
+        if prev == Leader::Progress {
+            // the progress thread leaves the CQ to us (our own interrupt does not end ours)
+            link.cq.interrupt();
+            epoch += 1;
+        }
+        let first = link.cq.wait_spin_since(Duration::ZERO, Some(timeout), epoch);
+        let mut st = self.lock();
+        let now = Instant::now();
+        let k = engine_counters();
+        k.caller_waits.fetch_add(1, Ordering::Relaxed);
+        let wake = self.apply(
+            &mut st,
+            std::slice::from_ref(&link),
+            first.map(|wc| (link.num(), wc)),
+            now,
+            true,
+        );
+        if wake && st.cv_waiters > 0 {
+            k.handoffs.fetch_add(1, Ordering::Relaxed);
+        }
+        if st.leader == Leader::Caller(me) {
+            st.leader = Leader::None;
+        }
+        st.caller_seen = Some(now);
+        self.lgr_actions(&mut st);
+        st
+    }
+
+    /// A nonblocking reader's or writer's poll of the CQ before it says `WouldBlock` (a
+    /// busy reader spins here, on the CQ itself): what is queued or on the device's socket
+    /// is applied now. `true` if a completion was applied. Only when nobody else polls (a
+    /// progress thread in the CQ is told to leave; the next call polls).
+    pub(super) fn poll_conn(&self, st: &mut GState) -> bool {
+        let Some(link) = Self::lone_link(st) else {
+            return false;
+        };
+        let now = Instant::now();
+        match st.leader {
+            Leader::None => {}
+            Leader::Progress => {
+                st.caller_seen = Some(now);
+                link.cq.interrupt();
+                return false;
+            }
+            Leader::Caller(_) => return false,
+        }
+        st.caller_seen = Some(now);
+        let Some(wc) = link.cq.poll_one() else {
+            return false;
+        };
+        engine_counters().caller_polls.fetch_add(1, Ordering::Relaxed);
+        let wake = self.apply(st, std::slice::from_ref(&link), Some((link.num(), wc)), now, true);
+        if wake && st.cv_waiters > 0 {
+            engine_counters().handoffs.fetch_add(1, Ordering::Relaxed);
+        }
+        self.lgr_actions(st);
+        true
+    }
+
+    /// Applies `first` and whatever else `links`' CQs hold; whether any of it can matter
+    /// to a waiter. `caller`: an application thread applies them (counted apart).
+    fn apply(
+        &self,
+        st: &mut GState,
+        links: &[Arc<Link>],
+        first: Option<(u8, WorkCompletion)>,
+        now: Instant,
+        caller: bool,
+    ) -> bool {
+        let Some((n, wc)) = first else {
+            return false;
+        };
+        let k = engine_counters();
+        let count = |n: usize| {
+            let c = if caller {
+                &k.caller_completions
+            } else {
+                &k.progress_completions
+            };
+            c.fetch_add(n as u64, Ordering::Relaxed);
+        };
+        let mut wake = self.on_completion(st, n, &wc, now);
+        count(1);
+        let mut wcs = Vec::new();
+        for l in links {
+            loop {
+                wcs.clear();
+                if l.cq.poll(&mut wcs, 64) == 0 {
+                    break;
+                }
+                count(wcs.len());
+                for wc in &wcs {
+                    wake |= self.on_completion(st, l.num(), wc, now);
+                }
+                if wcs.len() < 64 {
+                    break;
+                }
+            }
+        }
+        wake
     }
 
     /// A completion of link `link`'s CQ.
@@ -583,36 +767,62 @@ impl Group {
     }
 
     /// The group's progress thread: one per link group, whatever the number of connections
-    /// and links; it waits on the CQs of all the group's links.
+    /// and links; it waits on the CQs of all the group's links while no application thread
+    /// does ([`Leader`]), and keeps the group's timers.
     pub(super) fn progress(self: Arc<Self>) {
-        let mut wcs = Vec::with_capacity(64);
         loop {
-            let (timeout, links) = {
-                let st = self.lock();
+            let (timer, timeout, links, lead, epoch) = {
+                let mut st = self.lock();
                 let now = Instant::now();
                 let t = st
                     .lgr
                     .next_deadline()
                     .map_or(TICK, |d| d.saturating_duration_since(now))
                     .clamp(Duration::from_millis(1), TICK);
+                // Application threads poll the CQ themselves: stay off it until they have
+                // not for `progress_linger` (async tasks need this thread, and two links
+                // are this thread's alone: no lingering).
+                let linger = st
+                    .caller_seen
+                    .map(|c| c + self.progress_linger)
+                    .filter(|u| *u > now && st.wakers.is_empty() && Self::lone_link(&st).is_some());
+                let callers = matches!(st.leader, Leader::Caller(_)) || linger.is_some();
                 let links: Vec<Arc<Link>> = st.links.v.iter().map(|l| Arc::clone(&l.link)).collect();
-                (t, links)
+                // taken under the lock the CQ is handed over with: an interrupt from a caller
+                // that takes it after this ends the wait below, even before it begins
+                let epoch = links.first().map_or(0, |l| l.cq.interrupt_epoch());
+                if !callers {
+                    st.leader = Leader::Progress;
+                }
+                let sleep = linger.map_or(t, |u| t.min(u.saturating_duration_since(now)));
+                (now + t, sleep.max(Duration::from_micros(100)), links, !callers, epoch)
             };
-            let first = wait_any(&links, timeout);
+            let first = if lead {
+                wait_any(&links, timeout, epoch)
+            } else {
+                let st = self.lock();
+                drop(self.pcv.wait_timeout(st, timeout));
+                if Instant::now() < timer {
+                    continue; // the linger ended or an async task came: look again
+                }
+                None
+            };
             let mut st = self.lock();
+            if st.leader == Leader::Progress {
+                st.leader = Leader::None;
+            }
             let now = Instant::now();
             // A pass without completions (a timer) always wakes the waiters (close timers,
             // group ends); one whose completions were all CDC/LLC sends wakes nobody.
-            let mut wake = first.is_none();
-            if let Some((n, wc)) = &first {
-                wake |= self.on_completion(&mut st, *n, wc, now);
-                for l in &links {
-                    wcs.clear();
-                    l.cq.poll(&mut wcs, 64);
-                    for wc in &wcs {
-                        wake |= self.on_completion(&mut st, l.num(), wc, now);
-                    }
+            let idle = first.is_none();
+            let mut wake = idle;
+            if !idle {
+                let woke = self.apply(&mut st, &links, first, now, false);
+                if woke && (st.cv_waiters > 0 || matches!(st.leader, Leader::Caller(_))) {
+                    // a waiting reader or writer gets what this thread applied
+                    engine_counters().handoffs.fetch_add(1, Ordering::Relaxed);
                 }
+                wake |= woke;
             }
             st.lgr.on_tick(now);
             self.lgr_actions(&mut st);
@@ -620,13 +830,12 @@ impl Group {
             self.lgr_actions(&mut st);
             let k = engine_counters();
             k.passes.fetch_add(1, Ordering::Relaxed);
-            if first.is_none() {
+            if idle {
                 k.idle_passes.fetch_add(1, Ordering::Relaxed);
             }
             if wake || st.lgr.terminated().is_some() {
                 k.wakeups.fetch_add(1, Ordering::Relaxed);
-                self.cv.notify_all();
-                st.wakers.drain(..).for_each(std::task::Waker::wake);
+                self.wake_waiters(&mut st);
             }
             // The QP stays a little after the end so that the peer's own DELETE LINK (Linux
             // answers ours with one) is acknowledged rather than retried into a link error.

@@ -129,13 +129,14 @@ impl Link {
 
     /// Posts a 44-octet control message (CDC or LLC) from send slot `slot`.
     pub(super) fn post_ctrl(&self, slot: u32, bytes: &[u8; CDC_LEN], wr_id: u64) -> Result<(), verbs::Error> {
+        self.qp.post_send_one(self.ctrl_wr(slot, bytes, wr_id))
+    }
+
+    /// The Send of a control message from send slot `slot` (written there now), to post.
+    pub(super) fn ctrl_wr(&self, slot: u32, bytes: &[u8; CDC_LEN], wr_id: u64) -> SendWr {
         let off = (slot % SQ_DEPTH) as usize * SLOT;
         let _ = self.ctrl.write(off, bytes);
-        self.qp.post_send_one(SendWr::new(
-            wr_id,
-            WrOpcode::Send,
-            vec![self.ctrl.sge(off, CDC_LEN as u32)],
-        ))
+        SendWr::new(wr_id, WrOpcode::Send, vec![self.ctrl.sge(off, CDC_LEN as u32)])
     }
 
     /// Receive slot `wr_id` back on the receive queue.
@@ -235,12 +236,14 @@ impl Wake for Unpark {
 /// while, so a CDC arriving just after this thread parked waited for the provider's
 /// periodic check: 64 B request/response p50 215 µs with the spin, 113-138 µs without,
 /// interleaved runs, docs/performance.md). Several: a short busy poll of all, then each
-/// CQ's async wait registered with a waker that unparks this thread.
-pub(super) fn wait_any(links: &[Arc<Link>], timeout: Duration) -> Option<(u8, WorkCompletion)> {
+/// CQ's async wait registered with a waker that unparks this thread. `epoch`: the first
+/// link's [`CompletionQueue::interrupt_epoch`] when this thread took the CQ (one link: an
+/// application thread that took it over since has interrupted the wait).
+pub(super) fn wait_any(links: &[Arc<Link>], timeout: Duration, epoch: u64) -> Option<(u8, WorkCompletion)> {
     if let [one] = links {
         return one
             .cq
-            .wait_spin(Duration::ZERO, Some(timeout))
+            .wait_spin_since(Duration::ZERO, Some(timeout), epoch)
             .map(|wc| (one.num(), wc));
     }
     let start = Instant::now();

@@ -128,6 +128,11 @@ pub struct SmcConfig {
     /// peer's element). Smaller pieces let the reader copy the first while the rest is on
     /// the wire, at the price of more CDCs per MiB.
     pub write_chunk: u32,
+    /// How long the group's progress thread stays off the link's CQ after an application
+    /// thread last polled it itself (a blocking reader or writer that waited, a nonblocking
+    /// one that found nothing): while callers keep coming back, the completions they wait
+    /// for reach them without a hand-off through the progress thread.
+    pub progress_linger: Duration,
 }
 
 impl Default for SmcConfig {
@@ -148,6 +153,7 @@ impl Default for SmcConfig {
             alt_device: None,
             add_link_retry: Duration::from_secs(5),
             write_chunk: 0,
+            progress_linger: Duration::from_millis(5),
         }
     }
 }
@@ -223,6 +229,17 @@ pub struct EngineCounters {
     pub cdcs_sent: AtomicU64,
     /// CDC messages posted that carried new data (producer cursor moved).
     pub data_cdcs_sent: AtomicU64,
+    /// Waits of blocking readers and writers in the link's CQ (as its leader).
+    pub caller_waits: AtomicU64,
+    /// Nonblocking reads and writes that found a completion when they polled the CQ.
+    pub caller_polls: AtomicU64,
+    /// Completions applied by the application thread that polled the CQ.
+    pub caller_completions: AtomicU64,
+    /// Completions applied by a progress thread.
+    pub progress_completions: AtomicU64,
+    /// Hand-offs: a thread applied completions that mattered while another reader or writer
+    /// waited (asleep on the condition variable, or in the CQ as leader), and woke it.
+    pub handoffs: AtomicU64,
 }
 
 /// The process's [`EngineCounters`].

@@ -316,7 +316,7 @@ impl Group {
         if let Some(s) = conns.get_mut(&cid) {
             self.drive(links, cid, s);
         }
-        self.cv.notify_all();
+        self.wake_waiters(&mut st);
         Ok(())
     }
 
@@ -361,11 +361,28 @@ impl Group {
             lkey: sb.lkey,
         };
         let room = SQ_DEPTH - SQ_LLC_RESERVE;
+        // An RDMA Write and the CDC behind it go to the QP in one post (one transmit pass
+        // of the provider: one `sendmmsg` for both instead of one each).
+        let mut batch: Vec<SendWr> = Vec::new();
+        let post = |batch: &mut Vec<SendWr>, s: &mut Slot| {
+            if batch.is_empty() {
+                return true;
+            }
+            let r = sq.link.qp.post_send(batch);
+            batch.clear();
+            match r {
+                Ok(()) => true,
+                Err(e) => {
+                    Self::slot_failed(s, format!("post RDMA Write or CDC: {e}"));
+                    false
+                }
+            }
+        };
         while let Some(a) = s.pending.front().copied() {
             match a {
                 Action::RdmaWrite { src, remote_off, len } => {
                     if sq.outstanding >= room {
-                        return;
+                        break;
                     }
                     let ring = u64::from(s.send_len);
                     let off = (src % ring) as usize;
@@ -379,11 +396,7 @@ impl Group {
                         rkey: s.peer_elem.rkey,
                     };
                     let wr_id = WR_WRITE | (u64::from(cid) << 32) | u64::from(len);
-                    let wr = SendWr::new(wr_id, WrOpcode::RdmaWrite { remote }, sges);
-                    if let Err(e) = sq.link.qp.post_send_one(wr) {
-                        Self::slot_failed(s, format!("post RDMA Write: {e}"));
-                        return;
-                    }
+                    batch.push(SendWr::new(wr_id, WrOpcode::RdmaWrite { remote }, sges));
                     sq.outstanding += 1;
                     let k = engine_counters();
                     k.rdma_writes.fetch_add(1, Ordering::Relaxed);
@@ -392,17 +405,14 @@ impl Group {
                 }
                 Action::SendCdc(m) => {
                     if sq.outstanding >= room {
-                        return;
+                        break;
                     }
                     let slot = sq.next_slot;
                     sq.next_slot = sq.next_slot.wrapping_add(1);
                     // The connection id and the sequence number ride in the WR id: the
                     // completion tells the machine which CDC arrived (SS, SMC-FO-2).
                     let wr_id = WR_CDC | (u64::from(cid) << 32) | u64::from(m.seq);
-                    if let Err(e) = sq.link.post_ctrl(slot, &m.to_bytes(), wr_id) {
-                        Self::slot_failed(s, format!("post CDC: {e}"));
-                        return;
-                    }
+                    batch.push(sq.link.ctrl_wr(slot, &m.to_bytes(), wr_id));
                     sq.outstanding += 1;
                     let k = engine_counters();
                     k.cdcs_sent.fetch_add(1, Ordering::Relaxed);
@@ -411,6 +421,10 @@ impl Group {
                     }
                 }
                 Action::TcpReset => {
+                    // what went before it goes out first
+                    if !post(&mut batch, s) {
+                        return;
+                    }
                     s.tcp_reset = true;
                     // Figure 23 / SMC-ABT-1: a real RST on the TCP path with the CDC's A.
                     if let Some(t) = &s.tcp
@@ -423,6 +437,7 @@ impl Group {
             }
             s.pending.pop_front();
         }
+        post(&mut batch, s);
     }
 
     /// Per-connection work that is not driven by completions: queued actions, close timers

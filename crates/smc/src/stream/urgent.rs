@@ -175,13 +175,13 @@ impl SmcStream {
                 return Err(Self::smc_err(Some(&*sl)));
             }
             if sl.nonblocking {
+                // a busy reader or writer polls the CQ itself
+                if s.g.poll_conn(&mut st) {
+                    continue;
+                }
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            st =
-                s.g.cv
-                    .wait_timeout(st, Duration::from_millis(200))
-                    .map(|r| r.0)
-                    .unwrap_or_else(|p| p.into_inner().0);
+            st = s.g.wait_conn(st, Duration::from_millis(200));
         }
     }
 }

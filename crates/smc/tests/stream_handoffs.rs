@@ -1,0 +1,157 @@
+//! Request/response over `SmcStream` counted, never timed (issue 15's latency benchmark
+//! point, its hand-offs guarded): 64 B requests echoed between two soft RoCEv2 devices on
+//! 127.118.6.x, blocking and then busy (nonblocking reads that spin), and who applied the
+//! completions, from [`smc::stream::engine_counters`].
+//!
+//! A reader or writer that waits takes its link's CQ itself (leader/follower) and applies
+//! the CDC it waits for: the progress thread stays off the CQ while application threads
+//! poll it ([`SmcConfig::progress_linger`], here long, so that what the code decides does
+//! not depend on how the threads are scheduled). So once both ends have read once, every
+//! completion is applied by the thread that waited for it: no completion is applied by a
+//! progress thread and no waiting thread is woken by another one (zero hand-offs), in
+//! both wait modes; at least the two CDC receives of each round trip are applied by the
+//! waiting threads. A TCP reader is woken once, by the kernel; before this a CDC went
+//! provider thread → group progress thread → reader.
+//!
+//! One test in this file: the counters are process-wide.
+//!
+//! Requirements: smcr-ipoibcm.md A2.8 (CDC flow control), D2 (SmcStream like TcpStream).
+
+use smc::stream::engine_counters;
+use smc::{Mode, SmcConfig, SmcListener, SmcStream};
+use std::io::{ErrorKind, Read, Write};
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::Duration;
+
+#[path = "common/loopback.rs"]
+mod loopback;
+use loopback::device;
+
+const SIZE: usize = 64;
+const WARMUP: usize = 50;
+const ROUNDS: u64 = 400;
+
+#[derive(Debug, Clone, Copy)]
+struct Snap {
+    caller_waits: u64,
+    caller_polls: u64,
+    caller_completions: u64,
+    progress_completions: u64,
+    handoffs: u64,
+}
+
+fn snap() -> Snap {
+    let k = engine_counters();
+    let l = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::SeqCst);
+    Snap {
+        caller_waits: l(&k.caller_waits),
+        caller_polls: l(&k.caller_polls),
+        caller_completions: l(&k.caller_completions),
+        progress_completions: l(&k.progress_completions),
+        handoffs: l(&k.handoffs),
+    }
+}
+
+/// Reads exactly `buf.len()` octets, spinning on `WouldBlock` when `busy`.
+fn read_full(s: &mut SmcStream, buf: &mut [u8], busy: bool) {
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) => panic!("EOF after {got} octets"),
+            Ok(n) => got += n,
+            Err(e) if busy && e.kind() == ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => panic!("{} read: {e}", if busy { "busy" } else { "blocking" }),
+        }
+    }
+}
+
+/// `WARMUP` untimed round trips, then `ROUNDS` counted: the counters' difference.
+fn round_trips(c: &mut SmcStream, busy: bool) -> (Snap, Snap) {
+    let mut req = [0u8; SIZE];
+    let mut resp = [0u8; SIZE];
+    let mut before = None;
+    for i in 0..WARMUP as u64 + ROUNDS {
+        if i == WARMUP as u64 {
+            before = Some(snap());
+        }
+        req.iter_mut()
+            .enumerate()
+            .for_each(|(j, b)| *b = (i as usize * 7 + j) as u8);
+        c.write_all(&req).unwrap();
+        read_full(c, &mut resp, busy);
+        assert_eq!(resp, req, "round trip {i}: response differs from its request");
+    }
+    (before.unwrap(), snap())
+}
+
+#[test]
+fn request_response_has_no_handoffs() {
+    let cfg = SmcConfig {
+        prefix_len: 8,
+        // Application threads keep the CQ for the whole test: the progress thread's own
+        // polling never meets theirs, whatever the schedule.
+        progress_linger: Duration::from_secs(3600),
+        ..SmcConfig::default()
+    };
+    let (da, db) = (device("smc_", "127.118.6.1"), device("smc_", "127.118.6.2"));
+    let l = SmcListener::bind_with("127.118.6.1:0", &da, cfg.clone()).unwrap();
+    let addr = l.local_addr().unwrap();
+    // The echo server: blocking for the first phase, then busy (nonblocking reads).
+    let srv = thread::spawn(move || {
+        let mut s = l.accept().unwrap().0;
+        assert_eq!(s.mode(), Mode::SmcR);
+        let mut buf = [0u8; SIZE];
+        for phase_busy in [false, true] {
+            if phase_busy {
+                s.set_nonblocking(true).unwrap();
+            }
+            for _ in 0..WARMUP as u64 + ROUNDS {
+                read_full(&mut s, &mut buf, phase_busy);
+                s.write_all(&buf).unwrap();
+            }
+        }
+        s
+    });
+    let mut c = SmcStream::connect_with(addr, &db, &cfg).unwrap();
+    assert_eq!(c.mode(), Mode::SmcR);
+    for busy in [false, true] {
+        if busy {
+            c.set_nonblocking(true).unwrap();
+        }
+        let (b, a) = round_trips(&mut c, busy);
+        let d = |f: fn(&Snap) -> u64| f(&a) - f(&b);
+        eprintln!(
+            "{}: per round trip {:.2} caller waits, {:.2} caller polls that found one, \
+             {:.2} completions applied by callers, {} by progress threads, {} hand-offs",
+            if busy { "busy" } else { "blocking" },
+            d(|x| x.caller_waits) as f64 / ROUNDS as f64,
+            d(|x| x.caller_polls) as f64 / ROUNDS as f64,
+            d(|x| x.caller_completions) as f64 / ROUNDS as f64,
+            d(|x| x.progress_completions),
+            d(|x| x.handoffs),
+        );
+        assert_eq!(d(|x| x.handoffs), 0, "a waiting thread was woken by another");
+        assert_eq!(
+            d(|x| x.progress_completions),
+            0,
+            "a progress thread applied completions while the application threads poll"
+        );
+        // Each round trip: the request's CDC at the server, the response's at the client.
+        assert!(
+            d(|x| x.caller_completions) >= 2 * ROUNDS,
+            "{} completions applied by the waiting threads for {ROUNDS} round trips",
+            d(|x| x.caller_completions)
+        );
+        if busy {
+            assert!(d(|x| x.caller_polls) >= 2 * ROUNDS, "busy readers did not poll the CQ");
+        } else {
+            assert!(
+                d(|x| x.caller_waits) >= 2 * ROUNDS,
+                "blocking readers did not wait in the CQ"
+            );
+        }
+    }
+    let s = srv.join().unwrap();
+    drop((c, s));
+}
