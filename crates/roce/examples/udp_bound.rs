@@ -270,13 +270,14 @@ fn engine_run(secs: f64, base: u8) -> (f64, f64, u64) {
         for (side, d) in [("requester", &a.0), ("responder", &b.0)] {
             let per = |n: &str| d.hw_counter(n).unwrap_or(0) as f64 / mib;
             println!(
-                "         {side} per MiB: sent_pkts {:.1} tx_datagrams {:.1} tx_syscalls {:.1} rx_datagrams {:.1} rx_syscalls {:.1} progress_mutes {:.2}; in all: icrc_err {} ack_timeouts {} rcvd_seq_err {} send_seq_err {}",
+                "         {side} per MiB: sent_pkts {:.1} tx_datagrams {:.1} tx_syscalls {:.1} rx_datagrams {:.1} rx_syscalls {:.1} progress_mutes {:.2} progress_flushes {:.2}; in all: icrc_err {} ack_timeouts {} rcvd_seq_err {} send_seq_err {}",
                 per("sent_pkts"),
                 per("tx_datagrams"),
                 per("tx_syscalls"),
                 per("rx_datagrams"),
                 per("rx_syscalls"),
                 per("progress_mutes"),
+                per("progress_flushes"),
                 d.hw_counter("icrc_err").unwrap_or(0),
                 d.hw_counter("ack_timeouts").unwrap_or(0),
                 d.hw_counter("rcvd_seq_err").unwrap_or(0),

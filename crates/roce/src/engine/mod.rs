@@ -192,6 +192,10 @@ pub(crate) struct DevCounters {
     pub rx_syscalls: AtomicU64,
     /// Times the progress thread took the sockets out of its epoll set for a busy poller.
     pub progress_mutes: AtomicU64,
+    /// Times the progress thread found transmissions an application thread had deferred
+    /// and sent them (a poller that stopped calling; before session 13 also every inline
+    /// waiter that went back to sleep).
+    pub progress_flushes: AtomicU64,
 }
 
 /// The state a device's QPs and its progress thread share.
@@ -1332,6 +1336,7 @@ impl Provider for RoceProvider {
             ("rx_datagrams", ld(&c.rx_datagrams)),
             ("rx_syscalls", ld(&c.rx_syscalls)),
             ("progress_mutes", ld(&c.progress_mutes)),
+            ("progress_flushes", ld(&c.progress_flushes)),
             // Payload octets of RC packets: copied in user space on the way out (0: sent
             // from the registered memory), handed to the kernel by reference, and copied
             // once into memory on the way in (tests/copies_per_octet.rs).
