@@ -45,6 +45,12 @@ pub trait Progress: Send + Sync {
     }
     /// The inline waiter that [`wait_fd`](Self::wait_fd) was given to left.
     fn wait_done(&self) {}
+    /// The inline waiter found no completion and is about to sleep in `poll(2)` again:
+    /// what the provider held back for the waiter's next call (a reply that would leave
+    /// with its next post) must leave now, since no call comes before the waiter wakes.
+    /// A bulk requester's packets that an ACK let into the window are such (issue 13,
+    /// session 13: they waited for the provider thread's 1 ms check).
+    fn wait_idle(&self) {}
 }
 
 /// Most QPs a CQ's waiter sleeps on inline; a CQ shared by more sleeps on its condition
@@ -440,6 +446,9 @@ impl CompletionQueue {
                 }
                 s.inline_sleeper = true;
             }
+            // After `inline_sleeper` is set: a completion this delivers writes the eventfd,
+            // so the poll below returns at once.
+            qps.iter().for_each(|q| q.wait_idle());
             let timeout = match deadline {
                 None => None,
                 Some(d) => match d.checked_duration_since(Instant::now()).filter(|t| !t.is_zero()) {

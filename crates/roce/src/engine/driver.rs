@@ -99,6 +99,9 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
         }
         d.fire_timers(Instant::now());
         // What a busy-polling application deferred, if it stopped calling.
+        if d.has_deferred.load(Ordering::Acquire) {
+            d.counters.progress_flushes.fetch_add(1, Ordering::Relaxed);
+        }
         d.flush_deferred();
     }
 }

@@ -169,6 +169,14 @@ pub(crate) struct DevCounters {
     pub sent_pkts: AtomicU64,
     pub rcvd_pkts: AtomicU64,
     pub icrc_err: AtomicU64,
+    /// Octets the receive path's ICRC passes covered (one pass per packet: the guard of
+    /// tests/copies_per_octet.rs).
+    pub icrc_rx_octets: AtomicU64,
+    /// Octets the ICRC covered in [`DevInner::send_parts`] (packets sent from memory).
+    pub icrc_tx_octets: AtomicU64,
+    /// Extra ICRC passes of single datagrams whose IPv4 ID guess (the one after the last
+    /// solved) was wrong.
+    pub icrc_rx_id_retries: AtomicU64,
     pub malformed: AtomicU64,
     pub unknown_qp: AtomicU64,
     pub send_err: AtomicU64,
@@ -184,6 +192,10 @@ pub(crate) struct DevCounters {
     pub rx_syscalls: AtomicU64,
     /// Times the progress thread took the sockets out of its epoll set for a busy poller.
     pub progress_mutes: AtomicU64,
+    /// Times the progress thread found transmissions an application thread had deferred
+    /// and sent them (a poller that stopped calling; before session 13 also every inline
+    /// waiter that went back to sleep).
+    pub progress_flushes: AtomicU64,
 }
 
 /// The state a device's QPs and its progress thread share.
@@ -520,14 +532,18 @@ impl DevInner {
         let dst = self.local.ip();
         let mut ours = None;
         for (k, pkt) in d.chunks(seg).enumerate() {
-            let how = match (from.ip(), dst) {
-                (IpAddr::V4(_), IpAddr::V4(_)) => {
-                    let id = k as u16;
-                    let is_ours = *ours.get_or_insert_with(|| {
-                        icrc_verify_id(from.ip(), dst, from.port(), crate::wire::ROCEV2_UDP_PORT, 0, pkt)
-                    });
-                    if is_ours { Rx::Id(id) } else { Rx::Solve }
+            let how = match (from.ip(), dst, ours) {
+                (IpAddr::V4(_), IpAddr::V4(_), None) => {
+                    // The check that tells whose train it is, is the first packet's ICRC
+                    // check too: one pass, not two (it was checked again with ID 0).
+                    self.counters
+                        .icrc_rx_octets
+                        .fetch_add(pkt.len() as u64, Ordering::Relaxed);
+                    let is_ours = icrc_verify_id(from.ip(), dst, from.port(), crate::wire::ROCEV2_UDP_PORT, 0, pkt);
+                    ours = Some(is_ours);
+                    if is_ours { Rx::Checked } else { Rx::Solve }
                 }
+                (IpAddr::V4(_), IpAddr::V4(_), Some(true)) => Rx::Id(k as u16),
                 _ => Rx::Solve,
             };
             self.on_datagram(now, from, dst, how, ip, pkt, touched);
@@ -551,10 +567,22 @@ impl DevInner {
         self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
         let sport = from.port();
         let dport = crate::wire::ROCEV2_UDP_PORT;
+        let crc_pass = || {
+            self.counters
+                .icrc_rx_octets
+                .fetch_add(pkt.len() as u64, Ordering::Relaxed);
+        };
         let (ok, ip_hdr) = match rx {
-            Rx::Headers(ip, udp) => (icrc::verify(ip, udp, pkt).is_ok(), Some(ip)),
+            Rx::Headers(ip, udp) => {
+                crc_pass();
+                (icrc::verify(ip, udp, pkt).is_ok(), Some(ip))
+            }
             Rx::Solve => (self.check_single(from.ip(), dst, sport, dport, pkt), None),
-            Rx::Id(id) => (icrc_verify_id(from.ip(), dst, sport, dport, id, pkt), None),
+            Rx::Id(id) => {
+                crc_pass();
+                (icrc_verify_id(from.ip(), dst, sport, dport, id, pkt), None)
+            }
+            Rx::Checked => (true, None),
         };
         if !ok {
             self.counters.icrc_err.fetch_add(1, Ordering::Relaxed);
@@ -609,15 +637,27 @@ impl DevInner {
     /// kernel segmented), then solved for (rxe's hashed IDs).
     fn check_single(&self, src: IpAddr, dst: IpAddr, sport: u16, dport: u16, pkt: &[u8]) -> bool {
         let guess = self.rx_next_id.load(Ordering::Relaxed) as u16;
-        if guess != 0 && src.is_ipv4() && icrc_verify_id(src, dst, sport, dport, guess, pkt) {
-            let next = if usize::from(guess) + 1 < sys::GSO_MAX_SEGS {
-                guess + 1
-            } else {
-                0
-            };
-            self.rx_next_id.store(u32::from(next), Ordering::Relaxed);
-            return true;
+        let crc_pass = || {
+            self.counters
+                .icrc_rx_octets
+                .fetch_add(pkt.len() as u64, Ordering::Relaxed);
+        };
+        if guess != 0 && src.is_ipv4() {
+            if icrc_verify_id(src, dst, sport, dport, guess, pkt) {
+                crc_pass();
+                let next = if usize::from(guess) + 1 < sys::GSO_MAX_SEGS {
+                    guess + 1
+                } else {
+                    0
+                };
+                self.rx_next_id.store(u32::from(next), Ordering::Relaxed);
+                return true;
+            }
+            // A pass spent on the wrong ID (a single datagram after a train): counted apart
+            // from the one pass per packet.
+            self.counters.icrc_rx_id_retries.fetch_add(1, Ordering::Relaxed);
         }
+        crc_pass();
         match icrc_check(src, dst, sport, dport, pkt) {
             Ok(id) => {
                 let next = if usize::from(id) + 1 < sys::GSO_MAX_SEGS {
@@ -816,6 +856,7 @@ impl DevInner {
                 let mut ipb = [0u8; 40];
                 let ip = ip_header(self.local.ip(), to.ip(), len, k as u16, &mut ipb);
                 let udp = icrc::udp_header(self.local.port(), to.port(), len);
+                self.counters.icrc_tx_octets.fetch_add(len as u64, Ordering::Relaxed);
                 let crc = icrc::compute_parts(
                     ip,
                     &udp,
@@ -1088,6 +1129,9 @@ pub(crate) enum Rx<'a> {
     Solve,
     /// From a UDP socket, packet of a GSO train: exactly this IPv4 ID.
     Id(u16),
+    /// Already checked: the first packet of a train, whose check with ID 0 told that the
+    /// train is ours ([`DevInner::on_train`]).
+    Checked,
 }
 
 /// The RoCEv2 provider: what [`verbs::Device`] calls.
@@ -1273,6 +1317,11 @@ impl Provider for RoceProvider {
             ("retry_rnr_exceeded_err", ld(&c.retry_rnr_exceeded_err)),
             ("send_err", ld(&c.send_err)),
             ("icrc_err", ld(&c.icrc_err)),
+            // Octets covered by ICRC passes on receive and on the send-from-memory path: one
+            // pass per packet each (tests/copies_per_octet.rs).
+            ("icrc_rx_octets", ld(&c.icrc_rx_octets)),
+            ("icrc_tx_octets", ld(&c.icrc_tx_octets)),
+            ("icrc_rx_id_retries", ld(&c.icrc_rx_id_retries)),
             ("retransmitted_pkts", rc.retransmitted_packets),
             ("ack_timeouts", rc.ack_timeouts),
             ("implied_naks", rc.implied_naks),
@@ -1287,6 +1336,7 @@ impl Provider for RoceProvider {
             ("rx_datagrams", ld(&c.rx_datagrams)),
             ("rx_syscalls", ld(&c.rx_syscalls)),
             ("progress_mutes", ld(&c.progress_mutes)),
+            ("progress_flushes", ld(&c.progress_flushes)),
             // Payload octets of RC packets: copied in user space on the way out (0: sent
             // from the registered memory), handed to the kernel by reference, and copied
             // once into memory on the way in (tests/copies_per_octet.rs).

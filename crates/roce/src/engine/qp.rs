@@ -341,6 +341,13 @@ impl Progress for QpShared {
         true
     }
 
+    /// The waiter sleeps again without a completion: what its receive deferred (ACKs, and
+    /// the requests an ACK let into the window) is sent now, not at the progress thread's
+    /// next muted check (up to 1 ms later; a bulk Write stalled on it once per burst).
+    fn wait_idle(&self) {
+        self.dev.flush_deferred();
+    }
+
     /// The inline waiter left: the progress thread takes the socket back once no thread
     /// has waited or polled for `BUSY_POLL_RECENT` (500 µs).
     fn wait_done(&self) {
