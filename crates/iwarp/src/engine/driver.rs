@@ -47,8 +47,37 @@ pub(crate) enum Muted {
     Waited,
 }
 
-/// How often the progress thread checks muted connections.
+/// How often the progress thread checks muted connections, at first (and at
+/// least this long apart: a connection is still polled if it was polled since the
+/// previous check).
 pub(crate) const UNMUTE_CHECK: Duration = Duration::from_micros(100);
+
+/// The longest period of that check: while every busy-polled connection is still
+/// polled at a check, the period doubles up to this (issue 18, session 13: each
+/// check is a wake-up of the progress thread that takes a core from a spinner on
+/// 2 vCPUs; at 100 µs it came every few round trips of a busy ping-pong). A
+/// poller that leaves without sleeping in a CQ wait is noticed within about twice
+/// this; one that sleeps hands its QPs back at once (`Progress::parked`).
+pub(crate) const UNMUTE_CHECK_MAX: Duration = Duration::from_micros(1600);
+
+/// While it stays awake after answering a request, the progress thread reads the
+/// answering connections' sockets itself (a `read` each, as a busy TCP server spins on
+/// `recv`) and polls `epoll_wait` for everything else on one pass in this many.
+const HOT_EPOLL_EVERY: u32 = 16;
+
+/// Most connections read directly while the thread stays awake.
+const HOT_MAX: usize = 4;
+
+/// Requests answered in a pass that read a hot connection directly (see [`hot_answers`]).
+static HOT_ANSWERS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times a progress thread of this process, staying awake after a peer's
+/// request, read that connection's socket itself (without `epoll_wait`) and answered
+/// the next request it found there (issue 18, session 13): a diagnostic for tests that
+/// count which path answered the Reads of a requester in a loop.
+pub fn hot_answers() -> u64 {
+    HOT_ANSWERS.load(Ordering::Relaxed)
+}
 
 /// How long the unmute timer runs once set ([`Driver::arm_unmute_timer`]): a QP
 /// muted for an inline CQ waiter that went away is handed back to the progress
@@ -92,6 +121,8 @@ pub(crate) struct Driver {
     muted: Mutex<Vec<(usize, bool)>>,
     /// Fires after an inline waiter left: the progress thread then checks the muted.
     timer: super::sockio::TimerFd,
+    /// A connection was newly muted for a busy poller: check at the first period again.
+    check_fast: AtomicBool,
     /// When the timer is due, in ns since `epoch` (0: not armed).
     timer_due: AtomicU64,
     epoch: std::time::Instant,
@@ -116,6 +147,7 @@ impl Driver {
             conns: Mutex::new(HashMap::new()),
             muted: Mutex::new(Vec::new()),
             timer,
+            check_fast: AtomicBool::new(false),
             timer_due: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             next: AtomicUsize::new(1),
@@ -164,6 +196,7 @@ impl Driver {
             drop(m);
             if periodic && !was_periodic {
                 // Shorten the sleep so the mute is checked.
+                self.check_fast.store(true, Ordering::Release);
                 let _ = self.waker.wake();
             }
         }
@@ -210,20 +243,55 @@ impl Drop for Driver {
 }
 
 fn run(mut poll: Poll, driver: Weak<Driver>) {
+    use std::time::Instant;
     let mut events = Events::with_capacity(256);
     // Until when the thread stays awake (polls with a zero timeout) after it answered a
     // peer's request: the next Read of a requester in a loop finds it running.
-    let mut awake_until: Option<std::time::Instant> = None;
+    let mut awake_until: Option<Instant> = None;
+    // The connections that answered a request while awake: read directly, as a busy
+    // TCP server spins on `recv`, rather than through `epoll_wait` (one system call per
+    // empty pass instead of `epoll_wait` and `sched_yield`, and the Request is read by
+    // the pass that finds it rather than by the pass after its epoll event).
+    let mut hot: Vec<(usize, Arc<dyn Pollable>)> = Vec::new();
+    let mut passes: u32 = 0;
+    // The period of the muted connections' check (doubles while they stay polled) and
+    // when they were last checked.
+    let mut check_every = UNMUTE_CHECK;
+    let mut checked = Instant::now();
     loop {
+        let awake = awake_until.is_some_and(|t| Instant::now() < t);
+        if awake && !hot.is_empty() && passes % HOT_EPOLL_EVERY != 0 {
+            passes = passes.wrapping_add(1);
+            let mut answered = false;
+            for (_, c) in &hot {
+                answered |= c.on_event(true, false, false);
+            }
+            if answered {
+                HOT_ANSWERS.fetch_add(1, Ordering::Relaxed);
+                if let Some(d) = driver.upgrade() {
+                    awake_until = Some(Instant::now() + d.responder_spin);
+                }
+            }
+            continue;
+        }
+        passes = 1;
         let timeout = match driver.upgrade() {
             None => return,
-            Some(_) if awake_until.is_some_and(|t| std::time::Instant::now() < t) => Duration::ZERO,
-            Some(d) if d.muted.lock().unwrap().iter().any(|t| t.1) => UNMUTE_CHECK,
+            Some(_) if awake => Duration::ZERO,
+            Some(d) if d.muted.lock().unwrap().iter().any(|t| t.1) => {
+                if d.check_fast.swap(false, Ordering::AcqRel) {
+                    check_every = UNMUTE_CHECK;
+                }
+                check_every
+                    .saturating_sub(checked.elapsed())
+                    .max(Duration::from_micros(1))
+            }
             Some(_) => Duration::from_secs(1),
         };
         let slept = !timeout.is_zero();
         if slept {
             awake_until = None;
+            hot.clear();
         }
         if let Err(e) = poll.poll(&mut events, Some(timeout)) {
             if e.kind() == std::io::ErrorKind::Interrupted {
@@ -245,19 +313,28 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
             continue;
         }
         let mut answered = false;
+        let mut timer_fired = false;
         for ev in events.iter() {
             if ev.token() == WAKER {
                 continue;
             }
             if ev.token() == TIMER {
                 d.timer.drain();
+                timer_fired = true;
                 continue;
             }
             let conn = d.conns.lock().unwrap().get(&ev.token().0).and_then(Weak::upgrade);
             if let Some(c) = conn {
                 let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
                 let writable = ev.is_writable() || ev.is_write_closed() || ev.is_error();
-                answered |= c.on_event(readable, writable, ev.is_read_closed() || ev.is_error());
+                let closed = ev.is_read_closed() || ev.is_error();
+                let a = c.on_event(readable, writable, closed);
+                answered |= a;
+                if a && !closed && !d.responder_spin.is_zero() && hot.len() < HOT_MAX {
+                    if !hot.iter().any(|h| h.0 == ev.token().0) {
+                        hot.push((ev.token().0, c));
+                    }
+                }
             }
         }
         if answered {
@@ -265,9 +342,16 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
                 RESPONDER_WAKEUPS.fetch_add(1, Ordering::Relaxed);
             }
             if !d.responder_spin.is_zero() {
-                awake_until = Some(std::time::Instant::now() + d.responder_spin);
+                awake_until = Some(Instant::now() + d.responder_spin);
             }
         }
+        // The muted connections are checked at most once per UNMUTE_CHECK (a poll since
+        // the last check is what keeps one muted), or when the unmute timer fired.
+        if !timer_fired && checked.elapsed() < UNMUTE_CHECK {
+            continue;
+        }
+        checked = Instant::now();
+        let mut all_polled = true;
         let muted: Vec<usize> = d.muted.lock().unwrap().iter().map(|t| t.0).collect();
         for t in muted {
             let conn = d.conns.lock().unwrap().get(&t).and_then(Weak::upgrade);
@@ -278,12 +362,18 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
             // `No`: the connection unmuted itself (and left the list, which it may have
             // joined again since, so the list is not touched here).
             let now = c.still_muted();
+            all_polled &= now != Muted::No;
             if now != Muted::No
                 && let Some(x) = d.muted.lock().unwrap().iter_mut().find(|x| x.0 == t)
             {
                 x.1 = now == Muted::Polled;
             }
         }
+        check_every = if all_polled {
+            (check_every * 2).min(UNMUTE_CHECK_MAX)
+        } else {
+            UNMUTE_CHECK
+        };
     }
 }
 

@@ -64,7 +64,7 @@
 
 pub mod cm;
 pub(crate) mod driver;
-pub use driver::{responder_wakeups, unmute_timer_sets};
+pub use driver::{hot_answers, responder_wakeups, unmute_timer_sets};
 pub mod qp;
 pub(crate) mod sockio;
 mod txq;
