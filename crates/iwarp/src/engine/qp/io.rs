@@ -537,6 +537,10 @@ impl IwarpQp {
         self.with_core(|p| p.post_send(wrs))
     }
     #[inline]
+    pub(crate) fn post_send_owned(&self, wr: SendWr) -> Result<()> {
+        self.with_core(|p| p.post_send_owned(wr))
+    }
+    #[inline]
     pub(crate) fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
         self.with_core(|p| p.post_recv(wrs))
     }
