@@ -47,18 +47,8 @@ pub(crate) enum Muted {
     Waited,
 }
 
-/// How often the progress thread checks muted connections, at first (and at
-/// least this long apart: a connection is still polled if it was polled since the
-/// previous check).
+/// How often the progress thread checks muted connections.
 pub(crate) const UNMUTE_CHECK: Duration = Duration::from_micros(100);
-
-/// The longest period of that check: while every busy-polled connection is still
-/// polled at a check, the period doubles up to this (issue 18, session 13: each
-/// check is a wake-up of the progress thread that takes a core from a spinner on
-/// 2 vCPUs; at 100 µs it came every few round trips of a busy ping-pong). A
-/// poller that leaves without sleeping in a CQ wait is noticed within about twice
-/// this; one that sleeps hands its QPs back at once (`Progress::parked`).
-pub(crate) const UNMUTE_CHECK_MAX: Duration = Duration::from_micros(1600);
 
 /// While it stays awake after answering a request, the progress thread reads the
 /// answering connections' sockets itself (a `read` each, as a busy TCP server spins on
@@ -121,8 +111,6 @@ pub(crate) struct Driver {
     muted: Mutex<Vec<(usize, bool)>>,
     /// Fires after an inline waiter left: the progress thread then checks the muted.
     timer: super::sockio::TimerFd,
-    /// A connection was newly muted for a busy poller: check at the first period again.
-    check_fast: AtomicBool,
     /// When the timer is due, in ns since `epoch` (0: not armed).
     timer_due: AtomicU64,
     epoch: std::time::Instant,
@@ -147,7 +135,6 @@ impl Driver {
             conns: Mutex::new(HashMap::new()),
             muted: Mutex::new(Vec::new()),
             timer,
-            check_fast: AtomicBool::new(false),
             timer_due: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
             next: AtomicUsize::new(1),
@@ -196,7 +183,6 @@ impl Driver {
             drop(m);
             if periodic && !was_periodic {
                 // Shorten the sleep so the mute is checked.
-                self.check_fast.store(true, Ordering::Release);
                 let _ = self.waker.wake();
             }
         }
@@ -254,10 +240,6 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
     // the pass that finds it rather than by the pass after its epoll event).
     let mut hot: Vec<(usize, Arc<dyn Pollable>)> = Vec::new();
     let mut passes: u32 = 0;
-    // The period of the muted connections' check (doubles while they stay polled) and
-    // when they were last checked.
-    let mut check_every = UNMUTE_CHECK;
-    let mut checked = Instant::now();
     loop {
         let awake = awake_until.is_some_and(|t| Instant::now() < t);
         if awake && !hot.is_empty() && passes % HOT_EPOLL_EVERY != 0 {
@@ -278,14 +260,7 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
         let timeout = match driver.upgrade() {
             None => return,
             Some(_) if awake => Duration::ZERO,
-            Some(d) if d.muted.lock().unwrap().iter().any(|t| t.1) => {
-                if d.check_fast.swap(false, Ordering::AcqRel) {
-                    check_every = UNMUTE_CHECK;
-                }
-                check_every
-                    .saturating_sub(checked.elapsed())
-                    .max(Duration::from_micros(1))
-            }
+            Some(d) if d.muted.lock().unwrap().iter().any(|t| t.1) => UNMUTE_CHECK,
             Some(_) => Duration::from_secs(1),
         };
         let slept = !timeout.is_zero();
@@ -313,14 +288,12 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
             continue;
         }
         let mut answered = false;
-        let mut timer_fired = false;
         for ev in events.iter() {
             if ev.token() == WAKER {
                 continue;
             }
             if ev.token() == TIMER {
                 d.timer.drain();
-                timer_fired = true;
                 continue;
             }
             let conn = d.conns.lock().unwrap().get(&ev.token().0).and_then(Weak::upgrade);
@@ -345,13 +318,6 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
                 awake_until = Some(Instant::now() + d.responder_spin);
             }
         }
-        // The muted connections are checked at most once per UNMUTE_CHECK (a poll since
-        // the last check is what keeps one muted), or when the unmute timer fired.
-        if !timer_fired && checked.elapsed() < UNMUTE_CHECK {
-            continue;
-        }
-        checked = Instant::now();
-        let mut all_polled = true;
         let muted: Vec<usize> = d.muted.lock().unwrap().iter().map(|t| t.0).collect();
         for t in muted {
             let conn = d.conns.lock().unwrap().get(&t).and_then(Weak::upgrade);
@@ -362,18 +328,12 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
             // `No`: the connection unmuted itself (and left the list, which it may have
             // joined again since, so the list is not touched here).
             let now = c.still_muted();
-            all_polled &= now != Muted::No;
             if now != Muted::No
                 && let Some(x) = d.muted.lock().unwrap().iter_mut().find(|x| x.0 == t)
             {
                 x.1 = now == Muted::Polled;
             }
         }
-        check_every = if all_polled {
-            (check_every * 2).min(UNMUTE_CHECK_MAX)
-        } else {
-            UNMUTE_CHECK
-        };
     }
 }
 

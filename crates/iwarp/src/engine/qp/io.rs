@@ -322,10 +322,7 @@ impl Pollable for IwarpQp {
         if self.busy.waiter.load(Ordering::Acquire) {
             return Muted::Waited;
         }
-        // Polled since the last check (the count moves on every poll of a muted QP),
-        // or an inline waiter left less than BUSY_POLL_IDLE ago.
-        let polls = self.busy.polls.load(Ordering::Relaxed);
-        if self.busy.polls_seen.swap(polls, Ordering::Relaxed) != polls || !self.busy.idle_for(BUSY_POLL_IDLE) {
+        if !self.busy.idle_for(BUSY_POLL_IDLE) {
             return Muted::Polled;
         }
         self.unmute();
@@ -409,12 +406,7 @@ impl IwarpQp {
 
 impl Progress for IwarpQp {
     fn progress(&self) -> bool {
-        if self.busy.muted.load(Ordering::Acquire) {
-            // Muted: the progress thread only asks whether anyone polled since its last
-            // check, so a poll counts itself and reads no clock (issue 18, session 13:
-            // a clock read per empty poll was ~10 % of a busy poller's instructions).
-            self.busy.count_poll();
-        } else if self.busy.note_poll(BUSY_POLL_GAP, BUSY_POLL_AFTER) {
+        if self.busy.note_poll(BUSY_POLL_GAP, BUSY_POLL_AFTER) && !self.busy.muted.load(Ordering::Acquire) {
             // An application thread spins on this QP's CQ: it reads the
             // socket itself, so the progress thread need not wake for it.
             self.mute(true);
@@ -464,33 +456,15 @@ pub fn inline_wakeups() -> u64 {
 
 /// Busy-poll bookkeeping of one QP (timestamps in ns since a process epoch).
 struct BusyPoll {
-    /// The last poll of an unmuted QP, or the last inline waiter's leaving.
     last: std::sync::atomic::AtomicU64,
     since: std::sync::atomic::AtomicU64,
     muted: std::sync::atomic::AtomicBool,
     /// An application thread sleeps on the socket in an inline CQ wait.
     waiter: std::sync::atomic::AtomicBool,
-    /// Polls of the QP while muted (see [`BusyPoll::count_poll`]).
-    polls: std::sync::atomic::AtomicU64,
-    /// `polls` at the progress thread's last [`Pollable::still_muted`] check.
-    polls_seen: std::sync::atomic::AtomicU64,
-}
-
-thread_local! {
-    /// Clock reads of the busy-poll bookkeeping on this thread (see [`clock_reads`]).
-    static CLOCK_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-/// How many times the busy-poll bookkeeping of this thread's CQ polls read the clock:
-/// a diagnostic for tests that count per poll (issue 18: a busy-polled QP, once muted,
-/// reads none per poll). Thread-local, so it counts only what this thread's code did.
-pub fn clock_reads() -> u64 {
-    CLOCK_READS.with(|c| c.get())
 }
 
 fn now_ns() -> u64 {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    CLOCK_READS.with(|c| c.set(c.get() + 1));
     EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
 }
 
@@ -501,16 +475,7 @@ impl BusyPoll {
             since: 0.into(),
             muted: false.into(),
             waiter: false.into(),
-            polls: 0.into(),
-            polls_seen: 0.into(),
         }
-    }
-    /// A poll of a muted QP: moves the count the progress thread compares. One
-    /// thread polls a QP at a time in practice; a lost count between two threads
-    /// polling at once does not matter (either of them moves it).
-    fn count_poll(&self) {
-        let n = self.polls.load(Ordering::Relaxed);
-        self.polls.store(n.wrapping_add(1), Ordering::Relaxed);
     }
     /// Records a poll; true when the QP is busy-polled (it should be muted).
     fn note_poll(&self, gap: Duration, after: Duration) -> bool {

@@ -859,5 +859,5 @@ mod rx;
 mod rx_buf;
 mod tx;
 
-pub use io::{IwarpQp, clock_reads, core_lock_waits, inline_wakeups, socket_reads};
+pub use io::{IwarpQp, core_lock_waits, inline_wakeups, socket_reads};
 use tx::frame_copy;
