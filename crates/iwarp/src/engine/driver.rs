@@ -242,7 +242,7 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
     let mut passes: u32 = 0;
     loop {
         let awake = awake_until.is_some_and(|t| Instant::now() < t);
-        if awake && !hot.is_empty() && passes % HOT_EPOLL_EVERY != 0 {
+        if awake && !hot.is_empty() && !passes.is_multiple_of(HOT_EPOLL_EVERY) {
             passes = passes.wrapping_add(1);
             let mut answered = false;
             for (_, c) in &hot {
@@ -303,10 +303,12 @@ fn run(mut poll: Poll, driver: Weak<Driver>) {
                 let closed = ev.is_read_closed() || ev.is_error();
                 let a = c.on_event(readable, writable, closed);
                 answered |= a;
-                if a && !closed && !d.responder_spin.is_zero() && hot.len() < HOT_MAX {
-                    if !hot.iter().any(|h| h.0 == ev.token().0) {
-                        hot.push((ev.token().0, c));
-                    }
+                if a && !closed
+                    && !d.responder_spin.is_zero()
+                    && hot.len() < HOT_MAX
+                    && !hot.iter().any(|h| h.0 == ev.token().0)
+                {
+                    hot.push((ev.token().0, c));
                 }
             }
         }

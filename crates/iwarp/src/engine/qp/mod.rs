@@ -482,6 +482,18 @@ impl Proto {
         Ok((pieces, total))
     }
 
+    /// [`resolve`](Self::resolve) into the list kept from the last message framed
+    /// (`spare_pieces`): no allocation per message.
+    fn resolve_spare(
+        &mut self,
+        sges: &[verbs::Sge],
+        need: Access,
+    ) -> std::result::Result<(Vec<Piece>, usize), WrError> {
+        let mut p = std::mem::take(&mut self.spare_pieces);
+        let n = self.resolve_into(sges, need, &mut p)?;
+        Ok((p, n))
+    }
+
     /// [`resolve`](Self::resolve) into a list the caller has (emptied first): a list
     /// kept from an earlier message costs no allocation.
     fn resolve_into(

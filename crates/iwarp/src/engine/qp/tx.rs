@@ -168,10 +168,7 @@ impl Proto {
                 (Source::Owned(v), n)
             }
             None if matches!(wr.opcode, WrOpcode::LocalInv { .. } | WrOpcode::RegMr { .. }) => (Source::None, 0),
-            None => match {
-                let mut p = std::mem::take(&mut self.spare_pieces);
-                self.resolve_into(&wr.sg_list, need, &mut p).map(|n| (p, n))
-            } {
+            None => match self.resolve_spare(&wr.sg_list, need) {
                 Ok((p, n)) => (Source::Pieces(p), n),
                 Err(e) => {
                     // The region went away between post and execution.
