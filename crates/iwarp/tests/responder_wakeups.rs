@@ -27,8 +27,9 @@ static SERIAL: Mutex<()> = Mutex::new(());
 const READS: u64 = 200;
 
 /// `READS` 8-octet Reads in a loop, the requester busy-polling its CQ, the
-/// responder's CQ never polled. Returns the responder's wake-ups.
-fn read_loop(spin: Duration) -> u64 {
+/// responder's CQ never polled. Returns the responder's wake-ups and how many
+/// Requests it read from the socket itself while awake (`hot_answers`).
+fn read_loop(spin: Duration) -> (u64, u64) {
     let p = pair_with(
         iwarp::IwarpConfig {
             responder_spin: spin,
@@ -44,6 +45,7 @@ fn read_loop(spin: Duration) -> u64 {
     };
     std::thread::sleep(Duration::from_millis(20)); // set-up's own events settle
     let before = iwarp::engine::responder_wakeups();
+    let hot0 = iwarp::engine::hot_answers();
     let mut v = Vec::new();
     for i in 1..=READS {
         mb.write(0, &i.to_le_bytes()).unwrap();
@@ -61,20 +63,32 @@ fn read_loop(spin: Duration) -> u64 {
         assert_eq!(ma.to_vec(0, 8).unwrap(), i.to_le_bytes(), "Read {i} brought its value");
     }
     let wakeups = iwarp::engine::responder_wakeups() - before;
+    let hot = iwarp::engine::hot_answers() - hot0;
     assert!(p.cq_b.is_empty(), "a Read's responder has no completion (RDMAP-RD-01)");
-    eprintln!("responder_spin {spin:?}: {wakeups} responder wake-ups for {READS} Reads");
-    wakeups
+    eprintln!("responder_spin {spin:?}: {wakeups} responder wake-ups, {hot} Requests read directly, for {READS} Reads");
+    (wakeups, hot)
 }
 
 /// RDMAP-RD-01: the passive side answers a loop of Reads without a wake-up each.
 #[test]
 fn a_passive_read_responder_stays_awake_between_reads_rdmap_rd_01() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let w = read_loop(Duration::from_millis(100));
+    let (w, hot) = read_loop(Duration::from_millis(100));
     assert!(
         w <= READS / 10,
         "{w} wake-ups of the responder for {READS} Reads (bound {})",
         READS / 10
+    );
+    // Session 13: while awake the thread reads the answering connection's socket itself
+    // (one `read` per empty pass, as a busy TCP server's `recv`) instead of polling
+    // `epoll_wait` and yielding (two system calls per pass, and the Request read one
+    // pass after its event). With the window this long, only a Request that arrives in
+    // the one pass in 16 that polls `epoll_wait` is read there; before, none was read
+    // directly (0).
+    assert!(
+        hot >= READS / 2,
+        "{hot} of {READS} Reads answered by the awake responder's own read (bound {})",
+        READS / 2
     );
 }
 
@@ -84,6 +98,7 @@ fn a_passive_read_responder_stays_awake_between_reads_rdmap_rd_01() {
 #[test]
 fn without_the_window_every_read_wakes_the_responder() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let w = read_loop(Duration::ZERO);
+    let (w, hot) = read_loop(Duration::ZERO);
     assert!(w >= READS * 9 / 10, "{w} wake-ups for {READS} Reads");
+    assert_eq!(hot, 0, "no window: nothing is read outside `epoll_wait`");
 }

@@ -96,10 +96,22 @@ struct Inner {
     wake_fd: std::sync::OnceLock<Option<crate::waitfd::WakeFd>>,
 }
 
+/// A thread's deferred wake-ups (see [`defer_wakeups`]).
+struct Deferred {
+    /// Inside a [`defer_wakeups`] scope.
+    active: std::cell::Cell<bool>,
+    /// CQs whose waiters this thread owes a wake-up. Kept between scopes, so a scope
+    /// (one per busy poll of an iWARP QP) allocates and frees nothing.
+    owed: std::cell::RefCell<Vec<CompletionQueue>>,
+}
+
 thread_local! {
-    /// CQs whose waiters this thread owes a wake-up, while inside [`defer_wakeups`].
-    static DEFERRED: std::cell::RefCell<Option<Vec<CompletionQueue>>> =
-        const { std::cell::RefCell::new(None) };
+    static DEFERRED: Deferred = const {
+        Deferred {
+            active: std::cell::Cell::new(false),
+            owed: std::cell::RefCell::new(Vec::new()),
+        }
+    };
 }
 
 /// Runs `f` with the wake-ups of the completions this thread delivers meanwhile held back
@@ -113,18 +125,10 @@ pub(crate) fn defer_wakeups<R>(f: impl FnOnce() -> R) -> R {
     impl Drop for Flush {
         fn drop(&mut self) {
             flush_wakeups();
-            DEFERRED.with(|d| *d.borrow_mut() = None);
+            DEFERRED.with(|d| d.active.set(false));
         }
     }
-    let outer = DEFERRED.with(|d| {
-        let mut d = d.borrow_mut();
-        let outer = d.is_some();
-        if !outer {
-            *d = Some(Vec::new());
-        }
-        outer
-    });
-    if outer {
+    if DEFERRED.with(|d| d.active.replace(true)) {
         return f();
     }
     let _flush = Flush;
@@ -133,10 +137,19 @@ pub(crate) fn defer_wakeups<R>(f: impl FnOnce() -> R) -> R {
 
 /// Wakes now the waiters that [`defer_wakeups`] held back so far on this thread (a provider
 /// calls it before it blocks or starts a long piece of work, so a wake-up waits only for the
-/// end of the current one).
+/// end of the current one). Nothing owed (a busy poll's case): no allocation, no wake-up.
 pub(crate) fn flush_wakeups() {
-    let owed = DEFERRED.with(|d| d.borrow_mut().as_mut().map(std::mem::take).unwrap_or_default());
-    owed.iter().for_each(CompletionQueue::wake);
+    let owed = DEFERRED.with(|d| {
+        let mut v = d.owed.borrow_mut();
+        if v.is_empty() {
+            None
+        } else {
+            Some(std::mem::take(&mut *v))
+        }
+    });
+    if let Some(owed) = owed {
+        owed.iter().for_each(CompletionQueue::wake);
+    }
 }
 
 /// A completion queue (`ibv_cq`). Cheap to clone; clones share the queue.
@@ -195,7 +208,7 @@ impl CompletionQueue {
         let wakers;
         let sleepers;
         let inline;
-        let defer = DEFERRED.with(|d| d.borrow().is_some());
+        let defer = DEFERRED.with(|d| d.active.get());
         {
             let mut s = self.inner.state.lock().unwrap();
             if s.entries.len() >= self.inner.capacity {
@@ -212,9 +225,8 @@ impl CompletionQueue {
             if defer && (s.sleepers > 0 || s.inline_sleeper || !s.wakers.is_empty()) {
                 drop(s);
                 DEFERRED.with(|d| {
-                    if let Some(v) = d.borrow_mut().as_mut()
-                        && !v.iter().any(|c| c.same(self))
-                    {
+                    let mut v = d.owed.borrow_mut();
+                    if !v.iter().any(|c| c.same(self)) {
                         v.push(self.clone());
                     }
                 });
@@ -277,6 +289,20 @@ impl CompletionQueue {
     /// no lock is held while they run; up to four on the stack, so a poll
     /// allocates nothing in the common case.
     fn for_each_attached(&self, mut f: impl FnMut(&dyn Progress)) {
+        // One QP (a busy poller's usual CQ): no array to fill and drop per poll.
+        let one = {
+            let a = self.inner.attached.lock().unwrap();
+            match a.as_slice() {
+                [q] => Some(q.upgrade()),
+                _ => None,
+            }
+        };
+        if let Some(q) = one {
+            if let Some(q) = q {
+                f(&*q);
+            }
+            return;
+        }
         let mut few: [Option<Arc<dyn Progress>>; 4] = Default::default();
         let mut more = Vec::new();
         {

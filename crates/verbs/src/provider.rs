@@ -102,6 +102,13 @@ pub trait QpOps: Send + Sync + 'static {
     fn state(&self) -> QpState;
     /// `ibv_post_send`; the verbs layer adds nothing on this path.
     fn post_send(&self, wrs: &[SendWr]) -> Result<()>;
+    /// `post_send` of one work request the caller gives away
+    /// ([`QueuePair::post_send_one`](crate::QueuePair::post_send_one)): a provider that
+    /// keeps work requests may queue it without copying its SGE list. Defaults to
+    /// [`post_send`](Self::post_send).
+    fn post_send_owned(&self, wr: SendWr) -> Result<()> {
+        self.post_send(std::slice::from_ref(&wr))
+    }
     /// `ibv_post_recv`; allowed from INIT on (IBTA 10.8.2).
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<()>;
     /// Carries out a `modify_qp` the verbs layer found legal for the QP's

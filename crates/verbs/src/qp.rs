@@ -241,7 +241,7 @@ impl QueuePair {
     /// Posts one send work request.
     #[inline]
     pub fn post_send_one(&self, wr: SendWr) -> Result<()> {
-        self.ops.post_send(std::slice::from_ref(&wr))
+        self.ops.post_send_owned(wr)
     }
     /// Posts receive buffers (`ibv_post_recv`); allowed from INIT on.
     #[inline]

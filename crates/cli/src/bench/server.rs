@@ -353,10 +353,14 @@ pub(super) fn serve_qp(
                     Some(wc) if wc.is_ok() => {
                         idle = 0;
                         if wc.opcode == WcOpcode::Recv {
-                            last_msg = Instant::now();
+                            // The reply first, then the receive it replaces: a spare receive is
+                            // posted (two at the start), and the client sends its next message
+                            // only after this reply, so the re-post is off the round trip
+                            // (as a TCP ping-pong server writes its reply at once).
+                            qp.post_send_one(SendWr::new(0, WrOpcode::Send, vec![mr.sge(0, wc.byte_len)]))?;
                             qp.post_recv(&[recv(n)])?;
                             n += 1;
-                            qp.post_send_one(SendWr::new(0, WrOpcode::Send, vec![mr.sge(0, wc.byte_len)]))?;
+                            last_msg = Instant::now();
                         }
                     }
                     Some(wc) => return failed(qp, &wc),
@@ -391,7 +395,6 @@ pub(super) fn serve_qp(
                 mr.read(last, &mut b)?;
                 if b[0] == stamp(i) {
                     idle = 0;
-                    last_msg = Instant::now();
                     let flags = if i % 64 == 63 {
                         SendFlags::SIGNALED
                     } else {
@@ -400,6 +403,7 @@ pub(super) fn serve_qp(
                     qp.post_send_one(
                         SendWr::new(i, WrOpcode::RdmaWrite { remote }, vec![mr.sge(0, size)]).flags(flags),
                     )?;
+                    last_msg = Instant::now();
                     i += 1;
                 } else {
                     idle = idle.saturating_add(1);

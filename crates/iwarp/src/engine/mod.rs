@@ -26,9 +26,11 @@
 //!   device therefore uses no CPU, and hundreds of QPs share one thread. It is
 //!   also the passive side of RDMA Reads and Atomics (nobody polls that CQ):
 //!   after it answered a request it stays awake for
-//!   [`IwarpConfig::responder_spin`] (polling `epoll_wait` without a timeout,
-//!   yielding its core in between), so a requester's next Read finds it
-//!   running rather than paying a wake-up of an idle vCPU (issue 18).
+//!   [`IwarpConfig::responder_spin`], reading the answering connection's
+//!   socket itself (one `read` a pass, as a busy TCP server spins on `recv`)
+//!   and polling `epoll_wait` for the rest one pass in 16, so a requester's
+//!   next Read finds it running rather than paying a wake-up of an idle vCPU
+//!   (issue 18).
 //!
 //! Contention is settled with try-locks that never lose a wake-up
 //! (`driver::Poke`).
@@ -64,7 +66,7 @@
 
 pub mod cm;
 pub(crate) mod driver;
-pub use driver::{responder_wakeups, unmute_timer_sets};
+pub use driver::{hot_answers, responder_wakeups, unmute_timer_sets};
 pub mod qp;
 pub(crate) mod sockio;
 mod txq;

@@ -153,6 +153,13 @@ impl QpOps for QpHandle {
         }
     }
 
+    fn post_send_owned(&self, wr: SendWr) -> Result<()> {
+        match self.conn.get() {
+            Some(c) => c.post_send_owned(wr),
+            None => self.post_send(std::slice::from_ref(&wr)),
+        }
+    }
+
     fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {
         if let Some(c) = self.conn.get() {
             return c.post_recv(wrs);

@@ -181,7 +181,7 @@ impl IwarpQp {
             // More of a stream that keeps coming: wake now whoever the completions so far
             // are for, rather than after the whole run of reads.
             verbs::provider::flush_cq_wakeups();
-            SOCKET_READS.fetch_add(1, Ordering::Relaxed);
+            count_socket_read();
             let res = match rx.direct.as_mut() {
                 Some(d) if d.done < d.len => {
                     // The payload straight into place, the trailer and the
@@ -331,15 +331,33 @@ impl Pollable for IwarpQp {
 }
 
 /// `read`/`readv` calls on QP sockets in this process (the receive path's
-/// system calls), for tests that bound them per message (issue 18).
-static SOCKET_READS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// system calls), for tests that bound them per message (issue 18). Sharded by
+/// thread: two threads busy-polling in one process (a ping-pong's two ends)
+/// each bump the counter on every empty poll, and one shared counter moved its
+/// cache line between their cores on every poll (issue 18, session 13).
+static SOCKET_READS: [ReadShard; READ_SHARDS] =
+    [const { ReadShard(std::sync::atomic::AtomicU64::new(0)) }; READ_SHARDS];
+const READ_SHARDS: usize = 8;
+
+/// One shard of [`SOCKET_READS`], on a cache line of its own.
+#[repr(align(128))]
+struct ReadShard(std::sync::atomic::AtomicU64);
+
+fn count_socket_read() {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local! {
+        static SHARD: usize = NEXT.fetch_add(1, Ordering::Relaxed) % READ_SHARDS;
+    }
+    let i = SHARD.with(|s| *s);
+    SOCKET_READS[i].0.fetch_add(1, Ordering::Relaxed);
+}
 
 /// How many `read`/`readv` calls the QPs of this process have made on their
 /// sockets: a diagnostic for tests and benchmarks that count system calls per
 /// message (each QP reads until a short read; none is made by `post_send` or
 /// `post_recv`).
 pub fn socket_reads() -> u64 {
-    SOCKET_READS.load(Ordering::Relaxed)
+    SOCKET_READS.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
 }
 
 /// Times `post_send`/`post_recv` found the QP's lock held and had to wait for it.
@@ -482,6 +500,10 @@ impl IwarpQp {
     #[inline]
     pub(crate) fn post_send(&self, wrs: &[SendWr]) -> Result<()> {
         self.with_core(|p| p.post_send(wrs))
+    }
+    #[inline]
+    pub(crate) fn post_send_owned(&self, wr: SendWr) -> Result<()> {
+        self.with_core(|p| p.post_send_owned(wr))
     }
     #[inline]
     pub(crate) fn post_recv(&self, wrs: &[RecvWr]) -> Result<()> {

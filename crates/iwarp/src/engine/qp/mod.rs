@@ -292,6 +292,9 @@ pub(crate) struct Proto {
     pub(super) answered: bool,
     /// Slots a write completed (`consumed_out`), kept to spare an allocation per write.
     done_scratch: Vec<u64>,
+    /// The resolved SGE list of the last message framed, emptied, for the next one
+    /// (issue 18, session 13: no allocation per message for it).
+    spare_pieces: Vec<Piece>,
     ird: u32,
     next_atomic_id: u32,
     rtr: Option<RtrRole>,
@@ -456,6 +459,7 @@ impl Proto {
             responding: 0,
             answered: false,
             done_scratch: Vec::new(),
+            spare_pieces: Vec::new(),
             ird: neg.ird,
             next_atomic_id: 1,
             rtr: neg.rtr,
@@ -474,6 +478,31 @@ impl Proto {
 
     fn resolve(&self, sges: &[verbs::Sge], need: Access) -> std::result::Result<(Vec<Piece>, usize), WrError> {
         let mut pieces = Vec::with_capacity(sges.len());
+        let total = self.resolve_into(sges, need, &mut pieces)?;
+        Ok((pieces, total))
+    }
+
+    /// [`resolve`](Self::resolve) into the list kept from the last message framed
+    /// (`spare_pieces`): no allocation per message.
+    fn resolve_spare(
+        &mut self,
+        sges: &[verbs::Sge],
+        need: Access,
+    ) -> std::result::Result<(Vec<Piece>, usize), WrError> {
+        let mut p = std::mem::take(&mut self.spare_pieces);
+        let n = self.resolve_into(sges, need, &mut p)?;
+        Ok((p, n))
+    }
+
+    /// [`resolve`](Self::resolve) into a list the caller has (emptied first): a list
+    /// kept from an earlier message costs no allocation.
+    fn resolve_into(
+        &self,
+        sges: &[verbs::Sge],
+        need: Access,
+        pieces: &mut Vec<Piece>,
+    ) -> std::result::Result<usize, WrError> {
+        pieces.clear();
         let mut total = 0usize;
         for s in sges {
             if s.length == 0 {
@@ -493,7 +522,7 @@ impl Proto {
                 len: s.length as usize,
             });
         }
-        Ok((pieces, total))
+        Ok(total)
     }
 
     /// The post-time check of an SGE list (`bad_wr` when an lkey does not allow
@@ -544,6 +573,27 @@ impl Proto {
             return Ok(());
         }
         for (index, wr) in wrs.iter().enumerate() {
+            let (id, inline) = self.queue_send(index, wr)?;
+            self.sq.push_back((id, wr.clone(), inline));
+        }
+        Ok(())
+    }
+
+    /// [`post_send`](Self::post_send) of one work request the caller gives away
+    /// (`QueuePair::post_send_one`): queued without a copy of its SGE list.
+    pub(crate) fn post_send_owned(&mut self, wr: SendWr) -> Result<()> {
+        if self.state == QpState::Err {
+            return self.post_send(std::slice::from_ref(&wr));
+        }
+        let (id, inline) = self.queue_send(0, &wr)?;
+        self.sq.push_back((id, wr, inline));
+        Ok(())
+    }
+
+    /// The post-time checks of send work request number `index` and its slot in the
+    /// completion order; returns the slot's id and the inline copy of its payload.
+    fn queue_send(&mut self, index: usize, wr: &SendWr) -> Result<(u64, Option<Vec<u8>>)> {
+        {
             let bad = |error: WrError| Error::BadWr { index, error };
             if self.state != QpState::Rts {
                 return Err(bad(WrError::QpState(self.state)));
@@ -631,9 +681,8 @@ impl Proto {
                 byte_len: total as u32,
                 vendor_err: 0,
             });
-            self.sq.push_back((id, wr.clone(), inline));
+            Ok((id, inline))
         }
-        Ok(())
     }
 
     /// Posts receive work requests; in the Error state each completes at

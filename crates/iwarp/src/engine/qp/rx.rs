@@ -393,8 +393,9 @@ impl Proto {
             let Some(mut wqe) = self.rq.pop_front() else {
                 return Err(Fatal::new(cause::DDP_ERR_U_NO_BUFFER));
             };
-            match self.resolve(&wqe.sges, Access::LOCAL_WRITE) {
-                Ok((pieces, cap)) => (wqe.pieces, wqe.cap) = (pieces, cap),
+            // Into the list resolved at post time: no allocation on arrival.
+            match self.resolve_into(&wqe.sges, Access::LOCAL_WRITE, &mut wqe.pieces) {
+                Ok(cap) => wqe.cap = cap,
                 Err(e) => {
                     // The receive's memory went away after it was posted:
                     // local protection error, and a local catastrophic

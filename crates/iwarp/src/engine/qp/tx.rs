@@ -168,7 +168,7 @@ impl Proto {
                 (Source::Owned(v), n)
             }
             None if matches!(wr.opcode, WrOpcode::LocalInv { .. } | WrOpcode::RegMr { .. }) => (Source::None, 0),
-            None => match self.resolve(&wr.sg_list, need) {
+            None => match self.resolve_spare(&wr.sg_list, need) {
                 Ok((p, n)) => (Source::Pieces(p), n),
                 Err(e) => {
                     // The region went away between post and execution.
@@ -382,6 +382,11 @@ impl Proto {
                 }
                 if let Some(id) = m.completes {
                     self.tx.mark(id);
+                }
+                if let Source::Pieces(mut p) = m.src {
+                    // Framed: the gather list holds its own references to what it sends.
+                    p.clear();
+                    self.spare_pieces = p;
                 }
             }
         }
