@@ -5,12 +5,12 @@
 //!
 //! - an empty `poll_cq` (nothing queued on the socket) allocates nothing and makes one
 //!   `recvmmsg` (an `EAGAIN`), with no datagram counted;
-//! - a round trip of an 8-octet Send ping-pong allocates a bounded number of times on the
-//!   polling thread: the work requests' own scatter/gather lists and the CQ entries' moves,
-//!   not a vector per received batch or per sent batch (before session 13: the list of
-//!   QPs a receive touched and the batch's packet list were allocated on every poll that
-//!   received and every `sendmmsg`);
-//! - 64-octet RDMA Writes posted 64 at a time allocate a bounded number of times per Write.
+//! - a round trip of an 8-octet Send ping-pong allocates on the polling thread only the
+//!   work requests' own scatter/gather lists (one per post), nothing in its polls: not a
+//!   vector per received batch, per sent batch or per ACK (before session 13: the list of
+//!   QPs a receive touched, the batch's packet, train, iovec, header and control lists on
+//!   every `sendmmsg`, the list of WQEs an ACK completed: 19.2 + 2.5 per round trip);
+//! - 64-octet RDMA Writes posted 64 at a time allocate once per Write (1.41 before).
 //!
 //! Counted per thread (a counting global allocator with a thread-local count), only inside
 //! the calls measured. C3 of ../shared/requirements/smcr-ipoibcm.md (RC Send and RDMA
@@ -170,9 +170,9 @@ fn a_busy_round_trip_allocates_a_bounded_number_of_times_c3() {
     // resolved gather/scatter list (one allocation each). Before session 13: 19.2 per
     // round trip (the sent batch's packet, train, iovec, header and control lists).
     assert!(posts <= 4 * N, "{posts} allocations in {N} round trips' posts");
-    // Polls: no vector per receiving poll or per sent batch (0.9 per round trip measured,
-    // 2.5 before session 13).
-    assert!(2 * polls <= 3 * N, "{polls} allocations in {N} round trips' polls");
+    // Polls: no vector per receiving poll, per sent batch or per ACK (0 measured; 2.5 per
+    // round trip before session 13). The bound leaves room for a buffer's first growth.
+    assert!(polls * 10 <= N, "{polls} allocations in {N} round trips' polls");
 }
 
 /// 64-octet RDMA Writes, 64 posted per call, completions polled by the same thread:
@@ -224,7 +224,7 @@ fn a_small_write_allocates_a_bounded_number_of_times_c3() {
     let writes = ROUNDS * 64;
     eprintln!("{writes} Writes: {:.2} allocations per Write", a as f64 / writes as f64);
     assert_eq!(c(&x.dev, "icrc_err") + c(&y.dev, "icrc_err"), 0);
-    // The WQE's resolved gather list, and a few per batch of 64 (1.08 per Write measured;
-    // 1.41 before session 13, when each `sendmmsg` allocated its lists).
-    assert!(a * 5 <= writes * 6, "{a} allocations for {writes} Writes");
+    // The WQE's resolved gather list only (1.00 per Write measured; 1.41 before session
+    // 13, when each `sendmmsg` allocated its lists and each ACK a list of what it completed).
+    assert!(a * 20 <= writes * 21, "{a} allocations for {writes} Writes");
 }

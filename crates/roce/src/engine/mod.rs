@@ -263,6 +263,8 @@ thread_local! {
     /// [`DevInner::send_parts`]'s trains and `sendmmsg` messages, kept between batches.
     static TX_MSGS: std::cell::Cell<(Vec<sys::TxMsg>, Vec<sys::TxMsg>)> =
         const { std::cell::Cell::new((Vec::new(), Vec::new())) };
+    /// An empty list [`DevInner::flush_deferred`] swaps for the device's deferred one.
+    static DEFERRED_SPARE: std::cell::Cell<Vec<Arc<qp::QpShared>>> = const { std::cell::Cell::new(Vec::new()) };
     /// The QPs a drain of the sockets handed packets to, kept between drains so that a
     /// poll that receives allocates nothing.
     static TOUCHED: std::cell::Cell<Vec<Arc<qp::QpShared>>> = const { std::cell::Cell::new(Vec::new()) };
@@ -472,16 +474,15 @@ impl DevInner {
         if !self.has_deferred.swap(false, Ordering::AcqRel) {
             return;
         }
-        let mut qs = std::mem::take(&mut *self.deferred.lock().unwrap());
+        // Swapped with this thread's spare list, which it keeps once emptied: whichever
+        // thread flushes (the poller or the progress thread), the next deferral finds room
+        // and nothing is allocated per round trip.
+        let mut qs = DEFERRED_SPARE.take();
+        std::mem::swap(&mut qs, &mut *self.deferred.lock().unwrap());
         for q in qs.drain(..) {
             q.service_locked();
         }
-        // The emptied list goes back for the next deferral (no allocation per round trip),
-        // unless another thread deferred meanwhile.
-        let mut d = self.deferred.lock().unwrap();
-        if d.is_empty() && d.capacity() < qs.capacity() {
-            *d = qs;
-        }
+        DEFERRED_SPARE.set(qs);
     }
 
     /// Whether `q`'s transmissions are deferred.
@@ -615,6 +616,12 @@ impl DevInner {
             } else {
                 self.on_ud_packet(from, dst, ip_hdr, ip, pkt.len(), &p, &targets);
             }
+            return;
+        }
+        // A QP this drain already handed packets to (a train's later packets, a burst of
+        // Writes): no map lookup, no reference count traffic per packet (issue 13).
+        if let Some(q) = touched.iter().find(|t| t.qpn == dqp) {
+            q.on_packet(now, &p);
             return;
         }
         match self.qp(dqp) {

@@ -41,7 +41,7 @@ pub(crate) struct QpInner {
 
 pub(crate) struct QpShared {
     dev: Arc<DevInner>,
-    qpn: u32,
+    pub(crate) qpn: u32,
     inner: Mutex<QpInner>,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
