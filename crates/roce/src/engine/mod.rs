@@ -271,6 +271,17 @@ const RCVBUF: usize = 32 << 20;
 /// Datagrams one `recvmmsg` takes at most (each slot holds a 64 KiB GRO train).
 const RX_BATCH: usize = 16;
 
+thread_local! {
+    /// [`DevInner::send_parts`]'s trains and `sendmmsg` messages, kept between batches.
+    static TX_MSGS: std::cell::Cell<(Vec<sys::TxMsg>, Vec<sys::TxMsg>)> =
+        const { std::cell::Cell::new((Vec::new(), Vec::new())) };
+    /// An empty list [`DevInner::flush_deferred`] swaps for the device's deferred one.
+    static DEFERRED_SPARE: std::cell::Cell<Vec<Arc<qp::QpShared>>> = const { std::cell::Cell::new(Vec::new()) };
+    /// The QPs a drain of the sockets handed packets to, kept between drains so that a
+    /// poll that receives allocates nothing.
+    static TOUCHED: std::cell::Cell<Vec<Arc<qp::QpShared>>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 impl DevInner {
     fn nanos(&self, t: Instant) -> u64 {
         t.saturating_duration_since(self.epoch).as_nanos() as u64
@@ -316,7 +327,12 @@ impl DevInner {
 
     /// An application thread drives progress (`poll_cq`).
     pub(crate) fn note_poll(&self) {
-        self.last_poll.store(self.nanos(Instant::now()), Ordering::Relaxed);
+        self.note_poll_at(Instant::now());
+    }
+
+    /// [`DevInner::note_poll`] with the caller's clock reading.
+    pub(crate) fn note_poll_at(&self, now: Instant) {
+        self.last_poll.store(self.nanos(now), Ordering::Relaxed);
     }
 
     /// An application thread stopped polling to sleep on a CQ (`Progress::parked`): the
@@ -374,8 +390,10 @@ impl DevInner {
                 return any;
             };
             self.rx_poke.store(false, Ordering::SeqCst);
-            let mut touched: Vec<Arc<qp::QpShared>> = Vec::new();
-            let now = Instant::now();
+            // Reused: no allocation per receiving poll (issue 13).
+            let mut touched: Vec<Arc<qp::QpShared>> = TOUCHED.take();
+            // Read the clock only once something arrived: an empty poll needs no time.
+            let mut now: Option<Instant> = None;
             let mut n_batch = 0;
             let sockets = [Some(self.sock.as_fd()), self.raw.as_ref().map(|r| r.as_fd())];
             for (is_raw, fd) in sockets
@@ -396,6 +414,7 @@ impl DevInner {
                         }
                     };
                     any = true;
+                    let now = *now.get_or_insert_with(Instant::now);
                     self.counters.rx_syscalls.fetch_add(1, Ordering::Relaxed);
                     self.counters.rx_datagrams.fetch_add(got as u64, Ordering::Relaxed);
                     for i in 0..got {
@@ -435,24 +454,27 @@ impl DevInner {
                     }
                 }
             }
-            any |= self.drain_groups(&mut buf, now);
+            any |= self.drain_groups(&mut buf);
             drop(buf);
-            if defer {
+            if touched.is_empty() {
+                // Nothing to deliver or defer: an empty poll takes no further lock.
+            } else if defer {
                 for q in &touched {
                     q.deliver_locked();
                 }
                 let mut d = self.deferred.lock().unwrap();
-                for q in touched {
+                for q in touched.drain(..) {
                     if !d.iter().any(|t| Arc::ptr_eq(t, &q)) {
                         d.push(q);
                     }
                 }
                 self.has_deferred.store(!d.is_empty(), Ordering::Release);
             } else {
-                for q in touched {
+                for q in touched.drain(..) {
                     q.service_locked();
                 }
             }
+            TOUCHED.set(touched);
             if !self.rx_poke.load(Ordering::SeqCst) {
                 return any;
             }
@@ -464,10 +486,15 @@ impl DevInner {
         if !self.has_deferred.swap(false, Ordering::AcqRel) {
             return;
         }
-        let qs = std::mem::take(&mut *self.deferred.lock().unwrap());
-        for q in qs {
+        // Swapped with this thread's spare list, which it keeps once emptied: whichever
+        // thread flushes (the poller or the progress thread), the next deferral finds room
+        // and nothing is allocated per round trip.
+        let mut qs = DEFERRED_SPARE.take();
+        std::mem::swap(&mut qs, &mut *self.deferred.lock().unwrap());
+        for q in qs.drain(..) {
             q.service_locked();
         }
+        DEFERRED_SPARE.set(qs);
     }
 
     /// Whether `q`'s transmissions are deferred.
@@ -617,6 +644,12 @@ impl DevInner {
             } else {
                 self.on_ud_packet(from, dst, ip_hdr, ip, pkt.len(), &p, &targets);
             }
+            return;
+        }
+        // A QP this drain already handed packets to (a train's later packets, a burst of
+        // Writes): no map lookup, no reference count traffic per packet (issue 13).
+        if let Some(q) = touched.iter().find(|t| t.qpn == dqp) {
+            q.on_packet(now, &p);
             return;
         }
         match self.qp(dqp) {
@@ -835,7 +868,11 @@ impl DevInner {
             self.send_batch(to, &mut refs);
             return;
         }
-        let msgs = gso_trains(pkts.iter().map(TxParts::len), !to.ip().is_multicast());
+        // The train and message lists are the thread's, kept between batches (no allocation
+        // per `sendmmsg`, issue 13); taken out, so a nested send finds empty ones.
+        let (mut msgs, mut imsgs) = TX_MSGS.take();
+        gso_trains_into(pkts.iter().map(TxParts::len), !to.ip().is_multicast(), &mut msgs);
+        imsgs.clear();
         // Pad (0-3 octets) and ICRC of each packet; a batch is at most qp::BATCH packets.
         let mut on_stack = [[0u8; 8]; qp::BATCH];
         let mut on_heap = Vec::new();
@@ -887,7 +924,6 @@ impl DevInner {
             }
         }
         let mut iov = sys::TxIov::default();
-        let mut imsgs = Vec::with_capacity(msgs.len());
         for m in &msgs {
             let first = iov.len();
             for (p, t) in pkts[m.first..m.first + m.count]
@@ -913,7 +949,9 @@ impl DevInner {
         let sa = socket2::SockAddr::from(to);
         let r = sys::sendmmsg_iov(self.sock.as_fd(), &sa, &mut iov, &imsgs, None);
         drop(iov);
-        if let Some(first) = self.after_sendmmsg(to, &msgs, pkts.len(), r) {
+        let resend = self.after_sendmmsg(to, &msgs, pkts.len(), r);
+        TX_MSGS.set((msgs, imsgs));
+        if let Some(first) = resend {
             // GSO is off now: single datagrams, laid out and sealed with ID 0 by `send_batch`.
             self.send_parts(to, &pkts[first..]);
         }
@@ -998,6 +1036,13 @@ pub(crate) struct TxParts<'a> {
 }
 
 impl TxParts<'_> {
+    /// No packet (fills a batch's unused slots).
+    pub(crate) const EMPTY: TxParts<'static> = TxParts {
+        hdr: &[],
+        pieces: &[],
+        payload_len: 0,
+    };
+
     /// The UDP payload's length: headers, payload, pad, ICRC.
     pub(crate) fn len(&self) -> usize {
         self.hdr.len()
@@ -1024,7 +1069,14 @@ impl TxParts<'_> {
 /// may be shorter), at most [`sys::GSO_MAX_SEGS`] packets and [`sys::GSO_MAX_BYTES`] octets
 /// each; every packet alone without `gso`.
 pub(crate) fn gso_trains(lens: impl IntoIterator<Item = usize>, gso: bool) -> Vec<sys::TxMsg> {
-    let mut out: Vec<sys::TxMsg> = Vec::new();
+    let mut out = Vec::new();
+    gso_trains_into(lens, gso, &mut out);
+    out
+}
+
+/// [`gso_trains`] into `out` (cleared first), which keeps its capacity.
+pub(crate) fn gso_trains_into(lens: impl IntoIterator<Item = usize>, gso: bool, out: &mut Vec<sys::TxMsg>) {
+    out.clear();
     // Whether the last train is closed (its last packet was shorter than its segments).
     let mut closed = true;
     let mut bytes = 0;
@@ -1049,7 +1101,6 @@ pub(crate) fn gso_trains(lens: impl IntoIterator<Item = usize>, gso: bool) -> Ve
         bytes = len;
         closed = false;
     }
-    out
 }
 
 /// The IP header the ICRC covers, as Linux sends a datagram of `payload_len` UDP payload

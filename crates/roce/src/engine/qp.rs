@@ -41,7 +41,7 @@ pub(crate) struct QpInner {
 
 pub(crate) struct QpShared {
     dev: Arc<DevInner>,
-    qpn: u32,
+    pub(crate) qpn: u32,
     inner: Mutex<QpInner>,
     send_cq: CompletionQueue,
     recv_cq: CompletionQueue,
@@ -157,7 +157,8 @@ impl QpShared {
 
     fn service_tx(&self, g: &mut QpInner, now: Instant, tx: bool) -> bool {
         let mut any = false;
-        if let Some(to) = g.dest.filter(|_| tx) {
+        // Nothing to send (the common empty busy poll): no batch to set up.
+        if let Some(to) = g.dest.filter(|_| tx && g.core.may_transmit()) {
             let core = &mut g.core;
             TX_HDRS.with_borrow_mut(|(buf, pieces)| {
                 if buf.len() < BATCH * HDR_ROOM {
@@ -182,24 +183,21 @@ impl QpShared {
                     }
                     any = true;
                     let mut start = 0;
-                    let mut pkts: Vec<super::TxParts<'_>> = buf
-                        .chunks(HDR_ROOM)
-                        .zip(&lens[..n])
-                        .map(|(c, &(h, p, end))| {
-                            let t = super::TxParts {
-                                hdr: &c[..h],
-                                pieces: &pieces[start..end],
-                                payload_len: p,
-                            };
-                            start = end;
-                            t
-                        })
-                        .collect();
-                    if ack_goes_last(&pkts) {
+                    // On the stack: no allocation per batch (issue 13).
+                    let mut pkts = [super::TxParts::EMPTY; BATCH];
+                    for ((t, c), &(h, p, end)) in pkts.iter_mut().zip(buf.chunks(HDR_ROOM)).zip(&lens[..n]) {
+                        *t = super::TxParts {
+                            hdr: &c[..h],
+                            pieces: &pieces[start..end],
+                            payload_len: p,
+                        };
+                        start = end;
+                    }
+                    let pkts = &mut pkts[..n];
+                    if ack_goes_last(pkts) {
                         pkts.rotate_left(1);
                     }
-                    self.dev.send_parts(to, &pkts);
-                    drop(pkts);
+                    self.dev.send_parts(to, pkts);
                     if n < BATCH {
                         break;
                     }
@@ -281,11 +279,13 @@ impl Drop for QpShared {
 
 impl Progress for QpShared {
     fn progress(&self) -> bool {
-        self.dev.note_poll();
+        // One clock read per poll (there were three): the busy-poll mark and the timers
+        // use the same instant.
+        let now = Instant::now();
+        self.dev.note_poll_at(now);
         let mut any = self.dev.drain_rx_as(true);
         // Deferred by that drain: sent at the next call or post.
         let tx = !self.dev.is_deferred(self);
-        let now = Instant::now();
         // Another thread holds the QP (the progress thread placing a packet, a post): it
         // services the QP before it lets go, so this poll need not wait for it.
         let Ok(mut g) = self.inner.try_lock() else {

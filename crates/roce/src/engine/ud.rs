@@ -421,7 +421,7 @@ impl DevInner {
     }
 
     /// Receives what queued on the group sockets. Returns whether anything came.
-    pub(crate) fn drain_groups(&self, buf: &mut super::sys::RxBatch, now: std::time::Instant) -> bool {
+    pub(crate) fn drain_groups(&self, buf: &mut super::sys::RxBatch) -> bool {
         let socks: Vec<(Arc<UdpSocket>, IpAddr)> = {
             let m = self.mcast.lock().unwrap();
             if m.is_empty() {
@@ -429,6 +429,7 @@ impl DevInner {
             }
             m.values().map(|g| (g.sock.clone(), g.addr)).collect()
         };
+        let now = std::time::Instant::now();
         let mut any = false;
         let mut touched = Vec::new();
         for (s, group) in socks {

@@ -224,29 +224,34 @@ impl RcQp {
     /// Acknowledges every PSN up to and including `p` (a coalesced ACK).
     fn confirm_through(&mut self, now: Instant, p: Psn) -> Confirm {
         let mut implied = None;
-        let mut done = Vec::new();
+        // The open WQEs before `stop` are the ones this ACK completes (no list of them is
+        // built: that was an allocation per ACK, issue 13).
+        let mut stop = self.req.sq.len();
         for (i, w) in self.req.sq.iter().enumerate() {
             if w.status.is_some() {
                 continue;
             }
-            if !w.started {
-                break;
-            }
-            if w.kind.is_rd_atomic() {
+            let ends_here = if !w.started {
+                true
+            } else if w.kind.is_rd_atomic() {
                 if !w.expected().is_after(p) {
                     implied = Some(w.expected());
                 }
+                true
+            } else {
+                w.last().is_after(p)
+            };
+            if ends_here {
+                stop = i;
                 break;
             }
-            if w.last().is_after(p) {
-                break;
-            }
-            done.push(i);
         }
         let until = implied.unwrap_or(p.next());
         self.advance_una(now, until);
-        for i in done.into_iter().rev() {
-            self.req.sq[i].status = Some(WcStatus::Success);
+        for w in self.req.sq.range_mut(..stop) {
+            if w.status.is_none() {
+                w.status = Some(WcStatus::Success);
+            }
         }
         self.drain_done();
         match implied {

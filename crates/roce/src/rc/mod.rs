@@ -599,6 +599,20 @@ impl RcQp {
         r
     }
 
+    /// Whether [`RcQp::poll_transmit_parts`] may have a packet to give: a queued response,
+    /// or (in RTS/SQD, no RNR wait) a send queue entry at or after the one it would send
+    /// next. `false` means it would give none, so a busy poller with nothing received
+    /// skips building a batch (issue 13); `true` promises nothing.
+    pub(crate) fn may_transmit(&self) -> bool {
+        if matches!(self.state, QpState::Reset | QpState::Init) {
+            return false;
+        }
+        !self.resp.out.is_empty()
+            || (matches!(self.state, QpState::Rts | QpState::Sqd)
+                && self.req.rnr_until.is_none()
+                && self.req.cur < self.req.sq.len())
+    }
+
     /// The longest header [`RcQp::poll_transmit_parts`] writes: BTH, AtomicETH (28), or
     /// RETH (16) and ImmDt, or AETH and AtomicAckETH.
     pub const MAX_HEADER_LEN: usize = 12 + 28 + 4;
