@@ -119,11 +119,19 @@ fn an_empty_poll_allocates_nothing_c3() {
     poll_recv(&y, &mut n);
     send8(&y, 1, &mut n);
     poll_recv(&x, &mut n);
-    for _ in 0..100 {
+    // Until y's Send completed: it completes on x's ACK, which has then been sent and
+    // received; the ACK of x's Send reached x before y's Send did (in y's train or before
+    // it), and ACKs are not acknowledged, so nothing is left in flight. (A fixed sleep for
+    // the deferred ACK was too short under load; x's Send completion may already have been
+    // taken by `poll_recv`, so it is not waited for.)
+    let t0 = Instant::now();
+    loop {
         let _ = x.cq.poll_one();
-        let _ = y.cq.poll_one();
+        if y.cq.poll_one().is_some_and(|wc| wc.opcode == WcOpcode::Send) {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "y's Send not completed");
     }
-    std::thread::sleep(Duration::from_millis(20)); // deferred ACKs leave
     let rx0 = c(&x.dev, "rx_datagrams") + c(&y.dev, "rx_datagrams");
     let mut a = 0;
     const POLLS: u64 = 20_000;
@@ -168,8 +176,11 @@ fn a_busy_round_trip_allocates_a_bounded_number_of_times_c3() {
     assert_eq!(c(&x.dev, "icrc_err") + c(&y.dev, "icrc_err"), 0);
     // Two Sends and two receives posted per round trip: each post keeps the work request's
     // resolved gather/scatter list (one allocation each). Before session 13: 19.2 per
-    // round trip (the sent batch's packet, train, iovec, header and control lists).
-    assert!(posts <= 4 * N, "{posts} allocations in {N} round trips' posts");
+    // round trip (the sent batch's packet, train, iovec, header and control lists). The
+    // slack is for a per-thread buffer's growth: a post that finds a deferred ACK still
+    // queued sends a longer batch than before, and whether it does depends on the schedule
+    // (CI once counted 2,001).
+    assert!(posts <= 4 * N + 16, "{posts} allocations in {N} round trips' posts");
     // Polls: no vector per receiving poll, per sent batch or per ACK (0 measured; 2.5 per
     // round trip before session 13). The bound leaves room for a buffer's first growth.
     assert!(polls * 10 <= N, "{polls} allocations in {N} round trips' polls");
