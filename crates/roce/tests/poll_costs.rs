@@ -6,11 +6,13 @@
 //! - an empty `poll_cq` (nothing queued on the socket) allocates nothing and makes one
 //!   `recvmmsg` (an `EAGAIN`), with no datagram counted;
 //! - a round trip of an 8-octet Send ping-pong allocates on the polling thread only the
-//!   work requests' own scatter/gather lists (one per post), nothing in its polls: not a
+//!   receive requests' own scatter lists (one per `post_recv`; a one-SGE Send's gather
+//!   list is held in its WQE since session 13 round 2), nothing in its polls: not a
 //!   vector per received batch, per sent batch or per ACK (before session 13: the list of
 //!   QPs a receive touched, the batch's packet, train, iovec, header and control lists on
 //!   every `sendmmsg`, the list of WQEs an ACK completed: 19.2 + 2.5 per round trip);
-//! - 64-octet RDMA Writes posted 64 at a time allocate once per Write (1.41 before).
+//! - 64-octet RDMA Writes posted 64 at a time allocate nothing per Write (1.41 before
+//!   session 13, 1.00 after its first round: the WQE's resolved gather list).
 //!
 //! Counted per thread (a counting global allocator with a thread-local count), only inside
 //! the calls measured. C3 of ../shared/requirements/smcr-ipoibcm.md (RC Send and RDMA
@@ -174,13 +176,14 @@ fn a_busy_round_trip_allocates_a_bounded_number_of_times_c3() {
         polls as f64 / N as f64
     );
     assert_eq!(c(&x.dev, "icrc_err") + c(&y.dev, "icrc_err"), 0);
-    // Two Sends and two receives posted per round trip: each post keeps the work request's
-    // resolved gather/scatter list (one allocation each). Before session 13: 19.2 per
-    // round trip (the sent batch's packet, train, iovec, header and control lists). The
-    // slack is for a per-thread buffer's growth: a post that finds a deferred ACK still
+    // Two Sends and two receives posted per round trip: each receive keeps its scatter
+    // list (one allocation each); a one-SGE Send's resolved gather list is held inline
+    // (2.00 measured; 4.0 in session 13's first round, 19.2 before session 13: the sent
+    // batch's packet, train, iovec, header and control lists). The slack (0.1 per round
+    // trip) is for a per-thread buffer's growth: a post that finds a deferred ACK still
     // queued sends a longer batch than before, and whether it does depends on the schedule
-    // (CI once counted 2,001).
-    assert!(posts <= 4 * N + 16, "{posts} allocations in {N} round trips' posts");
+    // (CI once counted 2,001 against an exact 2,000).
+    assert!(posts * 10 <= 21 * N, "{posts} allocations in {N} round trips' posts");
     // Polls: no vector per receiving poll, per sent batch or per ACK (0 measured; 2.5 per
     // round trip before session 13). The bound leaves room for a buffer's first growth.
     assert!(polls * 10 <= N, "{polls} allocations in {N} round trips' polls");
@@ -235,7 +238,9 @@ fn a_small_write_allocates_a_bounded_number_of_times_c3() {
     let writes = ROUNDS * 64;
     eprintln!("{writes} Writes: {:.2} allocations per Write", a as f64 / writes as f64);
     assert_eq!(c(&x.dev, "icrc_err") + c(&y.dev, "icrc_err"), 0);
-    // The WQE's resolved gather list only (1.00 per Write measured; 1.41 before session
-    // 13, when each `sendmmsg` allocated its lists and each ACK a list of what it completed).
-    assert!(a * 20 <= writes * 21, "{a} allocations for {writes} Writes");
+    // None per Write (0 measured): a one-SGE gather list is held in the WQE. 1.00 per
+    // Write in session 13's first round (that list on the heap), 1.41 before session 13
+    // (each `sendmmsg` allocated its lists and each ACK a list of what it completed). The
+    // bound leaves room for a per-thread buffer's first growth, not one per Write.
+    assert!(a * 100 <= writes, "{a} allocations for {writes} Writes");
 }

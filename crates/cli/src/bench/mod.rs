@@ -1258,9 +1258,12 @@ fn bandwidth(
                 }
                 room = room.min(limit - c.posted);
                 if room > 0 {
-                    batch.clear();
-                    for _ in 0..room {
-                        let n = c.posted + batch.len() as u64;
+                    // The batch's WRs are rewritten in place, as perftest reuses its WR
+                    // array: no gather-list allocation per post in the harness.
+                    let room_n = room as usize;
+                    batch.truncate(room_n);
+                    for k in 0..room_n {
+                        let n = c.posted + k as u64;
                         let signaled = (n + 1).is_multiple_of(cq_mod) || n + 1 == limit;
                         let remote = RemoteAddr {
                             addr: c.reply.addr,
@@ -1277,7 +1280,16 @@ fn bandwidth(
                         } else {
                             SendFlags::empty()
                         };
-                        batch.push(SendWr::new(wr_id(KIND_DATA, q, n), opcode, vec![mr.sge(0, len)]).flags(flags));
+                        let id = wr_id(KIND_DATA, q, n);
+                        if let Some(w) = batch.get_mut(k) {
+                            w.wr_id = id;
+                            w.opcode = opcode;
+                            w.flags = flags;
+                            w.sg_list.clear();
+                            w.sg_list.push(mr.sge(0, len));
+                        } else {
+                            batch.push(SendWr::new(id, opcode, vec![mr.sge(0, len)]).flags(flags));
+                        }
                     }
                     c.qp.post_send(&batch).context("post_send")?;
                     c.posted += room;

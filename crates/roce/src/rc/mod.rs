@@ -243,9 +243,13 @@ pub(crate) struct Piece {
 }
 
 /// Where a send WQE's payload is: its gather list resolved at post time (inline data is
-/// one piece of a buffer of its own).
+/// one piece of a buffer of its own). A one-SGE list is held inline (`One`): the common
+/// post allocates no list (session 13 round 2: 1.00 allocation per 64 B Write before).
 #[derive(Clone)]
 pub(crate) enum Source {
+    /// A gather list of exactly one piece, without a heap list.
+    One(Piece),
+    /// Any other gather list (empty or two or more pieces).
     Pieces(Vec<Piece>),
 }
 
@@ -258,11 +262,19 @@ impl Source {
     /// Inline data, owned.
     pub(crate) fn owned(v: Vec<u8>) -> Source {
         let len = v.len();
-        Source::Pieces(vec![Piece {
+        Source::One(Piece {
             buf: Arc::new(Buffer::from_vec(v)),
             off: 0,
             len,
-        }])
+        })
+    }
+
+    /// The resolved pieces, in order.
+    fn pieces(&self) -> &[Piece] {
+        match self {
+            Source::One(p) => std::slice::from_ref(p),
+            Source::Pieces(ps) => ps,
+        }
     }
 
     /// Copies `out.len()` octets from message offset `at`.
@@ -277,9 +289,8 @@ impl Source {
 
     /// The pieces of the `n` octets at message offset `at`, in order.
     pub(crate) fn each_piece(&self, mut at: usize, n: usize, mut f: impl FnMut(Piece)) {
-        let Source::Pieces(ps) = self;
         let mut left = n;
-        for p in ps {
+        for p in self.pieces() {
             if left == 0 {
                 break;
             }

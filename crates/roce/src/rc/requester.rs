@@ -331,8 +331,7 @@ impl RcQp {
     }
 
     fn gather(&self, sges: &[verbs::Sge]) -> Result<Source, WcStatus> {
-        let mut pieces = Vec::with_capacity(sges.len());
-        for s in sges {
+        let piece = |s: &verbs::Sge| -> Result<Piece, WcStatus> {
             let r = self
                 .cfg
                 .mem
@@ -345,11 +344,19 @@ impl RcQp {
                     Access::LOCAL_READ,
                 )
                 .map_err(|_| WcStatus::LocProtErr)?;
-            pieces.push(Piece {
+            Ok(Piece {
                 buf: r.buffer,
                 off: r.offset,
                 len: s.length as usize,
-            });
+            })
+        };
+        // One SGE (the common post): held inline, no list allocated.
+        if let [s] = sges {
+            return Ok(Source::One(piece(s)?));
+        }
+        let mut pieces = Vec::with_capacity(sges.len());
+        for s in sges {
+            pieces.push(piece(s)?);
         }
         Ok(Source::Pieces(pieces))
     }
