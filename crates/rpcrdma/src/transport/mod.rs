@@ -120,7 +120,7 @@ mod requester;
 mod responder;
 
 pub use backchannel::{BC_CREDITS, Backchannel};
-pub use requester::{ChunkFault, RdmaClient};
+pub use requester::{BULK_NO_SPIN, ChunkFault, RdmaClient};
 pub use responder::{RdmaServer, ServerStats, StatsSnapshot};
 
 use std::time::Duration;
@@ -182,7 +182,9 @@ pub struct RdmaConfig {
     /// completion queue (driving the provider inline) before it sleeps (default 50 µs).
     /// `Duration::ZERO`: sleep at once (on iWARP in `poll(2)` on the socket, receiving the
     /// Reply itself, as a blocking TCP reader does); `Duration::MAX`: busy-poll until the
-    /// Reply arrives (`rpc bench --busy-poll`, issue 18's same-mode comparison).
+    /// Reply arrives (`rpc bench --busy-poll`, issue 18's same-mode comparison). A call
+    /// moving [`BULK_NO_SPIN`] octets or more in chunks sleeps at once unless this is
+    /// `Duration::MAX`.
     pub reply_spin: Duration,
 }
 

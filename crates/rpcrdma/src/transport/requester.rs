@@ -143,6 +143,18 @@ impl RdmaClient {
         self.pool.handed.load(Ordering::Relaxed)
     }
 
+    /// Waits a caller leading its connection made in the completion queue for Replies.
+    pub fn reply_waits(&self) -> u64 {
+        self.pool.waits.load(Ordering::Relaxed)
+    }
+
+    /// Of [`reply_waits`](Self::reply_waits), those that busy-polled before sleeping: none
+    /// for a call moving [`BULK_NO_SPIN`] octets or more in chunks (unless `reply_spin` is
+    /// `Duration::MAX`), every one for smaller calls when `reply_spin` is not zero.
+    pub fn reply_waits_spun(&self) -> u64 {
+        self.pool.spun.load(Ordering::Relaxed)
+    }
+
     /// The configuration.
     pub fn config(&self) -> &RdmaConfig {
         &self.cfg
@@ -258,7 +270,19 @@ struct Pool {
     own: std::sync::atomic::AtomicU64,
     /// Replies delivered by another thread ([`RdmaClient::replies_handed_over`]).
     handed: std::sync::atomic::AtomicU64,
+    /// Waits of a leading caller in the CQ ([`RdmaClient::reply_waits`]).
+    waits: std::sync::atomic::AtomicU64,
+    /// Those of them that busy-polled first ([`RdmaClient::reply_waits_spun`]).
+    spun: std::sync::atomic::AtomicU64,
 }
+
+/// A call whose Write chunks and Read chunks carry at least this many octets together does
+/// not busy-poll for its Reply ([`RdmaConfig::reply_spin`]): the bulk transfer (RDMA Write of
+/// the results, RDMA Reads of the arguments) takes hundreds of µs, far beyond the spin, and
+/// on a machine with few cores the spin takes CPU the peer's threads (or this side's engine)
+/// need meanwhile. The caller sleeps in the CQ at once, receiving the Reply itself (issue 18,
+/// session 13 round 2). `reply_spin == Duration::MAX` (busy-poll mode) still spins.
+pub const BULK_NO_SPIN: usize = 64 << 10;
 
 /// Pairs kept at most (bounds the memory a client holds when idle).
 const POOL_MAX: usize = 64;
@@ -859,6 +883,14 @@ impl Conn {
             }
         };
         let call_lists = body.lists().cloned().unwrap_or_default();
+        // a bulk call sleeps in the CQ at once (BULK_NO_SPIN)
+        let chunked: usize = res.write_chunks.iter().map(|&c| c as usize).sum::<usize>()
+            + call_lists.reads.iter().map(|r| r.target.length as usize).sum::<usize>();
+        let spin = if chunked >= BULK_NO_SPIN && self.reply_spin != Duration::MAX {
+            Duration::ZERO
+        } else {
+            self.reply_spin
+        };
         let mut stags: Vec<u32> = Vec::new();
         stags.extend(read_region.as_ref().map(|r| r.stag));
         stags.extend(write_region.as_ref().map(|r| r.stag));
@@ -914,7 +946,7 @@ impl Conn {
             }
             drop(st);
             // keep the send buffer until the RPC ends
-            let Some(r) = self.await_reply(xid, &rx, deadline) else {
+            let Some(r) = self.await_reply(xid, &rx, deadline, spin) else {
                 self.state.lock().unwrap().pending.remove(&xid);
                 return Err(Fail::Retry(RpcError::Timeout));
             };
@@ -939,7 +971,7 @@ impl Conn {
     /// Waits for the outcome of the RPC whose channel is `rx`: polls the CQ itself when no
     /// other caller does, otherwise waits for the poller to hand the Reply (or its turn) over.
     /// `None` when `deadline` passes.
-    fn await_reply(&self, xid: u32, rx: &Receiver<Msg>, deadline: Instant) -> Option<Outcome> {
+    fn await_reply(&self, xid: u32, rx: &Receiver<Msg>, deadline: Instant, spin: Duration) -> Option<Outcome> {
         let me = std::thread::current().id();
         loop {
             match rx.try_recv() {
@@ -977,7 +1009,7 @@ impl Conn {
                         // the progress thread leaves the CQ to us
                         self.cq.interrupt();
                     }
-                    let r = self.lead(rx, deadline);
+                    let r = self.lead(rx, deadline, spin);
                     self.resign(me);
                     return r;
                 }
@@ -985,8 +1017,9 @@ impl Conn {
         }
     }
 
-    /// Polls the CQ for every caller until this caller's outcome is in `rx` (or `deadline`).
-    fn lead(&self, rx: &Receiver<Msg>, deadline: Instant) -> Option<Outcome> {
+    /// Polls the CQ for every caller until this caller's outcome is in `rx` (or `deadline`),
+    /// busy-polling `spin` before each sleep.
+    fn lead(&self, rx: &Receiver<Msg>, deadline: Instant, spin: Duration) -> Option<Outcome> {
         loop {
             match rx.try_recv() {
                 Ok(Msg::Done(r)) => return Some(r),
@@ -1002,7 +1035,12 @@ impl Conn {
             }
             let slice = (deadline - now).min(POLL_SLICE);
             // busy-polls at most the slice, so the deadline and the CM events are still seen
-            let r = match self.cq.wait_spin(self.reply_spin.min(slice), Some(slice)) {
+            let spin = spin.min(slice);
+            self.pool.waits.fetch_add(1, Ordering::Relaxed);
+            if !spin.is_zero() {
+                self.pool.spun.fetch_add(1, Ordering::Relaxed);
+            }
+            let r = match self.cq.wait_spin(spin, Some(slice)) {
                 Some(wc) => self.on_completion(wc),
                 None => self.check_event(),
             };
