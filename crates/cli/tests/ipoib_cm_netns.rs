@@ -73,7 +73,17 @@ fn ipoib_connected_mode_between_two_namespaces() {
         tcpdump = Some(
             Command::new("ip")
                 .args([
-                    "netns", "exec", &ns[0], "tcpdump", "-i", &veth[0], "-U", "-s", "256", "-w",
+                    "netns",
+                    "exec",
+                    &ns[0],
+                    "tcpdump",
+                    "-i",
+                    &veth[0],
+                    "-U",
+                    "--immediate-mode",
+                    "-s",
+                    "256",
+                    "-w",
                 ])
                 .arg(&pcap)
                 .args(["udp", "port", "4791"])
@@ -147,8 +157,22 @@ fn ipoib_connected_mode_between_two_namespaces() {
     // whose total length runs past the segment, which it flags; those are left out of
     // the malformed check and counted instead.
     if let Some(mut t) = tcpdump.take() {
-        std::thread::sleep(Duration::from_millis(300));
-        let _ = t.kill();
+        // Let tcpdump catch up before it stops: on a loaded machine it lags behind, and what
+        // it has not read yet is lost (CI once saw a capture end before the broadcast
+        // pings). Wait until the file stops growing (at most 5 s), then SIGINT, which
+        // flushes and closes it (`ip netns exec` execs tcpdump: the child is tcpdump).
+        let size = || std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0);
+        let end = Instant::now() + Duration::from_secs(5);
+        let mut last = size();
+        loop {
+            std::thread::sleep(Duration::from_millis(400));
+            let now = size();
+            if now == last || Instant::now() > end {
+                break;
+            }
+            last = now;
+        }
+        let _ = Command::new("kill").args(["-INT", &t.id().to_string()]).status();
         let _ = t.wait();
         let p = pcap.display();
         let rows = must(&format!(

@@ -31,7 +31,17 @@ fn ipoib_datagram_mode_between_two_namespaces() {
     let pcap = std::env::temp_dir().join(format!("ipoib-netns-{id}.pcap"));
     if have("tcpdump") && have("tshark") {
         let child = Command::new("ip")
-            .args(["netns", "exec", &ns[0], "tcpdump", "-i", &veth[0], "-U", "-w"])
+            .args([
+                "netns",
+                "exec",
+                &ns[0],
+                "tcpdump",
+                "-i",
+                &veth[0],
+                "-U",
+                "--immediate-mode",
+                "-w",
+            ])
             .arg(&pcap)
             .args(["udp", "port", "4791"])
             .stdout(Stdio::null())
