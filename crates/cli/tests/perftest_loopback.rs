@@ -377,7 +377,13 @@ fn perftest_server_reports_a_dead_or_silent_client() {
         let e = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{e}");
         if kill {
-            assert!(e.contains("peer closed the connection (QP "), "{e}");
+            // The kernel closes a killed process's sockets with a FIN, or with a RST when
+            // data it had not read yet (the server's version message) was still queued:
+            // which one depends on how far the client got.
+            assert!(
+                e.contains("peer closed the connection (QP ") || e.contains("peer reset the connection (QP "),
+                "{e}"
+            );
         } else {
             assert!(
                 e.contains("timed out waiting for") && e.contains("the peer went silent"),
