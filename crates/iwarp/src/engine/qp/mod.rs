@@ -253,6 +253,9 @@ struct RxTagged {
     next_to: u64,
 }
 
+/// Most spare receive WQEs kept for reuse ([`Proto::retire_recv`]).
+const SPARE_RECVS: usize = 16;
+
 /// Protocol state of one QP. No I/O.
 pub(crate) struct Proto {
     qpn: u32,
@@ -295,6 +298,10 @@ pub(crate) struct Proto {
     /// The resolved SGE list of the last message framed, emptied, for the next one
     /// (issue 18, session 13: no allocation per message for it).
     spare_pieces: Vec<Piece>,
+    /// Receive WQEs whose message completed, their lists emptied, for `post_recv` to
+    /// reuse (`retire_recv`): a receive costs no allocation when posted and no free on
+    /// the path from arrival to its completion (issue 18, session 14).
+    spare_recvs: Vec<RecvWqe>,
     ird: u32,
     next_atomic_id: u32,
     rtr: Option<RtrRole>,
@@ -460,6 +467,7 @@ impl Proto {
             answered: false,
             done_scratch: Vec::new(),
             spare_pieces: Vec::new(),
+            spare_recvs: Vec::new(),
             ird: neg.ird,
             next_atomic_id: 1,
             rtr: neg.rtr,
@@ -710,15 +718,34 @@ impl Proto {
                     max: self.attr.max_recv_sge.max(1),
                 }));
             }
-            let (pieces, cap) = self.resolve(&wr.sg_list, Access::LOCAL_WRITE).map_err(bad)?;
-            self.rq.push_back(RecvWqe {
-                wr_id: wr.wr_id,
-                sges: wr.sg_list.clone(),
-                pieces,
-                cap,
+            // A WQE whose message completed lends its two lists (no allocation).
+            let mut wqe = self.spare_recvs.pop().unwrap_or_else(|| RecvWqe {
+                wr_id: 0,
+                sges: Vec::with_capacity(wr.sg_list.len()),
+                pieces: Vec::with_capacity(wr.sg_list.len()),
+                cap: 0,
             });
+            wqe.cap = self
+                .resolve_into(&wr.sg_list, Access::LOCAL_WRITE, &mut wqe.pieces)
+                .map_err(bad)?;
+            wqe.wr_id = wr.wr_id;
+            wqe.sges.clear();
+            wqe.sges.extend_from_slice(&wr.sg_list);
+            self.rq.push_back(wqe);
         }
         Ok(())
+    }
+
+    /// Keeps a receive WQE whose message completed for [`post_recv`](Self::post_recv) to
+    /// reuse, its references to registered memory dropped now (a spare WQE keeps no region
+    /// alive) but its two lists kept: their free was on the path from a message's
+    /// arrival to its completion, and `post_recv` allocated them again. At most
+    /// [`SPARE_RECVS`] are kept.
+    fn retire_recv(&mut self, mut wqe: RecvWqe) {
+        if self.spare_recvs.len() < SPARE_RECVS {
+            wqe.pieces.clear();
+            self.spare_recvs.push(wqe);
+        }
     }
 
     fn slot_mut(&mut self, id: u64) -> Option<&mut Slot> {

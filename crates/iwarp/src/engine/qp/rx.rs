@@ -472,6 +472,8 @@ impl Proto {
                 }
             }
         }
+        // Its lists are kept for the next post_recv (before the completion is seen).
+        self.retire_recv(rs.wqe);
         self.push_recv_completion(w);
         Ok(())
     }
