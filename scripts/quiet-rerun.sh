@@ -13,6 +13,9 @@ for i in 1 2 3; do
   r iw_send $B bench send --lat --size 8 --iters 20000 --baseline tcp
   r iw_write $B bench write --lat --size 8 --iters 20000 --baseline tcp
   r iw_read $B bench read --lat --size 8 --iters 20000 --baseline tcp
+  r iw_send_64B $B bench send --lat --size 64 --iters 20000 --baseline tcp     # session 14: 8-64 B
+  r iw_write_64B $B bench write --lat --size 64 --iters 20000 --baseline tcp
+  r iw_read_64B $B bench read --lat --size 64 --iters 20000 --baseline tcp
   r iw_send_ev $B bench send --lat --events --size 8 --iters 5000 --baseline tcp
   r roce_send $B bench send --lat --size 8 --iters 10000 --provider roce --baseline udp --loopback 127.0.95.21
   r roce_send_ev $B bench send --lat --events --size 8 --iters 2000 --provider roce --baseline udp --loopback 127.0.95.23

@@ -1467,12 +1467,11 @@ fn lat_send(
     };
     c.qp.post_recv(&[recv(0)])?;
     ping_pong(stop, prog, size, |i| {
+        // The work request is built before the clock starts, as perftest prepares its
+        // WRs and the TCP baseline its buffer: its allocation is not the round trip's.
+        let wr = SendWr::new(wr_id(KIND_DATA, 0, i), WrOpcode::Send, vec![mr.sge(0, len)]);
         let t0 = Instant::now();
-        c.qp.post_send_one(SendWr::new(
-            wr_id(KIND_DATA, 0, i),
-            WrOpcode::Send,
-            vec![mr.sge(0, len)],
-        ))?;
+        c.qp.post_send_one(wr)?;
         loop {
             let wc = spin(cq, c.events)?;
             check(&wc, "send ping-pong")?;
@@ -1513,21 +1512,21 @@ fn lat_write(
         let s = stamp(i);
         mr.write(last, &[s])?; // the last byte of what we send
         let seen = echo_off + last; // where the server's echo puts it
-        let t0 = Instant::now();
         // Signal every 64th Write so the send queue drains.
         let flags = if i % 64 == 63 {
             SendFlags::SIGNALED
         } else {
             SendFlags::empty()
         };
-        c.qp.post_send_one(
-            SendWr::new(
-                wr_id(KIND_DATA, 0, i),
-                WrOpcode::RdmaWrite { remote },
-                vec![mr.sge(0, len)],
-            )
-            .flags(flags),
-        )?;
+        // Built before the clock starts (see lat_send).
+        let wr = SendWr::new(
+            wr_id(KIND_DATA, 0, i),
+            WrOpcode::RdmaWrite { remote },
+            vec![mr.sge(0, len)],
+        )
+        .flags(flags);
+        let t0 = Instant::now();
+        c.qp.post_send_one(wr)?;
         loop {
             wcs.clear();
             cq.poll(&mut wcs, 16);
@@ -1566,12 +1565,10 @@ fn lat_one_sided(
         _ => (WrOpcode::AtomicFetchAdd { remote, add: 1 }, 8),
     };
     ping_pong(stop, prog, len as u64, |i| {
+        // Built before the clock starts (see lat_send).
+        let wr = SendWr::new(wr_id(KIND_DATA, 0, i), opcode.clone(), vec![mr.sge(0, len)]);
         let t0 = Instant::now();
-        c.qp.post_send_one(SendWr::new(
-            wr_id(KIND_DATA, 0, i),
-            opcode.clone(),
-            vec![mr.sge(0, len)],
-        ))?;
+        c.qp.post_send_one(wr)?;
         let wc = spin(cq, c.events)?;
         check(&wc, op.name())?;
         Ok(t0.elapsed())

@@ -337,6 +337,10 @@ pub(super) fn serve_qp(
             };
             qp.post_recv(&[recv(0), recv(1)])?;
             ready()?;
+            // The next reply's work request, built while waiting (off the round trip, as
+            // perftest prepares its WRs); its length is set from the message it answers.
+            let reply = || SendWr::new(0, WrOpcode::Send, vec![mr.sge(0, size)]);
+            let mut next = Some(reply());
             let mut n = 2;
             let mut idle = 0u32;
             let events = hello.flags & FLAG_EVENTS != 0;
@@ -357,8 +361,11 @@ pub(super) fn serve_qp(
                             // posted (two at the start), and the client sends its next message
                             // only after this reply, so the re-post is off the round trip
                             // (as a TCP ping-pong server writes its reply at once).
-                            qp.post_send_one(SendWr::new(0, WrOpcode::Send, vec![mr.sge(0, wc.byte_len)]))?;
+                            let mut wr = next.take().unwrap_or_else(reply);
+                            wr.sg_list[0].length = wc.byte_len;
+                            qp.post_send_one(wr)?;
                             qp.post_recv(&[recv(n)])?;
+                            next = Some(reply());
                             n += 1;
                             last_msg = Instant::now();
                         }
