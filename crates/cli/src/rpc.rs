@@ -704,10 +704,7 @@ impl<C: RpcClient + Sync> Timed<C> {
         for c in &clients {
             demo::read(c, size, 0)?;
         }
-        Ok(Timed {
-            clients,
-            secs: 0.0,
-        })
+        Ok(Timed { clients, secs: 0.0 })
     }
 
     /// Run one round; its bandwidth in bytes per second.

@@ -1117,7 +1117,10 @@ fn rpc_bench_json_has_the_family_units() {
     // issue 18: the transports alternate in rounds of 25 calls per caller (50 calls: 2)
     let r = &v["rounds"];
     assert_eq!(r["rounds"].as_u64(), Some(2), "{v}");
-    assert!(num(r, "min") > 0.0 && num(r, "min") <= num(r, "median") && num(r, "median") <= num(r, "max"), "{v}");
+    assert!(
+        num(r, "min") > 0.0 && num(r, "min") <= num(r, "median") && num(r, "median") <= num(r, "max"),
+        "{v}"
+    );
     let v = &json_lines(&ok(&[
         "rpc",
         "bench",
@@ -1129,7 +1132,10 @@ fn rpc_bench_json_has_the_family_units() {
         "tcp",
         "--json",
     ]))[0];
-    assert!(v["rdma"].is_null() && v["rdma_tcp_ratio"].is_null() && v["rounds"].is_null(), "{v}");
+    assert!(
+        v["rdma"].is_null() && v["rdma_tcp_ratio"].is_null() && v["rounds"].is_null(),
+        "{v}"
+    );
 }
 
 /// `rpc bench --proc null|echo` (issue 18): small calls' round trips over both transports in
