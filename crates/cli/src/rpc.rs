@@ -652,7 +652,7 @@ struct RpcRate {
 /// transport runs this many calls per caller, then the other, until `--calls` are done, so
 /// that both see the same minutes of machine load (issue 18: one transport's phase used to
 /// run whole before the other's, and a burst of other work in either phase moved the ratio
-/// 0.4-1.5 between runs of one binary).
+/// 0.4-8.4 between runs of one binary at load 3-15).
 const BULK_ROUND_CALLS: u64 = 25;
 
 /// Seconds taken by READs of `size` number `first..first + per` on each of `clients` at once
