@@ -23,6 +23,7 @@ for i in 1 2 3; do
   r roce_write64 $B bench write --provider roce -s 64 -t 64 -D 2 --loopback 127.0.95.11
   r rpc1m $B rpc bench --size 1M --transport both --calls 300
   r rpc1m4 $B rpc bench --size 1M --transport both --calls 300 --threads 4
+  r rpc_sched bash scripts/rpc-schedstat.sh $B 1
   r rpc_null_ev $B rpc bench --proc null --transport both --calls 2000
   r rpc_null_busy $B rpc bench --proc null --transport both --calls 2000 --busy-poll
   r rpc_echo_ev $B rpc bench --proc echo --size 64 --transport both --calls 2000

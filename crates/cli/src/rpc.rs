@@ -433,6 +433,18 @@ struct RpcBenchJson {
     tcp: Option<RpcRate>,
     rdma: Option<RpcRate>,
     rdma_tcp_ratio: Option<f64>,
+    /// With both transports: the ratio of each alternating round (null otherwise).
+    rounds: Option<RoundSpread>,
+}
+
+/// The RDMA/TCP ratios of `rpc bench --size`'s alternating rounds.
+#[derive(serde::Serialize)]
+struct RoundSpread {
+    /// Rounds (each: [`BULK_ROUND_CALLS`] calls per caller on each transport).
+    rounds: u64,
+    min: f64,
+    median: f64,
+    max: f64,
 }
 
 /// `rpc bench --proc null|echo --json`: small calls' round trips (docs/json.md).
@@ -636,28 +648,34 @@ struct RpcRate {
     calls_per_s: f64,
 }
 
-/// Bytes per second of `calls` READs of `size` over `threads` clients.
-/// With `progress` (a terminal, not `--json`) a bar counts the calls.
-fn time_reads<C: RpcClient + Sync>(clients: &[C], size: usize, calls: u64, progress: Option<&str>) -> Result<f64> {
-    // warm up each connection
-    for c in clients {
-        demo::read(c, size, 0)?;
-    }
-    let per = calls.div_ceil(clients.len() as u64);
-    let bar = progress.and_then(|p| crate::progress::count(true, format!("rpc bench {p}"), per * clients.len() as u64));
+/// Calls of one round of `rpc bench --size` per caller when both transports run: each
+/// transport runs this many calls per caller, then the other, until `--calls` are done, so
+/// that both see the same minutes of machine load (issue 18: one transport's phase used to
+/// run whole before the other's, and a burst of other work in either phase moved the ratio
+/// 0.4-8.4 between runs of one binary at load 3-15).
+const BULK_ROUND_CALLS: u64 = 25;
+
+/// Seconds taken by READs of `size` number `first..first + per` on each of `clients` at once
+/// (each caller its own thread). With `bar`, each call counts.
+fn time_reads<C: RpcClient + Sync>(
+    clients: &[C],
+    size: usize,
+    first: u64,
+    per: u64,
+    bar: Option<&indicatif::ProgressBar>,
+) -> Result<f64> {
     let t = Instant::now();
     std::thread::scope(|s| -> Result<()> {
         let hs: Vec<_> = clients
             .iter()
             .map(|c| {
-                let bar = bar.clone();
                 s.spawn(move || -> Result<()> {
-                    for i in 0..per {
+                    for i in first..first + per {
                         // checked in place, not copied out (the same for both transports)
                         if demo::read_checked(c, size, i as u32)? != size {
                             bail!("short READ");
                         }
-                        if let Some(b) = &bar {
+                        if let Some(b) = bar {
                             b.inc(1);
                         }
                     }
@@ -670,11 +688,31 @@ fn time_reads<C: RpcClient + Sync>(clients: &[C], size: usize, calls: u64, progr
         }
         Ok(())
     })?;
-    let secs = t.elapsed().as_secs_f64();
-    if let Some(b) = bar {
-        b.finish_and_clear();
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// One transport's callers and what they have taken so far.
+struct Timed<C> {
+    clients: Vec<C>,
+    /// Seconds of all rounds so far.
+    secs: f64,
+}
+
+impl<C: RpcClient + Sync> Timed<C> {
+    fn new(clients: Vec<C>, size: usize) -> Result<Self> {
+        // warm up each connection
+        for c in &clients {
+            demo::read(c, size, 0)?;
+        }
+        Ok(Timed { clients, secs: 0.0 })
     }
-    Ok((per * clients.len() as u64 * size as u64) as f64 / secs)
+
+    /// Run one round; its bandwidth in bytes per second.
+    fn round(&mut self, size: usize, first: u64, per: u64, bar: Option<&indicatif::ProgressBar>) -> Result<f64> {
+        let secs = time_reads(&self.clients, size, first, per, bar)?;
+        self.secs += secs;
+        Ok((per * self.clients.len() as u64 * size as u64) as f64 / secs)
+    }
 }
 
 fn bench(
@@ -701,26 +739,89 @@ fn bench(
     let reg = Arc::new(demo::registry());
     let dev = device(dev, crate::providers::Endpoint::Listen([127, 0, 0, 1].into()))?;
     let progress = crate::progress::wanted(false, json);
-    let mut tcp_bps = None;
-    let mut rdma_bps = None;
-    if transport != "rdma" {
-        let srv = TcpServer::spawn("127.0.0.1:0".parse()?, reg.clone())?;
-        let cs: Vec<TcpClient> = (0..threads)
-            .map(|_| TcpClient::connect(srv.local_addr()))
-            .collect::<std::io::Result<_>>()?;
-        tcp_bps = Some(time_reads(&cs, size, calls, progress.then_some("tcp"))?);
+    let per = calls.div_ceil(threads as u64);
+    let tcp_srv = if transport != "rdma" {
+        Some(TcpServer::spawn("127.0.0.1:0".parse()?, reg.clone())?)
+    } else {
+        None
+    };
+    let mut tcp = match &tcp_srv {
+        Some(srv) => {
+            let cs: Vec<TcpClient> = (0..threads)
+                .map(|_| TcpClient::connect(srv.local_addr()))
+                .collect::<std::io::Result<_>>()?;
+            Some(Timed::new(cs, size)?)
+        }
+        None => None,
+    };
+    let rdma_srv = if transport != "tcp" {
+        Some(
+            RdmaServer::spawn(&dev, "127.0.0.1:0".parse()?, reg.clone(), RdmaConfig::default())
+                .map_err(|e| anyhow!("{e}"))?,
+        )
+    } else {
+        None
+    };
+    let mut rdma = match &rdma_srv {
+        Some(srv) => {
+            let cs: Vec<RdmaClient> = (0..threads)
+                .map(|_| {
+                    let pd = dev.alloc_pd().map_err(|e| anyhow!("{e}"))?;
+                    RdmaClient::connect(&pd, srv.local_addr(), RdmaConfig::default()).map_err(|e| anyhow!("{e}"))
+                })
+                .collect::<Result<_, _>>()?;
+            Some(Timed::new(cs, size)?)
+        }
+        None => None,
+    };
+    let both = tcp.is_some() && rdma.is_some();
+    let bar = progress
+        .then(|| {
+            let n = per * threads as u64 * if both { 2 } else { 1 };
+            crate::progress::count(true, format!("rpc bench {transport}"), n)
+        })
+        .flatten();
+    // with both transports, rounds alternate (TCP first in odd rounds, RDMA first in even
+    // ones); one transport alone runs its calls in one round
+    let round = if both { BULK_ROUND_CALLS } else { per };
+    let mut round_ratios = Vec::new();
+    let mut done = 0;
+    let mut k = 0;
+    while done < per {
+        let n = (per - done).min(round);
+        let (mut t, mut r) = (None, None);
+        for tcp_turn in [k % 2 == 0, k % 2 != 0] {
+            if tcp_turn {
+                if let Some(x) = tcp.as_mut() {
+                    t = Some(x.round(size, 1 + done, n, bar.as_ref())?);
+                }
+            } else if let Some(x) = rdma.as_mut() {
+                r = Some(x.round(size, 1 + done, n, bar.as_ref())?);
+            }
+        }
+        if let (Some(t), Some(r)) = (t, r) {
+            round_ratios.push(r / t);
+        }
+        done += n;
+        k += 1;
     }
-    if transport != "tcp" {
-        let srv = RdmaServer::spawn(&dev, "127.0.0.1:0".parse()?, reg.clone(), RdmaConfig::default())
-            .map_err(|e| anyhow!("{e}"))?;
-        let cs: Vec<RdmaClient> = (0..threads)
-            .map(|_| {
-                let pd = dev.alloc_pd().map_err(|e| anyhow!("{e}"))?;
-                RdmaClient::connect(&pd, srv.local_addr(), RdmaConfig::default()).map_err(|e| anyhow!("{e}"))
-            })
-            .collect::<Result<_, _>>()?;
-        rdma_bps = Some(time_reads(&cs, size, calls, progress.then_some("rdma"))?);
+    if let Some(b) = bar {
+        b.finish_and_clear();
     }
+    let total = (per * threads as u64 * size as u64) as f64;
+    let tcp_bps = tcp.as_ref().map(|x| total / x.secs);
+    let rdma_bps = rdma.as_ref().map(|x| total / x.secs);
+    drop((tcp, rdma, tcp_srv, rdma_srv));
+    let spread = (!round_ratios.is_empty()).then(|| {
+        let mut v = round_ratios.clone();
+        v.sort_by(f64::total_cmp);
+        RoundSpread {
+            rounds: v.len() as u64,
+            min: v[0],
+            median: v[v.len() / 2],
+            max: v[v.len() - 1],
+        }
+    });
     let ratio = match (rdma_bps, tcp_bps) {
         (Some(r), Some(t)) if t > 0.0 => Some(r / t),
         _ => None,
@@ -741,6 +842,7 @@ fn bench(
             tcp: rate(tcp_bps),
             rdma: rate(rdma_bps),
             rdma_tcp_ratio: ratio,
+            rounds: spread,
         });
     } else {
         println!("READ of {size} bytes, {calls} calls, {threads} caller(s):");
@@ -758,6 +860,12 @@ fn bench(
         }
         if let Some(x) = ratio {
             println!("  RDMA / TCP = {x:.2}");
+        }
+        if let Some(s) = &spread {
+            println!(
+                "  {} alternating rounds of {BULK_ROUND_CALLS} calls per caller: RDMA / TCP min {:.2} median {:.2} max {:.2}",
+                s.rounds, s.min, s.median, s.max
+            );
         }
     }
     Ok(())

@@ -1114,6 +1114,13 @@ fn rpc_bench_json_has_the_family_units() {
         assert!((c - mb * 1048576.0 / 65536.0).abs() <= c * 1e-9, "{v}");
     }
     assert!((num(v, "rdma_tcp_ratio") - num(&v["rdma"], "mb_per_s") / num(&v["tcp"], "mb_per_s")).abs() < 1e-9);
+    // issue 18: the transports alternate in rounds of 25 calls per caller (50 calls: 2)
+    let r = &v["rounds"];
+    assert_eq!(r["rounds"].as_u64(), Some(2), "{v}");
+    assert!(
+        num(r, "min") > 0.0 && num(r, "min") <= num(r, "median") && num(r, "median") <= num(r, "max"),
+        "{v}"
+    );
     let v = &json_lines(&ok(&[
         "rpc",
         "bench",
@@ -1125,7 +1132,10 @@ fn rpc_bench_json_has_the_family_units() {
         "tcp",
         "--json",
     ]))[0];
-    assert!(v["rdma"].is_null() && v["rdma_tcp_ratio"].is_null(), "{v}");
+    assert!(
+        v["rdma"].is_null() && v["rdma_tcp_ratio"].is_null() && v["rounds"].is_null(),
+        "{v}"
+    );
 }
 
 /// `rpc bench --proc null|echo` (issue 18): small calls' round trips over both transports in
