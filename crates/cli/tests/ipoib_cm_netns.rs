@@ -17,7 +17,7 @@
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` IPCM-2, IPCM-3, IPCM-6, IPCM-7,
 //! IPCM-11, IPCM-13, IPCM-16, IPCM-S2, IPCM-S4, C2, D3.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 #[path = "common/netns.rs"]
@@ -70,29 +70,13 @@ fn ipoib_connected_mode_between_two_namespaces() {
     let pcap = std::env::temp_dir().join(format!("ipoib-cm-netns-{id}.pcap"));
     let mut tcpdump = None;
     if have("tcpdump") && have("tshark") {
-        tcpdump = Some(
-            Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    &ns[0],
-                    "tcpdump",
-                    "-i",
-                    &veth[0],
-                    "-U",
-                    "--immediate-mode",
-                    "-s",
-                    "256",
-                    "-w",
-                ])
-                .arg(&pcap)
-                .args(["udp", "port", "4791"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn tcpdump"),
-        );
-        std::thread::sleep(Duration::from_millis(500));
+        tcpdump = Some(netns::Capture::start(
+            &ns[0],
+            &veth[0],
+            &["-s", "256"],
+            &pcap,
+            "udp port 4791",
+        ));
     }
     let addrs = |k: usize| vec![format!("10.129.0.{k}/24"), format!("fd29::{k}/64")];
     for i in 0..2 {
@@ -156,24 +140,9 @@ fn ipoib_connected_mode_between_two_namespaces() {
     // tshark does not reassemble RC messages: a SEND First (opcode 0) shows an IP header
     // whose total length runs past the segment, which it flags; those are left out of
     // the malformed check and counted instead.
-    if let Some(mut t) = tcpdump.take() {
-        // Let tcpdump catch up before it stops: on a loaded machine it lags behind, and what
-        // it has not read yet is lost (CI once saw a capture end before the broadcast
-        // pings). Wait until the file stops growing (at most 5 s), then SIGINT, which
-        // flushes and closes it (`ip netns exec` execs tcpdump: the child is tcpdump).
-        let size = || std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0);
-        let end = Instant::now() + Duration::from_secs(5);
-        let mut last = size();
-        loop {
-            std::thread::sleep(Duration::from_millis(400));
-            let now = size();
-            if now == last || Instant::now() > end {
-                break;
-            }
-            last = now;
-        }
-        let _ = Command::new("kill").args(["-INT", &t.id().to_string()]).status();
-        let _ = t.wait();
+    if let Some(t) = tcpdump.take() {
+        // Stopped once the file has stopped growing: tcpdump lags behind on a loaded machine.
+        t.stop();
         let p = pcap.display();
         let rows = must(&format!(
             "tshark -r {p} -d udp.port==4791,infiniband -T fields -e frame.protocols -e infiniband.bth.opcode -e infiniband.bth.destqp 2>/dev/null"
