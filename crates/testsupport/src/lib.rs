@@ -1,12 +1,15 @@
 //! Dev-only helpers the live-capture tests share (crates/roce/tests/tshark_live.rs,
 //! tshark_ud.rs, crates/smc/tests/tshark_smc.rs): a tcpdump on `lo` that the test starts and
 //! stops, the frames of the pcap file it writes, the IPv4/UDP parts of a frame (for our own
-//! ICRC check), and tshark run over the file.
+//! ICRC check), and tshark run over the file; and a counting global allocator ([`alloc`]) for
+//! the tests that count heap allocations.
 //!
 //! A test skips (prints why and returns) when tcpdump or tshark is missing or tcpdump may not
 //! capture here: [`have`] and [`Capture::start`] returning `None`.
 
 #![warn(missing_docs)]
+
+pub mod alloc;
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
