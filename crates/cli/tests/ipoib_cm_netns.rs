@@ -70,13 +70,7 @@ fn ipoib_connected_mode_between_two_namespaces() {
     let pcap = std::env::temp_dir().join(format!("ipoib-cm-netns-{id}.pcap"));
     let mut tcpdump = None;
     if have("tcpdump") && have("tshark") {
-        tcpdump = Some(netns::Capture::start(
-            &ns[0],
-            &veth[0],
-            &["-s", "256"],
-            &pcap,
-            "udp port 4791",
-        ));
+        tcpdump = Some(netns::capture(&ns[0], &veth[0], &["-s", "256"], &pcap, "udp port 4791"));
     }
     let addrs = |k: usize| vec![format!("10.129.0.{k}/24"), format!("fd29::{k}/64")];
     for i in 0..2 {
@@ -142,7 +136,7 @@ fn ipoib_connected_mode_between_two_namespaces() {
     // the malformed check and counted instead.
     if let Some(t) = tcpdump.take() {
         // Stopped once the file has stopped growing: tcpdump lags behind on a loaded machine.
-        t.stop();
+        t.stop_when_quiet(Duration::from_secs(5));
         let p = pcap.display();
         let rows = must(&format!(
             "tshark -r {p} -d udp.port==4791,infiniband -T fields -e frame.protocols -e infiniband.bth.opcode -e infiniband.bth.destqp 2>/dev/null"

@@ -30,7 +30,7 @@ fn ipoib_datagram_mode_between_two_namespaces() {
     let pcap = std::env::temp_dir().join(format!("ipoib-netns-{id}.pcap"));
     let mut tcpdump = None;
     if have("tcpdump") && have("tshark") {
-        tcpdump = Some(netns::Capture::start(&ns[0], &veth[0], &[], &pcap, "udp port 4791"));
+        tcpdump = Some(netns::capture(&ns[0], &veth[0], &[], &pcap, "udp port 4791"));
     }
     for i in 0..2 {
         let d = daemon(
@@ -88,7 +88,7 @@ fn ipoib_datagram_mode_between_two_namespaces() {
     // malformed.
     if let Some(t) = tcpdump.take() {
         // Stopped once the file has stopped growing: tcpdump lags behind on a loaded machine.
-        t.stop();
+        t.stop_when_quiet(Duration::from_secs(5));
         let p = pcap.display();
         let protos = must(&format!(
             "tshark -r {p} -d udp.port==4791,infiniband -T fields -e frame.protocols 2>/dev/null"

@@ -1,15 +1,16 @@
 //! Network-namespace helpers shared by the IPoIB tests (`ipoib_netns.rs`,
 //! `ipoib_cm_netns.rs`): shell commands, a [`Lab`] of namespaces and processes removed on
-//! drop, namespaces joined by a veth pair, a tcpdump [`Capture`] on an interface inside a
-//! namespace, the `softrdma ipoib up` daemon and its `show` output. Include with `#[path = "common/netns.rs"] mod netns;` and pass
+//! drop, namespaces joined by a veth pair, a tcpdump [`capture`] on an interface inside a
+//! namespace (a `testsupport::Capture`), the `softrdma ipoib up` daemon and its `show` output. Include with `#[path = "common/netns.rs"] mod netns;` and pass
 //! `env!("CARGO_BIN_EXE_softrdma")` where a function takes `bin`.
 
 #![allow(dead_code)]
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+pub use testsupport::Capture;
 
 /// Whether `prog` is on PATH.
 pub fn have(prog: &str) -> bool {
@@ -109,110 +110,31 @@ impl Drop for Lab {
     }
 }
 
-/// A tcpdump on interface `iface` inside namespace `ns`, writing one pcap file (the
-/// counterpart of `testsupport::Capture` for `lo`). [`Capture::stop`] lets tcpdump catch up
-/// before it stops it; dropping it (a check failed half-way) stops it at once. Both send
-/// SIGINT, which flushes and closes the file, and reap it.
-pub struct Capture {
-    child: Child,
-    err: ChildStderr,
-    file: PathBuf,
-    stopped: bool,
-}
-
-impl Capture {
-    /// Starts `ip netns exec NS tcpdump -i IFACE -U --immediate-mode -n EXTRA -w FILE FILTER`
-    /// and waits (10 s at most) until it says "listening on"; panics when it does not (the
-    /// caller checked that tcpdump is installed, and the netns tests run as root).
-    /// `ip netns exec` execs tcpdump, so the child is tcpdump itself.
-    pub fn start(ns: &str, iface: &str, extra: &[&str], file: &Path, filter: &str) -> Capture {
-        let _ = std::fs::remove_file(file);
-        let mut child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                ns,
-                "tcpdump",
-                "-i",
-                iface,
-                "-U",
-                "--immediate-mode",
-                "-n",
-            ])
-            .args(extra)
-            .arg("-w")
-            .arg(file)
-            .args(filter.split_whitespace())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn tcpdump");
-        let err = child.stderr.take().expect("tcpdump stderr");
-        let mut cap = Capture {
-            child,
-            err,
-            file: file.to_owned(),
-            stopped: false,
-        };
-        // A read returns what tcpdump has written; "listening on" comes once the capture runs.
-        // The bound is for a tcpdump that hangs before saying anything.
-        let end = Instant::now() + Duration::from_secs(10);
-        let mut seen = Vec::new();
-        while !String::from_utf8_lossy(&seen).contains("listening on") {
-            let mut b = [0u8; 256];
-            let n = cap.err.read(&mut b).unwrap_or(0);
-            assert!(
-                n > 0 && Instant::now() < end,
-                "tcpdump in {ns} on {iface} did not start: {}",
-                String::from_utf8_lossy(&seen)
-            );
-            seen.extend_from_slice(&b[..n]);
-        }
-        cap
-    }
-
-    /// The pcap file tcpdump writes.
-    pub fn file(&self) -> &Path {
-        &self.file
-    }
-
-    /// Waits until the file has stopped growing (checked every 400 ms, 5 s at most), then
-    /// stops tcpdump; what else it said on stderr (its drop statistics). On a loaded machine
-    /// tcpdump lags behind, and what it has not read when it stops is lost (CI once saw a
-    /// capture end before the broadcast pings).
-    pub fn stop(mut self) -> String {
-        let size = |f: &Path| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0);
-        let end = Instant::now() + Duration::from_secs(5);
-        let mut last = size(&self.file);
-        loop {
-            std::thread::sleep(Duration::from_millis(400));
-            let now = size(&self.file);
-            if now == last || Instant::now() > end {
-                break;
-            }
-            last = now;
-        }
-        self.interrupt();
-        let mut rest = String::new();
-        let _ = self.err.read_to_string(&mut rest);
-        rest
-    }
-
-    fn interrupt(&mut self) {
-        if std::mem::replace(&mut self.stopped, true) {
-            return;
-        }
-        let _ = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Capture {
-    fn drop(&mut self) {
-        self.interrupt();
-    }
+/// A tcpdump on interface `iface` inside namespace `ns`: `ip netns exec NS tcpdump -i IFACE -U
+/// --immediate-mode -n EXTRA -w FILE FILTER` (`ip netns exec` execs tcpdump, so the child is
+/// tcpdump itself), started once it says "listening on" (10 s at most; panics when it does
+/// not: the caller checked that tcpdump is installed, and these tests run as root). Stop it
+/// with `stop_when_quiet` (the file has stopped growing, then SIGINT); dropped, it is stopped
+/// at once.
+pub fn capture(ns: &str, iface: &str, extra: &[&str], file: &Path, filter: &str) -> Capture {
+    let mut cmd = Command::new("ip");
+    cmd.args([
+        "netns",
+        "exec",
+        ns,
+        "tcpdump",
+        "-i",
+        iface,
+        "-U",
+        "--immediate-mode",
+        "-n",
+    ])
+    .args(extra)
+    .arg("-w")
+    .arg(file)
+    .args(filter.split_whitespace());
+    Capture::spawn(cmd, file, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("tcpdump in {ns} on {iface} did not start"))
 }
 
 /// `softrdma ipoib up --dev ib0 --mode MODE --underlay IF --addr ...` in `ns`, its log
