@@ -39,6 +39,21 @@ struct FakeTun {
     sum: u64,
 }
 
+impl FakeTun {
+    /// A's kernel side with `pkts` to read, and B's keeping what is written.
+    fn pair(pkts: &[Vec<u8>]) -> (FakeTun, FakeTun) {
+        let a = FakeTun {
+            to_read: pkts.iter().cloned().collect(),
+            ..FakeTun::default()
+        };
+        let b = FakeTun {
+            keep: true,
+            ..FakeTun::default()
+        };
+        (a, b)
+    }
+}
+
 impl KernelIo for FakeTun {
     fn read_packet(&mut self, mr: &MemoryRegion, off: usize, max: usize) -> std::io::Result<Option<usize>> {
         let Some(p) = self.to_read.pop_front() else {
@@ -90,14 +105,7 @@ fn connected_mode_packets_go_through_in_place_one_read_one_write_each() {
 
     // 64 packets of 65,520 octets, kept and compared.
     let pkts: Vec<Vec<u8>> = (1..=64u16).map(|i| v4(ip4(1), ip4(2), 65520, i)).collect();
-    let mut a = FakeTun {
-        to_read: pkts.iter().cloned().collect(),
-        ..FakeTun::default()
-    };
-    let mut b = FakeTun {
-        keep: true,
-        ..FakeTun::default()
-    };
+    let (mut a, mut b) = FakeTun::pair(&pkts);
     pump(&mut nodes, &mut a, &mut b, 64);
     assert_eq!(b.written, pkts, "every packet whole and in order");
     let (a1, b1) = (nodes[0].path_counters(), nodes[1].path_counters());
@@ -183,14 +191,7 @@ fn datagram_mode_burst_is_posted_in_batches() {
     nodes[0].from_kernel(v4(ip4(3), ip4(4), 100, 0)).unwrap();
     run_until(&mut nodes, |_, g| !g[1].is_empty());
     let pkts: Vec<Vec<u8>> = (1..=64u16).map(|i| v4(ip4(3), ip4(4), 2044, i)).collect();
-    let mut a = FakeTun {
-        to_read: pkts.iter().cloned().collect(),
-        ..FakeTun::default()
-    };
-    let mut b = FakeTun {
-        keep: true,
-        ..FakeTun::default()
-    };
+    let (mut a, mut b) = FakeTun::pair(&pkts);
     let posts0 = nodes[0].ud_posts();
     pump(&mut nodes, &mut a, &mut b, 64);
     assert_eq!(b.written, pkts, "every packet whole and in order");
