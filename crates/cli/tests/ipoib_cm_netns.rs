@@ -49,9 +49,8 @@ fn wait_show(ns: &str, what: &str, want: impl Fn(&str) -> bool) -> String {
 /// An iperf3 server for one test on `addr`:`port` in `ns`, then the client in `from` with
 /// `args`; the `bits_per_second` of `section` in its JSON report.
 fn iperf3(lab: &mut Lab, ns: &str, from: &str, addr: &str, port: u16, args: &str, section: &str) -> f64 {
-    let port = port.to_string();
-    lab.spawn_in(ns, &["iperf3", "-s", "-1", "-B", addr, "-p", &port]);
-    std::thread::sleep(Duration::from_millis(400));
+    lab.spawn_in(ns, &["iperf3", "-s", "-1", "-B", addr, "-p", &port.to_string()]);
+    netns::wait_listening(ns, addr, port);
     let out = must(&format!(
         "ip netns exec {from} iperf3 -c {addr} -p {port} -t 1 --connect-timeout 3000 -J {args}"
     ));

@@ -195,6 +195,21 @@ pub fn wait_show(bin: &str, ns: &str, what: &str, want: impl Fn(&str) -> bool) -
     }
 }
 
+/// Waits (10 s at most) until a TCP socket in `ns` listens on `addr`:`port` (a server just
+/// spawned: on a loaded machine a fixed delay was not enough, and its client was refused).
+pub fn wait_listening(ns: &str, addr: &str, port: u16) {
+    let end = Instant::now() + Duration::from_secs(10);
+    let want = format!("{addr}:{port}");
+    while !sh(&format!("ip netns exec {ns} ss -Hltn"))
+        .1
+        .split_whitespace()
+        .any(|w| w == want)
+    {
+        assert!(Instant::now() < end, "nothing listens on {want} in {ns}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// `ping ARGS` in `ns`.
 pub fn ping(ns: &str, args: &str) -> (bool, String) {
     sh(&format!("ip netns exec {ns} ping {args}"))
