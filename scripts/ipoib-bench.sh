@@ -14,43 +14,21 @@ BIN="${SOFTRDMA:-$(dirname "$0")/../target/release/softrdma}"
 . "$(dirname "$0")/lib/ipoib-ns.sh"
 ipoib_ns_up ipb 10.132.0 5333
 
-run() { # label dst
-    local bps
-    bps=$(ip netns exec $A iperf3 -c "$2" -p 5333 -t "$secs" -l 1M -J | python3 -c \
-        'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"])')
-    echo "$1 $bps"
-}
 up() { # mode [binary]
     local BIN="${2:-$BIN}"
     ipoib_ns_daemons "$BIN" "$1" 10.133.0 3000 /tmp/ipoib-bench
 }
-down() {
-    for n in $A $B; do ip netns pids $n | while read -r p; do
-        case "$(cat /proc/$p/comm 2>/dev/null)" in softrdma*) kill "$p" ;; esac; done; done
-    sleep 0.5
-}
-out=$(mktemp)
+run() { ipoib_ns_run "$1" "$2" "$secs"; }
+down() { ipoib_ns_stop softrdma; }
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$rounds"); do
-    run veth 10.132.0.2 >>"$out"
-    up datagram; run datagram 10.133.0.2 >>"$out"; down
-    up connected; run connected 10.133.0.2 >>"$out"; down
+    run veth 10.132.0.2
+    up datagram; run datagram 10.133.0.2; down
+    up connected; run connected 10.133.0.2; down
     if [ -n "${SOFTRDMA_BEFORE:-}" ]; then
-        up datagram "$SOFTRDMA_BEFORE"; run datagram-before 10.133.0.2 >>"$out"; down
-        up connected "$SOFTRDMA_BEFORE"; run connected-before 10.133.0.2 >>"$out"; down
+        up datagram "$SOFTRDMA_BEFORE"; run datagram-before 10.133.0.2; down
+        up connected "$SOFTRDMA_BEFORE"; run connected-before 10.133.0.2; down
     fi
 done
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$out" <<'PY'
-import sys, collections
-v = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    k, b = line.split(); v[k].append(float(b))
-veth = sum(v["veth"]) / len(v["veth"])
-for k in ("veth", "datagram", "connected", "datagram-before", "connected-before"):
-    if k not in v:
-        continue
-    m = sum(v[k]) / len(v[k])
-    print(f"{k:16s} {m/1e6:9.0f} Mbit/s  {m/veth:6.3f} x veth  (runs: {', '.join(f'{x/1e6:.0f}' for x in v[k])})")
-PY
-rm -f "$out"
+ipoib_ns_report veth datagram connected datagram-before connected-before

@@ -21,17 +21,8 @@ RELAY="${RELAY:-$here/../target/release/examples/tun_relay}"
 . "$here/lib/ipoib-ns.sh"
 ipoib_ns_up ibd 10.138.0 5338
 
-run() { # label dst
-    local bps
-    bps=$(ip netns exec $A iperf3 -c "$2" -p 5338 -t "$secs" -l 1M -J | python3 -c \
-        'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"])')
-    echo "$1 $bps"
-}
-down() {
-    for n in $A $B; do ip netns pids $n | while read -r p; do
-        case "$(cat /proc/$p/comm 2>/dev/null)" in softrdma*|tun_relay*) kill "$p" ;; esac; done; done
-    sleep 0.5
-}
+run() { ipoib_ns_run "$1" "$2" "$secs"; }
+down() { ipoib_ns_stop softrdma tun_relay; }
 relay() { # extra-args
     ip netns exec $A "$RELAY" ib0 10.139.0.1/24 10.138.0.1:4791 10.138.0.2:4791 "$@" >>/tmp/ipoib-bound-A.log 2>&1 &
     ip netns exec $B "$RELAY" ib0 10.139.0.2/24 10.138.0.2:4791 10.138.0.1:4791 "$@" >>/tmp/ipoib-bound-B.log 2>&1 &
@@ -41,29 +32,16 @@ relay() { # extra-args
     done
     ip netns exec $A ping -c 2 -W 3 -s 60000 10.139.0.2 >/dev/null
 }
-out=$(mktemp)
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq "$rounds"); do
-    run veth 10.138.0.2 >>"$out"
-    relay; run bound 10.139.0.2 >>"$out"; down
-    relay --crc; run bound+crc 10.139.0.2 >>"$out"; down
-    ipoib_ns_daemons "$BIN" connected 10.139.0 3000 /tmp/ipoib-bound; run connected 10.139.0.2 >>"$out"; down
+    run veth 10.138.0.2
+    relay; run bound 10.139.0.2; down
+    relay --crc; run bound+crc 10.139.0.2; down
+    ipoib_ns_daemons "$BIN" connected 10.139.0 3000 /tmp/ipoib-bound; run connected 10.139.0.2; down
     if [ -n "${SOFTRDMA_BEFORE:-}" ]; then
         ipoib_ns_daemons "$SOFTRDMA_BEFORE" connected 10.139.0 3000 /tmp/ipoib-bound
-        run connected-before 10.139.0.2 >>"$out"; down
+        run connected-before 10.139.0.2; down
     fi
 done
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$out" <<'PY'
-import sys, collections
-v = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    k, b = line.split(); v[k].append(float(b))
-veth = sum(v["veth"]) / len(v["veth"])
-for k in ("veth", "bound", "bound+crc", "connected", "connected-before"):
-    if k not in v:
-        continue
-    m = sum(v[k]) / len(v[k])
-    print(f"{k:16s} {m/1e6:9.0f} Mbit/s  {m/veth:6.3f} x veth  (runs: {', '.join(f'{x/1e6:.0f}' for x in v[k])})")
-PY
-rm -f "$out"
+ipoib_ns_report veth bound bound+crc connected connected-before

@@ -1,5 +1,6 @@
-# Sourced by scripts/ipoib-bench.sh and scripts/ipoib-count.sh: two network namespaces
-# joined by a veth pair (MTU 9000) with an iperf3 server in the second, removed on exit.
+# Sourced by scripts/ipoib-bench.sh, scripts/ipoib-bound.sh and scripts/ipoib-count.sh: two
+# network namespaces joined by a veth pair (MTU 9000) with an iperf3 server in the second,
+# removed on exit; iperf3 runs through them and their means.
 #
 #   ipoib_ns_up TAG NET PORT
 #     TAG: a short name unique to the calling script (namespaces ${TAG}A$$ / ${TAG}B$$, veths
@@ -11,15 +12,26 @@
 #     and NET.2/24 on ib0, waits (10 s at most) until both addresses are set, then pings
 #     across with PING_SIZE octets. Sets PA, PB (the daemons: `ip netns exec` execs them);
 #     their output goes to LOG-A.log and LOG-B.log.
+#   ipoib_ns_run LABEL DST SECS
+#     iperf3 TCP (1 MiB writes, SECS s) from A to the server in B at DST; appends "LABEL
+#     bits/s received" to the file $IPOIB_NS_OUT (made by ipoib_ns_up, removed on exit).
+#   ipoib_ns_stop COMM...
+#     Kills the processes in A and B whose name starts with one of COMM (softrdma, tun_relay),
+#     then waits 0.5 s.
+#   ipoib_ns_report ROW...
+#     For each ROW run at least once ("veth" must be): its mean in Mbit/s, its ratio to the
+#     veth's mean and each run, one line.
 
 ipoib_ns_cleanup() {
     for n in $A $B; do ip netns pids $n 2>/dev/null | xargs -r kill 2>/dev/null || true; done
     sleep 0.3
     for n in $A $B; do ip netns del $n 2>/dev/null || true; done
+    rm -f "$IPOIB_NS_OUT"
 }
 
 ipoib_ns_up() { # tag net port
-    A=$1A$$; B=$1B$$; VA=$1va$$; VB=$1vb$$
+    A=$1A$$; B=$1B$$; VA=$1va$$; VB=$1vb$$; IPOIB_NS_PORT=$3
+    IPOIB_NS_OUT=$(mktemp)
     trap ipoib_ns_cleanup EXIT
     for n in $A $B; do ip netns add $n; ip -n $n link set lo up; done
     ip link add $VA type veth peer name $VB
@@ -39,4 +51,35 @@ ipoib_ns_daemons() { # bin mode net ping-size log
         sleep 0.1
     done
     ip netns exec $A ping -c 2 -W 3 -s "$4" "$3.2" >/dev/null
+}
+
+ipoib_ns_run() { # label dst secs
+    local bps
+    bps=$(ip netns exec $A iperf3 -c "$2" -p "$IPOIB_NS_PORT" -t "$3" -l 1M -J | python3 -c \
+        'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"])')
+    echo "$1 $bps" >>"$IPOIB_NS_OUT"
+}
+
+ipoib_ns_stop() { # comm...
+    local p c n want
+    for n in $A $B; do ip netns pids $n | while read -r p; do
+        c="$(cat /proc/$p/comm 2>/dev/null || true)"
+        for want in "$@"; do case "$c" in "$want"*) kill "$p"; break ;; esac; done
+    done; done
+    sleep 0.5
+}
+
+ipoib_ns_report() { # row...
+    python3 - "$IPOIB_NS_OUT" "$@" <<'PY'
+import sys, collections
+v = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    k, b = line.split(); v[k].append(float(b))
+veth = sum(v["veth"]) / len(v["veth"])
+for k in sys.argv[2:]:
+    if k not in v:
+        continue
+    m = sum(v[k]) / len(v[k])
+    print(f"{k:16s} {m/1e6:9.0f} Mbit/s  {m/veth:6.3f} x veth  (runs: {', '.join(f'{x/1e6:.0f}' for x in v[k])})")
+PY
 }

@@ -17,7 +17,7 @@
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` IPCM-2, IPCM-3, IPCM-6, IPCM-7,
 //! IPCM-11, IPCM-13, IPCM-16, IPCM-S2, IPCM-S4, C2, D3.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 #[path = "common/netns.rs"]
@@ -49,9 +49,8 @@ fn wait_show(ns: &str, what: &str, want: impl Fn(&str) -> bool) -> String {
 /// An iperf3 server for one test on `addr`:`port` in `ns`, then the client in `from` with
 /// `args`; the `bits_per_second` of `section` in its JSON report.
 fn iperf3(lab: &mut Lab, ns: &str, from: &str, addr: &str, port: u16, args: &str, section: &str) -> f64 {
-    let port = port.to_string();
-    lab.spawn_in(ns, &["iperf3", "-s", "-1", "-B", addr, "-p", &port]);
-    std::thread::sleep(Duration::from_millis(400));
+    lab.spawn_in(ns, &["iperf3", "-s", "-1", "-B", addr, "-p", &port.to_string()]);
+    netns::wait_listening(ns, addr, port);
     let out = must(&format!(
         "ip netns exec {from} iperf3 -c {addr} -p {port} -t 1 --connect-timeout 3000 -J {args}"
     ));
@@ -70,29 +69,7 @@ fn ipoib_connected_mode_between_two_namespaces() {
     let pcap = std::env::temp_dir().join(format!("ipoib-cm-netns-{id}.pcap"));
     let mut tcpdump = None;
     if have("tcpdump") && have("tshark") {
-        tcpdump = Some(
-            Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    &ns[0],
-                    "tcpdump",
-                    "-i",
-                    &veth[0],
-                    "-U",
-                    "--immediate-mode",
-                    "-s",
-                    "256",
-                    "-w",
-                ])
-                .arg(&pcap)
-                .args(["udp", "port", "4791"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn tcpdump"),
-        );
-        std::thread::sleep(Duration::from_millis(500));
+        tcpdump = Some(netns::capture(&ns[0], &veth[0], &["-s", "256"], &pcap, "udp port 4791"));
     }
     let addrs = |k: usize| vec![format!("10.129.0.{k}/24"), format!("fd29::{k}/64")];
     for i in 0..2 {
@@ -156,24 +133,9 @@ fn ipoib_connected_mode_between_two_namespaces() {
     // tshark does not reassemble RC messages: a SEND First (opcode 0) shows an IP header
     // whose total length runs past the segment, which it flags; those are left out of
     // the malformed check and counted instead.
-    if let Some(mut t) = tcpdump.take() {
-        // Let tcpdump catch up before it stops: on a loaded machine it lags behind, and what
-        // it has not read yet is lost (CI once saw a capture end before the broadcast
-        // pings). Wait until the file stops growing (at most 5 s), then SIGINT, which
-        // flushes and closes it (`ip netns exec` execs tcpdump: the child is tcpdump).
-        let size = || std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0);
-        let end = Instant::now() + Duration::from_secs(5);
-        let mut last = size();
-        loop {
-            std::thread::sleep(Duration::from_millis(400));
-            let now = size();
-            if now == last || Instant::now() > end {
-                break;
-            }
-            last = now;
-        }
-        let _ = Command::new("kill").args(["-INT", &t.id().to_string()]).status();
-        let _ = t.wait();
+    if let Some(t) = tcpdump.take() {
+        // Stopped once the file has stopped growing: tcpdump lags behind on a loaded machine.
+        t.stop_when_quiet(Duration::from_secs(5));
         let p = pcap.display();
         let rows = must(&format!(
             "tshark -r {p} -d udp.port==4791,infiniband -T fields -e frame.protocols -e infiniband.bth.opcode -e infiniband.bth.destqp 2>/dev/null"

@@ -8,7 +8,6 @@
 //! Addresses: underlay 10.118.0.0/24, IPoIB 10.119.0.0/24 (unique to this file).
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` IPCM-1, IPCM-5, C2, D3.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[path = "common/netns.rs"]
@@ -29,27 +28,9 @@ fn ipoib_datagram_mode_between_two_namespaces() {
     let mut lab = Lab::veth_pair(ns.clone(), veth.clone(), "10.118.0");
     // Capture the RoCEv2 traffic on A's veth when tcpdump and tshark are there.
     let pcap = std::env::temp_dir().join(format!("ipoib-netns-{id}.pcap"));
+    let mut tcpdump = None;
     if have("tcpdump") && have("tshark") {
-        let child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &ns[0],
-                "tcpdump",
-                "-i",
-                &veth[0],
-                "-U",
-                "--immediate-mode",
-                "-w",
-            ])
-            .arg(&pcap)
-            .args(["udp", "port", "4791"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn tcpdump");
-        lab.procs.push(child);
-        std::thread::sleep(Duration::from_millis(500));
+        tcpdump = Some(netns::capture(&ns[0], &veth[0], &[], &pcap, "udp port 4791"));
     }
     for i in 0..2 {
         let d = daemon(
@@ -105,8 +86,9 @@ fn ipoib_datagram_mode_between_two_namespaces() {
     }
     // tshark decodes every frame as RoCEv2 (infiniband) + IPoIB + ARP / IPv4 / IPv6, none
     // malformed.
-    if pcap.exists() {
-        std::thread::sleep(Duration::from_millis(300));
+    if let Some(t) = tcpdump.take() {
+        // Stopped once the file has stopped growing: tcpdump lags behind on a loaded machine.
+        t.stop_when_quiet(Duration::from_secs(5));
         let p = pcap.display();
         let protos = must(&format!(
             "tshark -r {p} -d udp.port==4791,infiniband -T fields -e frame.protocols 2>/dev/null"

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::future::Future;
 use std::io::{IoSlice, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Wake, Waker};
@@ -80,6 +80,17 @@ pub fn status_path(dev: &str) -> PathBuf {
         })
         .unwrap_or_default();
     PathBuf::from(format!("/run/softrdma-ipoib-{ns}-{dev}"))
+}
+
+/// Replaces the status file `path` in one step: the text goes to `path.tmp` beside it, which
+/// is then renamed over it. A reader (`softrdma ipoib show`) sees the old file or the new one,
+/// never the empty or half-written file `fs::write` leaves between its truncation and its
+/// write (the netns tests read `[]` from `show neigh --json` that way on a loaded machine).
+fn write_status(path: &Path, text: &str) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }
 
 /// The TUN as the node's kernel side: non-blocking reads into the node's send buffers,
@@ -227,7 +238,7 @@ pub fn run(device: &verbs::Device, cfg: &DaemonConfig, stop: Arc<AtomicBool>) ->
                 tun_writes: io.writes,
                 sleeps,
             };
-            let _ = std::fs::write(&path, status_text(&node, device, &stats));
+            let _ = write_status(&path, &status_text(&node, device, &stats));
         }
         if busy {
             continue;

@@ -12,9 +12,7 @@
 //! Requirements: `../shared/requirements/smcr-ipoibcm.md` C2 (connected mode carries
 //! 65,520-octet packets), IPCM-7.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ipoib::link::Mode;
@@ -24,36 +22,10 @@ use verbs::MemoryRegion;
 mod common;
 use common::{dev_mtu, established, ip4, node, run_until, v4};
 
-/// Counts allocations of at least [`BIG`] octets (packet-sized buffers).
-struct Counting;
-
-const BIG: usize = 16 * 1024;
-static BIG_ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        if l.size() >= BIG {
-            BIG_ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: the caller's layout, passed on.
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: `p` came from `alloc` above with this layout.
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
-        if new >= BIG && new > l.size() {
-            BIG_ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: as in `alloc`/`dealloc`.
-        unsafe { System.realloc(p, l, new) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
+// Counts allocations of at least 16 KiB (packet-sized buffers), all threads: testsupport's
+// counting allocator.
+testsupport::counting_allocator!(big = 16 * 1024);
+use testsupport::alloc::big_allocs;
 
 /// The kernel side of A: packets to read; of B: what was written.
 #[derive(Default)]
@@ -65,6 +37,21 @@ struct FakeTun {
     /// Keep what is written (off in the allocation count, which only wants the node's).
     keep: bool,
     sum: u64,
+}
+
+impl FakeTun {
+    /// A's kernel side with `pkts` to read, and B's keeping what is written.
+    fn pair(pkts: &[Vec<u8>]) -> (FakeTun, FakeTun) {
+        let a = FakeTun {
+            to_read: pkts.iter().cloned().collect(),
+            ..FakeTun::default()
+        };
+        let b = FakeTun {
+            keep: true,
+            ..FakeTun::default()
+        };
+        (a, b)
+    }
 }
 
 impl KernelIo for FakeTun {
@@ -118,14 +105,7 @@ fn connected_mode_packets_go_through_in_place_one_read_one_write_each() {
 
     // 64 packets of 65,520 octets, kept and compared.
     let pkts: Vec<Vec<u8>> = (1..=64u16).map(|i| v4(ip4(1), ip4(2), 65520, i)).collect();
-    let mut a = FakeTun {
-        to_read: pkts.iter().cloned().collect(),
-        ..FakeTun::default()
-    };
-    let mut b = FakeTun {
-        keep: true,
-        ..FakeTun::default()
-    };
+    let (mut a, mut b) = FakeTun::pair(&pkts);
     pump(&mut nodes, &mut a, &mut b, 64);
     assert_eq!(b.written, pkts, "every packet whole and in order");
     let (a1, b1) = (nodes[0].path_counters(), nodes[1].path_counters());
@@ -149,10 +129,10 @@ fn connected_mode_packets_go_through_in_place_one_read_one_write_each() {
 
     // Steady state: 256 more (built before counting), no packet-sized allocation in the
     // nodes (nor in the provider's path under them).
-    let built = BIG_ALLOCS.load(Ordering::Relaxed);
+    let built = big_allocs();
     let pkts: Vec<Vec<u8>> = (0..256u16).map(|i| v4(ip4(1), ip4(2), 65520, 1000 + i)).collect();
     assert!(
-        BIG_ALLOCS.load(Ordering::Relaxed) - built >= 256,
+        big_allocs() - built >= 256,
         "the allocator counts (the test packets themselves)"
     );
     let want: u64 = pkts.iter().flatten().map(|b| u64::from(*b)).sum();
@@ -161,9 +141,9 @@ fn connected_mode_packets_go_through_in_place_one_read_one_write_each() {
         ..FakeTun::default()
     };
     let mut b = FakeTun::default();
-    let big0 = BIG_ALLOCS.load(Ordering::Relaxed);
+    let big0 = big_allocs();
     pump(&mut nodes, &mut a, &mut b, 256);
-    let big = BIG_ALLOCS.load(Ordering::Relaxed) - big0;
+    let big = big_allocs() - big0;
     assert_eq!(b.sum, want, "the 256 packets' octets arrived");
     assert_eq!((a.reads, b.writes), (256, 256));
     assert_eq!(big, 0, "packet-sized allocations for 256 packets");
@@ -211,14 +191,7 @@ fn datagram_mode_burst_is_posted_in_batches() {
     nodes[0].from_kernel(v4(ip4(3), ip4(4), 100, 0)).unwrap();
     run_until(&mut nodes, |_, g| !g[1].is_empty());
     let pkts: Vec<Vec<u8>> = (1..=64u16).map(|i| v4(ip4(3), ip4(4), 2044, i)).collect();
-    let mut a = FakeTun {
-        to_read: pkts.iter().cloned().collect(),
-        ..FakeTun::default()
-    };
-    let mut b = FakeTun {
-        keep: true,
-        ..FakeTun::default()
-    };
+    let (mut a, mut b) = FakeTun::pair(&pkts);
     let posts0 = nodes[0].ud_posts();
     pump(&mut nodes, &mut a, &mut b, 64);
     assert_eq!(b.written, pkts, "every packet whole and in order");

@@ -12,56 +12,16 @@ use std::time::{Duration, Instant};
 
 use verbs::*;
 
-struct Side {
-    dev: Device,
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    qp: QueuePair,
-}
+mod common;
+use common::Side;
 
+/// The connected pair of every test here: deep queues for the message-rate tests, and the
+/// extra device options of `ROCE_BENCH_OPTS` (e.g. `ROCE_BENCH_OPTS=icrc_rx=udp`).
 fn pair(a: &str, b: &str) -> (Side, Side) {
-    let open = |addr: &str| {
-        let mut o = DeviceOptions::new().with("addr", addr).with("mtu", "4096");
-        // Extra device options, e.g. ROCE_BENCH_OPTS=icrc_rx=udp
-        if let Ok(extra) = std::env::var("ROCE_BENCH_OPTS") {
-            for kv in extra.split_whitespace() {
-                o.set_pair(kv).unwrap();
-            }
-        }
-        let dev = roce::RoceFactory.open(&o).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(1 << 16).unwrap();
-        let qp = pd
-            .create_qp(QpInit::new(QpType::Rc, &cq).cap(QpInitAttr {
-                max_send_wr: 8192,
-                max_recv_wr: 8192,
-                ..QpInitAttr::default()
-            }))
-            .unwrap();
-        Side { dev, pd, cq, qp }
-    };
-    let (x, y) = (open(a), open(b));
-    for (s, p) in [(&x, &y), (&y, &x)] {
-        s.qp.modify_qp(&QpAttr::init(1, 0, Access::all_remote())).unwrap();
-        s.qp.modify_qp(&QpAttr::rtr(RtrAttr {
-            ah_attr: AhAttr::to_gid(p.dev.query_gid(1, 0).unwrap()),
-            path_mtu: Mtu::Mtu4096,
-            dest_qp_num: p.qp.qp_num(),
-            rq_psn: 0,
-            max_dest_rd_atomic: 16,
-            min_rnr_timer: 1,
-        }))
-        .unwrap();
-        s.qp.modify_qp(&QpAttr::rts(RtsAttr {
-            sq_psn: 0,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 16,
-        }))
-        .unwrap();
-    }
-    (x, y)
+    let opts: Vec<String> = std::env::var("ROCE_BENCH_OPTS")
+        .map(|e| e.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
+    common::rc_pair(a, b, &opts, 1 << 16, 8192)
 }
 
 #[allow(dead_code)]
@@ -132,7 +92,7 @@ fn rdma_write_bw(secs: f64) -> f64 {
 /// Prints the retransmission and batching counters of both ends (`ROCE_BENCH_COUNTERS=1`):
 /// what a slow run did differently from a fast one.
 fn counters(test: &str, a: &Side, b: &Side) {
-    if std::env::var_os("ROCE_BENCH_COUNTERS").is_none() {
+    if !common::counters_wanted() {
         return;
     }
     const SHOWN: [&str; 10] = [
@@ -150,7 +110,7 @@ fn counters(test: &str, a: &Side, b: &Side) {
     for (side, s) in [("requester", a), ("responder", b)] {
         let v: Vec<String> = SHOWN
             .iter()
-            .map(|n| format!("{n}={}", s.dev.hw_counter(n).unwrap_or(0)))
+            .map(|n| format!("{n}={}", common::counter(&s.dev, n)))
             .collect();
         eprintln!("  {test} {side}: {}", v.join(" "));
     }

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use crc_fast::{CrcAlgorithm, Digest};
 
+mod common;
+
 const MSG: usize = 1 << 20;
 const PAYLOAD: usize = 4096;
 const HDR: usize = 12;
@@ -193,48 +195,19 @@ fn tcp_run(secs: f64, base: u8) -> (f64, Side, Side) {
 /// Returns the rate and the CPU seconds of the whole process (every thread) meanwhile.
 fn engine_run(secs: f64, base: u8) -> (f64, f64, u64) {
     use verbs::*;
-    let open = |addr: String| {
-        let o = DeviceOptions::new().with("addr", &addr).with("mtu", "4096");
-        let dev = roce::RoceFactory.open(&o).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(1 << 12).unwrap();
-        let qp = pd
-            .create_qp(QpInit::new(QpType::Rc, &cq).cap(QpInitAttr {
-                max_send_wr: 64,
-                max_recv_wr: 64,
-                ..QpInitAttr::default()
-            }))
-            .unwrap();
-        (dev, pd, cq, qp)
-    };
-    let a = open(format!("127.97.{base}.5"));
-    let b = open(format!("127.97.{base}.6"));
-    for (s, p) in [(&a, &b), (&b, &a)] {
-        s.3.modify_qp(&QpAttr::init(1, 0, Access::all_remote())).unwrap();
-        s.3.modify_qp(&QpAttr::rtr(RtrAttr {
-            ah_attr: AhAttr::to_gid(p.0.query_gid(1, 0).unwrap()),
-            path_mtu: Mtu::Mtu4096,
-            dest_qp_num: p.3.qp_num(),
-            rq_psn: 0,
-            max_dest_rd_atomic: 16,
-            min_rnr_timer: 1,
-        }))
-        .unwrap();
-        s.3.modify_qp(&QpAttr::rts(RtsAttr {
-            sq_psn: 0,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 16,
-        }))
-        .unwrap();
-    }
+    let (a, b) = common::rc_pair(
+        &format!("127.97.{base}.5"),
+        &format!("127.97.{base}.6"),
+        &[],
+        1 << 12,
+        64,
+    );
     // One 1 MiB region each, every Write to its start, as `softrdma bench` and perftest do
     // (and as the bound's and TCP's 1 MiB buffers).
-    let ma = a.1.reg_mr(MSG, Access::all_remote()).unwrap();
-    let mb = b.1.reg_mr(MSG, Access::all_remote()).unwrap();
+    let ma = a.pd.reg_mr(MSG, Access::all_remote()).unwrap();
+    let mb = b.pd.reg_mr(MSG, Access::all_remote()).unwrap();
     let block = || {
-        let wc = a.2.wait(Some(Duration::from_secs(30))).expect("a completion");
+        let wc = a.cq.wait(Some(Duration::from_secs(30))).expect("a completion");
         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
     };
     let c0 = sys::process_cpu();
@@ -246,7 +219,7 @@ fn engine_run(secs: f64, base: u8) -> (f64, f64, u64) {
                 addr: mb.addr(),
                 rkey: mb.rkey(),
             };
-            a.3.post_send_one(SendWr::new(
+            a.qp.post_send_one(SendWr::new(
                 posted,
                 WrOpcode::RdmaWrite { remote },
                 vec![ma.sge(0, MSG as u32)],
@@ -264,11 +237,11 @@ fn engine_run(secs: f64, base: u8) -> (f64, f64, u64) {
     let bytes = done * MSG as u64;
     let r = bytes as f64 / t0.elapsed().as_secs_f64();
     let cpu = sys::process_cpu() - c0;
-    let retrans = a.0.hw_counter("retransmitted_pkts").unwrap_or(0);
-    if std::env::var_os("ROCE_BENCH_COUNTERS").is_some() {
+    let retrans = common::counter(&a.dev, "retransmitted_pkts");
+    if common::counters_wanted() {
         let mib = (bytes >> 20) as f64;
-        for (side, d) in [("requester", &a.0), ("responder", &b.0)] {
-            let per = |n: &str| d.hw_counter(n).unwrap_or(0) as f64 / mib;
+        for (side, d) in [("requester", &a.dev), ("responder", &b.dev)] {
+            let per = |n: &str| common::counter(d, n) as f64 / mib;
             println!(
                 "         {side} per MiB: sent_pkts {:.1} tx_datagrams {:.1} tx_syscalls {:.1} rx_datagrams {:.1} rx_syscalls {:.1} progress_mutes {:.2} progress_flushes {:.2}; in all: icrc_err {} ack_timeouts {} rcvd_seq_err {} send_seq_err {}",
                 per("sent_pkts"),
@@ -278,10 +251,10 @@ fn engine_run(secs: f64, base: u8) -> (f64, f64, u64) {
                 per("rx_syscalls"),
                 per("progress_mutes"),
                 per("progress_flushes"),
-                d.hw_counter("icrc_err").unwrap_or(0),
-                d.hw_counter("ack_timeouts").unwrap_or(0),
-                d.hw_counter("rcvd_seq_err").unwrap_or(0),
-                d.hw_counter("send_seq_err").unwrap_or(0),
+                common::counter(d, "icrc_err"),
+                common::counter(d, "ack_timeouts"),
+                common::counter(d, "rcvd_seq_err"),
+                common::counter(d, "send_seq_err"),
             );
         }
     }

@@ -44,6 +44,17 @@ fn wait(e: &End) -> WorkCompletion {
     wc
 }
 
+/// Posts on `a` an RDMA Write or Read (`op` of the remote address) of `LEN` octets between the
+/// start of `a`'s region and the start of `b`'s.
+fn post_rdma(a: &End, b: &End, wr_id: u64, op: impl FnOnce(RemoteAddr) -> WrOpcode) {
+    let remote = RemoteAddr {
+        addr: b.mr.addr(),
+        rkey: b.mr.rkey(),
+    };
+    a.qp.post_send(&[SendWr::new(wr_id, op(remote), vec![a.mr.sge(0, LEN as u32)])])
+        .unwrap();
+}
+
 fn pattern(seed: u8) -> Vec<u8> {
     (0..LEN)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
@@ -55,17 +66,7 @@ fn each_payload_octet_is_copied_once_in_user_space() {
     let (a, b) = pair("127.0.93.1", "127.0.93.2");
     // RDMA Write of 1 MiB (256 packets at MTU 4096): a to b.
     a.mr.write(0, &pattern(1)).unwrap();
-    a.qp.post_send(&[SendWr::new(
-        1,
-        WrOpcode::RdmaWrite {
-            remote: RemoteAddr {
-                addr: b.mr.addr(),
-                rkey: b.mr.rkey(),
-            },
-        },
-        vec![a.mr.sge(0, LEN as u32)],
-    )])
-    .unwrap();
+    post_rdma(&a, &b, 1, |remote| WrOpcode::RdmaWrite { remote });
     wait(&a);
     let mut got = vec![0u8; LEN];
     b.mr.read(0, &mut got).unwrap();
@@ -86,17 +87,7 @@ fn each_payload_octet_is_copied_once_in_user_space() {
 
     // RDMA Read of 1 MiB: a reads b (Read responses from b's memory).
     b.mr.write(0, &pattern(3)).unwrap();
-    a.qp.post_send(&[SendWr::new(
-        4,
-        WrOpcode::RdmaRead {
-            remote: RemoteAddr {
-                addr: b.mr.addr(),
-                rkey: b.mr.rkey(),
-            },
-        },
-        vec![a.mr.sge(0, LEN as u32)],
-    )])
-    .unwrap();
+    post_rdma(&a, &b, 4, |remote| WrOpcode::RdmaRead { remote });
     wait(&a);
     a.mr.read(0, &mut got).unwrap();
     assert!(got == pattern(3), "the Read's data arrived intact");
@@ -127,17 +118,7 @@ fn each_packet_is_crc_checked_once_and_acks_are_coalesced() {
     let (a, b) = pair("127.0.93.11", "127.0.93.12");
     a.mr.write(0, &pattern(7)).unwrap();
     for i in 0..MSGS {
-        a.qp.post_send(&[SendWr::new(
-            i,
-            WrOpcode::RdmaWrite {
-                remote: RemoteAddr {
-                    addr: b.mr.addr(),
-                    rkey: b.mr.rkey(),
-                },
-            },
-            vec![a.mr.sge(0, LEN as u32)],
-        )])
-        .unwrap();
+        post_rdma(&a, &b, i, |remote| WrOpcode::RdmaWrite { remote });
     }
     for _ in 0..MSGS {
         wait(&a);

@@ -19,8 +19,6 @@
 //! Write with their ACKs; every packet's ICRC checked: `icrc_err` stays 0). Its own test
 //! binary (it installs the global allocator).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::{Duration, Instant};
 use verbs::*;
 
@@ -28,37 +26,9 @@ use verbs::*;
 mod pair;
 use pair::{End, PairOpts, counter as c, rc_pair};
 
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: forwards every call to the system allocator unchanged; the count is a thread-local
-// `Cell` with a const initialiser, which does not allocate.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller's layout, passed on.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` came from `System.alloc` with this layout.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.with(|c| c.set(c.get() + 1));
-        // SAFETY: as `dealloc` and `alloc`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static A: Counting = Counting;
-
-fn allocs() -> u64 {
-    ALLOCS.with(|c| c.get())
-}
+// The calling thread's allocations: testsupport's counting allocator.
+testsupport::counting_allocator!();
+use testsupport::alloc::thread_allocs as allocs;
 
 fn pair(a: &str, b: &str) -> (End, End) {
     rc_pair(

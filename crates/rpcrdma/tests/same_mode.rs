@@ -115,39 +115,10 @@ fn rdma_caller_polls_for_itself_at_zero_and_unbounded_spin() {
     }
 }
 
-/// Counts the allocations each thread makes (its own, thread-local count), so a test can count
-/// what one caller's path allocates per call, whatever other threads do.
-struct Counting;
-
-thread_local! {
-    static ALLOCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the count is a
-// thread-local `Cell` (no allocation, no lock) updated beside it.
-unsafe impl std::alloc::GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: std::alloc::Layout) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller's contract for `alloc` is passed on as it is.
-        unsafe { std::alloc::System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: std::alloc::Layout) {
-        // SAFETY: `p` came from `System.alloc` with layout `l` (above).
-        unsafe { std::alloc::System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: std::alloc::Layout, n: usize) -> *mut u8 {
-        let _ = ALLOCS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: as for `dealloc`; `n` is the caller's new size.
-        unsafe { std::alloc::System.realloc(p, l, n) }
-    }
-}
-
-#[global_allocator]
-static COUNTING: Counting = Counting;
-
-fn own_allocs() -> u64 {
-    ALLOCS.with(|c| c.get())
-}
+// Counts the allocations each thread makes (its own, thread-local count), so a test can count
+// what one caller's path allocates per call, whatever other threads do: testsupport's allocator.
+testsupport::counting_allocator!();
+use testsupport::alloc::thread_allocs as own_allocs;
 
 /// The caller's allocations per NULL call, RPC-over-RDMA (default config) next to
 /// [`TcpCaller`]: a bound on what the Requester's call path allocates.

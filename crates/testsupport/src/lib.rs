@@ -1,12 +1,15 @@
 //! Dev-only helpers the live-capture tests share (crates/roce/tests/tshark_live.rs,
 //! tshark_ud.rs, crates/smc/tests/tshark_smc.rs): a tcpdump on `lo` that the test starts and
 //! stops, the frames of the pcap file it writes, the IPv4/UDP parts of a frame (for our own
-//! ICRC check), and tshark run over the file.
+//! ICRC check), and tshark run over the file; and a counting global allocator ([`alloc`]) for
+//! the tests that count heap allocations.
 //!
 //! A test skips (prints why and returns) when tcpdump or tshark is missing or tcpdump may not
 //! capture here: [`have`] and [`Capture::start`] returning `None`.
 
 #![warn(missing_docs)]
+
+pub mod alloc;
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -83,7 +86,8 @@ pub fn ipv4_udp(frame: &[u8], n: usize) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
     )
 }
 
-/// A tcpdump on `lo` writing one pcap file. Dropping it stops tcpdump with SIGINT (so it
+/// A tcpdump (on `lo`, or wherever [`Capture::spawn`]'s command runs it) writing one pcap
+/// file. Dropping it stops tcpdump with SIGINT (so it
 /// flushes and closes the file) and reaps it, also when the test fails half-way.
 pub struct Capture {
     child: Child,
@@ -98,17 +102,21 @@ impl Capture {
     /// tcpdump cannot capture here. `ring` is the snapshot length and buffer, normally
     /// [`ROCE_RING`].
     pub fn start(file: &Path, ring: &[&str], filter: &str, timeout: Duration) -> Option<Capture> {
-        let _ = std::fs::remove_file(file);
-        let mut child = Command::new("tcpdump")
-            .args(["-i", "lo", "-U", "--immediate-mode", "-n"])
+        let mut cmd = Command::new("tcpdump");
+        cmd.args(["-i", "lo", "-U", "--immediate-mode", "-n"])
             .args(ring)
             .arg("-w")
             .arg(file)
-            .arg(filter)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+            .arg(filter);
+        Capture::spawn(cmd, file, timeout)
+    }
+
+    /// Starts `cmd`, a tcpdump writing `file` (or a command that execs one, such as `ip netns
+    /// exec NS tcpdump ...`), and waits (up to `timeout`) until it says "listening on". `None`,
+    /// after printing the skip reason, when it does not.
+    pub fn spawn(mut cmd: Command, file: &Path, timeout: Duration) -> Option<Capture> {
+        let _ = std::fs::remove_file(file);
+        let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
         let err = child.stderr.take().unwrap();
         let mut cap = Capture {
             child,
@@ -147,6 +155,24 @@ impl Capture {
         while self.frames().len() < n && t0.elapsed() < timeout {
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Waits until the file has stopped growing (checked every 400 ms, `max` at most), then
+    /// stops tcpdump: for a capture whose end the test cannot count in frames. On a loaded
+    /// machine tcpdump lags behind, and what it has not written when it stops is lost.
+    pub fn stop_when_quiet(self, max: Duration) -> String {
+        let size = || std::fs::metadata(&self.file).map(|m| m.len()).unwrap_or(0);
+        let end = Instant::now() + max;
+        let mut last = size();
+        loop {
+            std::thread::sleep(Duration::from_millis(400));
+            let now = size();
+            if now == last || Instant::now() > end {
+                break;
+            }
+            last = now;
+        }
+        self.stop()
     }
 
     /// Stops tcpdump and returns what else it said on stderr (its drop statistics).

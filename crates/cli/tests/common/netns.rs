@@ -1,13 +1,16 @@
 //! Network-namespace helpers shared by the IPoIB tests (`ipoib_netns.rs`,
 //! `ipoib_cm_netns.rs`): shell commands, a [`Lab`] of namespaces and processes removed on
-//! drop, namespaces joined by a veth pair, the `softrdma ipoib up` daemon and its
-//! `show` output. Include with `#[path = "common/netns.rs"] mod netns;` and pass
+//! drop, namespaces joined by a veth pair, a tcpdump [`capture`] on an interface inside a
+//! namespace (a `testsupport::Capture`), the `softrdma ipoib up` daemon and its `show` output. Include with `#[path = "common/netns.rs"] mod netns;` and pass
 //! `env!("CARGO_BIN_EXE_softrdma")` where a function takes `bin`.
 
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+pub use testsupport::Capture;
 
 /// Whether `prog` is on PATH.
 pub fn have(prog: &str) -> bool {
@@ -107,6 +110,33 @@ impl Drop for Lab {
     }
 }
 
+/// A tcpdump on interface `iface` inside namespace `ns`: `ip netns exec NS tcpdump -i IFACE -U
+/// --immediate-mode -n EXTRA -w FILE FILTER` (`ip netns exec` execs tcpdump, so the child is
+/// tcpdump itself), started once it says "listening on" (10 s at most; panics when it does
+/// not: the caller checked that tcpdump is installed, and these tests run as root). Stop it
+/// with `stop_when_quiet` (the file has stopped growing, then SIGINT); dropped, it is stopped
+/// at once.
+pub fn capture(ns: &str, iface: &str, extra: &[&str], file: &Path, filter: &str) -> Capture {
+    let mut cmd = Command::new("ip");
+    cmd.args([
+        "netns",
+        "exec",
+        ns,
+        "tcpdump",
+        "-i",
+        iface,
+        "-U",
+        "--immediate-mode",
+        "-n",
+    ])
+    .args(extra)
+    .arg("-w")
+    .arg(file)
+    .args(filter.split_whitespace());
+    Capture::spawn(cmd, file, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("tcpdump in {ns} on {iface} did not start"))
+}
+
 /// `softrdma ipoib up --dev ib0 --mode MODE --underlay IF --addr ...` in `ns`, its log
 /// (RUST_LOG=info) in the temporary directory under `log`.
 pub fn daemon(bin: &str, ns: &str, mode: &str, underlay: &str, addrs: &[String], extra: &[&str], log: &str) -> Child {
@@ -162,6 +192,21 @@ pub fn wait_show(bin: &str, ns: &str, what: &str, want: impl Fn(&str) -> bool) -
         }
         assert!(Instant::now() < end, "show {what} in {ns}: {s}");
         std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Waits (10 s at most) until a TCP socket in `ns` listens on `addr`:`port` (a server just
+/// spawned: on a loaded machine a fixed delay was not enough, and its client was refused).
+pub fn wait_listening(ns: &str, addr: &str, port: u16) {
+    let end = Instant::now() + Duration::from_secs(10);
+    let want = format!("{addr}:{port}");
+    while !sh(&format!("ip netns exec {ns} ss -Hltn"))
+        .1
+        .split_whitespace()
+        .any(|w| w == want)
+    {
+        assert!(Instant::now() < end, "nothing listens on {want} in {ns}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
