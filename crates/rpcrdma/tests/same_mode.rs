@@ -106,10 +106,12 @@ fn rdma_caller_polls_for_itself_at_zero_and_unbounded_spin() {
         eprintln!("spin {spin:?}: {N} calls in {elapsed:?}, {own} Replies polled by the caller, {handed} handed over");
         assert_eq!(srv.snapshot().replies - s0.replies, N, "every call answered");
         assert_eq!(own + handed, N, "every Reply counted once");
-        // the progress thread may take the CQ once per 20 ms period between two calls
+        // the progress thread may take the CQ once per 20 ms period between two calls, and a
+        // caller preempted while its Reply arrives (a loaded CI machine: 30 of 300 seen at load
+        // 20) leaves it to that thread; a caller that did not poll for itself hands over all N
         let periods = elapsed.as_millis() as u64 / 20 + 1;
         assert!(
-            handed <= periods + N / 20,
+            handed <= periods + N / 3,
             "spin {spin:?}: {handed} of {N} Replies went through another thread ({periods} periods)"
         );
     }
