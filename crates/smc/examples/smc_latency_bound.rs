@@ -85,7 +85,10 @@ fn headers(a: SocketAddr, b: SocketAddr, len: usize) -> ([u8; 20], [u8; 8]) {
     let (SocketAddr::V4(a), SocketAddr::V4(b)) = (a, b) else {
         panic!("IPv4 only")
     };
-    (ip_header(*a.ip(), *b.ip(), 8 + len), icrc::udp_header(a.port(), b.port(), len))
+    (
+        ip_header(*a.ip(), *b.ip(), 8 + len),
+        icrc::udp_header(a.port(), b.port(), len),
+    )
 }
 
 struct End {
@@ -155,7 +158,9 @@ impl End {
         }
         let at = (self.prod as usize) % RMB;
         let mut w = [0u8; WRITE_LEN];
-        Bth::new(Opcode::RC_RDMA_WRITE_ONLY, 0x11, self.psn).emit(&mut w).unwrap();
+        Bth::new(Opcode::RC_RDMA_WRITE_ONLY, 0x11, self.psn)
+            .emit(&mut w)
+            .unwrap();
         let reth = Reth {
             va: at as u64,
             r_key: 0x1234,
@@ -452,10 +457,15 @@ fn main() {
         let g = row("Write+CDC one GSO train, ACK last", Acks::Last, true);
         let ng = row("(no ACK) Write+CDC one GSO train", Acks::None, true);
         let u = udp(addr, iters);
-        println!("  (one plain 64 B UDP datagram)     blocking recv {u:6.2} us ({:.3}x)", u / t);
+        println!(
+            "  (one plain 64 B UDP datagram)     blocking recv {u:6.2} us ({:.3}x)",
+            u / t
+        );
         let _ = ng;
         r1.push(f.0.min(l.0).min(g.0));
         r2.push(f.1.min(l.1).min(g.1));
     }
-    println!("bound / TCP p50 (the best SMC-R shape of each round), blocking recvmmsg: {r1:.3?}; poll+recvmmsg: {r2:.3?}");
+    println!(
+        "bound / TCP p50 (the best SMC-R shape of each round), blocking recvmmsg: {r1:.3?}; poll+recvmmsg: {r2:.3?}"
+    );
 }
