@@ -441,7 +441,7 @@ fn main() {
     let (mut r1, mut r2) = (Vec::new(), Vec::new());
     for r in 0..rounds {
         let t = tcp(addr, iters);
-        let mut row = |name: &str, acks: Acks, gso: bool| {
+        let row = |name: &str, acks: Acks, gso: bool| {
             let b1 = bound(addr, Wait::Recvmmsg, acks, gso, iters);
             let b2 = bound(addr, Wait::PollRecvmmsg, acks, gso, iters);
             println!(
