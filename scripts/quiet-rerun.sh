@@ -33,6 +33,7 @@ for i in 1 2 3; do
 done
 cargo build -p roce --release --example udp_bound >/dev/null 2>&1 && r roce_bound target/release/examples/udp_bound 2 3
 cargo build -p roce --release --example udp_latency_bound >/dev/null 2>&1 && r roce_lat_bound target/release/examples/udp_latency_bound 20000 3 127.0.96.61
+cargo build -p smc --release --example smc_latency_bound >/dev/null 2>&1 && r smc_lat_bound target/release/examples/smc_latency_bound 10000 3 127.0.97.71
 r iw_write1m $B bench write --size 1M --iters 2000 --baseline tcp
 r iw_write64 $B bench write -s 64 -t 64 -D 2
 r smc_stream cargo test -p smc --release --test stream_roce -- --ignored --nocapture streaming_ratio

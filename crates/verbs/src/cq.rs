@@ -346,6 +346,15 @@ impl CompletionQueue {
         0
     }
 
+    /// Moves up to `max` completions already queued into `out` without driving the
+    /// providers' progress (no receive, no transmission of what a receive deferred: an
+    /// ACK waiting to ride with the caller's next post stays deferred); returns how many.
+    /// For a thread that has just been handed a completion and collects the rest of the
+    /// batch before it acts on them.
+    pub fn poll_queued(&self, out: &mut Vec<WorkCompletion>, max: usize) -> usize {
+        self.take(out, max)
+    }
+
     /// One completion if there is one.
     pub fn poll_one(&self) -> Option<WorkCompletion> {
         // Like `poll(.., 1)` without a Vec to allocate on every (empty) poll.
