@@ -22,6 +22,7 @@
 use crc_fast::{CrcAlgorithm, Digest};
 
 use super::ICRC_LEN;
+use super::crc_short::ShortCrc;
 use super::headers::Bth;
 
 const IPV4_LEN: usize = 20;
@@ -74,13 +75,19 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<u32
     if packet.len() < Bth::LEN + ICRC_LEN {
         return Err(IcrcError::TooShort { len: packet.len() });
     }
-    let mut buf = [0u8; SMALL];
-    let n = masked_prefix(ip_header, udp_header, &packet[..Bth::LEN], &mut buf)?;
+    let mut pre = [0u8; PREFIX_MAX];
+    let n = masked_prefix(ip_header, udp_header, &packet[..Bth::LEN], &mut pre)?;
     let rest = &packet[Bth::LEN..packet.len() - ICRC_LEN];
     if n + rest.len() <= SMALL {
-        buf[n..n + rest.len()].copy_from_slice(rest);
-        return Ok(crc_fast::checksum(CrcAlgorithm::Crc32IsoHdlc, &buf[..n + rest.len()]) as u32);
+        // Short: one streamed pass over the masked prefix and the packet in place, no
+        // copy, no cleared buffer (crc_short; session 14).
+        let mut c = ShortCrc::new();
+        c.update(&pre[..n]);
+        c.update(rest);
+        return Ok(c.finalize());
     }
+    let mut buf = [0u8; SMALL];
+    buf[..n].copy_from_slice(&pre[..n]);
     // The octets up to the next 16-octet boundary of `rest` go with the masked prefix, so
     // that the long update starts aligned: crc_fast's folding loop runs at about half speed
     // on a misaligned start, and a packet k of a GRO train starts at k × (4096 + headers)
@@ -120,26 +127,21 @@ pub fn compute_parts(
             len: headers.len() + payload_len + pad + ICRC_LEN,
         });
     }
-    let mut buf = [0u8; SMALL];
-    let mut n = masked_prefix(ip_header, udp_header, &headers[..Bth::LEN], &mut buf)?;
+    let mut pre = [0u8; PREFIX_MAX];
+    let n = masked_prefix(ip_header, udp_header, &headers[..Bth::LEN], &mut pre)?;
     let rest = &headers[Bth::LEN..];
     if n + rest.len() + payload_len + pad <= SMALL {
-        // One call from a stack copy (see `compute`).
-        buf[n..n + rest.len()].copy_from_slice(rest);
-        n += rest.len();
-        let mut at = n;
-        payload(&mut |c: &[u8]| {
-            let k = c.len().min(SMALL - at);
-            buf[at..at + k].copy_from_slice(&c[..k]);
-            at += k;
-        });
-        debug_assert_eq!(at, n + payload_len);
-        let end = n + payload_len + pad;
-        buf[n + payload_len..end].fill(0);
-        return Ok(crc_fast::checksum(CrcAlgorithm::Crc32IsoHdlc, &buf[..end]) as u32);
+        // One streamed pass (see `compute`): the masked prefix, the extension headers and
+        // the payload chunks where they are, then the pad.
+        let mut c = ShortCrc::new();
+        c.update(&pre[..n]);
+        c.update(rest);
+        payload(&mut |p: &[u8]| c.update(p));
+        c.update(&[0u8; 3][..pad.min(3)]);
+        return Ok(c.finalize());
     }
     let mut d = Digest::new(CrcAlgorithm::Crc32IsoHdlc);
-    d.update(&buf[..n]);
+    d.update(&pre[..n]);
     d.update(rest);
     payload(&mut |c: &[u8]| d.update(c));
     d.update(&[0u8; 3][..pad.min(3)]);
@@ -149,7 +151,7 @@ pub fn compute_parts(
 /// The masked IP and UDP headers and BTH the ICRC starts with (eight 0xff octets for the
 /// LRH of IB, then the headers with their variant fields set to 1s) into `buf`; returns
 /// their length.
-fn masked_prefix(ip_header: &[u8], udp_header: &[u8], bth: &[u8], buf: &mut [u8; SMALL]) -> Result<usize, IcrcError> {
+fn masked_prefix(ip_header: &[u8], udp_header: &[u8], bth: &[u8], buf: &mut [u8; PREFIX_MAX]) -> Result<usize, IcrcError> {
     let mut ip = [0u8; IPV6_LEN];
     let version = ip_header.first().map_or(0, |v| v >> 4);
     let ip = match (version, ip_header.len()) {
@@ -198,8 +200,12 @@ fn masked_prefix(ip_header: &[u8], udp_header: &[u8], bth: &[u8], buf: &mut [u8;
     Ok(n)
 }
 
-/// Packets whose covered octets fit this are CRCed in one call from a stack copy.
+/// Packets whose covered octets fit this are CRCed in one streamed pass by
+/// [`ShortCrc`](super::crc_short::ShortCrc); longer ones by `crc_fast`.
 const SMALL: usize = 512;
+
+/// The longest masked prefix: eight LRH octets, IPv6, UDP, BTH.
+const PREFIX_MAX: usize = 8 + IPV6_LEN + UDP_LEN + Bth::LEN;
 
 /// The ICRC field of a packet (its last four octets, little-endian).
 pub fn stored(packet: &[u8]) -> Option<u32> {
