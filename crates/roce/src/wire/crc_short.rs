@@ -1,6 +1,5 @@
 //! CRC-32/ISO-HDLC (the ICRC's CRC: reflected polynomial 0xEDB88320, initial value and
-//! final XOR 0xffffffff) for short inputs, streamed over several slices without copying
-//! them together.
+//! final XOR 0xffffffff) for short inputs, in one call over a short buffer.
 //!
 //! Why: a 64 B RDMA Write covers 128 octets of ICRC input (masked LRH, IPv4, UDP, BTH,
 //! RETH, payload). `crc_fast` is built for long buffers: about 215 instructions per call at
@@ -12,7 +11,7 @@
 //! 128 bits are reduced with Barrett's method, and fewer than 16 trailing octets go through
 //! a byte table. Without PCLMULQDQ (or off x86-64) the table does all of it.
 //!
-//! [`ShortCrc`] is only for inputs of a few hundred octets: one fold per 16 octets is
+//! [`checksum`] is only for inputs of a few hundred octets: one fold per 16 octets is
 //! latency-bound; `icrc` hands longer packets to `crc_fast` as before.
 
 /// Byte-at-a-time table of the reflected polynomial.
@@ -40,100 +39,15 @@ fn table_update(mut crc: u32, data: &[u8]) -> u32 {
     crc
 }
 
-/// A CRC-32/ISO-HDLC over slices given in order: `update` any number of times, then
-/// `finalize`. The result equals `crc_fast::checksum(CrcAlgorithm::Crc32IsoHdlc, whole)`.
-#[derive(Debug, Clone)]
-pub struct ShortCrc {
-    /// The 128-bit folding accumulator (low, high), valid once `folding`.
-    acc: [u64; 2],
-    /// Whether the first 16-octet block has been taken into `acc`.
-    folding: bool,
-    /// The raw CRC state while not folding (initial 0xffffffff).
-    crc: u32,
-    /// Octets not yet making up a whole block.
-    pending: [u8; 16],
-    npending: usize,
-    /// Whether this CPU has PCLMULQDQ (x86-64 only).
-    clmul: bool,
-}
-
-impl Default for ShortCrc {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl ShortCrc {
-    /// An empty CRC.
-    #[inline]
-    pub fn new() -> Self {
-        Self {
-            acc: [0; 2],
-            folding: false,
-            crc: 0xffff_ffff,
-            pending: [0; 16],
-            npending: 0,
-            clmul: clmul::available(),
-        }
-    }
-
-    /// Feed `data`.
-    #[inline]
-    pub fn update(&mut self, mut data: &[u8]) {
-        if !self.clmul {
-            self.crc = table_update(self.crc, data);
-            return;
-        }
-        if self.npending > 0 {
-            let k = (16 - self.npending).min(data.len());
-            self.pending[self.npending..self.npending + k].copy_from_slice(&data[..k]);
-            self.npending += k;
-            data = &data[k..];
-            if self.npending < 16 {
-                return;
-            }
-            let block = self.pending;
-            self.blocks(&block);
-            self.npending = 0;
-        }
+/// CRC-32/ISO-HDLC of `data`, equal to `crc_fast::checksum(CrcAlgorithm::Crc32IsoHdlc,
+/// data)`, in one call: the whole 16-octet blocks folded, the rest through the table.
+#[inline]
+pub fn checksum(data: &[u8]) -> u32 {
+    if data.len() >= 16 && clmul::available() {
         let whole = data.len() & !15;
-        if whole > 0 {
-            self.blocks(&data[..whole]);
-        }
-        let tail = &data[whole..];
-        self.pending[..tail.len()].copy_from_slice(tail);
-        self.npending = tail.len();
-    }
-
-    /// Fold whole 16-octet blocks (`data.len()` a multiple of 16, at least 16).
-    #[inline]
-    fn blocks(&mut self, data: &[u8]) {
-        debug_assert!(data.len() >= 16 && data.len() % 16 == 0);
-        let (first, rest) = if self.folding {
-            (None, data)
-        } else {
-            self.folding = true;
-            let mut b = [0u8; 16];
-            b.copy_from_slice(&data[..16]);
-            let lo = u64::from_le_bytes(b[..8].try_into().unwrap_or_default()) ^ u64::from(self.crc);
-            let hi = u64::from_le_bytes(b[8..].try_into().unwrap_or_default());
-            (Some([lo, hi]), &data[16..])
-        };
-        if let Some(acc) = first {
-            self.acc = acc;
-        }
-        self.acc = clmul::fold(self.acc, rest);
-    }
-
-    /// The CRC of everything fed.
-    #[inline]
-    pub fn finalize(self) -> u32 {
-        let crc = if self.folding {
-            clmul::reduce(self.acc)
-        } else {
-            self.crc
-        };
-        !table_update(crc, &self.pending[..self.npending])
+        !table_update(clmul::fold_reduce(0xffff_ffff, &data[..whole]), &data[whole..])
+    } else {
+        !table_update(0xffff_ffff, data)
     }
 }
 
@@ -141,8 +55,8 @@ impl ShortCrc {
 #[allow(unsafe_code)]
 mod clmul {
     use std::arch::x86_64::{
-        __m128i, _mm_and_si128, _mm_clmulepi64_si128, _mm_cvtsi128_si64, _mm_extract_epi32, _mm_loadu_si128,
-        _mm_set_epi64x, _mm_srli_si128, _mm_unpackhi_epi64, _mm_xor_si128,
+        __m128i, _mm_and_si128, _mm_clmulepi64_si128, _mm_cvtsi32_si128, _mm_extract_epi32, _mm_loadu_si128,
+        _mm_set_epi64x, _mm_srli_si128, _mm_xor_si128,
     };
 
     /// x^(128+32) and x^(128-32) mod P, reflected and shifted (Intel's k3, k4).
@@ -160,47 +74,34 @@ mod clmul {
         std::arch::is_x86_feature_detected!("pclmulqdq") && std::arch::is_x86_feature_detected!("sse4.1")
     }
 
-    /// Fold the whole blocks of `data` into `acc`.
+    /// The raw CRC state after `crc` took in `data` (whole 16-octet blocks, at least one).
     #[inline]
-    pub(super) fn fold(acc: [u64; 2], data: &[u8]) -> [u64; 2] {
-        if data.is_empty() {
-            return acc;
-        }
-        // SAFETY: `ShortCrc` calls this only when `available()` said PCLMULQDQ and SSE4.1
-        // are present; `fold_x86` reads only within `data` (whole 16-octet blocks, unaligned
-        // loads).
-        unsafe { fold_x86(acc, data) }
-    }
-
-    /// Reduce the accumulator to the raw CRC state.
-    #[inline]
-    pub(super) fn reduce(acc: [u64; 2]) -> u32 {
-        // SAFETY: as for `fold`; no memory is read.
-        unsafe { reduce_x86(acc) }
+    pub(super) fn fold_reduce(crc: u32, data: &[u8]) -> u32 {
+        debug_assert!(data.len() >= 16 && data.len() % 16 == 0);
+        // SAFETY: `checksum` calls this only when `available()` said PCLMULQDQ and SSE4.1
+        // are present; `fold_reduce_x86` reads only within `data` (whole 16-octet blocks,
+        // unaligned loads) and returns early on less than one block.
+        unsafe { fold_reduce_x86(crc, data) }
     }
 
     #[target_feature(enable = "pclmulqdq,sse2,sse4.1")]
-    unsafe fn fold_x86(acc: [u64; 2], data: &[u8]) -> [u64; 2] {
+    unsafe fn fold_reduce_x86(crc: u32, data: &[u8]) -> u32 {
+        let mut blocks = data.chunks_exact(16);
+        let Some(first) = blocks.next() else {
+            return crc;
+        };
+        // SAFETY: each block is 16 readable octets; `_mm_loadu_si128` has no alignment need.
+        let load = |b: &[u8]| unsafe { _mm_loadu_si128(b.as_ptr().cast::<__m128i>()) };
+        // The CRC state enters as the first 32 bits of the message (reflected: low bits).
+        let mut x = _mm_xor_si128(load(first), _mm_cvtsi32_si128(crc as i32));
         let k = _mm_set_epi64x(K4, K3);
-        let mut x = _mm_set_epi64x(acc[1] as i64, acc[0] as i64);
-        for block in data.chunks_exact(16) {
-            // SAFETY: `block` is 16 readable octets; `_mm_loadu_si128` has no alignment need.
-            let b = unsafe { _mm_loadu_si128(block.as_ptr().cast::<__m128i>()) };
+        for block in blocks {
             let lo = _mm_clmulepi64_si128(x, k, 0x00);
             let hi = _mm_clmulepi64_si128(x, k, 0x11);
-            x = _mm_xor_si128(_mm_xor_si128(lo, hi), b);
+            x = _mm_xor_si128(_mm_xor_si128(lo, hi), load(block));
         }
-        let lo = _mm_cvtsi128_si64(x) as u64;
-        let hi = _mm_cvtsi128_si64(_mm_unpackhi_epi64(x, x)) as u64;
-        [lo, hi]
-    }
-
-    #[target_feature(enable = "pclmulqdq,sse2,sse4.1")]
-    unsafe fn reduce_x86(acc: [u64; 2]) -> u32 {
-        let x = _mm_set_epi64x(acc[1] as i64, acc[0] as i64);
         let mask32 = _mm_set_epi64x(0, 0xffff_ffff);
         // 128 -> 64 bits.
-        let k = _mm_set_epi64x(K4, K3);
         let x = _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x10), _mm_srli_si128(x, 8));
         // 64 -> 32 bits.
         let k5 = _mm_set_epi64x(0, K5);
@@ -218,36 +119,30 @@ mod clmul {
     pub(super) fn available() -> bool {
         false
     }
-    pub(super) fn fold(acc: [u64; 2], _data: &[u8]) -> [u64; 2] {
-        acc
-    }
-    pub(super) fn reduce(_acc: [u64; 2]) -> u32 {
-        0
+    pub(super) fn fold_reduce(crc: u32, _data: &[u8]) -> u32 {
+        crc
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crc_fast::{CrcAlgorithm, checksum};
+    use crc_fast::CrcAlgorithm;
 
     fn reference(data: &[u8]) -> u32 {
-        checksum(CrcAlgorithm::Crc32IsoHdlc, data) as u32
+        crc_fast::checksum(CrcAlgorithm::Crc32IsoHdlc, data) as u32
     }
 
     #[test]
     fn check_value() {
-        let mut c = ShortCrc::new();
-        c.update(b"123456789");
-        assert_eq!(c.finalize(), 0xCBF4_3926);
+        assert_eq!(checksum(b"123456789"), 0xCBF4_3926);
     }
 
     #[test]
-    fn every_length_and_split_matches_crc_fast() {
-        // Pseudo-random octets (xorshift), every length 0..=300, split at several points
-        // into two or three slices.
+    fn every_length_and_offset_matches_crc_fast() {
+        // Pseudo-random octets (xorshift), every length 0..=600 at offsets 0..16 (alignment).
         let mut s = 0x2545_f491_4f6c_dd1du64;
-        let data: Vec<u8> = (0..300)
+        let data: Vec<u8> = (0..620)
             .map(|_| {
                 s ^= s << 13;
                 s ^= s >> 7;
@@ -255,19 +150,10 @@ mod tests {
                 s as u8
             })
             .collect();
-        for len in 0..=data.len() {
-            let d = &data[..len];
-            let want = reference(d);
-            for a in [0, 1, 7, 15, 16, 17, 33, 48, 100] {
-                for b in [0, 3, 16, 40] {
-                    let a = a.min(len);
-                    let b = (a + b).min(len);
-                    let mut c = ShortCrc::new();
-                    c.update(&d[..a]);
-                    c.update(&d[a..b]);
-                    c.update(&d[b..]);
-                    assert_eq!(c.finalize(), want, "len {len} split {a} {b}");
-                }
+        for off in 0..16 {
+            for len in 0..=600 {
+                let d = &data[off..off + len];
+                assert_eq!(checksum(d), reference(d), "offset {off} length {len}");
             }
         }
     }
@@ -275,10 +161,6 @@ mod tests {
     #[test]
     fn table_alone_matches() {
         let data: Vec<u8> = (0..200u32).map(|i| (i * 37 + 11) as u8).collect();
-        let mut c = ShortCrc::new();
-        c.clmul = false;
-        c.update(&data[..77]);
-        c.update(&data[77..]);
-        assert_eq!(c.finalize(), reference(&data));
+        assert_eq!(!table_update(0xffff_ffff, &data), reference(&data));
     }
 }
