@@ -105,7 +105,10 @@ mod clmul {
         let x = _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x10), _mm_srli_si128(x, 8));
         // 64 -> 32 bits.
         let k5 = _mm_set_epi64x(0, K5);
-        let x = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x, mask32), k5, 0x00), _mm_srli_si128(x, 4));
+        let x = _mm_xor_si128(
+            _mm_clmulepi64_si128(_mm_and_si128(x, mask32), k5, 0x00),
+            _mm_srli_si128(x, 4),
+        );
         // Barrett reduction.
         let pu = _mm_set_epi64x(MU, POLY);
         let t = _mm_clmulepi64_si128(_mm_and_si128(x, mask32), pu, 0x10);

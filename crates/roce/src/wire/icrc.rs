@@ -84,6 +84,7 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<u32
         // 128 octets and the 512-octet buffer was cleared each time).
         return Ok(short(&pre[..n], rest, 0, |_| {}, 0));
     }
+    PASSES.with(|p| p.set([p.get()[0], p.get()[1] + 1]));
     let mut buf = [0u8; SMALL];
     buf[..n].copy_from_slice(&pre[..n]);
     // The octets up to the next 16-octet boundary of `rest` go with the masked prefix, so
@@ -132,6 +133,7 @@ pub fn compute_parts(
         // One call from a stack copy (see `compute`).
         return Ok(short(&pre[..n], rest, payload_len, payload, pad));
     }
+    PASSES.with(|p| p.set([p.get()[0], p.get()[1] + 1]));
     let mut d = Digest::new(CrcAlgorithm::Crc32IsoHdlc);
     d.update(&pre[..n]);
     d.update(rest);
@@ -144,6 +146,7 @@ pub fn compute_parts(
 /// into a stack buffer (a [`SHORT`] one when they fit it, so that less is cleared), then one
 /// [`crc_short::checksum`].
 fn short(pre: &[u8], rest: &[u8], payload_len: usize, payload: impl FnOnce(&mut dyn FnMut(&[u8])), pad: usize) -> u32 {
+    PASSES.with(|p| p.set([p.get()[0] + 1, p.get()[1]]));
     let total = pre.len() + rest.len() + payload_len + pad;
     if total <= SHORT {
         let mut buf = [0u8; SHORT];
@@ -174,7 +177,12 @@ fn fill(buf: &mut [u8], pre: &[u8], rest: &[u8], payload: impl FnOnce(&mut dyn F
 /// The masked IP and UDP headers and BTH the ICRC starts with (eight 0xff octets for the
 /// LRH of IB, then the headers with their variant fields set to 1s) into `buf`; returns
 /// their length.
-fn masked_prefix(ip_header: &[u8], udp_header: &[u8], bth: &[u8], buf: &mut [u8; PREFIX_MAX]) -> Result<usize, IcrcError> {
+fn masked_prefix(
+    ip_header: &[u8],
+    udp_header: &[u8],
+    bth: &[u8],
+    buf: &mut [u8; PREFIX_MAX],
+) -> Result<usize, IcrcError> {
     let mut ip = [0u8; IPV6_LEN];
     let version = ip_header.first().map_or(0, |v| v >> 4);
     let ip = match (version, ip_header.len()) {
@@ -229,6 +237,27 @@ const SMALL: usize = 512;
 
 /// Short packets (a 64 B Write covers 128 octets, an ACK 52) use a stack buffer this long.
 const SHORT: usize = 192;
+
+thread_local! {
+    /// ICRC passes made on this thread: [short (one `crc_short` call), long (`crc_fast`)].
+    static PASSES: std::cell::Cell<[u64; 2]> = const { std::cell::Cell::new([0; 2]) };
+}
+
+/// How many ICRCs this thread has computed (sent or checked), by path: tests count them per
+/// packet (tests/icrc_passes.rs). Each ICRC is exactly one pass over its octets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IcrcPasses {
+    /// Covered octets ≤ 512: one call of the short PCLMULQDQ fold from a stack copy.
+    pub short: u64,
+    /// Longer: `crc_fast` over the octets where they are.
+    pub long: u64,
+}
+
+/// The ICRC passes this thread has made so far.
+pub fn passes_on_this_thread() -> IcrcPasses {
+    let [short, long] = PASSES.with(|p| p.get());
+    IcrcPasses { short, long }
+}
 
 /// The longest masked prefix: eight LRH octets, IPv6, UDP, BTH.
 const PREFIX_MAX: usize = 8 + IPV6_LEN + UDP_LEN + Bth::LEN;
