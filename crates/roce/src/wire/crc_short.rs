@@ -77,7 +77,7 @@ mod clmul {
     /// The raw CRC state after `crc` took in `data` (whole 16-octet blocks, at least one).
     #[inline]
     pub(super) fn fold_reduce(crc: u32, data: &[u8]) -> u32 {
-        debug_assert!(data.len() >= 16 && data.len() % 16 == 0);
+        debug_assert!(data.len() >= 16 && data.len().is_multiple_of(16));
         // SAFETY: `checksum` calls this only when `available()` said PCLMULQDQ and SSE4.1
         // are present; `fold_reduce_x86` reads only within `data` (whole 16-octet blocks,
         // unaligned loads) and returns early on less than one block.
