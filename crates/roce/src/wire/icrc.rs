@@ -22,6 +22,7 @@
 use crc_fast::{CrcAlgorithm, Digest};
 
 use super::ICRC_LEN;
+use super::crc_short;
 use super::headers::Bth;
 
 const IPV4_LEN: usize = 20;
@@ -74,13 +75,18 @@ pub fn compute(ip_header: &[u8], udp_header: &[u8], packet: &[u8]) -> Result<u32
     if packet.len() < Bth::LEN + ICRC_LEN {
         return Err(IcrcError::TooShort { len: packet.len() });
     }
-    let mut buf = [0u8; SMALL];
-    let n = masked_prefix(ip_header, udp_header, &packet[..Bth::LEN], &mut buf)?;
+    let mut pre = [0u8; PREFIX_MAX];
+    let n = masked_prefix(ip_header, udp_header, &packet[..Bth::LEN], &mut pre)?;
     let rest = &packet[Bth::LEN..packet.len() - ICRC_LEN];
     if n + rest.len() <= SMALL {
-        buf[n..n + rest.len()].copy_from_slice(rest);
-        return Ok(crc_fast::checksum(CrcAlgorithm::Crc32IsoHdlc, &buf[..n + rest.len()]) as u32);
+        // Short: the masked prefix and the rest in one stack buffer, one call of the
+        // PCLMULQDQ fold (crc_short; session 14: crc_fast cost ~215 instructions per call at
+        // 128 octets and the 512-octet buffer was cleared each time).
+        return Ok(short(&pre[..n], rest, 0, |_| {}, 0));
     }
+    PASSES.with(|p| p.set([p.get()[0], p.get()[1] + 1]));
+    let mut buf = [0u8; SMALL];
+    buf[..n].copy_from_slice(&pre[..n]);
     // The octets up to the next 16-octet boundary of `rest` go with the masked prefix, so
     // that the long update starts aligned: crc_fast's folding loop runs at about half speed
     // on a misaligned start, and a packet k of a GRO train starts at k × (4096 + headers)
@@ -120,36 +126,63 @@ pub fn compute_parts(
             len: headers.len() + payload_len + pad + ICRC_LEN,
         });
     }
-    let mut buf = [0u8; SMALL];
-    let mut n = masked_prefix(ip_header, udp_header, &headers[..Bth::LEN], &mut buf)?;
+    let mut pre = [0u8; PREFIX_MAX];
+    let n = masked_prefix(ip_header, udp_header, &headers[..Bth::LEN], &mut pre)?;
     let rest = &headers[Bth::LEN..];
     if n + rest.len() + payload_len + pad <= SMALL {
         // One call from a stack copy (see `compute`).
-        buf[n..n + rest.len()].copy_from_slice(rest);
-        n += rest.len();
-        let mut at = n;
-        payload(&mut |c: &[u8]| {
-            let k = c.len().min(SMALL - at);
-            buf[at..at + k].copy_from_slice(&c[..k]);
-            at += k;
-        });
-        debug_assert_eq!(at, n + payload_len);
-        let end = n + payload_len + pad;
-        buf[n + payload_len..end].fill(0);
-        return Ok(crc_fast::checksum(CrcAlgorithm::Crc32IsoHdlc, &buf[..end]) as u32);
+        return Ok(short(&pre[..n], rest, payload_len, payload, pad));
     }
+    PASSES.with(|p| p.set([p.get()[0], p.get()[1] + 1]));
     let mut d = Digest::new(CrcAlgorithm::Crc32IsoHdlc);
-    d.update(&buf[..n]);
+    d.update(&pre[..n]);
     d.update(rest);
     payload(&mut |c: &[u8]| d.update(c));
     d.update(&[0u8; 3][..pad.min(3)]);
     Ok(d.finalize() as u32)
 }
 
+/// The CRC of `pre ‖ rest ‖ payload ‖ pad zeros`, which together fit [`SMALL`]: copied
+/// into a stack buffer (a [`SHORT`] one when they fit it, so that less is cleared), then one
+/// [`crc_short::checksum`].
+fn short(pre: &[u8], rest: &[u8], payload_len: usize, payload: impl FnOnce(&mut dyn FnMut(&[u8])), pad: usize) -> u32 {
+    PASSES.with(|p| p.set([p.get()[0] + 1, p.get()[1]]));
+    let total = pre.len() + rest.len() + payload_len + pad;
+    if total <= SHORT {
+        let mut buf = [0u8; SHORT];
+        fill(&mut buf, pre, rest, payload, total - pad);
+        crc_short::checksum(&buf[..total])
+    } else {
+        let mut buf = [0u8; SMALL];
+        fill(&mut buf, pre, rest, payload, total - pad);
+        crc_short::checksum(&buf[..total])
+    }
+}
+
+/// `pre ‖ rest ‖ payload` into the (zeroed) `buf`, whose first `end` octets they fill; the
+/// pad after them stays zero.
+fn fill(buf: &mut [u8], pre: &[u8], rest: &[u8], payload: impl FnOnce(&mut dyn FnMut(&[u8])), end: usize) {
+    let mut at = pre.len();
+    buf[..at].copy_from_slice(pre);
+    buf[at..at + rest.len()].copy_from_slice(rest);
+    at += rest.len();
+    payload(&mut |c: &[u8]| {
+        let k = c.len().min(end.saturating_sub(at));
+        buf[at..at + k].copy_from_slice(&c[..k]);
+        at += k;
+    });
+    debug_assert_eq!(at, end);
+}
+
 /// The masked IP and UDP headers and BTH the ICRC starts with (eight 0xff octets for the
 /// LRH of IB, then the headers with their variant fields set to 1s) into `buf`; returns
 /// their length.
-fn masked_prefix(ip_header: &[u8], udp_header: &[u8], bth: &[u8], buf: &mut [u8; SMALL]) -> Result<usize, IcrcError> {
+fn masked_prefix(
+    ip_header: &[u8],
+    udp_header: &[u8],
+    bth: &[u8],
+    buf: &mut [u8; PREFIX_MAX],
+) -> Result<usize, IcrcError> {
     let mut ip = [0u8; IPV6_LEN];
     let version = ip_header.first().map_or(0, |v| v >> 4);
     let ip = match (version, ip_header.len()) {
@@ -198,8 +231,36 @@ fn masked_prefix(ip_header: &[u8], udp_header: &[u8], bth: &[u8], buf: &mut [u8;
     Ok(n)
 }
 
-/// Packets whose covered octets fit this are CRCed in one call from a stack copy.
+/// Packets whose covered octets fit this are CRCed in one call of
+/// [`crc_short::checksum`] from a stack copy; longer ones by `crc_fast` from where they are.
 const SMALL: usize = 512;
+
+/// Short packets (a 64 B Write covers 128 octets, an ACK 52) use a stack buffer this long.
+const SHORT: usize = 192;
+
+thread_local! {
+    /// ICRC passes made on this thread: [short (one `crc_short` call), long (`crc_fast`)].
+    static PASSES: std::cell::Cell<[u64; 2]> = const { std::cell::Cell::new([0; 2]) };
+}
+
+/// How many ICRCs this thread has computed (sent or checked), by path: tests count them per
+/// packet (tests/icrc_passes.rs). Each ICRC is exactly one pass over its octets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IcrcPasses {
+    /// Covered octets ≤ 512: one call of the short PCLMULQDQ fold from a stack copy.
+    pub short: u64,
+    /// Longer: `crc_fast` over the octets where they are.
+    pub long: u64,
+}
+
+/// The ICRC passes this thread has made so far.
+pub fn passes_on_this_thread() -> IcrcPasses {
+    let [short, long] = PASSES.with(|p| p.get());
+    IcrcPasses { short, long }
+}
+
+/// The longest masked prefix: eight LRH octets, IPv6, UDP, BTH.
+const PREFIX_MAX: usize = 8 + IPV6_LEN + UDP_LEN + Bth::LEN;
 
 /// The ICRC field of a packet (its last four octets, little-endian).
 pub fn stored(packet: &[u8]) -> Option<u32> {

@@ -22,6 +22,7 @@
 //! headers, RC opcodes, path MTU); the lab README's "RoCEv2 from the host" for the measured
 //! ICRC rules.
 
+mod crc_short;
 pub mod headers;
 pub mod icrc;
 pub mod opcode;
