@@ -188,8 +188,14 @@ pub(crate) struct DevCounters {
     pub tx_syscalls: AtomicU64,
     /// Datagrams received (a GRO train counts once).
     pub rx_datagrams: AtomicU64,
-    /// `recvmmsg` calls that returned datagrams.
+    /// `recvmmsg`/`recvmsg` calls that returned datagrams.
     pub rx_syscalls: AtomicU64,
+    /// Datagrams application threads received (busy polls, inline CQ waits), not the
+    /// progress thread.
+    pub rx_polled: AtomicU64,
+    /// Receiving calls of application threads that were one-datagram `recvmsg` calls (the
+    /// socket was empty at the call before) and returned one.
+    pub rx_single: AtomicU64,
     /// Times the progress thread took the sockets out of its epoll set for a busy poller.
     pub progress_mutes: AtomicU64,
     /// Times the progress thread found transmissions an application thread had deferred
@@ -401,8 +407,24 @@ impl DevInner {
                 .enumerate()
                 .filter_map(|(i, f)| f.map(|f| (i == 1, f)))
             {
+                let sock_i = usize::from(is_raw);
                 loop {
-                    let got = match sys::recvmmsg_dontwait(fd, &mut buf) {
+                    // A socket found empty last time most likely holds one datagram next
+                    // (a busy poller's ping-pong): `recvmsg` of one, which stops there,
+                    // where `recvmmsg` would look for a second one in the kernel first
+                    // (issue 13, session 14). Once one came, `recvmmsg` batches again.
+                    // Only for an application thread (`defer`): it polls again soon, or
+                    // sleeps in a level-triggered poll(2) on the socket, or parks and wakes
+                    // the progress thread; the progress thread's epoll is edge-triggered,
+                    // so it always drains to EAGAIN.
+                    let one = defer && buf.idle[sock_i];
+                    let r = if one {
+                        sys::recvmsg_one_dontwait(fd, &mut buf)
+                    } else {
+                        sys::recvmmsg_dontwait(fd, &mut buf)
+                    };
+                    buf.idle[sock_i] = matches!(&r, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+                    let got = match r {
                         Ok(n) => n,
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -416,6 +438,12 @@ impl DevInner {
                     any = true;
                     let now = *now.get_or_insert_with(Instant::now);
                     self.counters.rx_syscalls.fetch_add(1, Ordering::Relaxed);
+                    if defer {
+                        self.counters.rx_polled.fetch_add(got as u64, Ordering::Relaxed);
+                    }
+                    if one {
+                        self.counters.rx_single.fetch_add(1, Ordering::Relaxed);
+                    }
                     self.counters.rx_datagrams.fetch_add(got as u64, Ordering::Relaxed);
                     for i in 0..got {
                         let Some(d) = buf.data(i) else {
@@ -449,7 +477,10 @@ impl DevInner {
                             }
                         }
                     }
-                    if got < RX_BATCH {
+                    // After a single datagram too: looking for another costs the
+                    // ping-pong a system call before it sees its message; the next poll
+                    // (or the progress thread's level-triggered wake-up) batches the rest.
+                    if one || got < RX_BATCH {
                         break;
                     }
                 }
@@ -1386,6 +1417,8 @@ impl Provider for RoceProvider {
             ("tx_syscalls", ld(&c.tx_syscalls)),
             ("rx_datagrams", ld(&c.rx_datagrams)),
             ("rx_syscalls", ld(&c.rx_syscalls)),
+            ("rx_polled", ld(&c.rx_polled)),
+            ("rx_single", ld(&c.rx_single)),
             ("progress_mutes", ld(&c.progress_mutes)),
             ("progress_flushes", ld(&c.progress_flushes)),
             // Payload octets of RC packets: copied in user space on the way out (0: sent

@@ -459,11 +459,20 @@ fn sendmmsg_hdrs(
     let mut sent = 0;
     while sent < hdrs.len() {
         let rest = &mut hdrs[sent..];
-        // SAFETY: every header points at `to`, at iovecs of `iov` (into buffers the
-        // `TxIov`'s lifetime keeps borrowed, checked when pushed) and at its control block
-        // in `ctrl`, all alive for the call; the kernel reads them and writes `msg_len`
-        // into the headers, which we own mutably.
-        let r = unsafe { libc::sendmmsg(fd.as_raw_fd(), rest.as_mut_ptr(), rest.len() as libc::c_uint, 0) };
+        // Every header points at `to`, at iovecs of `iov` (into buffers the `TxIov`'s
+        // lifetime keeps borrowed, checked when pushed) and at its control block in
+        // `ctrl`, all alive for the call.
+        let r = if rest.len() == 1 {
+            // One datagram (a ping-pong's message, with its ACK as a train): `sendmsg`,
+            // without `sendmmsg`'s loop over a vector of headers (issue 13, session 14).
+            // SAFETY: as said above; the kernel only reads the one header.
+            let r = unsafe { libc::sendmsg(fd.as_raw_fd(), &rest[0].msg_hdr, 0) };
+            if r < 0 { -1 } else { 1 }
+        } else {
+            // SAFETY: as said above; the kernel reads the headers and writes `msg_len` into
+            // them, which we own mutably.
+            unsafe { libc::sendmmsg(fd.as_raw_fd(), rest.as_mut_ptr(), rest.len() as libc::c_uint, 0) }
+        };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -494,6 +503,9 @@ pub(crate) struct RxBatch {
     /// Headers the kernel wrote in the last call (their name and control lengths must be
     /// given again); the others still hold what [`RxBatch::new`] set.
     dirty: usize,
+    /// Per socket of a device (UDP, raw): its last receive call found it empty, so the
+    /// next one takes a single datagram ([`recvmsg_one_dontwait`]). The caller keeps it.
+    pub idle: [bool; 2],
 }
 
 /// The IP header fields a UDP socket reports of a datagram (`IP_TTL`/`IP_TOS` or
@@ -548,6 +560,7 @@ impl RxBatch {
             seg: Vec::with_capacity(n),
             ip: Vec::with_capacity(n),
             dirty: 0,
+            idle: [false; 2],
         };
         // The headers point at their slots once and for all (issue 13: rebuilding all 16
         // before every call was ~60 % of a busy poller's user-space instructions per empty
@@ -595,20 +608,47 @@ impl RxBatch {
 /// `recvmmsg(2)` with `MSG_DONTWAIT`: as many queued datagrams as `b` holds (their data,
 /// lengths, senders and GRO segment sizes in `b`), or `WouldBlock` when none is queued.
 pub(crate) fn recvmmsg_dontwait(fd: BorrowedFd<'_>, b: &mut RxBatch) -> io::Result<usize> {
+    recv_dontwait(fd, b, false)
+}
+
+/// [`recvmmsg_dontwait`] for at most one datagram, by `recvmsg(2)` into slot 0: what a
+/// socket that was just found empty most likely holds next (a ping-pong's message).
+/// `recvmmsg` of 16 returns the same datagram but then tries the next header (copies it
+/// in, imports its iovec, takes the queue lock) to find nothing, on the latency path of
+/// every message (issue 13, session 14); `recvmsg` stops after the one.
+pub(crate) fn recvmsg_one_dontwait(fd: BorrowedFd<'_>, b: &mut RxBatch) -> io::Result<usize> {
+    recv_dontwait(fd, b, true)
+}
+
+fn recv_dontwait(fd: BorrowedFd<'_>, b: &mut RxBatch, one: bool) -> io::Result<usize> {
     let n = b.hdrs.len();
     let dirty = b.dirty;
     b.arm(dirty);
-    // SAFETY: every header points at its own name, iovec (a slot of `buf`) and control
-    // block, all owned by `b` and alive for the call; the kernel writes at most the sizes
-    // given.
-    let r = unsafe {
-        libc::recvmmsg(
-            fd.as_raw_fd(),
-            b.hdrs.as_mut_ptr(),
-            n as libc::c_uint,
-            libc::MSG_DONTWAIT,
-            std::ptr::null_mut(),
-        )
+    let r = if one {
+        // SAFETY: header 0 points at its own name, iovec (slot 0 of `buf`) and control
+        // block, all owned by `b` and alive for the call; the kernel writes at most the
+        // sizes given.
+        let r = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut b.hdrs[0].msg_hdr, libc::MSG_DONTWAIT) };
+        if r >= 0 {
+            // What recvmmsg reports per header.
+            b.hdrs[0].msg_len = r as libc::c_uint;
+            1
+        } else {
+            -1
+        }
+    } else {
+        // SAFETY: every header points at its own name, iovec (a slot of `buf`) and control
+        // block, all owned by `b` and alive for the call; the kernel writes at most the
+        // sizes given.
+        unsafe {
+            libc::recvmmsg(
+                fd.as_raw_fd(),
+                b.hdrs.as_mut_ptr(),
+                n as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        }
     };
     if r < 0 {
         let e = io::Error::last_os_error();
