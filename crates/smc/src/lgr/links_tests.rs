@@ -4,6 +4,7 @@
 //! SMC-FO-1).
 
 use super::*;
+use crate::wire::llc::{AddLinkCont, ConfirmRkey, DeleteLink, LlcBody, LlcMessage, add_link_reject, delete_reason};
 
 fn cfg(role: Role) -> LgrConfig {
     LgrConfig {
