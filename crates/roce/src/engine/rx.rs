@@ -1,0 +1,423 @@
+//! The receive side of the device: draining the sockets, checking each packet's ICRC and
+//! handing it to its QP (or the GSI handler), and the sends deferred while an application
+//! thread busy-polls.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use verbs::Gid;
+
+use super::seal::{icrc_check, icrc_verify_id};
+use super::{DevInner, RX_BATCH, qp, sys, ud};
+use crate::wire::{Opcode, Packet, icrc};
+
+thread_local! {
+    /// An empty list [`DevInner::flush_deferred`] swaps for the device's deferred one.
+    static DEFERRED_SPARE: std::cell::Cell<Vec<Arc<qp::QpShared>>> = const { std::cell::Cell::new(Vec::new()) };
+    /// The QPs a drain of the sockets handed packets to, kept between drains so that a
+    /// poll that receives allocates nothing.
+    static TOUCHED: std::cell::Cell<Vec<Arc<qp::QpShared>>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+impl DevInner {
+    /// The sockets the progress thread waits on: the UDP socket (everything, or with a raw
+    /// socket what arrives on loopback) and the raw socket if any.
+    pub(crate) fn rx_fds(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let mut v = vec![self.sock.as_raw_fd()];
+        v.extend(self.raw.as_ref().map(|r| r.as_raw_fd()));
+        v
+    }
+
+    /// Receives every queued datagram (or leaves a poke for the thread that is already
+    /// doing so). Returns whether any packet was received.
+    pub(crate) fn drain_rx(&self) -> bool {
+        self.drain_rx_as(false)
+    }
+
+    /// [`DevInner::drain_rx`] from an application thread that busy-polls (`defer`): what
+    /// the QPs have to send (ACKs above all) waits for that thread's next call or post
+    /// instead of costing a system call before it sees its completion, so an ACK leaves
+    /// with the reply the application posts next, in the same `sendmmsg`. The progress
+    /// thread sends what is still deferred within its 1 ms muted check.
+    pub(crate) fn drain_rx_as(&self, defer: bool) -> bool {
+        self.flush_deferred();
+        self.rx_poke.store(true, Ordering::SeqCst);
+        let mut any = false;
+        loop {
+            let Ok(mut buf) = self.rx.try_lock() else {
+                return any;
+            };
+            self.rx_poke.store(false, Ordering::SeqCst);
+            // Reused: no allocation per receiving poll (issue 13).
+            let mut touched: Vec<Arc<qp::QpShared>> = TOUCHED.take();
+            // Read the clock only once something arrived: an empty poll needs no time.
+            let mut now: Option<Instant> = None;
+            let mut n_batch = 0;
+            let sockets = [Some(self.sock.as_fd()), self.raw.as_ref().map(|r| r.as_fd())];
+            for (is_raw, fd) in sockets
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, f)| f.map(|f| (i == 1, f)))
+            {
+                let sock_i = usize::from(is_raw);
+                loop {
+                    // A socket found empty last time most likely holds one datagram next
+                    // (a busy poller's ping-pong): `recvmsg` of one, which stops there,
+                    // where `recvmmsg` would look for a second one in the kernel first
+                    // (issue 13, session 14). Once one came, `recvmmsg` batches again.
+                    // Only for an application thread (`defer`): it polls again soon, or
+                    // sleeps in a level-triggered poll(2) on the socket, or parks and wakes
+                    // the progress thread; the progress thread's epoll is edge-triggered,
+                    // so it always drains to EAGAIN.
+                    let one = defer && buf.idle[sock_i];
+                    let r = if one {
+                        sys::recvmsg_one_dontwait(fd, &mut buf)
+                    } else {
+                        sys::recvmmsg_dontwait(fd, &mut buf)
+                    };
+                    buf.idle[sock_i] = matches!(&r, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+                    let got = match r {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => {
+                            // ICMP errors reported on the socket (port unreachable): nothing
+                            // to read, the RC timers deal with the lost peer.
+                            tracing::debug!(device = %self.cfg.name, error = %e, "recvmmsg");
+                            continue;
+                        }
+                    };
+                    any = true;
+                    let now = *now.get_or_insert_with(Instant::now);
+                    self.counters.rx_syscalls.fetch_add(1, Ordering::Relaxed);
+                    if defer {
+                        self.counters.rx_polled.fetch_add(got as u64, Ordering::Relaxed);
+                    }
+                    if one {
+                        self.counters.rx_single.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.counters.rx_datagrams.fetch_add(got as u64, Ordering::Relaxed);
+                    for i in 0..got {
+                        let Some(d) = buf.data(i) else {
+                            // Longer than a slot: no RoCEv2 packet or train is.
+                            self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
+                            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        };
+                        // Packets, not datagrams: a GRO train holds up to 64.
+                        n_batch += match buf.seg[i] {
+                            0 => 1,
+                            seg => d.len().div_ceil(usize::from(seg)),
+                        };
+                        if is_raw {
+                            self.on_ip_datagram(now, d, &mut touched);
+                        } else if let Ok(from) = buf.from(i) {
+                            match buf.seg[i] {
+                                0 => {
+                                    self.on_datagram(now, from, self.local.ip(), Rx::Solve, buf.ip[i], d, &mut touched)
+                                }
+                                seg => self.on_train(now, from, usize::from(seg), buf.ip[i], d, &mut touched),
+                            }
+                        }
+                        // Let ACKs and responses out now and then during a long burst (every
+                        // 64 packets or so, not only after a whole `recvmmsg` of up to 16
+                        // trains: a requester whose window is full waits for them).
+                        if n_batch >= 64 {
+                            n_batch = 0;
+                            for q in touched.drain(..) {
+                                q.service_locked();
+                            }
+                        }
+                    }
+                    // After a single datagram too: looking for another costs the
+                    // ping-pong a system call before it sees its message; the next poll
+                    // (or the progress thread's level-triggered wake-up) batches the rest.
+                    if one || got < RX_BATCH {
+                        break;
+                    }
+                }
+            }
+            any |= self.drain_groups(&mut buf);
+            drop(buf);
+            if touched.is_empty() {
+                // Nothing to deliver or defer: an empty poll takes no further lock.
+            } else if defer {
+                for q in &touched {
+                    q.deliver_locked();
+                }
+                let mut d = self.deferred.lock().unwrap();
+                for q in touched.drain(..) {
+                    if !d.iter().any(|t| Arc::ptr_eq(t, &q)) {
+                        d.push(q);
+                    }
+                }
+                self.has_deferred.store(!d.is_empty(), Ordering::Release);
+            } else {
+                for q in touched.drain(..) {
+                    q.service_locked();
+                }
+            }
+            TOUCHED.set(touched);
+            if !self.rx_poke.load(Ordering::SeqCst) {
+                return any;
+            }
+        }
+    }
+
+    /// Sends what [`DevInner::drain_rx_as`] deferred.
+    pub(crate) fn flush_deferred(&self) {
+        if !self.has_deferred.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        // Swapped with this thread's spare list, which it keeps once emptied: whichever
+        // thread flushes (the poller or the progress thread), the next deferral finds room
+        // and nothing is allocated per round trip.
+        let mut qs = DEFERRED_SPARE.take();
+        std::mem::swap(&mut qs, &mut *self.deferred.lock().unwrap());
+        for q in qs.drain(..) {
+            q.service_locked();
+        }
+        DEFERRED_SPARE.set(qs);
+    }
+
+    /// Whether `q`'s transmissions are deferred.
+    pub(crate) fn is_deferred(&self, q: &qp::QpShared) -> bool {
+        self.has_deferred.load(Ordering::Acquire)
+            && self
+                .deferred
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|t| std::ptr::eq(Arc::as_ptr(t), q))
+    }
+
+    /// An IPv4 datagram from the raw socket (the filter passed only UDP to our address and
+    /// port 4791): the ICRC is checked against the headers it came with.
+    fn on_ip_datagram(&self, now: Instant, d: &[u8], touched: &mut Vec<Arc<qp::QpShared>>) {
+        const IP: usize = 20;
+        const UDP: usize = 8;
+        if d.len() < IP + UDP || d[0] != 0x45 {
+            // Not IPv4, or IPv4 with options, which rxe's ICRC does not cover.
+            self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let udp_len = usize::from(u16::from_be_bytes([d[IP + 4], d[IP + 5]]));
+        if udp_len < UDP || IP + udp_len > d.len() {
+            self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let src = Ipv4Addr::new(d[12], d[13], d[14], d[15]);
+        let sport = u16::from_be_bytes([d[IP], d[IP + 1]]);
+        let from = SocketAddr::new(IpAddr::V4(src), sport);
+        let dst = Ipv4Addr::new(d[16], d[17], d[18], d[19]);
+        self.on_datagram(
+            now,
+            from,
+            IpAddr::V4(dst),
+            Rx::Headers(&d[..IP], &d[IP..IP + UDP]),
+            None,
+            &d[IP + UDP..IP + udp_len],
+            touched,
+        );
+    }
+
+    /// A GSO/GRO train from the UDP socket: RoCEv2 packets of `seg` octets back to back
+    /// (the last may be shorter). Every packet's ICRC is checked. IPv4: the sender's kernel
+    /// gives the segments of one GSO send consecutive IDs from the first one's, which is 0
+    /// on an unconnected DF socket (ours), so a train whose first packet verifies with ID 0
+    /// is ours and packet k must verify with ID k exactly; any other train (a GRO merge of a
+    /// foreign sender's packets) has each packet's ID solved for, as single datagrams from
+    /// the UDP socket do.
+    fn on_train(
+        &self,
+        now: Instant,
+        from: SocketAddr,
+        seg: usize,
+        ip: Option<sys::RxIp>,
+        d: &[u8],
+        touched: &mut Vec<Arc<qp::QpShared>>,
+    ) {
+        let dst = self.local.ip();
+        let mut ours = None;
+        for (k, pkt) in d.chunks(seg).enumerate() {
+            let how = match (from.ip(), dst, ours) {
+                (IpAddr::V4(_), IpAddr::V4(_), None) => {
+                    // The check that tells whose train it is, is the first packet's ICRC
+                    // check too: one pass, not two (it was checked again with ID 0).
+                    self.counters
+                        .icrc_rx_octets
+                        .fetch_add(pkt.len() as u64, Ordering::Relaxed);
+                    let is_ours = icrc_verify_id(from.ip(), dst, from.port(), crate::wire::ROCEV2_UDP_PORT, 0, pkt);
+                    ours = Some(is_ours);
+                    if is_ours { Rx::Checked } else { Rx::Solve }
+                }
+                (IpAddr::V4(_), IpAddr::V4(_), Some(true)) => Rx::Id(k as u16),
+                _ => Rx::Solve,
+            };
+            self.on_datagram(now, from, dst, how, ip, pkt, touched);
+        }
+    }
+
+    /// One RoCEv2 packet (a UDP payload) from `from` to `dst` (our address or a multicast
+    /// group), its ICRC checked as `rx` says; `ip` is its TTL and TOS when a UDP socket
+    /// reported them (a UD receive's GRH shows them).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn on_datagram(
+        &self,
+        now: Instant,
+        from: SocketAddr,
+        dst: IpAddr,
+        rx: Rx<'_>,
+        ip: Option<sys::RxIp>,
+        pkt: &[u8],
+        touched: &mut Vec<Arc<qp::QpShared>>,
+    ) {
+        self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
+        let sport = from.port();
+        let dport = crate::wire::ROCEV2_UDP_PORT;
+        let crc_pass = || {
+            self.counters
+                .icrc_rx_octets
+                .fetch_add(pkt.len() as u64, Ordering::Relaxed);
+        };
+        let (ok, ip_hdr) = match rx {
+            Rx::Headers(ip, udp) => {
+                crc_pass();
+                (icrc::verify(ip, udp, pkt).is_ok(), Some(ip))
+            }
+            Rx::Solve => (self.check_single(from.ip(), dst, sport, dport, pkt), None),
+            Rx::Id(id) => {
+                crc_pass();
+                (icrc_verify_id(from.ip(), dst, sport, dport, id, pkt), None)
+            }
+            Rx::Checked => (true, None),
+        };
+        if !ok {
+            self.counters.icrc_err.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let p = match Packet::parse(pkt) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::trace!(device = %self.cfg.name, error = %e, "malformed packet dropped");
+                self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let dqp = p.bth.dest_qp;
+        if dqp == 1 {
+            self.on_gsi(from, &p);
+            return;
+        }
+        if p.ext.deth.is_some() {
+            // UD: one QP, or every QP attached to the group the datagram came to.
+            let targets: Vec<Arc<ud::UdShared>> = if dqp == crate::ud::MCAST_QPN {
+                let m = self.mcast.lock().unwrap();
+                m.values()
+                    .filter(|g| g.addr == dst)
+                    .flat_map(|g| g.members.iter().filter_map(|&q| self.ud_qp(q)))
+                    .collect()
+            } else {
+                self.ud_qp(dqp).into_iter().collect()
+            };
+            if targets.is_empty() {
+                self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.on_ud_packet(from, dst, ip_hdr, ip, pkt.len(), &p, &targets);
+            }
+            return;
+        }
+        // A QP this drain already handed packets to (a train's later packets, a burst of
+        // Writes): no map lookup, no reference count traffic per packet (issue 13).
+        if let Some(q) = touched.iter().find(|t| t.qpn == dqp) {
+            q.on_packet(now, &p);
+            return;
+        }
+        match self.qp(dqp) {
+            Some(q) => {
+                q.on_packet(now, &p);
+                if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
+                    touched.push(q);
+                }
+            }
+            None => {
+                self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The ICRC check of a single datagram from a UDP socket: ID 0 (our unsegmented
+    /// packets), then the ID after the last one solved (the next segment of a train the
+    /// kernel segmented), then solved for (rxe's hashed IDs).
+    fn check_single(&self, src: IpAddr, dst: IpAddr, sport: u16, dport: u16, pkt: &[u8]) -> bool {
+        let guess = self.rx_next_id.load(Ordering::Relaxed) as u16;
+        let crc_pass = || {
+            self.counters
+                .icrc_rx_octets
+                .fetch_add(pkt.len() as u64, Ordering::Relaxed);
+        };
+        if guess != 0 && src.is_ipv4() {
+            if icrc_verify_id(src, dst, sport, dport, guess, pkt) {
+                crc_pass();
+                let next = if usize::from(guess) + 1 < sys::GSO_MAX_SEGS {
+                    guess + 1
+                } else {
+                    0
+                };
+                self.rx_next_id.store(u32::from(next), Ordering::Relaxed);
+                return true;
+            }
+            // A pass spent on the wrong ID (a single datagram after a train): counted apart
+            // from the one pass per packet.
+            self.counters.icrc_rx_id_retries.fetch_add(1, Ordering::Relaxed);
+        }
+        crc_pass();
+        match icrc_check(src, dst, sport, dport, pkt) {
+            Ok(id) => {
+                let next = if usize::from(id) + 1 < sys::GSO_MAX_SEGS {
+                    id + 1
+                } else {
+                    0
+                };
+                self.rx_next_id.store(u32::from(next), Ordering::Relaxed);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn on_gsi(&self, from: SocketAddr, p: &Packet<'_>) {
+        let ok = p.bth.opcode == Opcode::UD_SEND_ONLY
+            && p.bth.p_key & 0x7fff == 0x7fff
+            && p.ext.deth.is_some_and(|d| d.q_key == crate::gsi::GSI_QKEY);
+        if !ok {
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let h = self.gsi.lock().unwrap().as_ref().and_then(Weak::upgrade);
+        if let (Some(h), Some(d)) = (h, p.ext.deth) {
+            h.on_mad(Gid::from_ip(from.ip()), d.src_qp, p.bth.p_key, p.payload);
+        }
+    }
+}
+
+/// How a received packet's ICRC is checked.
+#[derive(Clone, Copy)]
+pub(crate) enum Rx<'a> {
+    /// Against the IP and UDP headers it arrived in (the raw socket).
+    Headers(&'a [u8], &'a [u8]),
+    /// From a UDP socket: IPv4 ID 0, else the ID solved for ([`icrc::verify_any_ipv4_id`]).
+    Solve,
+    /// From a UDP socket, packet of a GSO train: exactly this IPv4 ID.
+    Id(u16),
+    /// Already checked: the first packet of a train, whose check with ID 0 told that the
+    /// train is ours ([`DevInner::on_train`]).
+    Checked,
+}
