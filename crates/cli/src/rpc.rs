@@ -527,6 +527,29 @@ fn small_call<C: RpcClient>(c: &C, data: Option<&[u8]>) -> Result<()> {
     Ok(())
 }
 
+/// The loopback servers `rpc bench` measures against: ONC RPC over TCP unless `transport` is
+/// `rdma`, RPC-over-RDMA on `dev` unless it is `tcp`.
+fn bench_servers(
+    dev: &verbs::Device,
+    reg: &Arc<rpcrdma::server::Registry>,
+    transport: &str,
+) -> Result<(Option<TcpServer>, Option<RdmaServer>)> {
+    let tcp = if transport != "rdma" {
+        Some(TcpServer::spawn("127.0.0.1:0".parse()?, reg.clone())?)
+    } else {
+        None
+    };
+    let rdma = if transport != "tcp" {
+        Some(
+            RdmaServer::spawn(dev, "127.0.0.1:0".parse()?, reg.clone(), RdmaConfig::default())
+                .map_err(|e| anyhow!("{e}"))?,
+        )
+    } else {
+        None
+    };
+    Ok((tcp, rdma))
+}
+
 /// Round trips of `calls` NULL or ECHO calls per transport, one at a time; with both
 /// transports, batches of 100 alternate so that both see the same machine load.
 fn bench_small(
@@ -544,23 +567,11 @@ fn bench_small(
     let reg = Arc::new(demo::registry());
     let dev = device(dev, crate::providers::Endpoint::Listen([127, 0, 0, 1].into()))?;
     let new_hist = || Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram bounds");
-    let tcp_srv = if transport != "rdma" {
-        Some(TcpServer::spawn("127.0.0.1:0".parse()?, reg.clone())?)
-    } else {
-        None
-    };
+    let (tcp_srv, rdma_srv) = bench_servers(&dev, &reg, transport)?;
     let tcp = match &tcp_srv {
         // the caller reads its own Reply, as the RDMA caller does (no reader thread)
         Some(s) => Some(TcpCaller::connect(s.local_addr(), mode.tcp_wait())?),
         None => None,
-    };
-    let rdma_srv = if transport != "tcp" {
-        Some(
-            RdmaServer::spawn(&dev, "127.0.0.1:0".parse()?, reg.clone(), RdmaConfig::default())
-                .map_err(|e| anyhow!("{e}"))?,
-        )
-    } else {
-        None
     };
     let rdma = match &rdma_srv {
         Some(s) => {
@@ -740,11 +751,7 @@ fn bench(
     let dev = device(dev, crate::providers::Endpoint::Listen([127, 0, 0, 1].into()))?;
     let progress = crate::progress::wanted(false, json);
     let per = calls.div_ceil(threads as u64);
-    let tcp_srv = if transport != "rdma" {
-        Some(TcpServer::spawn("127.0.0.1:0".parse()?, reg.clone())?)
-    } else {
-        None
-    };
+    let (tcp_srv, rdma_srv) = bench_servers(&dev, &reg, transport)?;
     let mut tcp = match &tcp_srv {
         Some(srv) => {
             let cs: Vec<TcpClient> = (0..threads)
@@ -753,14 +760,6 @@ fn bench(
             Some(Timed::new(cs, size)?)
         }
         None => None,
-    };
-    let rdma_srv = if transport != "tcp" {
-        Some(
-            RdmaServer::spawn(&dev, "127.0.0.1:0".parse()?, reg.clone(), RdmaConfig::default())
-                .map_err(|e| anyhow!("{e}"))?,
-        )
-    } else {
-        None
     };
     let mut rdma = match &rdma_srv {
         Some(srv) => {
@@ -813,7 +812,7 @@ fn bench(
     let rdma_bps = rdma.as_ref().map(|x| total / x.secs);
     drop((tcp, rdma, tcp_srv, rdma_srv));
     let spread = (!round_ratios.is_empty()).then(|| {
-        let mut v = round_ratios.clone();
+        let mut v = round_ratios;
         v.sort_by(f64::total_cmp);
         RoundSpread {
             rounds: v.len() as u64,
