@@ -53,13 +53,17 @@ fn counted<R>(f: impl FnOnce() -> R, n: &mut u64) -> R {
 }
 
 /// Polls `e`'s CQ until a receive completion, counting the polls' allocations into `n`.
-fn poll_recv(e: &End, n: &mut u64) {
+/// Polls until a receive completes; whether a Send completion was taken on the way.
+fn poll_recv(e: &End, n: &mut u64) -> bool {
     let t0 = Instant::now();
+    let mut sent = false;
     loop {
         if let Some(wc) = counted(|| e.cq.poll_one(), n) {
             assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-            if wc.opcode == WcOpcode::Recv {
-                return;
+            match wc.opcode {
+                WcOpcode::Recv => return sent,
+                WcOpcode::Send => sent = true,
+                _ => {}
             }
         }
         assert!(t0.elapsed() < Duration::from_secs(10), "no receive completion");
@@ -90,19 +94,20 @@ fn an_empty_poll_allocates_nothing_c3() {
     send8(&x, 1, &mut n);
     poll_recv(&y, &mut n);
     send8(&y, 1, &mut n);
-    poll_recv(&x, &mut n);
-    // Until y's Send completed: it completes on x's ACK, which has then been sent and
-    // received; the ACK of x's Send reached x before y's Send did (in y's train or before
-    // it), and ACKs are not acknowledged, so nothing is left in flight. (A fixed sleep for
-    // the deferred ACK was too short under load; x's Send completion may already have been
-    // taken by `poll_recv`, so it is not waited for.)
-    let t0 = Instant::now();
-    loop {
-        let _ = x.cq.poll_one();
-        if y.cq.poll_one().is_some_and(|wc| wc.opcode == WcOpcode::Send) {
-            break;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(10), "y's Send not completed");
+    let mut x_sent = poll_recv(&x, &mut n);
+    // Until both Sends completed: y's completes on x's ACK, which has then been sent and
+    // received; x's on the ACK in y's train (or before it), which x may take after y's
+    // Send (a one-datagram receive leaves it queued, and a progress thread that took it
+    // may push the completion late under load); ACKs are not acknowledged, so nothing is
+    // left in flight. (A fixed sleep for the deferred ACK was too short under load.)
+    let (t0, mut y_sent) = (Instant::now(), false);
+    while !(x_sent && y_sent) {
+        x_sent |= x.cq.poll_one().is_some_and(|wc| wc.opcode == WcOpcode::Send);
+        y_sent |= y.cq.poll_one().is_some_and(|wc| wc.opcode == WcOpcode::Send);
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "Sends not completed: x {x_sent}, y {y_sent}"
+        );
     }
     let rx0 = c(&x.dev, "rx_datagrams") + c(&y.dev, "rx_datagrams");
     let mut a = 0;
