@@ -60,6 +60,9 @@ pub(super) struct GState {
     /// When an application thread last polled the CQ itself: the progress thread stays off
     /// the CQ for [`SmcConfig::progress_linger`] after it.
     pub(super) caller_seen: Option<Instant>,
+    /// Completions taken off a CQ, kept between [`Group::apply`] calls so that applying a
+    /// batch allocates nothing per message (issue 15, session 15).
+    pub(super) wc_buf: Vec<WorkCompletion>,
 }
 
 /// Who polls a link group's CQ. A reader or writer that has to wait takes the CQ itself
@@ -210,6 +213,7 @@ impl Group {
                 leader: Leader::None,
                 cv_waiters: 0,
                 caller_seen: None,
+                wc_buf: Vec::new(),
             }),
             cv: Condvar::new(),
             pcv: Condvar::new(),
@@ -644,7 +648,7 @@ impl Group {
         };
         let mut wake = self.on_completion(st, n, &wc, now);
         count(1);
-        let mut wcs = Vec::new();
+        let mut wcs = std::mem::take(&mut st.wc_buf);
         for l in links {
             loop {
                 wcs.clear();
@@ -671,6 +675,8 @@ impl Group {
                 }
             }
         }
+        wcs.clear();
+        st.wc_buf = wcs;
         wake
     }
 

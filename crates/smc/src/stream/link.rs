@@ -171,6 +171,9 @@ pub(super) struct LinkSt {
     pub(super) outstanding: u32,
     pub(super) next_slot: u32,
     pub(super) state: LinkState,
+    /// The work requests one [`Group::drive`](super::Group) posts, kept between calls (no
+    /// allocation of the list per message).
+    pub(super) batch: Vec<SendWr>,
 }
 
 impl LinkSt {
@@ -180,6 +183,7 @@ impl LinkSt {
             outstanding: 0,
             next_slot: 0,
             state: LinkState::Activating,
+            batch: Vec::new(),
         }
     }
 

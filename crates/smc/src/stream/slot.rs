@@ -363,7 +363,7 @@ impl Group {
         let room = SQ_DEPTH - SQ_LLC_RESERVE;
         // An RDMA Write and the CDC behind it go to the QP in one post (one transmit pass
         // of the provider: one `sendmmsg` for both instead of one each).
-        let mut batch: Vec<SendWr> = Vec::new();
+        let mut batch: Vec<SendWr> = std::mem::take(&mut sq.batch);
         let post = |batch: &mut Vec<SendWr>, s: &mut Slot| {
             if batch.is_empty() {
                 return true;
@@ -423,6 +423,7 @@ impl Group {
                 Action::TcpReset => {
                     // what went before it goes out first
                     if !post(&mut batch, s) {
+                        sq.batch = batch;
                         return;
                     }
                     s.tcp_reset = true;
@@ -438,6 +439,7 @@ impl Group {
             s.pending.pop_front();
         }
         post(&mut batch, s);
+        sq.batch = batch;
     }
 
     /// Per-connection work that is not driven by completions: queued actions, close timers
