@@ -20,6 +20,13 @@
 //! used to drive the provider once more, which sent the deferred ACK on its own and then
 //! found the socket empty (2.70 `sendmmsg` per round trip, now 2.0).
 //!
+//! Allocations too (session 15): a counting allocator in this test binary counts what the
+//! two application threads allocate over the counted round trips (the blocking reader's
+//! inline CQ wait, the posting of the Write and its CDC, applying completions, reposting
+//! the receive). 18.6 per round trip before session 15 (the wait's two lists, the post's
+//! WR list and its growth, the completion list); what is left is the work requests' own
+//! scatter lists (`SendWr`/`RecvWr` own a `Vec<Sge>`), 8 per round trip.
+//!
 //! One test in this file: the counters are process-wide.
 //!
 //! Requirements: smcr-ipoibcm.md A2.8 (CDC flow control), D2 (SmcStream like TcpStream).
@@ -35,6 +42,62 @@ use std::time::Duration;
 mod loopback;
 use loopback::device;
 use verbs::Device;
+
+/// Counts the allocations of threads that asked for it ([`count_allocs`]); allocates as
+/// the system allocator does.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    pub struct Counting;
+
+    pub static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+    thread_local! {
+        static ON: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Whether this thread's allocations are counted from now on.
+    pub fn count_allocs(on: bool) {
+        ON.with(|c| c.set(on));
+    }
+
+    fn note() {
+        // `try_with`: a thread's allocations while its locals are torn down are not counted.
+        if ON.try_with(Cell::get).unwrap_or(false) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    // SAFETY: every call is passed unchanged to `System`, which upholds `GlobalAlloc`'s
+    // contract; counting touches only an atomic and a const-initialized thread local
+    // without a destructor (no allocation, no reentry).
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            note();
+            // SAFETY: the caller's contract for `alloc` is `System.alloc`'s.
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+            note();
+            // SAFETY: as `alloc`.
+            unsafe { System.alloc_zeroed(l) }
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
+            note();
+            // SAFETY: `p` was allocated by `System` with `l` (every allocation here is).
+            unsafe { System.realloc(p, l, n) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            // SAFETY: as `realloc`.
+            unsafe { System.dealloc(p, l) }
+        }
+    }
+}
+
+#[global_allocator]
+static ALLOC: counting::Counting = counting::Counting;
 
 const SIZE: usize = 64;
 const WARMUP: usize = 50;
@@ -99,6 +162,7 @@ fn round_trips(c: &mut SmcStream, busy: bool, devs: &[&Device; 2]) -> (Snap, Sna
         if i == WARMUP as u64 {
             before = Some(snap());
             (tx0, rx0) = (both(devs, "tx_syscalls"), both(devs, "rx_syscalls"));
+            counting::count_allocs(true);
         }
         req.iter_mut()
             .enumerate()
@@ -107,6 +171,7 @@ fn round_trips(c: &mut SmcStream, busy: bool, devs: &[&Device; 2]) -> (Snap, Sna
         read_full(c, &mut resp, busy);
         assert_eq!(resp, req, "round trip {i}: response differs from its request");
     }
+    counting::count_allocs(false);
     let (tx, rx) = (both(devs, "tx_syscalls") - tx0, both(devs, "rx_syscalls") - rx0);
     (before.unwrap(), snap(), tx, rx)
 }
@@ -132,10 +197,14 @@ fn request_response_has_no_handoffs() {
             if phase_busy {
                 s.set_nonblocking(true).unwrap();
             }
-            for _ in 0..WARMUP as u64 + ROUNDS {
+            for i in 0..WARMUP as u64 + ROUNDS {
+                // The echo's allocations are counted over the client's counted round trips
+                // (its read of round WARMUP begins after the client's count began).
+                counting::count_allocs(i >= WARMUP as u64);
                 read_full(&mut s, &mut buf, phase_busy);
                 s.write_all(&buf).unwrap();
             }
+            counting::count_allocs(false);
         }
         s
     });
@@ -145,12 +214,19 @@ fn request_response_has_no_handoffs() {
         if busy {
             c.set_nonblocking(true).unwrap();
         }
+        // Both application threads: counted by the client over its counted round trips,
+        // by the server over the same ones; the server stops counting before the client
+        // reads its last response, so the difference read after `round_trips` may miss
+        // the tail of the last echo but not count warm-up.
+        let allocs0 = counting::ALLOCS.load(Ordering::SeqCst);
         let (b, a, tx, rx) = round_trips(&mut c, busy, &[&da, &db]);
+        let allocs = counting::ALLOCS.load(Ordering::SeqCst) - allocs0;
         let d = |f: fn(&Snap) -> u64| f(&a) - f(&b);
         eprintln!(
             "{}: per round trip {:.2} caller waits, {:.2} caller polls that found one, \
              {:.2} completions applied by callers, {} by progress threads, {} hand-offs, \
-             {:.2} sendmmsg, {:.2} recvmmsg that returned datagrams",
+             {:.2} sendmmsg, {:.2} recvmmsg that returned datagrams, \
+             {:.2} allocations by the two application threads",
             if busy { "busy" } else { "blocking" },
             d(|x| x.caller_waits) as f64 / ROUNDS as f64,
             d(|x| x.caller_polls) as f64 / ROUNDS as f64,
@@ -159,6 +235,7 @@ fn request_response_has_no_handoffs() {
             d(|x| x.handoffs),
             tx as f64 / ROUNDS as f64,
             rx as f64 / ROUNDS as f64,
+            allocs as f64 / ROUNDS as f64,
         );
         assert_eq!(d(|x| x.handoffs), 0, "a waiting thread was woken by another");
         assert_eq!(
@@ -187,6 +264,15 @@ fn request_response_has_no_handoffs() {
             assert!(
                 tx * 4 <= 9 * ROUNDS,
                 "{tx} sendmmsg for {ROUNDS} blocking round trips (2 per round trip, + 1/4 slack)"
+            );
+            // Eight per round trip are the work requests' scatter lists (a Write, a CDC
+            // Send and a receive repost per message, the provider's copy of the receive);
+            // about 16 on these two threads before session 15 (callgrind). Slack of a
+            // quarter for what a thread's timer pass may add.
+            assert!(
+                allocs <= 10 * ROUNDS,
+                "{allocs} allocations for {ROUNDS} blocking round trips (8 per round trip, \
+                 + 1/4 slack)"
             );
             // Receives are printed, not bounded: a reader woken by the train and then again
             // by the ACK behind it (a datagram of its own) depends on the schedule (2.0-2.6

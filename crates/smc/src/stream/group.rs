@@ -40,8 +40,10 @@ impl Rmb {
 
 pub(super) struct GState {
     pub(super) lgr: LgrMachine,
-    pub(super) conns: HashMap<u32, Slot>,
-    pub(super) by_token: HashMap<u32, u32>,
+    /// Keyed by our connection ids and our alert tokens (both ours to choose; a peer's CDC
+    /// only looks a token up): Fx hashing, not SipHash, on the per-message lookups.
+    pub(super) conns: FxHashMap<u32, Slot>,
+    pub(super) by_token: FxHashMap<u32, u32>,
     pub(super) next_cid: u32,
     pub(super) rmbs: Vec<Rmb>,
     pub(super) links: Links,
@@ -198,8 +200,8 @@ impl Group {
             llc_version,
             st: Mutex::new(GState {
                 lgr: LgrMachine::new(lcfg, Instant::now()),
-                conns: HashMap::new(),
-                by_token: HashMap::new(),
+                conns: FxHashMap::default(),
+                by_token: FxHashMap::default(),
                 next_cid: 1,
                 rmbs: Vec::new(),
                 links: Links {
