@@ -20,8 +20,8 @@
 //! used to drive the provider once more, which sent the deferred ACK on its own and then
 //! found the socket empty (2.70 `sendmmsg` per round trip, now 2.0).
 //!
-//! Allocations too (session 15): a counting allocator in this test binary counts what the
-//! two application threads allocate over the counted round trips (the blocking reader's
+//! Allocations too (session 15): testsupport's counting allocator counts what each of the
+//! two application threads allocates over the counted round trips (the blocking reader's
 //! inline CQ wait, the posting of the Write and its CDC, applying completions, reposting
 //! the receive). 18.6 per round trip before session 15 (the wait's two lists, the post's
 //! WR list and its growth, the completion list); what is left is the work requests' own
@@ -37,67 +37,15 @@ use std::io::{ErrorKind, Read, Write};
 use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::Duration;
+use testsupport::alloc::thread_allocs;
 
 #[path = "common/loopback.rs"]
 mod loopback;
 use loopback::device;
 use verbs::Device;
 
-/// Counts the allocations of threads that asked for it ([`count_allocs`]); allocates as
-/// the system allocator does.
-mod counting {
-    use std::alloc::{GlobalAlloc, Layout, System};
-    use std::cell::Cell;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    pub struct Counting;
-
-    pub static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-    thread_local! {
-        static ON: Cell<bool> = const { Cell::new(false) };
-    }
-
-    /// Whether this thread's allocations are counted from now on.
-    pub fn count_allocs(on: bool) {
-        ON.with(|c| c.set(on));
-    }
-
-    fn note() {
-        // `try_with`: a thread's allocations while its locals are torn down are not counted.
-        if ON.try_with(Cell::get).unwrap_or(false) {
-            ALLOCS.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    // SAFETY: every call is passed unchanged to `System`, which upholds `GlobalAlloc`'s
-    // contract; counting touches only an atomic and a const-initialized thread local
-    // without a destructor (no allocation, no reentry).
-    unsafe impl GlobalAlloc for Counting {
-        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-            note();
-            // SAFETY: the caller's contract for `alloc` is `System.alloc`'s.
-            unsafe { System.alloc(l) }
-        }
-        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-            note();
-            // SAFETY: as `alloc`.
-            unsafe { System.alloc_zeroed(l) }
-        }
-        unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-            note();
-            // SAFETY: `p` was allocated by `System` with `l` (every allocation here is).
-            unsafe { System.realloc(p, l, n) }
-        }
-        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-            // SAFETY: as `realloc`.
-            unsafe { System.dealloc(p, l) }
-        }
-    }
-}
-
-#[global_allocator]
-static ALLOC: counting::Counting = counting::Counting;
+// Per-thread allocation counts (testsupport::alloc): each application thread reads its own.
+testsupport::counting_allocator!();
 
 const SIZE: usize = 64;
 const WARMUP: usize = 50;
@@ -151,18 +99,19 @@ fn both(devs: &[&Device; 2], name: &str) -> u64 {
     devs.iter().map(|d| counter(d, name)).sum()
 }
 
-/// `WARMUP` untimed round trips, then `ROUNDS` counted: the counters' difference, and
-/// the devices' `sendmmsg` and data-returning `recvmmsg` calls over the counted ones.
-fn round_trips(c: &mut SmcStream, busy: bool, devs: &[&Device; 2]) -> (Snap, Snap, u64, u64) {
+/// `WARMUP` untimed round trips, then `ROUNDS` counted: the counters' difference, the
+/// devices' `sendmmsg` and data-returning `recvmmsg` calls, and this thread's allocations
+/// over the counted ones.
+fn round_trips(c: &mut SmcStream, busy: bool, devs: &[&Device; 2]) -> (Snap, Snap, u64, u64, u64) {
     let mut req = [0u8; SIZE];
     let mut resp = [0u8; SIZE];
     let mut before = None;
-    let (mut tx0, mut rx0) = (0, 0);
+    let (mut tx0, mut rx0, mut allocs0) = (0, 0, 0);
     for i in 0..WARMUP as u64 + ROUNDS {
         if i == WARMUP as u64 {
             before = Some(snap());
             (tx0, rx0) = (both(devs, "tx_syscalls"), both(devs, "rx_syscalls"));
-            counting::count_allocs(true);
+            allocs0 = thread_allocs();
         }
         req.iter_mut()
             .enumerate()
@@ -171,9 +120,9 @@ fn round_trips(c: &mut SmcStream, busy: bool, devs: &[&Device; 2]) -> (Snap, Sna
         read_full(c, &mut resp, busy);
         assert_eq!(resp, req, "round trip {i}: response differs from its request");
     }
-    counting::count_allocs(false);
+    let allocs = thread_allocs() - allocs0;
     let (tx, rx) = (both(devs, "tx_syscalls") - tx0, both(devs, "rx_syscalls") - rx0);
-    (before.unwrap(), snap(), tx, rx)
+    (before.unwrap(), snap(), tx, rx, allocs)
 }
 
 #[test]
@@ -189,6 +138,8 @@ fn request_response_has_no_handoffs() {
     let l = SmcListener::bind_with("127.118.6.1:0", &da, cfg.clone()).unwrap();
     let addr = l.local_addr().unwrap();
     // The echo server: blocking for the first phase, then busy (nonblocking reads).
+    // The echo's allocations over its counted rounds, one figure per phase.
+    let (allocs_tx, allocs_rx) = std::sync::mpsc::channel();
     let srv = thread::spawn(move || {
         let mut s = l.accept().unwrap().0;
         assert_eq!(s.mode(), Mode::SmcR);
@@ -197,14 +148,15 @@ fn request_response_has_no_handoffs() {
             if phase_busy {
                 s.set_nonblocking(true).unwrap();
             }
+            let mut allocs0 = 0;
             for i in 0..WARMUP as u64 + ROUNDS {
-                // The echo's allocations are counted over the client's counted round trips
-                // (its read of round WARMUP begins after the client's count began).
-                counting::count_allocs(i >= WARMUP as u64);
+                if i == WARMUP as u64 {
+                    allocs0 = thread_allocs();
+                }
                 read_full(&mut s, &mut buf, phase_busy);
                 s.write_all(&buf).unwrap();
             }
-            counting::count_allocs(false);
+            allocs_tx.send(thread_allocs() - allocs0).unwrap();
         }
         s
     });
@@ -214,13 +166,9 @@ fn request_response_has_no_handoffs() {
         if busy {
             c.set_nonblocking(true).unwrap();
         }
-        // Both application threads: counted by the client over its counted round trips,
-        // by the server over the same ones; the server stops counting before the client
-        // reads its last response, so the difference read after `round_trips` may miss
-        // the tail of the last echo but not count warm-up.
-        let allocs0 = counting::ALLOCS.load(Ordering::SeqCst);
-        let (b, a, tx, rx) = round_trips(&mut c, busy, &[&da, &db]);
-        let allocs = counting::ALLOCS.load(Ordering::SeqCst) - allocs0;
+        // Both application threads, each over its `ROUNDS` counted round trips.
+        let (b, a, tx, rx, client_allocs) = round_trips(&mut c, busy, &[&da, &db]);
+        let allocs = client_allocs + allocs_rx.recv().unwrap();
         let d = |f: fn(&Snap) -> u64| f(&a) - f(&b);
         eprintln!(
             "{}: per round trip {:.2} caller waits, {:.2} caller polls that found one, \
