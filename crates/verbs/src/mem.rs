@@ -162,6 +162,7 @@ impl MemTable {
     }
 
     /// The current generation (1 + number of changes so far).
+    #[inline]
     fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire) + 1
     }
@@ -229,6 +230,7 @@ impl MemTable {
     /// has not changed since it was taken (no lock, no look-up), else against the table,
     /// whose entry then replaces the snapshot.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn check_cached(
         &self,
         cache: &mut MrCache,
@@ -240,7 +242,8 @@ impl MemTable {
         need: Access,
     ) -> Result<Resolved, AccessError> {
         if cache.stag == stag && cache.generation == self.generation() {
-            let r = Self::check_fields(
+            // The snapshot is the table's entry: the same checks, inline at the caller.
+            let at = Self::check_fields(
                 CheckedFields {
                     key: cache.key,
                     valid: cache.valid,
@@ -256,20 +259,34 @@ impl MemTable {
                 to,
                 len,
                 need,
-            );
-            match (r, &cache.buffer) {
-                (Err(e), _) => return Err(e),
-                (Ok(at), Some((b, base))) => {
-                    if let Some(buffer) = b.upgrade() {
-                        return Ok(Resolved {
-                            buffer,
-                            offset: base + at,
-                        });
-                    }
-                }
-                (Ok(_), None) => return Err(AccessError::InvalidStag),
+            )?;
+            let Some((b, base)) = &cache.buffer else {
+                return Err(AccessError::InvalidStag);
+            };
+            if let Some(buffer) = b.upgrade() {
+                return Ok(Resolved {
+                    buffer,
+                    offset: base + at,
+                });
             }
         }
+        self.check_and_cache(cache, stag, pd, qp, to, len, need)
+    }
+
+    /// [`check_cached`](Self::check_cached) when the cache does not answer: the table's
+    /// check, and the entry's snapshot into the cache.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn check_and_cache(
+        &self,
+        cache: &mut MrCache,
+        stag: u32,
+        pd: u32,
+        qp: u32,
+        to: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<Resolved, AccessError> {
         let map = self.inner.read().unwrap();
         self.lookups.fetch_add(1, Ordering::Relaxed);
         // Under the read lock no change is under way: the generation read here is the
