@@ -426,6 +426,14 @@ mod sys {
         }
     }
 
+    /// How many of the 16 slots a `recvmmsg` offers (`UDP_BOUND_RX_SLOTS`, default 16).
+    fn rx_slots() -> usize {
+        std::env::var("UDP_BOUND_RX_SLOTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(super::SLOTS, |n: usize| n.clamp(1, super::SLOTS))
+    }
+
     /// One blocking `recvmmsg` (MSG_WAITFORONE) into `slots` (16 of 64 KiB); returns each
     /// datagram's length and GRO segment size (0: a single packet). Empty on timeout.
     pub fn recvmmsg_gro(s: &UdpSocket, slots: &mut [u8]) -> Vec<(usize, usize)> {
@@ -459,7 +467,7 @@ mod sys {
             libc::recvmmsg(
                 s.as_raw_fd(),
                 msgs.as_mut_ptr(),
-                N as u32,
+                rx_slots() as u32,
                 libc::MSG_WAITFORONE,
                 std::ptr::null_mut(),
             )

@@ -12,7 +12,9 @@
 //!   QPs a receive touched, the batch's packet, train, iovec, header and control lists on
 //!   every `sendmmsg`, the list of WQEs an ACK completed: 19.2 + 2.5 per round trip);
 //! - 64-octet RDMA Writes posted 64 at a time allocate nothing per Write (1.41 before
-//!   session 13, 1.00 after its first round: the WQE's resolved gather list).
+//!   session 13, 1.00 after its first round: the WQE's resolved gather list), and look
+//!   the memory table up no more once warm (2 per Write before session 15: the lkey at
+//!   post, the rkey at the responder; now each QP's `MrCache` answers).
 //!
 //! Counted per thread (a counting global allocator with a thread-local count), only inside
 //! the calls measured. C3 of ../shared/requirements/smcr-ipoibcm.md (RC Send and RDMA
@@ -209,9 +211,19 @@ fn a_small_write_allocates_a_bounded_number_of_times_c3() {
     run(4, &mut n); // warm-up
     const ROUNDS: u64 = 40;
     let mut a = 0;
+    let lookups0 = x.dev.mr_lookups() + y.dev.mr_lookups();
     run(ROUNDS, &mut a);
+    let lookups = x.dev.mr_lookups() + y.dev.mr_lookups() - lookups0;
     let writes = ROUNDS * 64;
-    eprintln!("{writes} Writes: {:.2} allocations per Write", a as f64 / writes as f64);
+    eprintln!(
+        "{writes} Writes: {:.2} allocations, {:.3} memory-table look-ups per Write",
+        a as f64 / writes as f64,
+        lookups as f64 / writes as f64
+    );
+    // The requester's lkey and the responder's rkey are checked on every Write (IBA
+    // vol. 1 §9.7.4.1.5) through each QP's cache of the region last looked up:
+    // two table look-ups (read lock, hash) per Write before session 15, none once warm.
+    assert!(lookups <= 2, "{lookups} memory-table look-ups for {writes} Writes");
     assert_eq!(c(&x.dev, "icrc_err") + c(&y.dev, "icrc_err"), 0);
     // None per Write (0 measured): a one-SGE gather list is held in the WQE. 1.00 per
     // Write in session 13's first round (that list on the heap), 1.41 before session 13

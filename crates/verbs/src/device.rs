@@ -71,6 +71,13 @@ impl Device {
         &self.inner.mem
     }
 
+    /// How many access checks looked the device's memory table up so far (those a
+    /// provider's per-QP [`MrCache`](crate::mem::MrCache) did not answer): for counting
+    /// guards and diagnostics.
+    pub fn mr_lookups(&self) -> u64 {
+        self.inner.mem.lookups()
+    }
+
     /// The provider behind the device (for providers and diagnostics).
     pub(crate) fn provider(&self) -> &Arc<dyn Provider> {
         &self.inner.provider

@@ -12,7 +12,8 @@ use crate::buffer::Buffer;
 use crate::types::Access;
 use rand::Rng;
 use rustc_hash::FxHashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, Weak};
 
 /// Why an access was refused. Providers map this to their wire error
 /// (iWARP: a DDP tagged-buffer or RDMAP remote-protection Terminate).
@@ -59,6 +60,18 @@ pub(crate) struct Entry {
     pub max_len: u64,
 }
 
+/// The fields of a registration an access is checked against.
+#[derive(Clone, Copy)]
+struct CheckedFields {
+    key: u8,
+    valid: bool,
+    pd: u32,
+    bound_qp: Option<u32>,
+    access: Access,
+    iova: u64,
+    len: u64,
+}
+
 /// The result of a successful check: where the bytes are.
 #[derive(Debug, Clone)]
 pub struct Resolved {
@@ -86,12 +99,77 @@ pub struct MemTable {
     /// segment looks an STag up here, and the indices are ours (random, chosen
     /// by [`insert`](Self::insert)), so a peer cannot choose colliding keys.
     inner: RwLock<FxHashMap<u32, Entry>>,
+    /// Bumped under the write lock by every change of the table (register, deregister,
+    /// invalidate, fast-register): an [`MrCache`] filled at generation `g` is exact while
+    /// the table is still at `g`.
+    generation: AtomicU64,
+    /// Look-ups in the map (every check that an [`MrCache`] did not answer): counted for
+    /// the guards of issue 13 (MemTable look-ups per RDMA Write).
+    lookups: AtomicU64,
+}
+
+/// One STag's registration as it was at a table generation: what [`MemTable::check_cached`]
+/// checks an access against without the table's lock and hash look-up (issue 13: a QP
+/// that posts or receives Writes to one region looked it up twice per Write).
+///
+/// A QP keeps one per direction (its requester's lkeys, its responder's rkeys). It holds
+/// the memory weakly: a cache never keeps a deregistered region's bytes alive.
+#[derive(Debug)]
+pub struct MrCache {
+    /// Table generation the snapshot was taken at (0: empty; the table starts at 1).
+    generation: u64,
+    /// The full STag (index and key) the snapshot is of.
+    stag: u32,
+    key: u8,
+    pd: u32,
+    valid: bool,
+    iova: u64,
+    len: u64,
+    access: Access,
+    bound_qp: Option<u32>,
+    buffer: Option<(Weak<Buffer>, usize)>,
+}
+
+impl Default for MrCache {
+    fn default() -> Self {
+        MrCache {
+            generation: 0,
+            stag: 0,
+            key: 0,
+            pd: 0,
+            valid: false,
+            iova: 0,
+            len: 0,
+            access: Access::empty(),
+            bound_qp: None,
+            buffer: None,
+        }
+    }
 }
 
 impl MemTable {
     /// An empty table.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Takes the write lock for a change: the generation moves first, so a cached
+    /// snapshot is not used once the change can be seen.
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, FxHashMap<u32, Entry>> {
+        let map = self.inner.write().unwrap();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        map
+    }
+
+    /// The current generation (1 + number of changes so far).
+    #[inline]
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire) + 1
+    }
+
+    /// How many checks looked the map up (those an [`MrCache`] did not answer).
+    pub fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
     }
 
     fn fresh_index(map: &FxHashMap<u32, Entry>) -> u32 {
@@ -118,7 +196,7 @@ impl MemTable {
 
     /// Registers a region and returns its STag.
     pub(crate) fn insert(&self, mut e: Entry) -> u32 {
-        let mut map = self.inner.write().unwrap();
+        let mut map = self.write();
         let idx = Self::fresh_index(&map);
         e.key = Self::fresh_key(None);
         let stag = (idx << 8) | e.key as u32;
@@ -129,7 +207,7 @@ impl MemTable {
     /// Removes a registration (deregister). In-flight operations keep their
     /// `Arc<Buffer>`; new ones fail with `InvalidStag`.
     pub(crate) fn remove(&self, stag: u32) {
-        self.inner.write().unwrap().remove(&(stag >> 8));
+        self.write().remove(&(stag >> 8));
     }
 
     /// Checks an access of `len` bytes at tagged offset `to` through `stag`,
@@ -147,6 +225,92 @@ impl MemTable {
         self.check_with(stag, pd, qp, to, len, need, |_, _| ())
     }
 
+    /// [`check`](Self::check) through `cache`: the same checks in the same order with the
+    /// same result, against the cache's snapshot of `stag`'s registration when the table
+    /// has not changed since it was taken (no lock, no look-up), else against the table,
+    /// whose entry then replaces the snapshot.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn check_cached(
+        &self,
+        cache: &mut MrCache,
+        stag: u32,
+        pd: u32,
+        qp: u32,
+        to: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<Resolved, AccessError> {
+        if cache.stag == stag && cache.generation == self.generation() {
+            // The snapshot is the table's entry: the same checks, inline at the caller.
+            let at = Self::check_fields(
+                CheckedFields {
+                    key: cache.key,
+                    valid: cache.valid,
+                    pd: cache.pd,
+                    bound_qp: cache.bound_qp,
+                    access: cache.access,
+                    iova: cache.iova,
+                    len: cache.len,
+                },
+                stag,
+                pd,
+                qp,
+                to,
+                len,
+                need,
+            )?;
+            let Some((b, base)) = &cache.buffer else {
+                return Err(AccessError::InvalidStag);
+            };
+            if let Some(buffer) = b.upgrade() {
+                return Ok(Resolved {
+                    buffer,
+                    offset: base + at,
+                });
+            }
+        }
+        self.check_and_cache(cache, stag, pd, qp, to, len, need)
+    }
+
+    /// [`check_cached`](Self::check_cached) when the cache does not answer: the table's
+    /// check, and the entry's snapshot into the cache.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn check_and_cache(
+        &self,
+        cache: &mut MrCache,
+        stag: u32,
+        pd: u32,
+        qp: u32,
+        to: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<Resolved, AccessError> {
+        let map = self.inner.read().unwrap();
+        self.lookups.fetch_add(1, Ordering::Relaxed);
+        // Under the read lock no change is under way: the generation read here is the
+        // entry's.
+        let generation = self.generation();
+        let e = map.get(&(stag >> 8)).ok_or(AccessError::InvalidStag)?;
+        *cache = MrCache {
+            generation,
+            stag,
+            key: e.key,
+            pd: e.pd,
+            valid: e.valid,
+            iova: e.iova,
+            len: e.len,
+            access: e.access,
+            bound_qp: e.bound_qp,
+            buffer: e.buffer.as_ref().map(|(b, o)| (Arc::downgrade(b), *o)),
+        };
+        Self::entry_check(e, stag, pd, qp, to, len, need, |buffer, offset| Resolved {
+            buffer: buffer.clone(),
+            offset,
+        })
+    }
+
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn check_with<R>(
@@ -160,7 +324,50 @@ impl MemTable {
         found: impl FnOnce(&Arc<Buffer>, usize) -> R,
     ) -> Result<R, AccessError> {
         let map = self.inner.read().unwrap();
+        self.lookups.fetch_add(1, Ordering::Relaxed);
         let e = map.get(&(stag >> 8)).ok_or(AccessError::InvalidStag)?;
+        Self::entry_check(e, stag, pd, qp, to, len, need, found)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn entry_check<R>(
+        e: &Entry,
+        stag: u32,
+        pd: u32,
+        qp: u32,
+        to: u64,
+        len: u64,
+        need: Access,
+        found: impl FnOnce(&Arc<Buffer>, usize) -> R,
+    ) -> Result<R, AccessError> {
+        let fields = CheckedFields {
+            key: e.key,
+            valid: e.valid,
+            pd: e.pd,
+            bound_qp: e.bound_qp,
+            access: e.access,
+            iova: e.iova,
+            len: e.len,
+        };
+        let at = Self::check_fields(fields, stag, pd, qp, to, len, need)?;
+        let (buffer, base) = e.buffer.as_ref().ok_or(AccessError::InvalidStag)?;
+        Ok(found(buffer, base + at))
+    }
+
+    /// Validity, key, PD, stream scope, rights, wrap and bounds, in that order
+    /// (RDMAP-SEC-01..06, RDMAP-ERR-07); the offset of `to` in the region.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn check_fields(
+        e: CheckedFields,
+        stag: u32,
+        pd: u32,
+        qp: u32,
+        to: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<usize, AccessError> {
         if e.key != (stag & 0xFF) as u8 || !e.valid {
             return Err(AccessError::InvalidStag);
         }
@@ -175,8 +382,7 @@ impl MemTable {
         if to < e.iova || end > region_end {
             return Err(AccessError::BaseBounds);
         }
-        let (buffer, base) = e.buffer.as_ref().ok_or(AccessError::InvalidStag)?;
-        Ok(found(buffer, base + (to - e.iova) as usize))
+        Ok((to - e.iova) as usize)
     }
 
     /// Invalidates a fast-registered STag on behalf of a remote Send with
@@ -194,7 +400,7 @@ impl MemTable {
     /// A remote one (`remote_qp`) also needs the STag valid and, if bound to a QP, bound
     /// to that one; a local one may invalidate an already invalid STag again.
     fn invalidate(&self, stag: u32, pd: u32, remote_qp: Option<u32>) -> Result<(), InvalidateError> {
-        let mut map = self.inner.write().unwrap();
+        let mut map = self.write();
         let e = map.get_mut(&(stag >> 8)).ok_or(InvalidateError::InvalidStag)?;
         if e.key != (stag & 0xFF) as u8 || (remote_qp.is_some() && !e.valid) {
             return Err(InvalidateError::InvalidStag);
@@ -225,7 +431,7 @@ impl MemTable {
         len: u64,
         access: Access,
     ) -> Result<u32, InvalidateError> {
-        let mut map = self.inner.write().unwrap();
+        let mut map = self.write();
         let e = map.get_mut(&(stag >> 8)).ok_or(InvalidateError::InvalidStag)?;
         if e.kind != MrKind::FastReg || e.pd != pd {
             return Err(InvalidateError::NotAssociated);
@@ -386,5 +592,96 @@ mod tests {
         let s = stags[0];
         t.remove(s);
         assert!(stags.iter().all(|x| *x != 0));
+    }
+
+    /// Every check through one cache, against the same check of the table, over a
+    /// sequence of accesses and table changes: the cache answers exactly as the table
+    /// (RDMAP-SEC-01..06, RDMAP-ERR-07), and looks the map up only after a change or for
+    /// another STag (issue 13).
+    #[test]
+    fn cached_checks_match_the_table_rdmap_sec_01_06() {
+        let (t, s, base) = table_with(Access::REMOTE_WRITE | Access::REMOTE_READ, MrKind::FastReg, None);
+        let mut c = MrCache::default();
+        let probe = |t: &MemTable, c: &mut MrCache, s: u32| {
+            let cases = [
+                (s, 1, 9, base, 4096, Access::REMOTE_WRITE),
+                (s, 1, 9, base + 4095, 1, Access::REMOTE_READ),
+                (s, 1, 9, base - 1, 1, Access::REMOTE_WRITE),
+                (s, 1, 9, base + 1, 4096, Access::REMOTE_WRITE),
+                (s, 1, 9, u64::MAX, 2, Access::REMOTE_WRITE),
+                (s, 2, 9, base, 1, Access::REMOTE_WRITE),
+                (s, 1, 9, base, 1, Access::REMOTE_ATOMIC),
+                (s ^ 1, 1, 9, base, 1, Access::REMOTE_WRITE),
+            ];
+            for (stag, pd, qp, to, len, need) in cases {
+                let want = t.check(stag, pd, qp, to, len, need).map(|r| r.offset);
+                let got = t.check_cached(c, stag, pd, qp, to, len, need).map(|r| r.offset);
+                assert_eq!(got, want, "stag {stag:#x} pd {pd} to {to:#x} len {len} {need:?}");
+            }
+        };
+        probe(&t, &mut c, s);
+        // Warm (the last probe was of another key): the same STag again looks nothing up.
+        assert!(t.check_cached(&mut c, s, 1, 9, base, 1, Access::REMOTE_WRITE).is_ok());
+        let l0 = t.lookups();
+        for _ in 0..100 {
+            assert_eq!(
+                t.check_cached(&mut c, s, 1, 9, base + 64, 64, Access::REMOTE_WRITE)
+                    .unwrap()
+                    .offset,
+                64
+            );
+        }
+        assert_eq!(t.lookups(), l0, "a warm cache looks nothing up");
+        // Invalidated: the cache says so at once.
+        assert_eq!(t.remote_invalidate(s, 1, 9), Ok(()));
+        assert_eq!(
+            t.check_cached(&mut c, s, 1, 9, base, 1, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            AccessError::InvalidStag
+        );
+        probe(&t, &mut c, s);
+        // Fast-registered again under a new key, smaller and read-only.
+        let buf = Arc::new(Buffer::new(4096).unwrap());
+        let s2 = t
+            .fast_register(s, 1, 0x42, buf, 0, base, 512, Access::REMOTE_READ)
+            .unwrap();
+        assert_eq!(
+            t.check_cached(&mut c, s, 1, 9, base, 1, Access::REMOTE_READ)
+                .unwrap_err(),
+            AccessError::InvalidStag
+        );
+        probe(&t, &mut c, s2);
+        assert_eq!(
+            t.check_cached(&mut c, s2, 1, 9, base + 512, 1, Access::REMOTE_READ)
+                .unwrap_err(),
+            AccessError::BaseBounds
+        );
+        // Deregistered: gone, and the cache did not keep the bytes alive.
+        let b = t.check(s2, 1, 9, base, 1, Access::REMOTE_READ).unwrap().buffer;
+        t.remove(s2);
+        assert_eq!(
+            t.check_cached(&mut c, s2, 1, 9, base, 1, Access::REMOTE_READ)
+                .unwrap_err(),
+            AccessError::InvalidStag
+        );
+        assert_eq!(Arc::strong_count(&b), 1, "only this test's reference is left");
+        probe(&t, &mut c, s2);
+    }
+
+    /// A cache filled from one table generation is not used after a change made by
+    /// another thread, whichever STag changed.
+    #[test]
+    fn a_cache_sees_another_threads_change() {
+        let (t, s, base) = table_with(Access::REMOTE_WRITE, MrKind::Regular, None);
+        let t = Arc::new(t);
+        let mut c = MrCache::default();
+        assert!(t.check_cached(&mut c, s, 1, 9, base, 1, Access::REMOTE_WRITE).is_ok());
+        let t2 = t.clone();
+        std::thread::spawn(move || t2.remove(s)).join().unwrap();
+        assert_eq!(
+            t.check_cached(&mut c, s, 1, 9, base, 1, Access::REMOTE_WRITE)
+                .unwrap_err(),
+            AccessError::InvalidStag
+        );
     }
 }

@@ -146,6 +146,9 @@ pub struct Requester {
     /// PSN (the rest of the responses of the first try still arriving) do not restart it
     /// until `una` moves or the ACK timer fires (rxe's `comp.started_retry`).
     pub(crate) retrying_from: Option<Psn>,
+    /// The last lkey's registration looked up (issue 13: not the table's lock and hash
+    /// per posted WR).
+    pub(crate) mr_cache: verbs::mem::MrCache,
 }
 
 impl Requester {
@@ -164,6 +167,7 @@ impl Requester {
             retries_left: attr.retry_cnt,
             rnr_retries_left: attr.rnr_retry,
             retrying_from: None,
+            mr_cache: verbs::mem::MrCache::default(),
         }
     }
 
@@ -290,7 +294,8 @@ impl RcQp {
                     if self
                         .cfg
                         .mem
-                        .check(
+                        .check_cached(
+                            &mut self.req.mr_cache,
                             s.lkey,
                             self.cfg.pd,
                             self.cfg.qpn,
@@ -330,19 +335,12 @@ impl RcQp {
         Ok(())
     }
 
-    fn gather(&self, sges: &[verbs::Sge]) -> Result<Source, WcStatus> {
-        let piece = |s: &verbs::Sge| -> Result<Piece, WcStatus> {
-            let r = self
-                .cfg
-                .mem
-                .check(
-                    s.lkey,
-                    self.cfg.pd,
-                    self.cfg.qpn,
-                    s.addr,
-                    u64::from(s.length),
-                    Access::LOCAL_READ,
-                )
+    fn gather(&mut self, sges: &[verbs::Sge]) -> Result<Source, WcStatus> {
+        let (mem, cache) = (&self.cfg.mem, &mut self.req.mr_cache);
+        let (pd, qpn) = (self.cfg.pd, self.cfg.qpn);
+        let mut piece = |s: &verbs::Sge| -> Result<Piece, WcStatus> {
+            let r = mem
+                .check_cached(cache, s.lkey, pd, qpn, s.addr, u64::from(s.length), Access::LOCAL_READ)
                 .map_err(|_| WcStatus::LocProtErr)?;
             Ok(Piece {
                 buf: r.buffer,

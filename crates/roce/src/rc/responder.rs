@@ -86,6 +86,9 @@ pub struct Responder {
     pub(crate) cur_recv: Option<CurRecv>,
     write: Option<WriteTarget>,
     resources: VecDeque<Resource>,
+    /// The last rkey's registration looked up (issue 13: not the table's lock and hash
+    /// per Write, Read or atomic request).
+    pub(crate) mr_cache: verbs::mem::MrCache,
     pub(crate) out: VecDeque<RespOut>,
 }
 
@@ -106,6 +109,7 @@ impl Responder {
             write: None,
             resources: VecDeque::new(),
             out: VecDeque::new(),
+            mr_cache: verbs::mem::MrCache::default(),
         }
     }
 
@@ -277,7 +281,8 @@ impl RcQp {
                     let r = self
                         .cfg
                         .mem
-                        .check(
+                        .check_cached(
+                            &mut self.resp.mr_cache,
                             reth.r_key,
                             pd,
                             qpn,
@@ -350,7 +355,15 @@ impl RcQp {
                 let r = self
                     .cfg
                     .mem
-                    .check(a.r_key, pd, qpn, a.va, 8, Access::REMOTE_ATOMIC)
+                    .check_cached(
+                        &mut self.resp.mr_cache,
+                        a.r_key,
+                        pd,
+                        qpn,
+                        a.va,
+                        8,
+                        Access::REMOTE_ATOMIC,
+                    )
                     .map_err(|_| Refuse::Nak(NakCode::RemoteAccessError))?;
                 let cmp = info.operation == Operation::CompareSwap;
                 let orig = r
@@ -392,7 +405,8 @@ impl RcQp {
         let r = self
             .cfg
             .mem
-            .check(
+            .check_cached(
+                &mut self.resp.mr_cache,
                 reth.r_key,
                 self.cfg.pd,
                 self.cfg.qpn,

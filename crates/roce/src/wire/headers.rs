@@ -516,7 +516,11 @@ impl CreditCode {
     /// The largest code whose count does not exceed `n` (what a responder with `n` posted
     /// receives announces).
     pub fn for_credits(n: u32) -> CreditCode {
-        let i = CREDITS.iter().rposition(|&c| c <= n).unwrap_or(0);
+        // The table rises strictly from 0: the codes whose count is <= n are a prefix of
+        // it, never empty. A binary search (5 steps), not a scan from the top: every
+        // request packet's ACK is built with this (31 steps for a Write's, which has no
+        // receive posted; issue 13).
+        let i = CREDITS.partition_point(|&c| c <= n).saturating_sub(1);
         CreditCode(i as u8)
     }
 }
@@ -647,6 +651,12 @@ mod tests {
         assert_eq!(CreditCode::INVALID.credits(), None);
         assert_eq!(CreditCode::for_credits(7), CreditCode(5));
         assert_eq!(CreditCode::for_credits(100_000), CreditCode(30));
+        // The definition, by a scan, at every count up to past the last code and at the top.
+        for n in (0..40_000).chain([u32::MAX - 1, u32::MAX]) {
+            let want = CREDITS.iter().rposition(|&c| c <= n).unwrap();
+            assert_eq!(CreditCode::for_credits(n), CreditCode(want as u8), "{n}");
+            assert!(CreditCode::for_credits(n).credits().unwrap() <= n);
+        }
     }
 
     fn arb_bth() -> impl Strategy<Value = Bth> {
