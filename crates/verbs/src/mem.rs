@@ -79,6 +79,18 @@ pub enum InvalidateError {
     NotInvalidatable,
 }
 
+thread_local! {
+    /// [`MemTable::check`]/[`MemTable::verify`] calls made by this thread.
+    static LOOKUPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many STag lookups ([`MemTable::check`] or [`MemTable::verify`], any table) the
+/// calling thread has made: a diagnostic for tests that count the cost of a post per
+/// SGE (issue 18). Per thread, so it costs no shared cache line.
+pub fn thread_mem_lookups() -> u64 {
+    LOOKUPS.with(|n| n.get())
+}
+
 /// The per-device table of registrations.
 #[derive(Default)]
 pub struct MemTable {
@@ -159,6 +171,7 @@ impl MemTable {
         need: Access,
         found: impl FnOnce(&Arc<Buffer>, usize) -> R,
     ) -> Result<R, AccessError> {
+        LOOKUPS.with(|n| n.set(n.get() + 1));
         let map = self.inner.read().unwrap();
         let e = map.get(&(stag >> 8)).ok_or(AccessError::InvalidStag)?;
         if e.key != (stag & 0xFF) as u8 || !e.valid {
