@@ -99,3 +99,52 @@ fn a_reposted_receive_allocates_nothing_rdmap_snd_01() {
         SENDS / 10
     );
 }
+
+/// RDMAP-SND-01, RDMAP-WR-01 (issue 18, session 15): a Send or Write posted in a
+/// ping-pong (nothing queued ahead of it) looks each SGE up once: the post-time check
+/// and the framing share the lookup, since the transmit pass that frames it runs in the
+/// same `post_send` under the QP's lock (two per SGE before: `verify` at post, `check`
+/// when framed). At least one per post: the post-time check is still made. Counted
+/// inside `post_send_one` on the posting thread (a thread-local count).
+#[test]
+fn a_post_to_an_idle_send_queue_looks_each_sge_up_once_rdmap_snd_01() {
+    const POSTS: u64 = 300;
+    let p = pair();
+    let ma = p.pd.reg_mr(4096, Access::all_remote()).unwrap();
+    let mb = p.pd.reg_mr(4096, Access::all_remote()).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let mut counted = 0;
+    for i in 1..=POSTS {
+        let wr = if i % 2 == 0 {
+            p.b.post_recv(&[RecvWr {
+                wr_id: i,
+                sg_list: vec![mb.sge(0, 64)],
+            }])
+            .unwrap();
+            SendWr::new(i, WrOpcode::Send, vec![ma.sge(0, 8)])
+        } else {
+            let remote = RemoteAddr {
+                addr: mb.addr() + 128,
+                rkey: mb.rkey(),
+            };
+            SendWr::new(i, WrOpcode::RdmaWrite { remote }, vec![ma.sge(0, 8)])
+        };
+        let before = verbs::mem::thread_mem_lookups();
+        p.a.post_send_one(wr).unwrap();
+        counted += verbs::mem::thread_mem_lookups() - before;
+        let wc = wait(&p.cq_a);
+        assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
+        if i % 2 == 0 {
+            assert_eq!(wait(&p.cq_b).wr_id, i);
+        }
+    }
+    eprintln!("{counted} STag lookups in {POSTS} post_send calls of one SGE");
+    // Nothing is sent to A, so its thread makes no placement check here. Two per post
+    // before (600 in all).
+    assert!(
+        (POSTS..=POSTS + POSTS / 10).contains(&counted),
+        "{counted} lookups in {POSTS} posts (bound {}..={})",
+        POSTS,
+        POSTS + POSTS / 10
+    );
+}

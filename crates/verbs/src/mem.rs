@@ -92,6 +92,20 @@ pub enum InvalidateError {
     NotInvalidatable,
 }
 
+thread_local! {
+    /// Look-ups in any table's map made by this thread (see [`MemTable::count_lookup`]).
+    static LOOKUPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How many STag look-ups in a table's map ([`MemTable::check`], [`MemTable::verify`], a
+/// [`MemTable::check_cached`] its cache did not answer; any table) the calling thread has
+/// made: for tests that count the cost of one caller's post per SGE (issue 18), whatever
+/// other threads of the device do meanwhile. [`MemTable::lookups`] counts one table's
+/// look-ups by every thread.
+pub fn thread_mem_lookups() -> u64 {
+    LOOKUPS.with(|n| n.get())
+}
+
 /// The per-device table of registrations.
 #[derive(Default)]
 pub struct MemTable {
@@ -167,9 +181,18 @@ impl MemTable {
         self.generation.load(Ordering::Acquire) + 1
     }
 
-    /// How many checks looked the map up (those an [`MrCache`] did not answer).
+    /// How many checks looked the map up (those an [`MrCache`] did not answer), by any
+    /// thread: for guards of work that a provider does on whichever thread receives (a
+    /// responder's checks). [`thread_mem_lookups`] counts the calling thread's only.
     pub fn lookups(&self) -> u64 {
         self.lookups.load(Ordering::Relaxed)
+    }
+
+    /// One look-up in the map: counted for the table (all threads) and for the thread.
+    #[inline]
+    fn count_lookup(&self) {
+        self.lookups.fetch_add(1, Ordering::Relaxed);
+        LOOKUPS.with(|n| n.set(n.get() + 1));
     }
 
     fn fresh_index(map: &FxHashMap<u32, Entry>) -> u32 {
@@ -288,7 +311,7 @@ impl MemTable {
         need: Access,
     ) -> Result<Resolved, AccessError> {
         let map = self.inner.read().unwrap();
-        self.lookups.fetch_add(1, Ordering::Relaxed);
+        self.count_lookup();
         // Under the read lock no change is under way: the generation read here is the
         // entry's.
         let generation = self.generation();
@@ -324,7 +347,7 @@ impl MemTable {
         found: impl FnOnce(&Arc<Buffer>, usize) -> R,
     ) -> Result<R, AccessError> {
         let map = self.inner.read().unwrap();
-        self.lookups.fetch_add(1, Ordering::Relaxed);
+        self.count_lookup();
         let e = map.get(&(stag >> 8)).ok_or(AccessError::InvalidStag)?;
         Self::entry_check(e, stag, pd, qp, to, len, need, found)
     }

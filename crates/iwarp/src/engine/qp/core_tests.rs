@@ -1093,3 +1093,60 @@ fn direct_placement_in_memory() {
     let answer = inject_raw(&mut b, &wire[5000..]);
     expect(answer, (2, 0, 0x02), "row 26, direct placement");
 }
+
+/// Issue 18, session 15 (RDMAP-SND-01, SEC-STAG-02): a Send posted to an idle send
+/// queue is framed by the transmit pass that follows its post (`IwarpQp::with_core`),
+/// so its SGE is looked up once, for the post-time check and the framing together.
+#[test]
+fn a_send_posted_to_an_idle_queue_looks_its_sge_up_once_rdmap_snd_01() {
+    let dev = device();
+    let pd = dev.alloc_pd().unwrap();
+    let mut s = side_in(&pd, 9, false, 4);
+    let mr = s.reg_mr(4096, Access::LOCAL_READ);
+    mr.write(0, b"ping-pong").unwrap();
+    let before = verbs::mem::thread_mem_lookups();
+    // As `IwarpQp::with_core`: the post, its transmit pass, then the resolution ends.
+    s.p.post_send(&[SendWr::new(5, WrOpcode::Send, vec![mr.sge(0, 9)])])
+        .unwrap();
+    assert!(s.p.fill_tx());
+    s.p.expire_posted();
+    assert_eq!(
+        verbs::mem::thread_mem_lookups() - before,
+        1,
+        "one lookup for post and framing"
+    );
+    let out = s.take_output();
+    assert!(out.windows(9).any(|w| w == b"ping-pong"), "the payload left");
+    let wc = s.poll_cq().expect("the Send's completion");
+    assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success));
+}
+
+/// SEC-STAG-02: a Send not framed in its post's transmit pass is resolved again when
+/// it is framed; its region deregistered in between fails it with a local protection
+/// error (nothing from the freed region is sent), as before session 15.
+#[test]
+fn a_send_whose_region_goes_away_before_it_is_framed_fails_sec_stag_02() {
+    let dev = device();
+    let pd = dev.alloc_pd().unwrap();
+    let mut s = side_in(&pd, 9, false, 4);
+    let mr = s.reg_mr(4096, Access::LOCAL_READ);
+    mr.write(0, b"secret!!").unwrap();
+    let before = verbs::mem::thread_mem_lookups();
+    // The harness's post is not followed by a transmit pass: the post-time resolution ends.
+    s.post_send(&[SendWr::new(6, WrOpcode::Send, vec![mr.sge(0, 8)])])
+        .unwrap();
+    assert!(s.p.posted.is_none(), "nothing resolved at post outlives the post");
+    drop(mr);
+    let out = s.take_output();
+    assert_eq!(
+        verbs::mem::thread_mem_lookups() - before,
+        2,
+        "checked at post, again when framed"
+    );
+    assert!(
+        !out.windows(8).any(|w| w == b"secret!!"),
+        "nothing of the freed region left"
+    );
+    let wc = s.poll_cq().expect("the Send's completion");
+    assert_eq!((wc.wr_id, wc.status), (6, WcStatus::LocProtErr));
+}

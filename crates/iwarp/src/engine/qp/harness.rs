@@ -155,7 +155,11 @@ impl Side {
 
     /// `post_send` on the core.
     pub fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
-        self.p.post_send(wrs)
+        let r = self.p.post_send(wrs);
+        // No transmit pass follows the post here (`take_output` frames later):
+        // the post-time resolution ends, as it does after `IwarpQp::with_core`'s pass.
+        self.p.expire_posted();
+        r
     }
 
     /// `post_recv` on the core.

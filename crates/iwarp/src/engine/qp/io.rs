@@ -287,6 +287,7 @@ impl IwarpQp {
         };
         let r = f(&mut c.p);
         self.pump_tx(&mut c.p);
+        c.p.expire_posted();
         drop(c);
         if self.poke.pending() {
             self.kick();

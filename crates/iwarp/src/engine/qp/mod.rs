@@ -298,6 +298,13 @@ pub(crate) struct Proto {
     /// The resolved SGE list of the last message framed, emptied, for the next one
     /// (issue 18, session 13: no allocation per message for it).
     spare_pieces: Vec<Piece>,
+    /// The SGE list of send slot `.0`, resolved when it was posted because nothing was
+    /// queued ahead of it (`queue_send`): the transmit pass of the same `post_send`
+    /// frames it without a second lookup of each SGE (issue 18, session 15). Valid only
+    /// until that pass ends ([`expire_posted`](Self::expire_posted)): a work request
+    /// left queued is resolved again when framed, so a region deregistered meanwhile
+    /// fails it (SEC-STAG-02), as before.
+    posted: Option<(u64, Vec<Piece>, usize)>,
     /// Receive WQEs whose message completed, their lists emptied, for `post_recv` to
     /// reuse (`retire_recv`): a receive costs no allocation when posted and no free on
     /// the path from arrival to its completion (issue 18, session 14).
@@ -467,6 +474,7 @@ impl Proto {
             answered: false,
             done_scratch: Vec::new(),
             spare_pieces: Vec::new(),
+            posted: None,
             spare_recvs: Vec::new(),
             ird: neg.ird,
             next_atomic_id: 1,
@@ -531,6 +539,24 @@ impl Proto {
             });
         }
         Ok(total)
+    }
+
+    /// Nothing to frame is queued: a work request posted now is the next message.
+    fn tx_idle(&self) -> bool {
+        self.cur.is_none() && self.follow.is_none() && self.rtr.is_none() && self.irq.is_empty() && self.sq.is_empty()
+    }
+
+    /// Ends the post-time resolution of [`posted`](Self::posted): called when the
+    /// transmit pass after a post is over (`IwarpQp::with_core`). A work request the
+    /// pass did not frame (send queue at its high-water mark, ORD reached, a fence)
+    /// is resolved again when it is, so a region deregistered in between fails it.
+    pub(crate) fn expire_posted(&mut self) {
+        if let Some((_, mut p, _)) = self.posted.take() {
+            p.clear();
+            if self.spare_pieces.capacity() == 0 {
+                self.spare_pieces = p;
+            }
+        }
     }
 
     /// The post-time check of an SGE list (`bad_wr` when an lkey does not allow
@@ -671,6 +697,13 @@ impl Proto {
                 let mut v = vec![0u8; len];
                 Source::Pieces(pieces).copy_out(0, &mut v);
                 Some(v)
+            } else if !need.is_empty() && self.posted.is_none() && self.tx_idle() {
+                // Nothing queued ahead: this request is framed by the transmit pass
+                // that follows the post, under the same lock. Resolve (and check) its
+                // SGEs once, for both the post-time check and the framing.
+                let (pieces, n) = self.resolve_spare(&wr.sg_list, need).map_err(bad)?;
+                self.posted = Some((self.next_slot, pieces, n));
+                None
             } else {
                 if !need.is_empty() {
                     self.verify_sges(&wr.sg_list, need).map_err(bad)?;
@@ -805,6 +838,7 @@ impl Proto {
 
     fn enter_error(&mut self) {
         self.publish_error_state();
+        self.expire_posted();
         self.sq.clear();
         self.cur = None;
         self.follow = None;

@@ -168,6 +168,11 @@ impl Proto {
                 (Source::Owned(v), n)
             }
             None if matches!(wr.opcode, WrOpcode::LocalInv { .. } | WrOpcode::RegMr { .. }) => (Source::None, 0),
+            None if self.posted.as_ref().is_some_and(|(slot, _, _)| *slot == id) => {
+                // Resolved when posted, in this same post's transmit pass (`queue_send`).
+                let (_, p, n) = self.posted.take().expect("checked");
+                (Source::Pieces(p), n)
+            }
             None => match self.resolve_spare(&wr.sg_list, need) {
                 Ok((p, n)) => (Source::Pieces(p), n),
                 Err(e) => {
