@@ -33,20 +33,9 @@ pub(super) fn start(poll: Poll, dev: &Arc<DevInner>) -> std::io::Result<()> {
 /// An application thread that drove progress this recently counts as busy-polling: the
 /// progress thread stops waking on the socket (like the iWARP driver's mute, or Linux's
 /// busy polling), so the two do not take turns on the same datagrams.
-pub(super) const BUSY_POLL_RECENT: Duration = Duration::from_micros(500);
+const BUSY_POLL_RECENT: Duration = Duration::from_micros(500);
 /// While muted, the progress thread checks this often whether the poller went away.
 const MUTED_CHECK: Duration = Duration::from_millis(1);
-/// An application thread that drove progress this recently may be polling again: the
-/// progress thread, unmuted, still checks every [`MUTED_CHECK`] whether it is back, and
-/// mutes. It cannot rely on the socket to wake it for that: while the poller drains each
-/// datagram first, the kernel wakes the progress thread for every one of them but its
-/// `epoll_wait` finds the socket drained and sleeps again without returning, until the
-/// next QP timer (an ACK timeout: tens of ms and more). A poller descheduled for 500 us
-/// (another process on its core) cost a wake-up of the progress thread per datagram, and
-/// a preempted poller on a machine whose cores the pollers fill, for that long (issue 13,
-/// session 15: 902 of 1,896 datagrams of a busy ping-pong at load 12). Longer idle
-/// without a poll: no timeout, an idle device costs no CPU.
-const POLLER_WATCH: Duration = Duration::from_millis(20);
 
 fn run(mut poll: Poll, dev: Weak<DevInner>) {
     let mut events = Events::with_capacity(16);
@@ -73,8 +62,6 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
                     });
                 d.counters.progress_mutes.fetch_add(1, Ordering::Relaxed);
             } else if !busy && muted {
-                // A poller that comes back asks once more (`DevInner::note_busy_poll_at`).
-                d.mute_asked.store(false, Ordering::SeqCst);
                 // EPOLL_CTL_ADD checks readiness: datagrams queued meanwhile raise an event.
                 muted = !fds.iter().all(|fd| {
                     match poll.registry().register(&mut SourceFd(fd), SOCKET, Interest::READABLE) {
@@ -87,8 +74,8 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
             d.muted.store(muted, Ordering::SeqCst);
             let t = d.sleep_deadline().map(|t| t.saturating_duration_since(Instant::now()));
             // Deferred transmissions (a busy poller's) are sent within MUTED_CHECK even if
-            // the poller stops calling; a poller that was here recently is looked for.
-            if muted || d.has_deferred.load(Ordering::Acquire) || d.busy_polled(POLLER_WATCH) {
+            // the poller stops calling.
+            if muted || d.has_deferred.load(Ordering::Acquire) {
                 Some(t.map_or(MUTED_CHECK, |t| t.min(MUTED_CHECK)))
             } else {
                 t

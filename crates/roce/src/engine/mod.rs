@@ -216,8 +216,6 @@ pub(crate) struct DevCounters {
     /// the socket drained (`epoll_wait` goes back to sleep without returning, so the
     /// progress thread cannot count these wake-ups itself).
     pub rx_polled_unmuted: AtomicU64,
-    /// Times a busy poller woke the listening progress thread to mute itself.
-    pub mute_asks: AtomicU64,
     /// Times the progress thread found transmissions an application thread had deferred
     /// and sent them (a poller that stopped calling; before session 13 also every inline
     /// waiter that went back to sleep).
@@ -260,9 +258,6 @@ pub(crate) struct DevInner {
     /// Whether the progress thread has taken the sockets out of its epoll set (or is about
     /// to): a poller that goes to sleep wakes it ([`DevInner::poller_parked`]).
     pub(crate) muted: AtomicBool,
-    /// A busy poller found the progress thread listening and woke it to mute itself
-    /// ([`DevInner::note_busy_poll_at`]); cleared when the progress thread takes the sockets back.
-    pub(crate) mute_asked: AtomicBool,
     /// Application threads asleep in `poll(2)` on the UDP socket in an inline CQ wait
     /// (`Progress::wait_fd`): they receive themselves, so the progress thread stays muted.
     pub(crate) inline_waiters: AtomicUsize,
@@ -351,26 +346,6 @@ impl DevInner {
     /// [`DevInner::note_poll`] with the caller's clock reading.
     pub(crate) fn note_poll_at(&self, now: Instant) {
         self.last_poll.store(self.nanos(now), Ordering::Relaxed);
-    }
-
-    /// A busy poller's poll (`poll_cq`): marks it like [`DevInner::note_poll_at`] and, when
-    /// it polled within `BUSY_POLL_RECENT` before (a busy poller, not a sleeper's one poll
-    /// before it parks) while the progress thread listens on the sockets (it took them back
-    /// while this thread was descheduled), wakes that thread once to mute itself now. Else
-    /// the kernel would wake it for every datagram this thread drains, and its
-    /// `epoll_wait`, finding the socket drained, would not return to notice the poller until
-    /// its next timeout.
-    pub(crate) fn note_busy_poll_at(&self, now: Instant) {
-        let t = self.nanos(now);
-        let prev = self.last_poll.swap(t, Ordering::Relaxed);
-        if prev != 0
-            && t.saturating_sub(prev) < driver::BUSY_POLL_RECENT.as_nanos() as u64
-            && !self.muted.load(Ordering::SeqCst)
-            && !self.mute_asked.swap(true, Ordering::SeqCst)
-        {
-            self.counters.mute_asks.fetch_add(1, Ordering::Relaxed);
-            let _ = self.waker.wake();
-        }
     }
 
     /// An application thread stopped polling to sleep on a CQ (`Progress::parked`): the

@@ -150,7 +150,6 @@ impl RoceProvider {
             counters: DevCounters::default(),
             last_poll: AtomicU64::new(0),
             muted: AtomicBool::new(false),
-            mute_asked: AtomicBool::new(false),
             inline_waiters: AtomicUsize::new(0),
             retired: Mutex::new(crate::rc::RcStats::default()),
             ud_qps: RwLock::new(HashMap::new()),
@@ -247,7 +246,6 @@ impl Provider for RoceProvider {
             ("rx_single", ld(&c.rx_single)),
             ("progress_mutes", ld(&c.progress_mutes)),
             ("rx_polled_unmuted", ld(&c.rx_polled_unmuted)),
-            ("mute_asks", ld(&c.mute_asks)),
             ("progress_flushes", ld(&c.progress_flushes)),
             // Payload octets of RC packets: copied in user space on the way out (0: sent
             // from the registered memory), handed to the kernel by reference, and copied

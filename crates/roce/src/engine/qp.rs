@@ -282,7 +282,7 @@ impl Progress for QpShared {
         // One clock read per poll (there were three): the busy-poll mark and the timers
         // use the same instant.
         let now = Instant::now();
-        self.dev.note_busy_poll_at(now);
+        self.dev.note_poll_at(now);
         let mut any = self.dev.drain_rx_as(true);
         // Deferred by that drain: sent at the next call or post.
         let tx = !self.dev.is_deferred(self);
