@@ -199,3 +199,37 @@ fn loopback_device_opens_no_raw_socket() {
         drop(dev);
     }
 }
+
+/// Busy-polled ping-pong: the progress thread stands aside (its sockets leave its epoll set
+/// while an application thread polls), so datagrams do not wake it. Were the sockets left in
+/// its set, every datagram would wake it (`ep_poll_callback` from the sender's `sendmsg`)
+/// only for it to find the socket drained by the poller: a context switch and, on a machine
+/// whose cores the two pollers fill, a preempted poller per message. Counted per datagram
+/// the pollers receive while the progress thread is not muted (`rx_polled_unmuted`; the
+/// wake-up itself is invisible to user space: `epoll_wait` sleeps again without returning).
+/// With the mute removed every datagram counts (1,986 of 1,986 in 1,000 round trips). A
+/// poller descheduled for more than 500 us hands the sockets back until the progress
+/// thread's next return from `epoll_wait` (a loaded machine: 283-1,639 of ~2,000 at load
+/// 11-14, session 15), so the bound is only that the mute happens at all.
+#[test]
+fn busy_poller_mutes_the_progress_thread_c3() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (x, y) = pair("127.77.14.7", "127.77.14.8");
+    const N: u64 = 1000;
+    ping_pong(&x, &y, 20, false); // the progress threads see the pollers and stand aside
+    let sum = |name: &str| c(&x.dev, name) + c(&y.dev, name);
+    let (u0, p0) = (sum("rx_polled_unmuted"), sum("rx_polled"));
+    ping_pong(&x, &y, N, false);
+    let (unmuted, polled) = (sum("rx_polled_unmuted") - u0, sum("rx_polled") - p0);
+    eprintln!(
+        "{N} busy round trips: {polled} datagrams received by the pollers, {unmuted} of them with the progress thread listening"
+    );
+    assert!(
+        polled >= N,
+        "the pollers receive (a Send each way per round trip): {polled}"
+    );
+    assert!(
+        unmuted < polled,
+        "all {polled} datagrams the pollers received woke the progress thread too, in {N} round trips"
+    );
+}

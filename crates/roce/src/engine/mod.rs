@@ -211,6 +211,11 @@ pub(crate) struct DevCounters {
     pub rx_single: AtomicU64,
     /// Times the progress thread took the sockets out of its epoll set for a busy poller.
     pub progress_mutes: AtomicU64,
+    /// Datagrams application threads received while the progress thread had the sockets in
+    /// its epoll set (not muted): each also wakes that thread if it sleeps, which then finds
+    /// the socket drained (`epoll_wait` goes back to sleep without returning, so the
+    /// progress thread cannot count these wake-ups itself).
+    pub rx_polled_unmuted: AtomicU64,
     /// Times the progress thread found transmissions an application thread had deferred
     /// and sent them (a poller that stopped calling; before session 13 also every inline
     /// waiter that went back to sleep).

@@ -245,6 +245,7 @@ impl Provider for RoceProvider {
             ("rx_polled", ld(&c.rx_polled)),
             ("rx_single", ld(&c.rx_single)),
             ("progress_mutes", ld(&c.progress_mutes)),
+            ("rx_polled_unmuted", ld(&c.rx_polled_unmuted)),
             ("progress_flushes", ld(&c.progress_flushes)),
             // Payload octets of RC packets: copied in user space on the way out (0: sent
             // from the registered memory), handed to the kernel by reference, and copied
