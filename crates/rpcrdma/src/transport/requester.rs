@@ -937,14 +937,21 @@ impl Conn {
                     following: false,
                 },
             );
+            // The Send is posted with the lock released: `post_send` drives the provider
+            // inline, and what it sends may be a 1 MiB RDMA Read Response of another call
+            // (an NFS WRITE's Read chunk that the server pulls), all that time the other
+            // callers would sleep on this lock (issues 17/18, session 15). The RPC is in
+            // `pending` already, so its Reply may be delivered before `post_send` returns.
+            drop(st);
             if let Err(e) = self.qp.post_send(&wrs) {
-                st.pending.remove(&xid);
-                let g = st.credits.granted();
-                let _ = st.credits.on_reply(g);
+                let mut st = self.state.lock().unwrap();
+                if st.pending.remove(&xid).is_some() {
+                    let g = st.credits.granted();
+                    let _ = st.credits.on_reply(g);
+                }
                 // RPCR-MEM-04: the RPC fails at once
                 return Err(Fail::Retry(RpcError::Disconnected(e.into())));
             }
-            drop(st);
             // keep the send buffer until the RPC ends
             let Some(r) = self.await_reply(xid, &rx, deadline, spin) else {
                 self.state.lock().unwrap().pending.remove(&xid);
@@ -1224,6 +1231,9 @@ impl Conn {
             })
             .collect();
         p.result = Some(outcome);
+        // posted with the lock released, as the Call's Send (`call_once`): the INV
+        // completion takes `result` under the lock
+        drop(st);
         Ok(self.qp.post_send(&wrs)?)
     }
 }

@@ -435,6 +435,16 @@ impl Progress for IwarpQp {
     }
     fn wait_ready(&self) -> bool {
         INLINE_WAKEUPS.fetch_add(1, Ordering::Relaxed);
+        // Another thread drives this QP now (e.g. an RPC server's pool thread posting a
+        // Reply with a 1 MiB Write: the whole send copy). `kick` would leave it a poke and
+        // return, and the CQ waiter's next `poll` finds the socket still readable at once:
+        // a busy loop for as long as the holder sends (issues 17/18, session 15: 300 µs of
+        // an RPC worker's CPU per 1 MiB call). Sleep on the lock until the holder is done,
+        // then receive as usual.
+        if let Err(std::sync::TryLockError::WouldBlock) = self.core.try_lock().map(drop) {
+            INLINE_WAITS_FOR_HOLDER.fetch_add(1, Ordering::Relaxed);
+            drop(self.core.lock());
+        }
         self.kick();
         self.state() == QpState::Rts
     }
@@ -443,6 +453,18 @@ impl Progress for IwarpQp {
         self.busy.waiter.store(false, Ordering::Release);
         self.driver.arm_unmute_timer(BUSY_POLL_IDLE);
     }
+}
+
+/// Times an inline CQ waiter woke on a QP socket while another thread drove the QP, and
+/// slept until it was done (see [`inline_waits_for_holder`]).
+static INLINE_WAITS_FOR_HOLDER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many times an application thread in an inline CQ wait, woken by a QP's socket, found
+/// another thread driving that QP and slept until it was done instead of polling the still
+/// readable socket again (a busy loop before session 15), in this process: a diagnostic for
+/// tests that count it.
+pub fn inline_waits_for_holder() -> u64 {
+    INLINE_WAITS_FOR_HOLDER.load(Ordering::Relaxed)
 }
 
 /// Times an inline CQ waiter woke on a QP socket and received (see [`inline_wakeups`]).

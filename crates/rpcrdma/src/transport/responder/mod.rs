@@ -71,6 +71,10 @@ pub struct ServerStats {
     /// Times an I/O pool thread woke a worker: a Reply it could not post (the pool posts
     /// Replies itself, so a healthy connection's calls make none; issue 18).
     pub pool_wakeups: AtomicU64,
+    /// Replies a thread queued while another thread of their connection was posting, and
+    /// left for that thread to post (instead of sleeping on the send side's lock while the
+    /// provider copied the other Reply out; issues 17/18, session 15).
+    pub replies_left_to_poster: AtomicU64,
 }
 
 /// A plain copy of [`ServerStats`].
@@ -96,6 +100,7 @@ pub struct StatsSnapshot {
     pub no_stage: u64,
     pub copied_octets: u64,
     pub pool_wakeups: u64,
+    pub replies_left_to_poster: u64,
 }
 
 /// A running RPC-over-RDMA server.

@@ -38,6 +38,9 @@ pub(super) struct Tx {
     /// Terminate from the Requester, one of those RDMA operations met a bad chunk, and their
     /// retransmissions get ERR_CHUNK (RPCR-MEM-05).
     pub(super) recent_rdma: VecDeque<u32>,
+    /// A thread is posting queued Replies with this lock released (see
+    /// [`Replier::post_queued`]): a Reply queued meanwhile is posted by that thread.
+    posting: bool,
 }
 
 /// What [`Replier::on_sent`] found.
@@ -111,6 +114,7 @@ impl Replier {
                 queued: VecDeque::new(),
                 send_wrs: 0,
                 recent_rdma: VecDeque::new(),
+                posting: false,
             }),
         }
     }
@@ -363,60 +367,98 @@ impl Replier {
             writes,
             xid,
         });
-        self.post_queued(&mut tx)
+        self.post_queued(tx)
     }
 
     /// Post the queued Replies that have a send buffer and room on the send queue, in order.
-    pub(super) fn post_queued(&self, tx: &mut Tx) -> Result<(), Fatal> {
-        while let Some(o) = tx.queued.front() {
-            let n = o.writes.len() + 1;
-            if tx.free_slots.is_empty() || (tx.send_wrs > 0 && tx.send_wrs + n > MAX_SEND_WRS) {
-                break;
+    ///
+    /// `post_send` drives the provider inline: for a Reply with a 1 MiB Write chunk that is
+    /// the whole send copy (hundreds of µs). It runs with the lock released, so that the
+    /// other pool threads' `grant` and `send` and the worker's `on_sent` do not sleep on the
+    /// lock meanwhile (issues 17/18, session 15: `perf record -e sched:sched_switch` of
+    /// `nfs serve` under `nfs get` found 88 futex sleeps in `grant`/`send` per 128 READs).
+    /// One thread posts at a time (`Tx::posting`), so the Replies still go in queue order:
+    /// a thread that finds another posting leaves its Reply queued and returns, and the
+    /// posting thread takes it before it stops (it looks again under the lock after every
+    /// post).
+    pub(super) fn post_queued<'a>(&'a self, mut tx: MutexGuard<'a, Tx>) -> Result<(), Fatal> {
+        if tx.posting {
+            if !tx.queued.is_empty() {
+                self.stats.replies_left_to_poster.fetch_add(1, Ordering::Relaxed);
             }
-            let o = tx.queued.pop_front().expect("front");
-            let slot = tx.free_slots.pop().expect("a free slot");
-            let mut wrs = Vec::with_capacity(n);
-            if let Some(from) = o.held.region() {
-                for (handle, addr, src) in &o.writes {
-                    wrs.push(
-                        SendWr::new(
-                            wrid::WRITE,
-                            WrOpcode::RdmaWrite {
-                                remote: RemoteAddr {
-                                    addr: *addr,
-                                    rkey: *handle,
-                                },
-                            },
-                            vec![from.sge(src.start, src.len() as u32)],
-                        )
-                        .flags(SendFlags::empty()),
-                    );
-                }
-            }
-            let at = slot * self.slot_len;
-            self.send_mr.write(at, &o.msg).map_err(verbs::Error::from)?;
-            let id = self.wr(wrid::SEND);
-            let opcode = match o.inv {
-                Some(rkey) => WrOpcode::SendWithInv { invalidate_rkey: rkey },
-                None => WrOpcode::Send,
-            };
-            wrs.push(SendWr::new(id, opcode, vec![self.send_mr.sge(at, o.msg.len() as u32)]));
-            // the Send is in `sending` before it is posted: its completion may be taken by
-            // the worker before `post_send` returns here
-            tx.send_wrs += wrs.len();
-            tx.sending.push_back(InFlight {
-                id,
-                slot,
-                wrs: wrs.len(),
-                held: o.held,
-                xid: o.xid,
-                writes: !o.writes.is_empty(),
-                deadline: Instant::now() + self.timeout,
-            });
-            // RPCR-MEM-03: a reply we cannot transmit ends the connection
-            self.qp.post_send(&wrs)?;
+            return Ok(());
         }
-        Ok(())
+        tx.posting = true;
+        loop {
+            let wrs = match self.next_post(&mut tx) {
+                Ok(Some(wrs)) => wrs,
+                other => {
+                    tx.posting = false;
+                    return other.map(|_| ());
+                }
+            };
+            drop(tx);
+            let posted = self.qp.post_send(&wrs);
+            tx = self.tx();
+            if let Err(e) = posted {
+                tx.posting = false;
+                // RPCR-MEM-03: a reply we cannot transmit ends the connection
+                return Err(e.into());
+            }
+        }
+    }
+
+    /// The work requests of the next queued Reply, if it has a send buffer and room on the
+    /// send queue: its Send is in `sending` from now on.
+    fn next_post(&self, tx: &mut Tx) -> Result<Option<Vec<SendWr>>, Fatal> {
+        let Some(o) = tx.queued.front() else {
+            return Ok(None);
+        };
+        let n = o.writes.len() + 1;
+        if tx.free_slots.is_empty() || (tx.send_wrs > 0 && tx.send_wrs + n > MAX_SEND_WRS) {
+            return Ok(None);
+        }
+        let o = tx.queued.pop_front().expect("front");
+        let slot = tx.free_slots.pop().expect("a free slot");
+        let mut wrs = Vec::with_capacity(n);
+        if let Some(from) = o.held.region() {
+            for (handle, addr, src) in &o.writes {
+                wrs.push(
+                    SendWr::new(
+                        wrid::WRITE,
+                        WrOpcode::RdmaWrite {
+                            remote: RemoteAddr {
+                                addr: *addr,
+                                rkey: *handle,
+                            },
+                        },
+                        vec![from.sge(src.start, src.len() as u32)],
+                    )
+                    .flags(SendFlags::empty()),
+                );
+            }
+        }
+        let at = slot * self.slot_len;
+        self.send_mr.write(at, &o.msg).map_err(verbs::Error::from)?;
+        let id = self.wr(wrid::SEND);
+        let opcode = match o.inv {
+            Some(rkey) => WrOpcode::SendWithInv { invalidate_rkey: rkey },
+            None => WrOpcode::Send,
+        };
+        wrs.push(SendWr::new(id, opcode, vec![self.send_mr.sge(at, o.msg.len() as u32)]));
+        // the Send is in `sending` before it is posted: its completion may be taken by
+        // the worker before `post_send` returns
+        tx.send_wrs += wrs.len();
+        tx.sending.push_back(InFlight {
+            id,
+            slot,
+            wrs: wrs.len(),
+            held: o.held,
+            xid: o.xid,
+            writes: !o.writes.is_empty(),
+            deadline: Instant::now() + self.timeout,
+        });
+        Ok(Some(wrs))
     }
 
     /// A Reply's Send completed (its Writes before it): its buffer comes back and the next
@@ -435,7 +477,7 @@ impl Replier {
                 writes: f.writes,
             });
         }
-        self.post_queued(&mut tx)?;
+        self.post_queued(tx)?;
         Ok(Sent::Done(f.held))
     }
 

@@ -163,6 +163,7 @@ impl RdmaServer {
             no_stage: g(&s.no_stage),
             copied_octets: g(&s.copied_octets),
             pool_wakeups: g(&s.pool_wakeups),
+            replies_left_to_poster: g(&s.replies_left_to_poster),
         }
     }
 }
