@@ -71,11 +71,13 @@ fn run(mut poll: Poll, dev: Weak<DevInner>) {
                 });
                 d.drain_rx();
             }
+            // Stored before `has_deferred` is read: a poller that defers after the read
+            // sees the thread unmuted and wakes it (`DevInner::drain_rx_as`).
             d.muted.store(muted, Ordering::SeqCst);
             let t = d.sleep_deadline().map(|t| t.saturating_duration_since(Instant::now()));
             // Deferred transmissions (a busy poller's) are sent within MUTED_CHECK even if
             // the poller stops calling.
-            if muted || d.has_deferred.load(Ordering::Acquire) {
+            if muted || d.has_deferred.load(Ordering::SeqCst) {
                 Some(t.map_or(MUTED_CHECK, |t| t.min(MUTED_CHECK)))
             } else {
                 t

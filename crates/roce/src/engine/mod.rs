@@ -220,6 +220,9 @@ pub(crate) struct DevCounters {
     /// and sent them (a poller that stopped calling; before session 13 also every inline
     /// waiter that went back to sleep).
     pub progress_flushes: AtomicU64,
+    /// Times an application thread's receive deferred transmissions while the progress
+    /// thread was not muted, and woke it so that they leave within its 1 ms check.
+    pub deferred_wakes: AtomicU64,
 }
 
 /// The state a device's QPs and its progress thread share.

@@ -247,6 +247,7 @@ impl Provider for RoceProvider {
             ("progress_mutes", ld(&c.progress_mutes)),
             ("rx_polled_unmuted", ld(&c.rx_polled_unmuted)),
             ("progress_flushes", ld(&c.progress_flushes)),
+            ("deferred_wakes", ld(&c.deferred_wakes)),
             // Payload octets of RC packets: copied in user space on the way out (0: sent
             // from the registered memory), handed to the kernel by reference, and copied
             // once into memory on the way in (tests/copies_per_octet.rs).

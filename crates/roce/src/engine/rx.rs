@@ -162,7 +162,19 @@ impl DevInner {
                         d.push(q);
                     }
                 }
-                self.has_deferred.store(!d.is_empty(), Ordering::Release);
+                self.has_deferred.store(!d.is_empty(), Ordering::SeqCst);
+                drop(d);
+                // A progress thread that is not muted may be asleep in epoll_wait with no
+                // timeout (or until a distant timer): it computed that before this
+                // deferral, and nothing else would wake it if this thread stops calling
+                // (the requester's retransmission would, a local ACK timeout later). Pairs
+                // with its `muted` store before it reads `has_deferred`
+                // (`driver::run`): either it sees the deferral and sleeps at
+                // most 1 ms, or this sees it unmuted and wakes it.
+                if !self.muted.load(Ordering::SeqCst) {
+                    self.counters.deferred_wakes.fetch_add(1, Ordering::Relaxed);
+                    let _ = self.waker.wake();
+                }
             } else {
                 for q in touched.drain(..) {
                     q.service_locked();
