@@ -61,7 +61,7 @@ pub(crate) struct Entry {
 }
 
 /// The fields of a registration an access is checked against.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct CheckedFields {
     key: u8,
     valid: bool,
@@ -70,6 +70,37 @@ struct CheckedFields {
     access: Access,
     iova: u64,
     len: u64,
+}
+
+impl Default for CheckedFields {
+    /// An empty snapshot: invalid, no rights (an empty [`MrCache`] is never used, its
+    /// generation 0 matches no table; this is only its filler).
+    fn default() -> Self {
+        CheckedFields {
+            key: 0,
+            valid: false,
+            pd: 0,
+            bound_qp: None,
+            access: Access::empty(),
+            iova: 0,
+            len: 0,
+        }
+    }
+}
+
+impl Entry {
+    /// What [`MemTable::check_fields`] checks an access against.
+    fn checked_fields(&self) -> CheckedFields {
+        CheckedFields {
+            key: self.key,
+            valid: self.valid,
+            pd: self.pd,
+            bound_qp: self.bound_qp,
+            access: self.access,
+            iova: self.iova,
+            len: self.len,
+        }
+    }
 }
 
 /// The result of a successful check: where the bytes are.
@@ -128,37 +159,14 @@ pub struct MemTable {
 ///
 /// A QP keeps one per direction (its requester's lkeys, its responder's rkeys). It holds
 /// the memory weakly: a cache never keeps a deregistered region's bytes alive.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct MrCache {
     /// Table generation the snapshot was taken at (0: empty; the table starts at 1).
     generation: u64,
     /// The full STag (index and key) the snapshot is of.
     stag: u32,
-    key: u8,
-    pd: u32,
-    valid: bool,
-    iova: u64,
-    len: u64,
-    access: Access,
-    bound_qp: Option<u32>,
+    fields: CheckedFields,
     buffer: Option<(Weak<Buffer>, usize)>,
-}
-
-impl Default for MrCache {
-    fn default() -> Self {
-        MrCache {
-            generation: 0,
-            stag: 0,
-            key: 0,
-            pd: 0,
-            valid: false,
-            iova: 0,
-            len: 0,
-            access: Access::empty(),
-            bound_qp: None,
-            buffer: None,
-        }
-    }
 }
 
 impl MemTable {
@@ -266,23 +274,7 @@ impl MemTable {
     ) -> Result<Resolved, AccessError> {
         if cache.stag == stag && cache.generation == self.generation() {
             // The snapshot is the table's entry: the same checks, inline at the caller.
-            let at = Self::check_fields(
-                CheckedFields {
-                    key: cache.key,
-                    valid: cache.valid,
-                    pd: cache.pd,
-                    bound_qp: cache.bound_qp,
-                    access: cache.access,
-                    iova: cache.iova,
-                    len: cache.len,
-                },
-                stag,
-                pd,
-                qp,
-                to,
-                len,
-                need,
-            )?;
+            let at = Self::check_fields(cache.fields, stag, pd, qp, to, len, need)?;
             let Some((b, base)) = &cache.buffer else {
                 return Err(AccessError::InvalidStag);
             };
@@ -319,13 +311,7 @@ impl MemTable {
         *cache = MrCache {
             generation,
             stag,
-            key: e.key,
-            pd: e.pd,
-            valid: e.valid,
-            iova: e.iova,
-            len: e.len,
-            access: e.access,
-            bound_qp: e.bound_qp,
+            fields: e.checked_fields(),
             buffer: e.buffer.as_ref().map(|(b, o)| (Arc::downgrade(b), *o)),
         };
         Self::entry_check(e, stag, pd, qp, to, len, need, |buffer, offset| Resolved {
@@ -364,16 +350,7 @@ impl MemTable {
         need: Access,
         found: impl FnOnce(&Arc<Buffer>, usize) -> R,
     ) -> Result<R, AccessError> {
-        let fields = CheckedFields {
-            key: e.key,
-            valid: e.valid,
-            pd: e.pd,
-            bound_qp: e.bound_qp,
-            access: e.access,
-            iova: e.iova,
-            len: e.len,
-        };
-        let at = Self::check_fields(fields, stag, pd, qp, to, len, need)?;
+        let at = Self::check_fields(e.checked_fields(), stag, pd, qp, to, len, need)?;
         let (buffer, base) = e.buffer.as_ref().ok_or(AccessError::InvalidStag)?;
         Ok(found(buffer, base + at))
     }
