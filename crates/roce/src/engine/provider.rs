@@ -179,23 +179,16 @@ impl Drop for RoceProvider {
     }
 }
 
-impl RoceProvider {
-    /// The RC counters summed over every QP the device has had.
-    fn rc_totals(&self) -> crate::rc::RcStats {
-        let mut t = self.inner.retired.lock().unwrap().clone();
-        let qps: Vec<_> = self
-            .inner
-            .qps
-            .read()
-            .unwrap()
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for q in qps {
-            t.add(&q.stats());
-        }
-        t
+/// One kind of QP's counters summed over every QP of that kind the device has had: the
+/// retired QPs' sums, plus each live QP's (`add`); the table's lock is released before the
+/// QPs are asked.
+fn totals<Q, S: Clone>(retired: &Mutex<S>, live: &RwLock<HashMap<u32, Weak<Q>>>, add: impl Fn(&mut S, &Q)) -> S {
+    let mut t = retired.lock().unwrap().clone();
+    let qps: Vec<_> = live.read().unwrap().values().filter_map(Weak::upgrade).collect();
+    for q in qps {
+        add(&mut t, &q);
     }
+    t
 }
 
 impl Provider for RoceProvider {
@@ -206,7 +199,7 @@ impl Provider for RoceProvider {
     /// rxe's `hw_counters` where the meaning is the same, then softrdma's own.
     fn query_counters(&self) -> Vec<HwCounter> {
         let c = &self.inner.counters;
-        let rc = self.rc_totals();
+        let rc = totals(&self.inner.retired, &self.inner.qps, |t, q| t.add(&q.stats()));
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut v = vec![
             ("sent_pkts", ld(&c.sent_pkts)),
@@ -255,7 +248,7 @@ impl Provider for RoceProvider {
             ("tx_payload_by_ref", rc.tx_payload_by_ref),
             ("rx_payload_copied", rc.rx_payload_copied),
         ];
-        let ud = self.ud_totals();
+        let ud = totals(&self.inner.ud_retired, &self.inner.ud_qps, |t, q| t.add(&q.stats()));
         v.extend([
             ("ud_sent_pkts", ud.sent),
             ("ud_rcvd_pkts", ud.received),
@@ -343,23 +336,6 @@ impl RoceProvider {
             return Err(InvalidArg::OtherDevice.into());
         }
         Ok(q)
-    }
-
-    /// The UD counters summed over every UD QP the device has had.
-    fn ud_totals(&self) -> crate::ud::UdStats {
-        let mut t = self.inner.ud_retired.lock().unwrap().clone();
-        let qps: Vec<_> = self
-            .inner
-            .ud_qps
-            .read()
-            .unwrap()
-            .values()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for q in qps {
-            t.add(&q.stats());
-        }
-        t
     }
 }
 
