@@ -197,6 +197,11 @@ pub(crate) struct DevCounters {
     pub retry_rnr_exceeded_err: AtomicU64,
     /// Datagrams handed to the kernel (a GSO train counts once).
     pub tx_datagrams: AtomicU64,
+    /// Of `tx_datagrams`, those the progress thread sent (ACKs and responses of what it
+    /// received itself, timers, deferred transmissions it flushed). How many there are
+    /// depends on the scheduler (a busy poller off its core hands the socket over); the rest
+    /// are the application threads' and do not (tests/per_message_costs.rs).
+    pub tx_datagrams_progress: AtomicU64,
     /// `sendmmsg`/`sendto` calls.
     pub tx_syscalls: AtomicU64,
     /// Datagrams received (a GRO train counts once).
@@ -225,6 +230,16 @@ pub(crate) struct DevCounters {
     pub deferred_wakes: AtomicU64,
 }
 
+impl DevCounters {
+    /// Counts `n` datagrams handed to the kernel, and whose thread sent them.
+    pub(crate) fn count_tx_datagrams(&self, n: u64) {
+        self.tx_datagrams.fetch_add(n, Ordering::Relaxed);
+        if driver::on_progress_thread() {
+            self.tx_datagrams_progress.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
 /// The state a device's QPs and its progress thread share.
 pub(crate) struct DevInner {
     pub cfg: RoceConfig,
@@ -250,6 +265,9 @@ pub(crate) struct DevInner {
     /// QPs whose transmissions a busy-polling application thread's receive deferred.
     deferred: Mutex<Vec<Arc<qp::QpShared>>>,
     pub(crate) has_deferred: AtomicBool,
+    /// When the deferred list last went from empty to not (nanoseconds since `epoch`): the
+    /// progress thread leaves a deferral to its poller for `driver::DEFER_HOLD` from then.
+    pub(crate) deferred_since: AtomicU64,
     /// Set by a thread that found the receive lock taken: the holder drains once more.
     rx_poke: AtomicBool,
     gsi: Mutex<Option<Weak<dyn GsiHandler>>>,
@@ -367,6 +385,18 @@ impl DevInner {
     pub(crate) fn busy_polled(&self, within: std::time::Duration) -> bool {
         let last = self.last_poll.load(Ordering::SeqCst);
         last != 0 && self.nanos(Instant::now()).saturating_sub(last) < within.as_nanos() as u64
+    }
+
+    /// How long the deferred transmissions, if any, may still wait for the poller that
+    /// deferred them (zero: they are due) out of `hold`; `None` when nothing is deferred.
+    pub(crate) fn deferral_left(&self, now: Instant, hold: std::time::Duration) -> Option<std::time::Duration> {
+        if !self.has_deferred.load(Ordering::SeqCst) {
+            return None;
+        }
+        let age = self
+            .nanos(now)
+            .saturating_sub(self.deferred_since.load(Ordering::Relaxed));
+        Some(hold.saturating_sub(std::time::Duration::from_nanos(age)))
     }
 
     fn awake(&self) {

@@ -144,6 +144,7 @@ impl RoceProvider {
             gso: AtomicBool::new(cfg_gso),
             deferred: Mutex::new(Vec::new()),
             has_deferred: AtomicBool::new(false),
+            deferred_since: AtomicU64::new(0),
             rx_poke: AtomicBool::new(false),
             gsi: Mutex::new(None),
             gsi_psn: AtomicU32::new(seed & 0x00ff_ffff),
@@ -232,6 +233,7 @@ impl Provider for RoceProvider {
             ("unknown_qp_pkts", ld(&c.unknown_qp)),
             ("misdirected_pkts", rc.misdirected_dropped),
             ("tx_datagrams", ld(&c.tx_datagrams)),
+            ("tx_datagrams_progress", ld(&c.tx_datagrams_progress)),
             ("tx_syscalls", ld(&c.tx_syscalls)),
             ("rx_datagrams", ld(&c.rx_datagrams)),
             ("rx_syscalls", ld(&c.rx_syscalls)),
@@ -383,7 +385,7 @@ impl GsiPort for RoceProvider {
         .map_err(io::Error::other)?;
         self.inner.sock.send_to(&buf, dst)?;
         self.inner.counters.sent_pkts.fetch_add(1, Ordering::Relaxed);
-        self.inner.counters.tx_datagrams.fetch_add(1, Ordering::Relaxed);
+        self.inner.counters.count_tx_datagrams(1);
         self.inner.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -46,6 +46,13 @@ impl DevInner {
     /// thread sends what is still deferred within its 1 ms muted check.
     pub(crate) fn drain_rx_as(&self, defer: bool) -> bool {
         self.flush_deferred();
+        self.drain_sockets(defer)
+    }
+
+    /// [`DevInner::drain_rx_as`] without sending what a poller deferred first: the progress
+    /// thread's, which sends a deferral only once it is due (`driver::DEFER_HOLD`), so that
+    /// a poller that is about to post its reply still sends the ACK in the reply's train.
+    pub(crate) fn drain_sockets(&self, defer: bool) -> bool {
         self.rx_poke.store(true, Ordering::SeqCst);
         let mut any = false;
         loop {
@@ -157,6 +164,10 @@ impl DevInner {
                     q.deliver_locked();
                 }
                 let mut d = self.deferred.lock().unwrap();
+                if d.is_empty() {
+                    let now = now.unwrap_or_else(Instant::now);
+                    self.deferred_since.store(self.nanos(now), Ordering::Relaxed);
+                }
                 for q in touched.drain(..) {
                     if !d.iter().any(|t| Arc::ptr_eq(t, &q)) {
                         d.push(q);

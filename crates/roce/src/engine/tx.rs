@@ -111,7 +111,7 @@ impl DevInner {
                 }
             };
             self.counters.sent_pkts.fetch_add(n as u64, Ordering::Relaxed);
-            self.counters.tx_datagrams.fetch_add(n as u64, Ordering::Relaxed);
+            self.counters.count_tx_datagrams(n as u64);
             self.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
             self.counters
                 .send_err
@@ -132,9 +132,7 @@ impl DevInner {
         };
         let sent: usize = msgs[..sent_msgs].iter().map(|m| m.count).sum();
         self.counters.sent_pkts.fetch_add(sent as u64, Ordering::Relaxed);
-        self.counters
-            .tx_datagrams
-            .fetch_add(sent_msgs as u64, Ordering::Relaxed);
+        self.counters.count_tx_datagrams(sent_msgs as u64);
         self.counters.tx_syscalls.fetch_add(1, Ordering::Relaxed);
         let e = err?;
         let failed = msgs[sent_msgs];
@@ -276,7 +274,7 @@ impl DevInner {
         match self.sock.send_to(pkt, to) {
             Ok(_) => {
                 self.counters.sent_pkts.fetch_add(1, Ordering::Relaxed);
-                self.counters.tx_datagrams.fetch_add(1, Ordering::Relaxed);
+                self.counters.count_tx_datagrams(1);
             }
             Err(e) => {
                 // Lost like a dropped frame: the RC retransmission recovers.
