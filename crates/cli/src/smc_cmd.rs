@@ -901,6 +901,25 @@ fn is_nonblocking(t: &TcpStream) -> bool {
     fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
+/// `write_all` that counts each write as it succeeds: when the reader goes away in the
+/// middle of a buffer, what it was given before is still counted (the status then shows
+/// at least what the program reports: `iperf3 -s` closes in the middle of a relayed
+/// 256 KiB write, and counting whole buffers missed the part it had read).
+fn write_all_counted<W: Write>(w: &mut W, mut buf: &[u8], count: &AtomicU64) -> io::Result<()> {
+    while !buf.is_empty() {
+        match w.write(buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => {
+                count.fetch_add(n as u64, Ordering::Relaxed);
+                buf = &buf[n..];
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Copies both ways until both directions ended: the program's EOF becomes a half-close
 /// towards the peer (SMC-R: D), the peer's EOF a half-close of the unix socket. Urgent data
 /// keeps its place: the program's `send(MSG_OOB)` octet (read in line at the mark of our
@@ -930,12 +949,11 @@ fn pump<S: Duplex>(net: S, app: UnixStream, rec: &ConnRec) {
                         rec.received.fetch_add(1, Ordering::Relaxed);
                     }
                     Ok(Relayed::Data(n)) => {
-                        if let Err(e) = app_w.write_all(&buf[..n]) {
+                        if let Err(e) = write_all_counted(&mut app_w, &buf[..n], &rec.received) {
                             tracing::debug!(id = rec.id, error = %e, "the program stopped reading");
                             let _ = net_r.shut(Shutdown::Read);
                             break;
                         }
-                        rec.received.fetch_add(n as u64, Ordering::Relaxed);
                     }
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Err(e) => {
@@ -966,16 +984,17 @@ fn pump<S: Duplex>(net: S, app: UnixStream, rec: &ConnRec) {
                 }
                 Ok(n) => {
                     let r = if urgent {
-                        net.write_urgent(&buf[..n])
+                        net.write_urgent(&buf[..n]).map(|()| {
+                            rec.sent.fetch_add(n as u64, Ordering::Relaxed);
+                        })
                     } else {
-                        net.write_all(&buf[..n])
+                        write_all_counted(&mut net, &buf[..n], &rec.sent)
                     };
                     if let Err(e) = r {
                         tracing::debug!(id = rec.id, error = %e, "the peer side cannot take more");
                         let _ = app.shutdown(Shutdown::Both);
                         break;
                     }
-                    rec.sent.fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {

@@ -868,7 +868,10 @@ fn iperf3_over_smcr() {
             .iter()
             .map(|c| c["bytes_sent"].as_u64().unwrap() + c["bytes_received"].as_u64().unwrap())
             .sum();
-        assert!(moved >= bytes, "side {side} relayed {moved} octets, iperf3 reports {bytes}: {st}");
+        assert!(
+            moved >= bytes,
+            "side {side} relayed {moved} octets, iperf3 reports {bytes}: {st}"
+        );
     }
     let _ = std::fs::remove_dir_all(lab.run_dir());
 }
