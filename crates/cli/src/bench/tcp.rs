@@ -510,7 +510,11 @@ mod tests {
         ] {
             let r = outcome(op, size, qps, iters * qps as u64, srv.port);
             let b = run_baseline(target, &r, qps as usize).unwrap();
-            let want = if op == Op::Atomic { 16 * iters } else { iters * size * qps as u64 };
+            let want = if op == Op::Atomic {
+                16 * iters
+            } else {
+                iters * size * qps as u64
+            };
             assert_eq!(b.bytes, want, "{op:?}");
             assert_eq!(b.method, method);
             assert_eq!((b.kind, b.polling), ("tcp", Polling::Blocking));
