@@ -346,6 +346,13 @@ fn bench_bandwidth_with_tcp_baseline_human_and_json() {
     let base = &v["baseline"];
     assert_eq!(base["kind"], "tcp");
     assert_eq!(base["polling"], "blocking");
+    // The fair stream (issue 13): the same bytes, server -> client for Read, and what ran.
+    assert_eq!(base["bytes"].as_u64(), Some(300 * 65536), "{v}");
+    let method = base["method"].as_str().unwrap_or_default();
+    assert!(
+        method.contains("page-aligned") && method.contains("server write()s"),
+        "{v}"
+    );
     let b = num(base, "gbit_per_s");
     assert!(b > 0.0 && num(base, "mb_per_s") > 0.0, "{v}");
     assert_eq!(base["ratio_of"], "gbit_per_s");
@@ -360,6 +367,7 @@ fn bench_bandwidth_with_tcp_baseline_human_and_json() {
         "#bytes     #iterations   BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]",
         " 65536      300 ",
         "ratio RDMA/TCP",
+        "Baseline method : one TCP connection per QP",
     ] {
         assert!(out.contains(want), "table lacks {want:?}:\n{out}");
     }
@@ -397,6 +405,9 @@ fn bench_two_processes() {
     check_bw(&v[0], "send", 1024, 200);
     check_bw(&v[1], "send", 16384, 200);
     assert!(num(&v[1]["baseline"], "gbit_per_s") > 0.0);
+    // Across processes too the TCP stream moves the same bytes (the server's count, checked).
+    assert_eq!(v[0]["baseline"]["bytes"].as_u64(), Some(200 * 1024), "{}", v[0]);
+    assert_eq!(v[1]["baseline"]["bytes"].as_u64(), Some(200 * 16384), "{}", v[1]);
     // The server prints the client's figures, as perftest's server does: one row per size,
     // the same iterations and average as the client's JSON (MB/sec = 2^20 bytes).
     let table = String::from_utf8(sout.stdout).unwrap();

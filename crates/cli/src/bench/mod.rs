@@ -94,7 +94,11 @@ window of at least 100 ms and 16 signaled completions.
 --baseline tcp repeats the same pattern over plain TCP sockets in the same run (a stream of
 the same message size and count for write/send, server -> client for read, a request/response
 ping-pong for --lat and atomics) and prints RDMA/TCP: for bandwidth higher is better, for
-latency (ratio of p50s) lower is better.
+latency (ratio of p50s) lower is better. The bandwidth baseline is the fairest plain-TCP
+transfer of the same bytes: one connection per QP, blocking write() of each message from a
+page-aligned buffer, and a sink that read()s up to 1 MiB at a time into a page-aligned buffer
+(a receive buffer 16 bytes into a page, as a plain 1 MiB Vec is, makes the kernel's copy 2-3x
+dearer on AMD CPUs) and confirms the byte count; the JSON's baseline.method says what ran.
 
 perftest's letters work here too (-s size, -n iterations, -D seconds, -q QPs, -t depth, -a every
 size from 2 B to 8 MiB), and the table shows MB/sec (2^20 bytes) as perftest's does, Gb/sec with

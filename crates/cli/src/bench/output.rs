@@ -39,6 +39,10 @@ struct BaselineJson {
     /// How the baseline's ends waited for data: "busy-poll" (latency tests without
     /// `--events`, like `sockperf ping-pong --nonblocked`) or "blocking".
     polling: &'static str,
+    /// What the baseline does, in words (`--help` says the same).
+    method: &'static str,
+    /// Payload bytes it moved (both directions for ping-pongs; for streams the receiver's count).
+    bytes: u64,
     #[serde(flatten)]
     bw: Bandwidth,
     lat: Option<Latency>,
@@ -83,6 +87,11 @@ pub(super) struct Baseline {
     pub(super) cpu_s: Option<f64>,
     /// How the baseline's ends waited: like the RDMA side in latency tests.
     pub(super) polling: tcp::Polling,
+    /// Payload bytes the baseline moved (both directions for ping-pongs); for TCP streams the
+    /// receiving end's count, which must be the RDMA test's messages x size.
+    pub(super) bytes: u64,
+    /// What the baseline does, in words.
+    pub(super) method: &'static str,
 }
 
 fn us(h: &Histogram<u64>, q: f64) -> f64 {
@@ -135,6 +144,8 @@ impl Outcome {
             baseline: self.baseline.as_ref().map(|b| BaselineJson {
                 kind: b.kind,
                 polling: b.polling.as_str(),
+                method: b.method,
+                bytes: b.bytes,
                 bw: bw(b.gbit),
                 lat: b.hist.as_ref().map(Latency::of_ns),
                 cpu_s: b.cpu_s,
@@ -248,6 +259,9 @@ pub(super) fn print_header(args: &Args, dev: &Device, target: SocketAddr, r: &Ou
         }
     } else if args.baseline.is_some() {
         println!(" Baseline        : plain TCP sockets, same message size and count");
+        if let Some(b) = &r.baseline {
+            println!(" Baseline method : {}", b.method);
+        }
         if r.lat && !args.events {
             println!(" Baseline wait   : busy-polling non-blocking sockets on both ends, as we busy-poll the CQs");
         } else if r.lat {

@@ -8,6 +8,55 @@ pub(super) const TCP_STREAM_OUT: u8 = 2; // server -> client
 pub(super) const TCP_RPC: u8 = 3; // request/response, blocking reads on both ends
 pub(super) const TCP_RPC_BUSY: u8 = 4; // request/response, both ends busy-poll non-blocking sockets
 
+/// A bulk baseline's sink reads whatever the stream holds, up to this much per `read`: TCP is
+/// a byte stream, so message boundaries are the sender's business, and a bulk receiver reads big.
+pub(super) const SINK_READ: usize = 1 << 20;
+
+const PAGE: usize = 4096;
+
+/// A buffer whose bytes start on a 4 KiB page boundary, as RDMA regions and iperf3's
+/// buffers do. `vec![0; 1 MiB]` starts 16 bytes into a page (glibc serves it from a fresh
+/// `mmap` after its 16-byte header), and the kernel's receive copy (`copy_to_user`,
+/// `rep movsb`) into such a buffer costs 2.5-3x the CPU per byte on an AMD EPYC with FSRM
+/// (docs/performance.md, session 16): the old baseline's reader paid that and moved half
+/// of what plain TCP does.
+pub(super) struct PageBuf {
+    v: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl PageBuf {
+    pub(super) fn new(len: usize, fill: u8) -> PageBuf {
+        let v = vec![fill; len + PAGE - 1];
+        let off = (PAGE - v.as_ptr() as usize % PAGE) % PAGE;
+        PageBuf { v, off, len }
+    }
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.v[self.off..self.off + self.len]
+    }
+    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.v[self.off..self.off + self.len]
+    }
+}
+
+/// What `--baseline tcp` does for bandwidth (Write and Send: client -> server), in the
+/// table's header and the JSON's `baseline.method`.
+pub(super) const METHOD_STREAM_IN: &str = "one TCP connection per QP (TCP_NODELAY, kernel-autotuned buffers); \
+the client write()s each SIZE-byte message from a page-aligned buffer, blocking; the server read()s up to 1 MiB \
+at a time into a page-aligned buffer and answers with the count of bytes it got, which must be messages x SIZE; \
+the clock runs from a barrier after connecting to the last count";
+/// The same for Read (server -> client).
+pub(super) const METHOD_STREAM_OUT: &str = "one TCP connection per QP (TCP_NODELAY, kernel-autotuned buffers); \
+the server write()s each SIZE-byte message from a page-aligned buffer, blocking; the client read()s up to 1 MiB \
+at a time into a page-aligned buffer until it has messages x SIZE bytes";
+/// Atomics: 8-byte requests and responses, up to --depth requests ahead.
+pub(super) const METHOD_ATOMIC: &str = "one TCP connection per QP; 8-byte requests written in bursts of \
+--depth, 8-byte responses read by a second thread";
+/// Latency: a ping-pong of one message at a time.
+pub(super) const METHOD_PING_PONG: &str = "one TCP connection (TCP_NODELAY); a ping-pong of one request \
+and one response of the test's sizes at a time";
+
 /// How a baseline's ends wait for data: the latency baseline polls like the RDMA side it is
 /// compared with (busy-polling unless `--events`), as `sockperf ping-pong --tcp --nonblocked`
 /// does; bandwidth baselines block in `read`/`write`.
@@ -191,13 +240,13 @@ pub(super) fn tcp_serve_conn(mut s: TcpStream, limits: Limits) -> Result<()> {
     let count = u64::from_le_bytes(h[16..24].try_into().unwrap());
     match h[0] {
         TCP_STREAM_IN => {
-            read_and_drop(&mut s, count * req as u64, req)?;
-            s.write_all(&[1])?;
+            let got = read_and_drop(&mut s, count.saturating_mul(req as u64))?;
+            s.write_all(&got.to_le_bytes())?;
         }
         TCP_STREAM_OUT => {
-            let buf = vec![0x5au8; req];
+            let buf = PageBuf::new(req, 0x5a);
             for _ in 0..count {
-                s.write_all(&buf)?;
+                s.write_all(buf.bytes())?;
             }
         }
         TCP_RPC => {
@@ -291,32 +340,40 @@ pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) 
             hist: Some(hist),
             cpu_s: None,
             polling,
+            bytes: (count + 100) * (req as u64 + resp as u64),
+            method: METHOD_PING_PONG,
         });
     }
     let barrier = Arc::new(Barrier::new(conns + 1));
     let failed = Arc::new(AtomicBool::new(false));
     let mut hs = Vec::new();
+    let want = count * size as u64;
     for _ in 0..conns {
         let (barrier, failed) = (barrier.clone(), failed.clone());
         let op = r.op;
         let depth = r.depth as u64;
-        hs.push(std::thread::spawn(move || -> Result<()> {
-            let res = (|| -> Result<()> {
+        hs.push(std::thread::spawn(move || -> Result<u64> {
+            let res = (|| -> Result<u64> {
                 match op {
                     Op::Write | Op::Send => {
                         let mut s = tcp_open(addr, TCP_STREAM_IN, size, 0, count)?;
-                        let buf = vec![0xa5u8; size as usize];
+                        let buf = PageBuf::new(size as usize, 0xa5);
                         barrier.wait();
                         for _ in 0..count {
-                            s.write_all(&buf)?;
+                            s.write_all(buf.bytes())?;
                         }
-                        let mut ack = [0u8];
-                        s.read_exact(&mut ack)?;
+                        let mut got = [0u8; 8];
+                        s.read_exact(&mut got)?;
+                        let got = u64::from_le_bytes(got);
+                        if got != want {
+                            bail!("the baseline server got {got} bytes of {want}");
+                        }
+                        Ok(got)
                     }
                     Op::Read => {
                         barrier.wait();
                         let mut s = tcp_open(addr, TCP_STREAM_OUT, size, 0, count)?;
-                        read_and_drop(&mut s, count * size as u64, size as usize)?;
+                        read_and_drop(&mut s, want)
                     }
                     Op::Atomic => {
                         let mut s = tcp_open(addr, TCP_RPC, 8, 8, count)?;
@@ -340,9 +397,9 @@ pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) 
                             left -= n;
                         }
                         reader.join().map_err(|_| anyhow!("reader panicked"))??;
+                        Ok(16 * count)
                     }
                 }
-                Ok(())
             })();
             if res.is_err() {
                 failed.store(true, Ordering::Relaxed);
@@ -352,8 +409,9 @@ pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) 
     }
     barrier.wait();
     let start = Instant::now();
+    let mut bytes = 0;
     for h in hs {
-        h.join().map_err(|_| anyhow!("baseline thread panicked"))??;
+        bytes += h.join().map_err(|_| anyhow!("baseline thread panicked"))??;
     }
     let secs = start.elapsed().as_secs_f64();
     let total = count * conns as u64;
@@ -363,21 +421,123 @@ pub(super) fn run_baseline_inner(target: SocketAddr, r: &Outcome, conns: usize) 
         hist: None,
         cpu_s: None,
         polling: Polling::Blocking,
+        bytes,
+        method: match r.op {
+            Op::Write | Op::Send => METHOD_STREAM_IN,
+            Op::Read => METHOD_STREAM_OUT,
+            Op::Atomic => METHOD_ATOMIC,
+        },
     })
 }
 
-/// Reads `total` bytes of a baseline stream in reads of up to `msg` bytes (1 MiB at most),
-/// dropping them.
-fn read_and_drop(s: &mut impl Read, total: u64, msg: usize) -> Result<()> {
-    let mut buf = vec![0u8; msg.min(1 << 20)];
+/// Reads `total` bytes of a baseline stream into a page-aligned buffer, up to
+/// [`SINK_READ`] bytes per `read`, dropping them; returns how many it read (`total`).
+fn read_and_drop(s: &mut impl Read, total: u64) -> Result<u64> {
+    let mut buf = PageBuf::new(SINK_READ.min(total.max(1) as usize), 0);
+    let buf = buf.bytes_mut();
     let mut left = total;
     while left > 0 {
         let n = (buf.len() as u64).min(left) as usize;
         let got = s.read(&mut buf[..n])?;
         if got == 0 {
-            bail!("baseline stream cut short");
+            bail!("baseline stream cut short after {} of {total} bytes", total - left);
         }
         left -= got as u64;
     }
-    Ok(())
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(op: Op, size: u64, qps: u16, messages: u64, port: u16) -> Outcome {
+        Outcome {
+            op,
+            size,
+            qps,
+            depth: 16,
+            lat: false,
+            events: false,
+            crc: false,
+            detail: String::new(),
+            messages,
+            secs: 1.0,
+            peak_gbit: 0.0,
+            hist: None,
+            baseline: None,
+            tcp_port: port,
+            cpu_s: None,
+        }
+    }
+
+    fn server() -> TcpServer {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let limits = Limits {
+            idle: Some(Duration::from_secs(60)),
+            max_test: None,
+            max_mem: 64 << 20,
+            report: None,
+        };
+        spawn_tcp_server(l, limits).unwrap()
+    }
+
+    /// The page-aligned buffers the bandwidth baseline writes from and reads into.
+    #[test]
+    fn page_buf_starts_on_a_page() {
+        for len in [1, 4095, 4096, 65536, 1 << 20] {
+            let mut b = PageBuf::new(len, 7);
+            assert_eq!(b.bytes().as_ptr() as usize % PAGE, 0, "len {len}");
+            assert_eq!(b.bytes().len(), len);
+            assert!(b.bytes().iter().all(|&x| x == 7));
+            b.bytes_mut()[len - 1] = 1;
+            assert_eq!(b.bytes()[len - 1], 1);
+        }
+    }
+
+    /// Issue 13's yardstick: the bandwidth baseline moves the RDMA test's bytes (messages x
+    /// size, over every connection), the server confirms the count it read, and the result
+    /// says what ran. Write and Send stream client -> server, Read server -> client.
+    #[test]
+    fn bandwidth_baseline_moves_the_same_bytes_and_says_how() {
+        let srv = server();
+        let target: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        for (op, size, qps, iters, method) in [
+            (Op::Write, 1 << 20, 1, 24, METHOD_STREAM_IN),
+            (Op::Send, 1000, 3, 500, METHOD_STREAM_IN),
+            (Op::Read, 65536, 2, 40, METHOD_STREAM_OUT),
+            (Op::Atomic, 8, 1, 100, METHOD_ATOMIC),
+        ] {
+            let r = outcome(op, size, qps, iters * qps as u64, srv.port);
+            let b = run_baseline(target, &r, qps as usize).unwrap();
+            let want = if op == Op::Atomic {
+                16 * iters
+            } else {
+                iters * size * qps as u64
+            };
+            assert_eq!(b.bytes, want, "{op:?}");
+            assert_eq!(b.method, method);
+            assert_eq!((b.kind, b.polling), ("tcp", Polling::Blocking));
+            assert!(b.hist.is_none() && b.gbit > 0.0);
+        }
+        assert!(METHOD_STREAM_IN.contains("page-aligned") && METHOD_STREAM_IN.contains("1 MiB"));
+    }
+
+    /// A sender that stops early fails the baseline instead of reporting a rate for bytes
+    /// that never arrived: the server's count is checked.
+    #[test]
+    fn short_stream_is_an_error() {
+        let srv = server();
+        let addr: SocketAddr = ([127, 0, 0, 1], srv.port).into();
+        let mut s = tcp_open(addr, TCP_STREAM_IN, 4096, 0, 10).unwrap();
+        s.write_all(&[0u8; 4096 * 3]).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        // The server reads 3 of 10 messages, hits the end of the stream and closes without a count.
+        s.read_to_end(&mut got).unwrap();
+        assert!(got.is_empty(), "no count for a short stream: {got:?}");
+        let mut cut = &[0u8; 100][..];
+        let e = read_and_drop(&mut cut, 200).unwrap_err();
+        assert!(e.to_string().contains("100 of 200"), "{e}");
+    }
 }
