@@ -1,5 +1,6 @@
 //! The Requester (RPC client) on verbs.
 
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -614,7 +615,9 @@ struct Pending {
 
 struct State {
     credits: RequesterCredits,
-    pending: HashMap<u32, Pending>,
+    /// By XID (ours, one per credit at most): FxHash, as every call inserts, looks up and
+    /// removes its entry.
+    pending: FxHashMap<u32, Pending>,
     dead: Option<Disconnect>,
     /// Callers waiting on `Conn::cv` for a credit.
     credit_waiters: usize,
@@ -718,7 +721,7 @@ impl Conn {
             recv_size,
             state: Mutex::new(State {
                 credits: RequesterCredits::new(credits),
-                pending: HashMap::new(),
+                pending: FxHashMap::default(),
                 dead: None,
                 credit_waiters: 0,
                 leader: Leader::None,
