@@ -17,6 +17,12 @@ struct Slots<T> {
     msgs: VecDeque<T>,
     /// The sender was dropped.
     closed: bool,
+    /// The receiver sleeps in [`Receiver::recv_timeout`]: only then is the condition variable
+    /// notified (std's `Condvar::notify_one` is a `futex` system call whether anyone waits or
+    /// not: two per call, on the path of every Reply, before this flag).
+    waiting: bool,
+    /// Notifications made (a count for the tests).
+    notified: u64,
 }
 
 /// The shared part.
@@ -31,6 +37,8 @@ impl<T> Mailbox<T> {
             slots: Mutex::new(Slots {
                 msgs: VecDeque::with_capacity(CAPACITY),
                 closed: false,
+                waiting: false,
+                notified: 0,
             }),
             cv: Condvar::new(),
         }
@@ -48,6 +56,7 @@ pub(super) fn pair<T>(spare: &mut Arc<Mailbox<T>>) -> (Sender<T>, Receiver<T>) {
         let mut s = spare.slots.lock().unwrap_or_else(|e| e.into_inner());
         s.msgs.clear();
         s.closed = false;
+        s.waiting = false;
     }
     (Sender(spare.clone()), Receiver(spare.clone()))
 }
@@ -64,8 +73,12 @@ impl<T> Sender<T> {
             return false;
         }
         s.msgs.push_back(msg);
+        let wake = s.waiting;
+        s.notified += u64::from(wake);
         drop(s);
-        self.0.cv.notify_one();
+        if wake {
+            self.0.cv.notify_one();
+        }
         true
     }
 }
@@ -74,8 +87,12 @@ impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
         let mut s = self.0.slots.lock().unwrap_or_else(|e| e.into_inner());
         s.closed = true;
+        let wake = s.waiting;
+        s.notified += u64::from(wake);
         drop(s);
-        self.0.cv.notify_one();
+        if wake {
+            self.0.cv.notify_one();
+        }
     }
 }
 
@@ -120,7 +137,10 @@ impl<T> Receiver<T> {
             if left.is_zero() {
                 return Err(Empty::Now);
             }
+            // set and read under the lock: a sender that pushes after this sees it
+            s.waiting = true;
             s = self.0.cv.wait_timeout(s, left).unwrap_or_else(|e| e.into_inner()).0;
+            s.waiting = false;
         }
     }
 }
@@ -145,6 +165,39 @@ mod tests {
         assert_eq!(rx.try_recv(), Ok(4), "what was sent before the drop is received");
         assert_eq!(rx.try_recv(), Err(Empty::Disconnected));
         assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Err(Empty::Disconnected));
+    }
+
+    fn notified<T>(m: &Arc<Mailbox<T>>) -> u64 {
+        m.slots.lock().unwrap().notified
+    }
+
+    /// Issue 18: a Reply delivered to a caller that polls (the leader, or a follower not yet
+    /// asleep) makes no `futex` wake-up; one delivered to a sleeping follower does.
+    #[test]
+    fn only_a_sleeping_receiver_is_notified() {
+        let mut spare = Arc::new(Mailbox::new());
+        let (tx, rx) = pair::<u32>(&mut spare);
+        assert!(tx.try_send(1));
+        assert_eq!(rx.try_recv(), Ok(1));
+        drop(tx);
+        assert_eq!(rx.try_recv(), Err(Empty::Disconnected));
+        assert_eq!(notified(&spare), 0, "nobody slept: no notification");
+        drop(rx);
+        let (tx, rx) = pair::<u32>(&mut spare);
+        let m = spare.clone();
+        let t = std::thread::spawn(move || {
+            // the receiver is asleep once it has set `waiting` (under the lock)
+            while !m.slots.lock().unwrap().waiting {
+                std::thread::yield_now();
+            }
+            assert!(tx.try_send(5));
+            tx
+        });
+        assert_eq!(rx.recv_timeout(Duration::from_secs(60)), Ok(5));
+        let tx = t.join().unwrap();
+        drop(tx);
+        // the send to the sleeper notified; the sender's drop (the receiver awake) did not
+        assert_eq!(notified(&spare), 1);
     }
 
     #[test]
