@@ -34,7 +34,8 @@
 //!   is not read while at the limit). Both charge the bytes of the Calls queued here to
 //!   their memory budgets.
 
-use std::collections::{HashMap, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -85,10 +86,20 @@ impl Default for PoolConfig {
     }
 }
 
+/// Emptied client queues a pool keeps for reuse ([`State::spare`]).
+const SPARE_QUEUES: usize = 16;
+/// The largest emptied queue kept (a client that queued many jobs at once gives its
+/// memory back).
+const SPARE_CAPACITY: usize = 64;
+
 #[derive(Default)]
 struct State {
     /// Each client's queued jobs, with their groups.
     queues: HashMap<u64, VecDeque<(u64, Job)>>,
+    /// Emptied queues kept for the next client that queues a job (at most [`SPARE_QUEUES`]):
+    /// a client with one call at a time empties its queue with every job, and a fresh
+    /// `VecDeque` allocated on its next submit (issue 18, session 16).
+    spare: Vec<VecDeque<(u64, Job)>>,
     /// Clients with queued jobs, in the order they are served.
     ring: VecDeque<u64>,
     /// Jobs running per client.
@@ -196,7 +207,11 @@ impl IoPool {
         if s.stop {
             return;
         }
-        let q = s.queues.entry(client).or_default();
+        let st = &mut *s;
+        let q = st
+            .queues
+            .entry(client)
+            .or_insert_with(|| st.spare.pop().unwrap_or_default());
         q.push_back((group, job));
         if q.len() == 1 {
             s.ring.push_back(client);
@@ -231,6 +246,7 @@ impl Drop for IoPool {
             let mut s = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
             s.stop = true;
             s.queues.clear();
+            s.spare.clear();
             s.ring.clear();
             s.queued = 0;
             s.idle.clear();
@@ -264,7 +280,12 @@ fn next(s: &mut State, cfg: &PoolConfig) -> Option<(u64, u64, Job)> {
         let q = s.queues.get_mut(&c)?;
         let (_, job) = q.pop_front()?;
         if q.is_empty() {
-            s.queues.remove(&c);
+            if let Some(q) = s.queues.remove(&c)
+                && s.spare.len() < SPARE_QUEUES
+                && q.capacity() <= SPARE_CAPACITY
+            {
+                s.spare.push(q);
+            }
         } else {
             s.ring.push_back(c);
         }

@@ -19,7 +19,8 @@
 //! PROG_UNAVAIL, PROG_MISMATCH (with the lowest and highest registered
 //! versions), PROC_UNAVAIL, GARBAGE_ARGS and SYSTEM_ERR.
 
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::rpc::{
@@ -101,7 +102,9 @@ struct Procedure {
 /// Registered programs, versions and procedures.
 #[derive(Clone, Default)]
 pub struct Registry {
-    progs: HashMap<u32, BTreeMap<u32, HashMap<u32, Procedure>>>,
+    /// FxHash: looked up on every call (program and procedure numbers come from the
+    /// caller, but only the ones registered here are ever inserted).
+    progs: FxHashMap<u32, BTreeMap<u32, FxHashMap<u32, Procedure>>>,
 }
 
 impl std::fmt::Debug for Registry {

@@ -135,6 +135,22 @@ impl Buffer {
         Ok(())
     }
 
+    /// Returns a copy of `len` bytes at `off`, in a vector that is not zero-filled first
+    /// (`vec![0; len]` and [`read`](Self::read) zeroed every received message before the
+    /// copy: a `calloc` and a memset per message, issue 18, session 16).
+    pub fn read_to_vec(&self, off: usize, len: usize) -> Result<Vec<u8>, OutOfBounds> {
+        let src = self.range(off, len)?;
+        let mut v = Vec::with_capacity(len);
+        // SAFETY: src..src+len is inside the mapping (checked above) and cannot overlap the
+        // fresh vector's allocation, which has room for `len` bytes; after the copy those
+        // `len` bytes are initialised, so the length may cover them.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, v.as_mut_ptr(), len);
+            v.set_len(len);
+        }
+        Ok(v)
+    }
+
     /// Copies `len` bytes from `self[src_off..]` to `dst[dst_off..]` (regions may be the same buffer).
     pub fn copy_to(&self, src_off: usize, dst: &Buffer, dst_off: usize, len: usize) -> Result<(), OutOfBounds> {
         let s = self.range(src_off, len)?;
@@ -281,6 +297,18 @@ mod tests {
         b.read(96, &mut out).unwrap();
         assert_eq!(out, [1, 2, 3, 4]);
         assert_eq!(b.addr() % 4096, 0);
+    }
+
+    #[test]
+    fn read_to_vec_copies_exactly_the_range_and_checks_bounds() {
+        let b = Buffer::new(100).unwrap();
+        let data: Vec<u8> = (0..100u8).collect();
+        b.write(0, &data).unwrap();
+        assert_eq!(b.read_to_vec(10, 20).unwrap(), &data[10..30]);
+        assert_eq!(b.read_to_vec(100, 0).unwrap(), Vec::<u8>::new());
+        assert_eq!(b.read_to_vec(0, 100).unwrap(), data);
+        assert_eq!(b.read_to_vec(1, 100), Err(OutOfBounds));
+        assert_eq!(b.read_to_vec(usize::MAX, 2), Err(OutOfBounds));
     }
 
     #[test]

@@ -388,9 +388,7 @@ impl MemoryRegion {
     }
     /// Returns a copy of `len` bytes at `off`.
     pub fn to_vec(&self, off: usize, len: usize) -> std::result::Result<Vec<u8>, OutOfBounds> {
-        let mut v = vec![0u8; len];
-        self.read(off, &mut v)?;
-        Ok(v)
+        self.buf()?.read_to_vec(off, len)
     }
     /// Fills `len` bytes at `off` with `byte`.
     pub fn fill(&self, off: usize, len: usize, byte: u8) -> std::result::Result<(), OutOfBounds> {

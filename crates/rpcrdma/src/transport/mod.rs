@@ -116,6 +116,7 @@
 pub mod backchannel;
 #[allow(unsafe_code)]
 mod in_place;
+mod mailbox;
 mod requester;
 mod responder;
 

@@ -1,9 +1,10 @@
 //! The Requester (RPC client) on verbs.
 
+use super::mailbox::{self, Empty, Mailbox, Receiver, Sender};
+use rustc_hash::FxHashMap;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError, sync_channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
@@ -577,6 +578,12 @@ impl Done {
 
 type Outcome = Result<Vec<u8>, RpcError>;
 
+thread_local! {
+    /// The mailbox of this thread's last call, reused by its next (see [`mailbox::pair`]).
+    static MAILBOX: std::cell::RefCell<std::sync::Arc<Mailbox<Msg>>> =
+        std::cell::RefCell::new(std::sync::Arc::new(Mailbox::new()));
+}
+
 /// What a waiting caller receives.
 enum Msg {
     /// Its RPC's outcome.
@@ -605,7 +612,7 @@ enum Leader {
 struct Pending {
     lists: ChunkLists,
     stags: Vec<u32>,
-    tx: SyncSender<Msg>,
+    tx: Sender<Msg>,
     /// The Reply (or the error), waiting for local invalidation to finish.
     result: Option<Outcome>,
     /// Its caller waits on its channel for a Reply or for its turn to poll.
@@ -614,7 +621,9 @@ struct Pending {
 
 struct State {
     credits: RequesterCredits,
-    pending: HashMap<u32, Pending>,
+    /// By XID (ours, one per credit at most): FxHash, as every call inserts, looks up and
+    /// removes its entry.
+    pending: FxHashMap<u32, Pending>,
     dead: Option<Disconnect>,
     /// Callers waiting on `Conn::cv` for a credit.
     credit_waiters: usize,
@@ -718,7 +727,7 @@ impl Conn {
             recv_size,
             state: Mutex::new(State {
                 credits: RequesterCredits::new(credits),
-                pending: HashMap::new(),
+                pending: FxHashMap::default(),
                 dead: None,
                 credit_waiters: 0,
                 leader: Leader::None,
@@ -895,8 +904,9 @@ impl Conn {
         stags.extend(read_region.as_ref().map(|r| r.stag));
         stags.extend(write_region.as_ref().map(|r| r.stag));
         // credit: wait for one (RPCR-CRD-01/03/07)
-        // room for a Lead and the Done after it
-        let (tx, rx) = sync_channel(2);
+        // room for a Lead and the Done after it; this thread's mailbox of its last call,
+        // unless something of that call still holds it
+        let (tx, rx) = MAILBOX.with(|m| mailbox::pair(&mut m.borrow_mut()));
         {
             let mut st = self.state.lock().unwrap();
             loop {
@@ -983,8 +993,8 @@ impl Conn {
         loop {
             match rx.try_recv() {
                 Ok(Msg::Done(r)) => return Some(r),
-                Ok(Msg::Lead) | Err(TryRecvError::Empty) => {}
-                Err(TryRecvError::Disconnected) => return Some(Err(RpcError::Disconnected(Disconnect::Closed))),
+                Ok(Msg::Lead) | Err(Empty::Now) => {}
+                Err(Empty::Disconnected) => return Some(Err(RpcError::Disconnected(Disconnect::Closed))),
             }
             let now = Instant::now();
             if now >= deadline {
@@ -1003,8 +1013,8 @@ impl Conn {
                     match rx.recv_timeout(deadline - now) {
                         Ok(Msg::Done(r)) => return Some(r),
                         Ok(Msg::Lead) => continue,
-                        Err(RecvTimeoutError::Timeout) => return None,
-                        Err(RecvTimeoutError::Disconnected) => {
+                        Err(Empty::Now) => return None,
+                        Err(Empty::Disconnected) => {
                             return Some(Err(RpcError::Disconnected(Disconnect::Closed)));
                         }
                     }
@@ -1030,8 +1040,8 @@ impl Conn {
         loop {
             match rx.try_recv() {
                 Ok(Msg::Done(r)) => return Some(r),
-                Ok(Msg::Lead) | Err(TryRecvError::Empty) => {}
-                Err(TryRecvError::Disconnected) => return Some(Err(RpcError::Disconnected(Disconnect::Closed))),
+                Ok(Msg::Lead) | Err(Empty::Now) => {}
+                Err(Empty::Disconnected) => return Some(Err(RpcError::Disconnected(Disconnect::Closed))),
             }
             if let Some(d) = &self.state.lock().unwrap().dead {
                 return Some(Err(RpcError::Disconnected(d.clone())));

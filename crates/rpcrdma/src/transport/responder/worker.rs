@@ -131,7 +131,8 @@ const CLOSED_REMEMBERED: usize = 1024;
 
 #[derive(Default)]
 struct WorkerState {
-    conns: std::collections::HashMap<u32, Conn>,
+    /// By QPN: FxHash (every completion is routed through it).
+    conns: rustc_hash::FxHashMap<u32, Conn>,
     /// Connections with completions to handle, in arrival order.
     pending: VecDeque<u32>,
     /// Completions for QPs not (yet) in `conns`, with when they came.
