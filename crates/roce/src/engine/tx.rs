@@ -172,10 +172,15 @@ impl DevInner {
         let (mut msgs, mut imsgs) = TX_MSGS.take();
         gso_trains_into(pkts.iter().map(TxParts::len), !to.ip().is_multicast(), &mut msgs);
         imsgs.clear();
-        // Pad (0-3 octets) and ICRC of each packet; a batch is at most qp::BATCH packets.
-        let mut on_stack = [[0u8; 8]; qp::BATCH];
+        // Pad (0-3 octets) and ICRC of each packet; a batch is at most qp::BATCH packets,
+        // most are one or two (a ping-pong's): no 60 trailers to clear for those.
+        let mut on_small = [[0u8; 8]; SMALL_TRAILERS];
+        let mut on_stack;
         let mut on_heap = Vec::new();
-        let trailers: &mut [[u8; 8]] = if pkts.len() <= qp::BATCH {
+        let trailers: &mut [[u8; 8]] = if pkts.len() <= SMALL_TRAILERS {
+            &mut on_small[..pkts.len()]
+        } else if pkts.len() <= qp::BATCH {
+            on_stack = [[0u8; 8]; qp::BATCH];
             &mut on_stack[..pkts.len()]
         } else {
             on_heap.resize(pkts.len(), [0u8; 8]);
@@ -286,6 +291,9 @@ impl DevInner {
         }
     }
 }
+
+/// Batches of up to this many packets keep their trailers in a small array.
+const SMALL_TRAILERS: usize = 4;
 
 /// Pieces of payload up to this long are read for the ICRC in one copy to the stack.
 const SMALL_PIECE: usize = 256;

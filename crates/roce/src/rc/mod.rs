@@ -320,9 +320,12 @@ pub(crate) enum ScatterError {
 }
 
 /// Writes `data` at message offset `at` of the scatter list `sges`, each piece checked with
-/// `MemTable::check(lkey, pd, qpn, addr, len, LOCAL_WRITE)`.
+/// `MemTable::check(lkey, pd, qpn, addr, len, LOCAL_WRITE)`, through `cache` (the same
+/// checks against the last registration looked up while the table is unchanged: a
+/// receive buffer's lkey is not looked up in the table per Send, issue 13).
 pub(crate) fn scatter(
     mem: &MemTable,
+    cache: &mut verbs::mem::MrCache,
     pd: u32,
     qpn: u32,
     sges: &[Sge],
@@ -340,7 +343,15 @@ pub(crate) fn scatter(
         }
         let n = ((len - at) as usize).min(data.len());
         let r = mem
-            .check(s.lkey, pd, qpn, s.addr.wrapping_add(at), n as u64, Access::LOCAL_WRITE)
+            .check_cached(
+                cache,
+                s.lkey,
+                pd,
+                qpn,
+                s.addr.wrapping_add(at),
+                n as u64,
+                Access::LOCAL_WRITE,
+            )
             .map_err(|_| ScatterError::Protection)?;
         r.buffer
             .write(r.offset, &data[..n])

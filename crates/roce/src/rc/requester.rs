@@ -617,10 +617,15 @@ impl RcQp {
             bth.ack_req = true;
             self.req.since_ack_req = 0;
         }
-        let r = Packet::new(bth, ext, &[])
-            .ok()
-            .and_then(|p| p.emit_header(buf, payload.1).ok())
-            .map(|h| (h, payload.1));
+        // `emit_header` checks the headers against the opcode (once: `Packet::new` would
+        // check them a second time) and writes the pad count for the payload.
+        let hdr = Packet {
+            bth,
+            ext,
+            payload: &[],
+            icrc: 0,
+        };
+        let r = hdr.emit_header(buf, payload.1).ok().map(|h| (h, payload.1));
         if r.is_some() {
             self.req.sq[i].src.each_piece(payload.0, payload.1, |p| pieces.push(p));
             self.req.cur_pkt = next_pkt;
