@@ -175,7 +175,9 @@ impl QpShared {
                 loop {
                     lens.clear();
                     pieces.clear();
-                    while lens.len() < BATCH {
+                    // Asked before each packet: after a ping-pong's reply and ACK, no call
+                    // that walks the queues to find nothing.
+                    while lens.len() < BATCH && core.may_transmit() {
                         let n = lens.len();
                         match core.poll_transmit_parts(now, &mut buf[n * HDR_ROOM..(n + 1) * HDR_ROOM], pieces) {
                             Some((h, p)) => lens.push((h, p, pieces.len())),

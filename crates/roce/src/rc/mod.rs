@@ -623,7 +623,8 @@ impl RcQp {
 
     /// Whether [`RcQp::poll_transmit_parts`] may have a packet to give: a queued response,
     /// or (in RTS/SQD, no RNR wait) a send queue entry at or after the one it would send
-    /// next. `false` means it would give none, so a busy poller with nothing received
+    /// next that is not finished or wholly sent (the batch loop asks before each packet:
+    /// no call that walks the queues to find nothing after the last one, issue 13). `false` means it would give none, so a busy poller with nothing received
     /// skips building a batch (issue 13); `true` promises nothing.
     pub(crate) fn may_transmit(&self) -> bool {
         if matches!(self.state, QpState::Reset | QpState::Init) {
@@ -632,7 +633,7 @@ impl RcQp {
         !self.resp.out.is_empty()
             || (matches!(self.state, QpState::Rts | QpState::Sqd)
                 && self.req.rnr_until.is_none()
-                && self.req.cur < self.req.sq.len())
+                && self.req.has_unsent())
     }
 
     /// The longest header [`RcQp::poll_transmit_parts`] writes: BTH, AtomicETH (28), or

@@ -187,6 +187,16 @@ impl Requester {
         self.rnr_until = None;
     }
 
+    /// Whether the transmit cursor has a WQE to go on with: the one it is on, unless that
+    /// one is finished or wholly sent (`next_request` then steps over it), or one after it.
+    /// `false` means `next_request` would return `None` (it only steps the cursor).
+    pub(crate) fn has_unsent(&self) -> bool {
+        match self.sq.get(self.cur) {
+            None => false,
+            Some(w) => self.cur + 1 < self.sq.len() || (w.status.is_none() && !(w.started && self.cur_pkt >= w.npkts)),
+        }
+    }
+
     /// Moves the transmit cursor back to `psn` (go-back-N, IBA vol. 1 §9.7.6).
     pub(crate) fn go_back(&mut self, psn: Psn) {
         self.ack_deadline = None;
