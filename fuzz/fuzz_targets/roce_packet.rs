@@ -3,7 +3,8 @@
 //! packet (parse -> emit -> parse stable), and the receive checks that read the opcode table
 //! (`sequence_ok`, `check_payload_len`) accept any parsed packet without panicking.
 //! Selector octet: bit 0 also runs the ICRC over `data` cut as IP (20 or 40, bit 1) + UDP (8)
-//! + packet.
+//! + packet; bit 2 compares the lean IPv4 ICRC (`compute_v4_short_packet`, addresses, ID and
+//! ports from the next 14 octets) with the general one.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use roce::wire::icrc;
@@ -18,6 +19,20 @@ fuzz_target!(|data: &[u8]| {
     let Some((&sel, rest)) = data.split_first() else {
         return;
     };
+    if sel & 4 != 0 && rest.len() >= 14 {
+        // The lean IPv4 ICRC the engine sends and checks short packets with
+        // (`icrc::compute_v4_short_packet`) equals the general one over `ipv4_header` and
+        // `udp_header` whenever it answers.
+        let (f, pkt) = rest.split_at(14);
+        let (src, dst) = ([f[0], f[1], f[2], f[3]], [f[4], f[5], f[6], f[7]]);
+        let id = u16::from_be_bytes([f[8], f[9]]);
+        let (sport, dport) = (u16::from_be_bytes([f[10], f[11]]), u16::from_be_bytes([f[12], f[13]]));
+        if let Some(lean) = icrc::compute_v4_short_packet(src, dst, id, sport, dport, pkt) {
+            let ip = icrc::ipv4_header(src, dst, id, pkt.len());
+            let udp = icrc::udp_header(sport, dport, pkt.len());
+            assert_eq!(icrc::compute(&ip, &udp, pkt), Ok(lean));
+        }
+    }
     if sel & 1 != 0 {
         let ip_len = if sel & 2 != 0 { 40 } else { 20 };
         if rest.len() >= ip_len + 8 {

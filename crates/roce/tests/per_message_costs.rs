@@ -163,6 +163,37 @@ fn busy_ping_pong_reply_and_ack_share_a_datagram_c3() {
     );
 }
 
+/// Every Send's receive buffer is checked (lkey, PD, bounds, LOCAL_WRITE: IBA vol. 1
+/// §9.7.4.1.5; C3 "an incoming SEND consumes a posted receive WQE") through the
+/// responder's cache of the region it last looked up, as the requester's gather and the
+/// Write's rkey already were (session 15): a warm busy ping-pong makes no memory-table
+/// look-up (read lock, hash) per message. Session 16 (issue 13's lean one-packet path):
+/// one per Send received before. The lean IPv4 ICRC (masked headers and payload straight
+/// into one buffer) checks every packet of every train: `icrc_err` stays 0.
+#[test]
+fn busy_ping_pong_looks_up_no_memory_region_per_send_c3() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (x, y) = pair("127.77.14.9", "127.77.14.10");
+    const N: u64 = 300;
+    ping_pong(&x, &y, 20, false); // warm: each QP's caches hold the buffer's region
+    let lookups = || x.dev.mr_lookups() + y.dev.mr_lookups();
+    let (l0, r0) = (lookups(), c(&x.dev, "rcvd_pkts") + c(&y.dev, "rcvd_pkts"));
+    ping_pong(&x, &y, N, false);
+    let (l, r) = (lookups() - l0, c(&x.dev, "rcvd_pkts") + c(&y.dev, "rcvd_pkts") - r0);
+    eprintln!("{N} round trips: {l} memory-table look-ups, {r} packets received");
+    assert!(r >= 2 * N, "two Sends per round trip at least: {r}");
+    // No register or deregister meanwhile: the caches stay valid (bounded, not per message).
+    assert!(
+        l <= 2,
+        "{l} memory-table look-ups for {N} round trips (2 per round trip before)"
+    );
+    assert_eq!(
+        c(&x.dev, "icrc_err") + c(&y.dev, "icrc_err"),
+        0,
+        "every packet verified"
+    );
+}
+
 /// Ping-pong with both ends asleep on their CQs (`softrdma bench send --lat --events`): the
 /// progress thread delivers each completion; the woken thread re-posts its receive and its
 /// reply at once. With the wake-up made while the progress thread still held the QP's lock

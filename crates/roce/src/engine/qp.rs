@@ -23,11 +23,19 @@ pub(crate) const BATCH: usize = 60;
 const HDR_ROOM: usize = 48;
 const _: () = assert!(HDR_ROOM >= RcQp::MAX_HEADER_LEN);
 
+/// Batches of at most this many packets (a ping-pong's reply and ACK, one Write) are laid
+/// out in arrays of this size: no `BATCH`-long array to initialise per post (issue 13).
+const SMALL_BATCH: usize = 4;
+
+/// (header length, payload length, end of its pieces) of each packet of a batch.
+type Lens = Vec<(usize, usize, usize)>;
+
 thread_local! {
     /// The headers of one batch, built by `poll_transmit_parts` in this thread (the
-    /// payloads stay in registered memory).
-    static TX_HDRS: std::cell::RefCell<(Vec<u8>, Vec<crate::rc::Piece>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// payloads stay in registered memory), the batch's pieces and its packets' lengths
+    /// (kept between batches: nothing to allocate or clear per post).
+    static TX_HDRS: std::cell::RefCell<(Vec<u8>, Vec<crate::rc::Piece>, Lens)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 pub(crate) struct QpInner {
@@ -160,44 +168,32 @@ impl QpShared {
         // Nothing to send (the common empty busy poll): no batch to set up.
         if let Some(to) = g.dest.filter(|_| tx && g.core.may_transmit()) {
             let core = &mut g.core;
-            TX_HDRS.with_borrow_mut(|(buf, pieces)| {
+            TX_HDRS.with_borrow_mut(|(buf, pieces, lens)| {
                 if buf.len() < BATCH * HDR_ROOM {
                     buf.resize(BATCH * HDR_ROOM, 0);
                 }
                 loop {
-                    // (header length, payload length, pieces' end) of each packet.
-                    let mut lens = [(0usize, 0usize, 0usize); BATCH];
-                    let mut n = 0;
+                    lens.clear();
                     pieces.clear();
-                    while n < BATCH {
+                    // Asked before each packet: after a ping-pong's reply and ACK, no call
+                    // that walks the queues to find nothing.
+                    while lens.len() < BATCH && core.may_transmit() {
+                        let n = lens.len();
                         match core.poll_transmit_parts(now, &mut buf[n * HDR_ROOM..(n + 1) * HDR_ROOM], pieces) {
-                            Some((h, p)) => {
-                                lens[n] = (h, p, pieces.len());
-                                n += 1;
-                            }
+                            Some((h, p)) => lens.push((h, p, pieces.len())),
                             None => break,
                         }
                     }
+                    let n = lens.len();
                     if n == 0 {
                         break;
                     }
                     any = true;
-                    let mut start = 0;
-                    // On the stack: no allocation per batch (issue 13).
-                    let mut pkts = [super::TxParts::EMPTY; BATCH];
-                    for ((t, c), &(h, p, end)) in pkts.iter_mut().zip(buf.chunks(HDR_ROOM)).zip(&lens[..n]) {
-                        *t = super::TxParts {
-                            hdr: &c[..h],
-                            pieces: &pieces[start..end],
-                            payload_len: p,
-                        };
-                        start = end;
+                    if n <= SMALL_BATCH {
+                        self.send_built::<SMALL_BATCH>(to, buf, pieces, lens);
+                    } else {
+                        self.send_built::<BATCH>(to, buf, pieces, lens);
                     }
-                    let pkts = &mut pkts[..n];
-                    if ack_goes_last(pkts) {
-                        pkts.rotate_left(1);
-                    }
-                    self.dev.send_parts(to, pkts);
                     if n < BATCH {
                         break;
                     }
@@ -233,6 +229,33 @@ impl QpShared {
             self.dev.arm_timer(t, self.qpn);
         }
         any
+    }
+
+    /// Sends the batch `poll_transmit_parts` built (`lens.len()` ≤ `N` packets: headers in
+    /// `buf`, every `HDR_ROOM` octets, payload pieces in `pieces`), on a stack array of `N`
+    /// (no allocation per batch, issue 13).
+    fn send_built<const N: usize>(
+        &self,
+        to: SocketAddr,
+        buf: &[u8],
+        pieces: &[crate::rc::Piece],
+        lens: &[(usize, usize, usize)],
+    ) {
+        let mut pkts = [super::TxParts::EMPTY; N];
+        let mut start = 0;
+        for ((t, c), &(h, p, end)) in pkts.iter_mut().zip(buf.chunks(HDR_ROOM)).zip(lens) {
+            *t = super::TxParts {
+                hdr: &c[..h],
+                pieces: &pieces[start..end],
+                payload_len: p,
+            };
+            start = end;
+        }
+        let pkts = &mut pkts[..lens.len()];
+        if ack_goes_last(pkts) {
+            pkts.rotate_left(1);
+        }
+        self.dev.send_parts(to, pkts);
     }
 }
 

@@ -2,7 +2,7 @@
 //! impairment's held packets.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -170,10 +170,15 @@ impl DevInner {
         let (mut msgs, mut imsgs) = TX_MSGS.take();
         gso_trains_into(pkts.iter().map(TxParts::len), !to.ip().is_multicast(), &mut msgs);
         imsgs.clear();
-        // Pad (0-3 octets) and ICRC of each packet; a batch is at most qp::BATCH packets.
-        let mut on_stack = [[0u8; 8]; qp::BATCH];
+        // Pad (0-3 octets) and ICRC of each packet; a batch is at most qp::BATCH packets,
+        // most are one or two (a ping-pong's): no 60 trailers to clear for those.
+        let mut on_small = [[0u8; 8]; SMALL_TRAILERS];
+        let mut on_stack;
         let mut on_heap = Vec::new();
-        let trailers: &mut [[u8; 8]] = if pkts.len() <= qp::BATCH {
+        let trailers: &mut [[u8; 8]] = if pkts.len() <= SMALL_TRAILERS {
+            &mut on_small[..pkts.len()]
+        } else if pkts.len() <= qp::BATCH {
+            on_stack = [[0u8; 8]; qp::BATCH];
             &mut on_stack[..pkts.len()]
         } else {
             on_heap.resize(pkts.len(), [0u8; 8]);
@@ -187,31 +192,61 @@ impl DevInner {
             {
                 let pad = usize::from(crate::wire::segment::pad_count(p.payload_len));
                 let len = p.len();
-                let mut ipb = [0u8; 40];
-                let ip = ip_header(self.local.ip(), to.ip(), len, k as u16, &mut ipb);
-                let udp = icrc::udp_header(self.local.port(), to.port(), len);
                 self.counters.icrc_tx_octets.fetch_add(len as u64, Ordering::Relaxed);
-                let crc = icrc::compute_parts(
-                    ip,
-                    &udp,
-                    p.hdr,
-                    p.payload_len,
-                    |f| {
-                        for pc in p.pieces {
-                            // In bounds: checked when the WR was posted or the Read arrived.
-                            if pc.len <= SMALL_PIECE {
-                                // A small payload (a ping-pong's): one read, no 4 KiB bounce
-                                // buffer to clear.
-                                let mut b = [0u8; SMALL_PIECE];
-                                let _ = pc.buf.read(pc.off, &mut b[..pc.len]);
-                                f(&b[..pc.len]);
-                            } else {
-                                let _ = pc.buf.scan(pc.off, pc.len, &mut *f);
+                // IPv4 and short (a ping-pong's Send, a 64 B Write, an ACK): the masked
+                // headers and the payload straight into the one buffer the CRC runs over.
+                let lean = match (self.local.ip(), to.ip()) {
+                    (IpAddr::V4(s), IpAddr::V4(d)) => icrc::compute_v4_short(
+                        s.octets(),
+                        d.octets(),
+                        k as u16,
+                        self.local.port(),
+                        to.port(),
+                        p.hdr,
+                        p.payload_len,
+                        |dst| {
+                            let mut at = 0;
+                            for pc in p.pieces {
+                                // In bounds: checked when the WR was posted or the Read
+                                // arrived (and the pieces add up to `payload_len`).
+                                let k = pc.len.min(dst.len() - at);
+                                let _ = pc.buf.read(pc.off, &mut dst[at..at + k]);
+                                at += k;
                             }
-                        }
-                    },
-                    pad,
-                );
+                        },
+                        pad,
+                    ),
+                    _ => None,
+                };
+                let crc = match lean {
+                    Some(c) => Ok(c),
+                    None => {
+                        let mut ipb = [0u8; 40];
+                        let ip = ip_header(self.local.ip(), to.ip(), len, k as u16, &mut ipb);
+                        let udp = icrc::udp_header(self.local.port(), to.port(), len);
+                        icrc::compute_parts(
+                            ip,
+                            &udp,
+                            p.hdr,
+                            p.payload_len,
+                            |f| {
+                                for pc in p.pieces {
+                                    // In bounds: checked when the WR was posted or the Read arrived.
+                                    if pc.len <= SMALL_PIECE {
+                                        // A small payload: one read, no 4 KiB bounce
+                                        // buffer to clear.
+                                        let mut b = [0u8; SMALL_PIECE];
+                                        let _ = pc.buf.read(pc.off, &mut b[..pc.len]);
+                                        f(&b[..pc.len]);
+                                    } else {
+                                        let _ = pc.buf.scan(pc.off, pc.len, &mut *f);
+                                    }
+                                }
+                            },
+                            pad,
+                        )
+                    }
+                };
                 match crc {
                     Ok(c) => t[pad..pad + 4].copy_from_slice(&c.to_le_bytes()),
                     Err(_) => {
@@ -284,6 +319,9 @@ impl DevInner {
         }
     }
 }
+
+/// Batches of up to this many packets keep their trailers in a small array.
+const SMALL_TRAILERS: usize = 4;
 
 /// Pieces of payload up to this long are read for the ICRC in one copy to the stack.
 const SMALL_PIECE: usize = 256;

@@ -137,6 +137,7 @@ impl RcQp {
                 let sink = w.sink.clone();
                 let r = scatter(
                     &self.cfg.mem,
+                    &mut self.req.mr_cache,
                     self.cfg.pd,
                     self.cfg.qpn,
                     &sink,
@@ -190,6 +191,7 @@ impl RcQp {
         let sink = w.sink.clone();
         let r = scatter(
             &self.cfg.mem,
+            &mut self.req.mr_cache,
             self.cfg.pd,
             self.cfg.qpn,
             &sink,

@@ -320,9 +320,12 @@ pub(crate) enum ScatterError {
 }
 
 /// Writes `data` at message offset `at` of the scatter list `sges`, each piece checked with
-/// `MemTable::check(lkey, pd, qpn, addr, len, LOCAL_WRITE)`.
+/// `MemTable::check(lkey, pd, qpn, addr, len, LOCAL_WRITE)`, through `cache` (the same
+/// checks against the last registration looked up while the table is unchanged: a
+/// receive buffer's lkey is not looked up in the table per Send, issue 13).
 pub(crate) fn scatter(
     mem: &MemTable,
+    cache: &mut verbs::mem::MrCache,
     pd: u32,
     qpn: u32,
     sges: &[Sge],
@@ -340,7 +343,15 @@ pub(crate) fn scatter(
         }
         let n = ((len - at) as usize).min(data.len());
         let r = mem
-            .check(s.lkey, pd, qpn, s.addr.wrapping_add(at), n as u64, Access::LOCAL_WRITE)
+            .check_cached(
+                cache,
+                s.lkey,
+                pd,
+                qpn,
+                s.addr.wrapping_add(at),
+                n as u64,
+                Access::LOCAL_WRITE,
+            )
             .map_err(|_| ScatterError::Protection)?;
         r.buffer
             .write(r.offset, &data[..n])
@@ -612,7 +623,8 @@ impl RcQp {
 
     /// Whether [`RcQp::poll_transmit_parts`] may have a packet to give: a queued response,
     /// or (in RTS/SQD, no RNR wait) a send queue entry at or after the one it would send
-    /// next. `false` means it would give none, so a busy poller with nothing received
+    /// next that is not finished or wholly sent (the batch loop asks before each packet:
+    /// no call that walks the queues to find nothing after the last one, issue 13). `false` means it would give none, so a busy poller with nothing received
     /// skips building a batch (issue 13); `true` promises nothing.
     pub(crate) fn may_transmit(&self) -> bool {
         if matches!(self.state, QpState::Reset | QpState::Init) {
@@ -621,7 +633,7 @@ impl RcQp {
         !self.resp.out.is_empty()
             || (matches!(self.state, QpState::Rts | QpState::Sqd)
                 && self.req.rnr_until.is_none()
-                && self.req.cur < self.req.sq.len())
+                && self.req.has_unsent())
     }
 
     /// The longest header [`RcQp::poll_transmit_parts`] writes: BTH, AtomicETH (28), or

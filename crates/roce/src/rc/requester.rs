@@ -187,6 +187,16 @@ impl Requester {
         self.rnr_until = None;
     }
 
+    /// Whether the transmit cursor has a WQE to go on with: the one it is on, unless that
+    /// one is finished or wholly sent (`next_request` then steps over it), or one after it.
+    /// `false` means `next_request` would return `None` (it only steps the cursor).
+    pub(crate) fn has_unsent(&self) -> bool {
+        match self.sq.get(self.cur) {
+            None => false,
+            Some(w) => self.cur + 1 < self.sq.len() || (w.status.is_none() && !(w.started && self.cur_pkt >= w.npkts)),
+        }
+    }
+
     /// Moves the transmit cursor back to `psn` (go-back-N, IBA vol. 1 §9.7.6).
     pub(crate) fn go_back(&mut self, psn: Psn) {
         self.ack_deadline = None;
@@ -617,10 +627,15 @@ impl RcQp {
             bth.ack_req = true;
             self.req.since_ack_req = 0;
         }
-        let r = Packet::new(bth, ext, &[])
-            .ok()
-            .and_then(|p| p.emit_header(buf, payload.1).ok())
-            .map(|h| (h, payload.1));
+        // `emit_header` checks the headers against the opcode (once: `Packet::new` would
+        // check them a second time) and writes the pad count for the payload.
+        let hdr = Packet {
+            bth,
+            ext,
+            payload: &[],
+            icrc: 0,
+        };
+        let r = hdr.emit_header(buf, payload.1).ok().map(|h| (h, payload.1));
         if r.is_some() {
             self.req.sq[i].src.each_piece(payload.0, payload.1, |p| pieces.push(p));
             self.req.cur_pkt = next_pkt;

@@ -89,6 +89,9 @@ pub struct Responder {
     /// The last rkey's registration looked up (issue 13: not the table's lock and hash
     /// per Write, Read or atomic request).
     pub(crate) mr_cache: verbs::mem::MrCache,
+    /// The last receive buffer's lkey registration looked up (a Send's scatter), apart
+    /// from the rkeys' so that Sends and Writes mixed do not evict each other.
+    pub(crate) recv_mr_cache: verbs::mem::MrCache,
     pub(crate) out: VecDeque<RespOut>,
 }
 
@@ -110,6 +113,7 @@ impl Responder {
             resources: VecDeque::new(),
             out: VecDeque::new(),
             mr_cache: verbs::mem::MrCache::default(),
+            recv_mr_cache: verbs::mem::MrCache::default(),
         }
     }
 
@@ -233,7 +237,15 @@ impl RcQp {
                 let Some(cur) = self.resp.cur_recv.as_mut() else {
                     return Err(Refuse::Nak(NakCode::InvalidRequest));
                 };
-                let r = scatter(&self.cfg.mem, pd, qpn, &cur.sges, cur.off, pkt.payload);
+                let r = scatter(
+                    &self.cfg.mem,
+                    &mut self.resp.recv_mr_cache,
+                    pd,
+                    qpn,
+                    &cur.sges,
+                    cur.off,
+                    pkt.payload,
+                );
                 cur.off += pkt.payload.len() as u64;
                 if r.is_ok() {
                     self.stats.rx_payload_copied += pkt.payload.len() as u64;
@@ -563,10 +575,15 @@ impl RcQp {
         let mut bth = Bth::new(opcode, dest, psn);
         bth.p_key = p_key;
         let n = payload.as_ref().map_or(0, |p| p.len);
-        let r = Packet::new(bth, ext, &[])
-            .ok()
-            .and_then(|p| p.emit_header(buf, n).ok())
-            .map(|h| (h, n));
+        // `emit_header` checks the headers against the opcode (once: `Packet::new` would
+        // check them a second time) and writes the pad count for the payload.
+        let hdr = Packet {
+            bth,
+            ext,
+            payload: &[],
+            icrc: 0,
+        };
+        let r = hdr.emit_header(buf, n).ok().map(|h| (h, n));
         if r.is_some() {
             pieces.extend(payload.filter(|p| p.len > 0));
         }

@@ -452,8 +452,10 @@ impl UdQp {
         self.stats.received += 1;
         let qpn = self.cfg.qpn;
         let (mem, pd) = (&self.cfg.mem, self.cfg.pd);
-        let placed = scatter(mem, pd, qpn, &wr.sg_list, 0, grh)
-            .and_then(|()| scatter(mem, pd, qpn, &wr.sg_list, grh::GRH_LEN as u64, pkt.payload));
+        // One look-up per receive buffer: the GRH and the payload usually share its SGE.
+        let mut cache = verbs::mem::MrCache::default();
+        let placed = scatter(mem, &mut cache, pd, qpn, &wr.sg_list, 0, grh)
+            .and_then(|()| scatter(mem, &mut cache, pd, qpn, &wr.sg_list, grh::GRH_LEN as u64, pkt.payload));
         let status = match placed {
             Ok(()) => WcStatus::Success,
             Err(ScatterError::Length) => {
