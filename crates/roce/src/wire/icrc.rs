@@ -260,10 +260,9 @@ pub fn compute_v4_short(
     }
     let udp_payload = headers.len() + payload_len + pad + ICRC_LEN;
     let total = V4_PREFIX + headers.len() + payload_len + pad;
-    if total <= LEAN {
-        let mut buf = [0u8; LEAN];
+    let fill = |buf: &mut [u8]| {
         v4_fill(
-            &mut buf,
+            buf,
             src,
             dst,
             id,
@@ -273,28 +272,26 @@ pub fn compute_v4_short(
             headers,
             payload_len,
             payload,
-        );
-        PASSES.with(|p| p.set([p.get()[0] + 1, p.get()[1]]));
-        Some(crc_short::checksum(&buf[..total]))
+        )
+    };
+    let crc = if total <= LEAN {
+        crc_on_stack::<LEAN>(total, fill)
     } else if total <= SHORT {
-        let mut buf = [0u8; SHORT];
-        v4_fill(
-            &mut buf,
-            src,
-            dst,
-            id,
-            sport,
-            dport,
-            udp_payload,
-            headers,
-            payload_len,
-            payload,
-        );
-        PASSES.with(|p| p.set([p.get()[0] + 1, p.get()[1]]));
-        Some(crc_short::checksum(&buf[..total]))
+        crc_on_stack::<SHORT>(total, fill)
     } else {
-        None
-    }
+        return None;
+    };
+    PASSES.with(|p| p.set([p.get()[0] + 1, p.get()[1]]));
+    Some(crc)
+}
+
+/// The CRC of the first `total` octets of an `N`-octet stack buffer that `fill` writes (the
+/// smaller buffer for the smaller packets: less to clear).
+#[inline]
+fn crc_on_stack<const N: usize>(total: usize, fill: impl FnOnce(&mut [u8])) -> u32 {
+    let mut buf = [0u8; N];
+    fill(&mut buf);
+    crc_short::checksum(&buf[..total])
 }
 
 /// [`compute_v4_short`] of a whole received packet (its ICRC field last, not covered).
