@@ -62,7 +62,9 @@
 //! reply to the caller waiting for its XID; replies may come in any order.
 
 mod caller;
+mod page_buf;
 pub use caller::{TcpCaller, TcpWait};
+pub use page_buf::PageBuf;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::io::{Read, Write};
@@ -198,7 +200,7 @@ impl TcpServer {
             accept: AcceptBackoff::default(),
             refused: 0,
             last_eviction_log: None,
-            buf: vec![0u8; 64 << 10],
+            buf: PageBuf::new(64 << 10, 0),
             stop: stop.clone(),
         };
         r.poll
@@ -475,7 +477,7 @@ struct Reactor {
     refused: u64,
     /// When an eviction was last logged at warn level (once per 10 s).
     last_eviction_log: Option<Instant>,
-    buf: Vec<u8>,
+    buf: PageBuf,
     stop: Arc<AtomicBool>,
 }
 
@@ -752,7 +754,7 @@ impl Reactor {
                 self.starved.insert(t);
                 break;
             }
-            let n = match c.sock.read(&mut self.buf) {
+            let n = match c.sock.read(self.buf.bytes_mut()) {
                 Ok(0) => {
                     if !c.reader.is_idle() {
                         return Err(Close::Why("peer closed in the middle of a record".into()));
@@ -772,7 +774,7 @@ impl Reactor {
             let now = Instant::now();
             c.last_activity = now;
             c.record_progress = now;
-            let mut input = &self.buf[..n];
+            let mut input = &self.buf.bytes()[..n];
             while !input.is_empty() {
                 let (used, rec) = c
                     .reader
@@ -991,14 +993,14 @@ impl Drop for TcpClient {
 
 fn client_reader(mut s: TcpStream, sh: &Shared) {
     let mut reader = RecordReader::new(MAX_RECORD);
-    let mut buf = vec![0u8; 256 << 10];
+    let mut buf = PageBuf::new(256 << 10, 0);
     let why = 'outer: loop {
-        let n = match s.read(&mut buf) {
+        let n = match s.read(buf.bytes_mut()) {
             Ok(0) => break Disconnect::ClosedByPeer,
             Err(e) => break Disconnect::from(e),
             Ok(n) => n,
         };
-        let mut input = &buf[..n];
+        let mut input = &buf.bytes()[..n];
         while !input.is_empty() {
             let (used, rec) = match reader.decode(input) {
                 Ok(r) => r,

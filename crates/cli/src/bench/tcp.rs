@@ -12,33 +12,10 @@ pub(super) const TCP_RPC_BUSY: u8 = 4; // request/response, both ends busy-poll 
 /// a byte stream, so message boundaries are the sender's business, and a bulk receiver reads big.
 pub(super) const SINK_READ: usize = 1 << 20;
 
-const PAGE: usize = 4096;
-
-/// A buffer whose bytes start on a 4 KiB page boundary, as RDMA regions and iperf3's
-/// buffers do. `vec![0; 1 MiB]` starts 16 bytes into a page (glibc serves it from a fresh
-/// `mmap` after its 16-byte header), and the kernel's receive copy (`copy_to_user`,
-/// `rep movsb`) into such a buffer costs 2.5-3x the CPU per byte on an AMD EPYC with FSRM
-/// (docs/performance.md, session 16): the old baseline's reader paid that and moved half
-/// of what plain TCP does.
-pub(super) struct PageBuf {
-    v: Vec<u8>,
-    off: usize,
-    len: usize,
-}
-
-impl PageBuf {
-    pub(super) fn new(len: usize, fill: u8) -> PageBuf {
-        let v = vec![fill; len + PAGE - 1];
-        let off = (PAGE - v.as_ptr() as usize % PAGE) % PAGE;
-        PageBuf { v, off, len }
-    }
-    pub(super) fn bytes(&self) -> &[u8] {
-        &self.v[self.off..self.off + self.len]
-    }
-    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.v[self.off..self.off + self.len]
-    }
-}
+// Page-aligned buffers, as RDMA regions and iperf3's are (the old baseline's reader
+// started 16 octets into a page and paid 2.5-3x per octet for the kernel's receive copy
+// on an AMD EPYC: docs/performance.md, session 16). The type's test is in rpcrdma.
+use rpcrdma::tcp::PageBuf;
 
 /// What `--baseline tcp` does for bandwidth (Write and Send: client -> server), in the
 /// table's header and the JSON's `baseline.method`.
@@ -483,18 +460,6 @@ mod tests {
     }
 
     /// The page-aligned buffers the bandwidth baseline writes from and reads into.
-    #[test]
-    fn page_buf_starts_on_a_page() {
-        for len in [1, 4095, 4096, 65536, 1 << 20] {
-            let mut b = PageBuf::new(len, 7);
-            assert_eq!(b.bytes().as_ptr() as usize % PAGE, 0, "len {len}");
-            assert_eq!(b.bytes().len(), len);
-            assert!(b.bytes().iter().all(|&x| x == 7));
-            b.bytes_mut()[len - 1] = 1;
-            assert_eq!(b.bytes()[len - 1], 1);
-        }
-    }
-
     /// Issue 13's yardstick: the bandwidth baseline moves the RDMA test's bytes (messages x
     /// size, over every connection), the server confirms the count it read, and the result
     /// says what ran. Write and Send stream client -> server, Read server -> client.

@@ -17,7 +17,7 @@ use crate::client::{Call, Disconnect, RpcError, XidSource, decode_reply};
 use crate::record::RecordReader;
 use crate::xdr::{Decoder, XdrError};
 
-use super::MAX_RECORD;
+use super::{MAX_RECORD, PageBuf};
 
 /// How a [`TcpCaller`] waits for its Reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub struct TcpCaller {
 struct Conn {
     s: TcpStream,
     reader: RecordReader,
-    buf: Vec<u8>,
+    buf: PageBuf,
     /// Bytes read but not yet decoded: `buf[at..end]`.
     at: usize,
     end: usize,
@@ -64,7 +64,7 @@ impl TcpCaller {
             conn: Mutex::new(Conn {
                 s,
                 reader: RecordReader::new(MAX_RECORD),
-                buf: vec![0u8; 256 << 10],
+                buf: PageBuf::new(256 << 10, 0),
                 at: 0,
                 end: 0,
                 dead: None,
@@ -146,7 +146,7 @@ impl Conn {
             while self.at < self.end {
                 let (used, rec) = self
                     .reader
-                    .decode(&self.buf[self.at..self.end])
+                    .decode(&self.buf.bytes()[self.at..self.end])
                     .map_err(Disconnect::Record)?;
                 self.at += used;
                 if let Some(rec) = rec
@@ -155,7 +155,7 @@ impl Conn {
                     return Ok(rec);
                 }
             }
-            match self.s.read(&mut self.buf) {
+            match self.s.read(self.buf.bytes_mut()) {
                 Ok(0) => return Err(Disconnect::ClosedByPeer.into()),
                 Ok(n) => {
                     self.at = 0;
