@@ -2,6 +2,10 @@
 //! at most 256 connections, read/write timeouts, a size cap) and the client side that measures it.
 
 use super::*;
+// Page-aligned buffers, as RDMA regions and iperf3's are (the old baseline's reader
+// started 16 octets into a page and paid 2.5-3x per octet for the kernel's receive copy
+// on an AMD EPYC: docs/performance.md, session 16). The type's test is in rpcrdma.
+use rpcrdma::tcp::PageBuf;
 
 pub(super) const TCP_STREAM_IN: u8 = 1; // client -> server
 pub(super) const TCP_STREAM_OUT: u8 = 2; // server -> client
@@ -11,11 +15,6 @@ pub(super) const TCP_RPC_BUSY: u8 = 4; // request/response, both ends busy-poll 
 /// A bulk baseline's sink reads whatever the stream holds, up to this much per `read`: TCP is
 /// a byte stream, so message boundaries are the sender's business, and a bulk receiver reads big.
 pub(super) const SINK_READ: usize = 1 << 20;
-
-// Page-aligned buffers, as RDMA regions and iperf3's are (the old baseline's reader
-// started 16 octets into a page and paid 2.5-3x per octet for the kernel's receive copy
-// on an AMD EPYC: docs/performance.md, session 16). The type's test is in rpcrdma.
-use rpcrdma::tcp::PageBuf;
 
 /// What `--baseline tcp` does for bandwidth (Write and Send: client -> server), in the
 /// table's header and the JSON's `baseline.method`.
@@ -459,7 +458,6 @@ mod tests {
         spawn_tcp_server(l, limits).unwrap()
     }
 
-    /// The page-aligned buffers the bandwidth baseline writes from and reads into.
     /// Issue 13's yardstick: the bandwidth baseline moves the RDMA test's bytes (messages x
     /// size, over every connection), the server confirms the count it read, and the result
     /// says what ran. Write and Send stream client -> server, Read server -> client.
