@@ -9,9 +9,13 @@
 //! - receiver: `recvmmsg` with `UDP_GRO` (16 slots of 64 KiB), per packet one CRC pass and one
 //!   copy of the payload into a destination buffer, and an 8-octet ACK every `A` packets (the
 //!   sender's window needs them, as RC's does);
-//! - TCP: 1 MiB `write_all` against a reader with a 1 MiB buffer (the bench's baseline).
+//! - TCP: 1 MiB `write_all` from a page-aligned buffer against a reader with a page-aligned
+//!   1 MiB buffer (the bench's baseline).
+//! - the bound again with an SMC-R consumer's copy: the receiver also copies each placed
+//!   payload out of the destination into a second buffer, as `SmcStream::read` copies out of
+//!   its RMB (issue 15's streaming bound; SMC-R's data moves in RoCE Writes).
 //!
-//! Each round runs the bound, TCP and then the engine's own RDMA Write of 1 MiB messages for
+//! Each round runs the bound, the bound with the consumer's copy, TCP and then the engine's own RDMA Write of 1 MiB messages for
 //! the same time each; the ratios are those of the round. Per-thread CPU seconds per GB show
 //! which side bounds it.
 //!
@@ -51,7 +55,16 @@ fn crc(parts: &[&[u8]]) -> u32 {
     d.finalize() as u32
 }
 
-fn udp_run(secs: f64, window: u64, ack_every: u64, base: u8) -> (f64, Side, Side, u64) {
+/// `consume`: the receiver also copies each placed payload out of the destination into a
+/// second buffer, as an SMC-R receiver's `read` copies out of its RMB (issue 15's streaming
+/// bound: the RoCE Write's work plus the consumer's copy, and nothing else of SMC-R).
+fn udp_run(
+    secs: f64,
+    window: u64,
+    ack_every: u64,
+    base: u8,
+    consume: bool,
+) -> (f64, Side, Side, u64) {
     let rx = UdpSocket::bind(format!("127.97.{base}.2:0")).unwrap();
     let tx = UdpSocket::bind(format!("127.97.{base}.1:0")).unwrap();
     sys::set_gro(&rx);
@@ -64,6 +77,7 @@ fn udp_run(secs: f64, window: u64, ack_every: u64, base: u8) -> (f64, Side, Side
     let receiver = std::thread::spawn(move || {
         let c0 = sys::thread_cpu();
         let mut dst = vec![0u8; MSG];
+        let mut app = vec![0u8; if consume { MSG } else { 0 }];
         let mut slots = vec![0u8; SLOTS * SLOT];
         let (mut pkts, mut bytes, mut bad) = (0u64, 0u64, 0u64);
         rx.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
@@ -82,6 +96,9 @@ fn udp_run(secs: f64, window: u64, ack_every: u64, base: u8) -> (f64, Side, Side
                     let off = u32::from_le_bytes(p[4..8].try_into().unwrap()) as usize;
                     let payload = &p[HDR..n - 4];
                     dst[off..off + payload.len()].copy_from_slice(payload);
+                    if consume {
+                        app[off..off + payload.len()].copy_from_slice(&dst[off..off + payload.len()]);
+                    }
                     pkts += 1;
                     bytes += payload.len() as u64;
                     if pkts.is_multiple_of(ack_every) {
@@ -90,7 +107,7 @@ fn udp_run(secs: f64, window: u64, ack_every: u64, base: u8) -> (f64, Side, Side
                 }
             }
         }
-        std::hint::black_box(&dst);
+        std::hint::black_box((&dst, &app));
         (
             Side {
                 bytes,
@@ -158,10 +175,15 @@ fn tcp_run(secs: f64, base: u8) -> (f64, Side, Side) {
     let rx = std::thread::spawn(move || {
         let c0 = sys::thread_cpu();
         let (mut s, _) = l.accept().unwrap();
-        let mut buf = vec![0u8; MSG];
+        // Page-aligned, as the bench's baseline reads (a 1 MiB `Vec` starts 16 octets into
+        // a page, which costs this CPU's kernel copy up to 2.5x: docs/performance.md,
+        // "a fair TCP baseline for bulk bandwidth").
+        let mut store = vec![0u8; MSG + 4096];
+        let at = store.as_ptr().align_offset(4096);
+        let buf = &mut store[at..at + MSG];
         let mut n = 0u64;
         loop {
-            match s.read(&mut buf) {
+            match s.read(buf) {
                 Ok(0) | Err(_) => break,
                 Ok(k) => n += k as u64,
             }
@@ -173,11 +195,13 @@ fn tcp_run(secs: f64, base: u8) -> (f64, Side, Side) {
     });
     let c0 = sys::thread_cpu();
     let mut s = TcpStream::connect(addr).unwrap();
-    let buf = vec![0x5au8; MSG];
+    let mut store = vec![0x5au8; MSG + 4096];
+    let at = store.as_ptr().align_offset(4096);
+    let buf = &mut store[at..at + MSG];
     let t0 = Instant::now();
     let mut sent = 0u64;
     while t0.elapsed().as_secs_f64() < secs {
-        s.write_all(&buf).unwrap();
+        s.write_all(buf).unwrap();
         sent += MSG as u64;
     }
     drop(s);
@@ -272,7 +296,8 @@ fn main() {
     let (window, ack_every) = (arg(2, 256.0) as u64, arg(3, 64.0) as u64);
     println!("bound: UDP GSO/GRO 4 KiB packets, window {window}, ACK every {ack_every}; {secs} s per side");
     for r in 0..rounds {
-        let (u, utx, urx, bad) = udp_run(secs, window, ack_every, 10 + r as u8);
+        let (u, utx, urx, bad) = udp_run(secs, window, ack_every, 10 + r as u8, false);
+        let (c, ctx, crx, cbad) = udp_run(secs, window, ack_every, 40 + r as u8, true);
         let (t, ttx, trx) = tcp_run(secs, 10 + r as u8);
         let (e, ecpu, retrans) = engine_run(secs, 10 + r as u8);
         println!(
@@ -287,6 +312,18 @@ fn main() {
             per_gb(&trx),
             if bad > 0 {
                 format!(" ({bad} bad CRC)")
+            } else {
+                String::new()
+            }
+        );
+        println!(
+            "         bound + SMC-R consumer copy {:.0} MB/s: {:.3}x TCP; CPU s per GB: send {:.3} recv {:.3}{}",
+            c / 1e6,
+            c / t,
+            per_gb(&ctx),
+            per_gb(&crx),
+            if cbad > 0 {
+                format!(" ({cbad} bad CRC)")
             } else {
                 String::new()
             }
