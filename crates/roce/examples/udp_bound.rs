@@ -58,13 +58,7 @@ fn crc(parts: &[&[u8]]) -> u32 {
 /// `consume`: the receiver also copies each placed payload out of the destination into a
 /// second buffer, as an SMC-R receiver's `read` copies out of its RMB (issue 15's streaming
 /// bound: the RoCE Write's work plus the consumer's copy, and nothing else of SMC-R).
-fn udp_run(
-    secs: f64,
-    window: u64,
-    ack_every: u64,
-    base: u8,
-    consume: bool,
-) -> (f64, Side, Side, u64) {
+fn udp_run(secs: f64, window: u64, ack_every: u64, base: u8, consume: bool) -> (f64, Side, Side, u64) {
     let rx = UdpSocket::bind(format!("127.97.{base}.2:0")).unwrap();
     let tx = UdpSocket::bind(format!("127.97.{base}.1:0")).unwrap();
     sys::set_gro(&rx);

@@ -345,3 +345,33 @@ fn streaming_ratio_vs_tcp() {
         load.trim()
     );
 }
+
+// A1.6: an RMB element size the CLC's compressed Bsize cannot carry (not a power of two from
+// 16 KiB to 512 KiB) is refused when the listener is bound and when a client connects, with
+// InvalidInput naming it; it used to be advertised as 16 KiB (code 0), so the peer wrote by
+// a ring of another size and the connection broke mid-stream.
+#[test]
+fn an_rmb_size_the_clc_cannot_carry_is_refused_a1_6() {
+    let dev = device("smc_", "127.115.10.1");
+    for bad in [2 << 20, 48 * 1024, 8 * 1024, 0] {
+        let cfg = SmcConfig {
+            prefix_len: 8,
+            rmbe_len: bad,
+            ..SmcConfig::default()
+        };
+        let e = SmcListener::bind_with("127.115.10.1:0", &dev, cfg.clone()).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{bad}: {e}");
+        assert!(e.to_string().contains("RMB element size"), "{e}");
+        let l = std::net::TcpListener::bind("127.115.10.1:0").unwrap();
+        let e = SmcStream::connect_with(l.local_addr().unwrap(), &dev, &cfg).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{bad}: {e}");
+    }
+    for good in [16 << 10, 512 << 10] {
+        let cfg = SmcConfig {
+            prefix_len: 8,
+            rmbe_len: good,
+            ..SmcConfig::default()
+        };
+        assert!(cfg.check().is_ok());
+    }
+}

@@ -420,6 +420,7 @@ impl SmcListener {
 
     /// [`SmcListener::bind`] with explicit settings.
     pub fn bind_with<A: ToSocketAddrs>(addr: A, dev: &Device, cfg: SmcConfig) -> io::Result<Self> {
+        cfg.check()?;
         Ok(Self {
             tcp: TcpListener::bind(addr)?,
             dev: dev.clone(),

@@ -159,6 +159,28 @@ impl Default for SmcConfig {
     }
 }
 
+impl SmcConfig {
+    /// Refuses settings that cannot go on the wire as they are, before any connection uses
+    /// them: an RMB element size that is not one of A1.6's compressed sizes would otherwise
+    /// be advertised as another size in the CLC Accept/Confirm, and the peer would write
+    /// by a ring of a size we do not have. `InvalidInput` with the setting named.
+    pub fn check(&self) -> io::Result<()> {
+        if rmbe_size_code(self.rmbe_len).is_none() {
+            return Err(io_err(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "SMC-R RMB element size {} octets: must be a power of two from 16 KiB to 512 KiB (A1.6)",
+                    self.rmbe_len
+                ),
+            ));
+        }
+        if self.send_buf == 0 {
+            return Err(io_err(io::ErrorKind::InvalidInput, "SMC-R send buffer size 0"));
+        }
+        Ok(())
+    }
+}
+
 /// How a connection carries its data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {

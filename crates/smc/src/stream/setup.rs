@@ -146,6 +146,7 @@ impl SmcStream {
     /// `dev` when [`SmcConfig::propose`] is set (the peer's SYN-ACK carried the option),
     /// else falls back with "peer did not indicate SMC" without sending anything.
     pub fn connect_over(tcp: TcpStream, dev: &Device, cfg: &SmcConfig) -> io::Result<Self> {
+        cfg.check()?;
         let mut tcp = tcp;
         let caps = local_caps(dev, &tcp, cfg)?;
         let me = (caps.gid, caps.mac);
@@ -364,6 +365,7 @@ impl SmcStream {
         cfg: &SmcConfig,
         indicated: Option<bool>,
     ) -> io::Result<Self> {
+        cfg.check()?;
         let mut tcp = tcp;
         let indicated = match indicated {
             Some(b) => b,
