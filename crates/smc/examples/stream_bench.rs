@@ -123,7 +123,12 @@ fn main() {
         let (smc, scpu, ssw) = stream(c, s, total);
         let k1 = snapshot();
         if std::env::var_os("STREAM_BENCH_SMC_ONLY").is_some() {
-            println!("round {}: SMC-R {:.0} MiB/s, CPU s per GB {:.3}", r + 1, mib as f64 / smc, scpu / (total as f64 / 1e9));
+            println!(
+                "round {}: SMC-R {:.0} MiB/s, CPU s per GB {:.3}",
+                r + 1,
+                mib as f64 / smc,
+                scpu / (total as f64 / 1e9)
+            );
             continue;
         }
         let l = TcpListener::bind(format!("{sa}:0")).unwrap();
