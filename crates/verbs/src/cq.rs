@@ -51,6 +51,30 @@ pub trait Progress: Send + Sync {
     /// A bulk requester's packets that an ACK let into the window are such (issue 13,
     /// session 13: they waited for the provider thread's 1 ms check).
     fn wait_idle(&self) {}
+    /// A thread declares that it busy-polls this QP's CQ from now on
+    /// ([`CompletionQueue::declare_spin`]): the provider may stop waking its own thread
+    /// for what this thread will receive, at once rather than after a stretch of polls
+    /// it has to recognise as busy polling (which a preempted spinner on a shared core
+    /// keeps breaking). Declarations nest (one count per declaring thread).
+    fn spin_begin(&self) {}
+    /// A declaration of [`spin_begin`](Self::spin_begin) ended: once nobody polls or
+    /// waits, the provider's own thread must make progress again (within the provider's
+    /// idle time; nothing that arrives is left unread).
+    fn spin_end(&self) {}
+}
+
+/// A declared busy poll of a CQ (see [`CompletionQueue::declare_spin`]): the QPs attached
+/// when it began are told when it ends (on drop).
+pub struct SpinDeclaration {
+    qps: [Option<Weak<dyn Progress>>; MAX_INLINE_QPS],
+}
+
+impl Drop for SpinDeclaration {
+    fn drop(&mut self) {
+        for q in self.qps.iter().flatten().filter_map(Weak::upgrade) {
+            q.spin_end();
+        }
+    }
 }
 
 /// Most QPs a CQ's waiter sleeps on inline; a CQ shared by more sleeps on its condition
@@ -332,6 +356,34 @@ impl CompletionQueue {
         let n = max.min(s.entries.len());
         out.extend(s.entries.drain(..n));
         n
+    }
+
+    /// Declares that this thread busy-polls the CQ (with [`poll`](Self::poll),
+    /// [`poll_one`](Self::poll_one) or a spinning [`wait_spin`](Self::wait_spin)) until the
+    /// declaration is dropped: "I am polling this until further notice". A provider may then
+    /// leave the attached QPs' receive progress to this thread for the whole declaration
+    /// (the iWARP provider stops its progress thread's wake-ups for their sockets), instead
+    /// of guessing from the rhythm of the polls, a guess a spinner preempted on a shared
+    /// core keeps breaking. A declaring thread that sleeps must do so through this CQ's
+    /// waits (a parked wait hands the QPs back to the provider's thread; an inline wait
+    /// reads them itself). Once dropped, the provider's own progress resumes as after any
+    /// busy poll, so nothing is left unread if the spinner goes away. With more QPs
+    /// attached than an inline wait takes (four), nothing is declared (the provider keeps
+    /// its own busy-poll detection).
+    pub fn declare_spin(&self) -> SpinDeclaration {
+        let mut qps: [Option<Weak<dyn Progress>>; MAX_INLINE_QPS] = Default::default();
+        {
+            let a = self.inner.attached.lock().unwrap();
+            if a.len() <= MAX_INLINE_QPS {
+                for (slot, q) in qps.iter_mut().zip(a.iter()) {
+                    *slot = Some(q.clone());
+                }
+            }
+        }
+        for q in qps.iter().flatten().filter_map(Weak::upgrade) {
+            q.spin_begin();
+        }
+        SpinDeclaration { qps }
     }
 
     /// Moves up to `max` completions into `out` (`ibv_poll_cq`); returns how many.

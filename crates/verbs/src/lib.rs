@@ -95,7 +95,7 @@ pub use cm::{
     CmEvent, ConnInfo, ConnectRequest, ErrorDetail, Listener, PortSpace, ProviderDetail, QpOptions, RDMA_UDP_QKEY,
     UdParam,
 };
-pub use cq::CompletionQueue;
+pub use cq::{CompletionQueue, SpinDeclaration};
 pub use device::{Device, MemoryRegion, ProtectionDomain};
 pub use error::{Error, InvalidArg, Result, WrError};
 pub use port::{DEFAULT_PKEY, LinkLayer, PortAttr, PortState};

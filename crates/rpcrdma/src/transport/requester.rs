@@ -22,7 +22,7 @@ use crate::private_data::{Negotiated, PrivateData, Side, negotiate};
 use crate::validate::{RequesterDecision, validate_reply};
 use crate::wire::chunks::position_zero_read_list;
 use crate::wire::{Body, ChunkLists, Header, Limits, ReadSegment, Segment, WriteChunk};
-use crate::xdr::{ChunkSource, Decoder, ReturnedWriteChunk, XdrError};
+use crate::xdr::{ChunkSource, Decoder, Encoder, ReturnedWriteChunk, SliceSink, XdrError};
 
 /// An RPC-over-RDMA client: one connection at a time, re-established on loss;
 /// `call` may be used from many threads at once.
@@ -335,6 +335,10 @@ impl Pool {
         self.take(pd, len)
     }
 }
+
+/// Octets of a Call's RPC-over-RDMA header encoded on the caller's stack (RPCR-FRM-02): the
+/// fixed 28 and room for a few chunk segments; a larger header is encoded into a vector.
+const HEADER_ON_STACK: usize = 256;
 
 /// A registration for one RPC: the local bytes and the fast-registered STag
 /// the peer uses.
@@ -925,17 +929,30 @@ impl Conn {
                 st.credit_waiters -= 1;
             }
             let header = Header::new(xid, st.credits.requested(), body);
-            let mut msg = header
-                .to_vec_reserving(payload.len())
-                .map_err(|e| local(LocalError::Header(e)))?;
-            msg.extend_from_slice(payload);
-            let send_pair = self.pool.take_send(&self.pd, msg.len()).map_err(|e| local(e.into()))?;
+            // The header is encoded on the stack (a Short Call's is 28 octets and its chunk
+            // lists) and copied into the send buffer, the payload after it: no vector per
+            // call, no second copy of the payload (issue 18, session 17). A header larger
+            // than the stack buffer, or one that does not encode, takes the vector's way,
+            // which reports the error.
+            let mut stack = [0u8; HEADER_ON_STACK];
+            let mut e = Encoder::new(SliceSink::new(&mut stack));
+            let on_stack = header.encode(&mut e).is_ok();
+            let vec;
+            let head: &[u8] = if on_stack {
+                e.sink().written()
+            } else {
+                vec = header.to_vec_reserving(0).map_err(|e| local(LocalError::Header(e)))?;
+                &vec
+            };
+            let len = head.len() + payload.len();
+            let send_pair = self.pool.take_send(&self.pd, len).map_err(|e| local(e.into()))?;
             let send_mr = &send_pair.0;
-            let _ = send_mr.write(0, &msg);
+            let _ = send_mr.write(0, head);
+            let _ = send_mr.write(head.len(), payload);
             wrs.push(SendWr::new(
                 wrid::SEND | u64::from(xid),
                 WrOpcode::Send,
-                vec![send_mr.sge(0, msg.len() as u32)],
+                vec![send_mr.sge(0, len as u32)],
             ));
             st.pending.insert(
                 xid,
@@ -1037,6 +1054,12 @@ impl Conn {
     /// Polls the CQ for every caller until this caller's outcome is in `rx` (or `deadline`),
     /// busy-polling `spin` before each sleep.
     fn lead(&self, rx: &Receiver<Msg>, deadline: Instant, spin: Duration) -> Option<Outcome> {
+        // Busy-poll mode (`reply_spin == Duration::MAX`): this caller polls the CQ until its
+        // outcome is in, and says so to the provider, which then leaves the QP's receive to
+        // it for the whole call rather than waking its own thread for the Reply whenever
+        // the spin was preempted (issue 18, session 17: ~0.8 progress-thread wake-ups per
+        // busy NULL call before). The declaration ends with this call's lead.
+        let _declared = (spin == Duration::MAX).then(|| self.cq.declare_spin());
         loop {
             match rx.try_recv() {
                 Ok(Msg::Done(r)) => return Some(r),
@@ -1167,7 +1190,7 @@ impl Conn {
                     return self.answer_reverse_call(reg, kind);
                 }
                 let inv = (wc.opcode == WcOpcode::Recv).then_some(wc.invalidated_rkey).flatten();
-                self.on_reply(&msg, inv)
+                self.on_reply(msg, inv)
             }
             wrid::BC_SEND => {
                 self.bc_sends.lock().unwrap().remove(&wc.wr_id);
@@ -1203,11 +1226,17 @@ impl Conn {
         Ok(self.qp.post_send(&[wr])?)
     }
 
-    fn on_reply(&self, msg: &[u8], invalidated: Option<u32>) -> Result<(), Disconnect> {
+    /// A Reply (or RDMA_ERROR) `msg`, copied out of its receive buffer: validated, and on
+    /// success handed to its caller as it is (no second copy).
+    fn on_reply(&self, msg: Vec<u8>, invalidated: Option<u32>) -> Result<(), Disconnect> {
         let mut st = self.state.lock().unwrap();
-        let decision = validate_reply(msg, &Limits::default(), |x| st.pending.get(&x).map(|p| &p.lists));
+        let decision = validate_reply(&msg, &Limits::default(), |x| st.pending.get(&x).map(|p| &p.lists));
         let (xid, credit, outcome) = match decision {
-            RequesterDecision::Process(vr) => (vr.header.xid, vr.header.credit, Ok(msg.to_vec())),
+            RequesterDecision::Process(vr) => {
+                let (xid, credit) = (vr.header.xid, vr.header.credit);
+                drop(vr);
+                (xid, credit, Ok(msg))
+            }
             RequesterDecision::RpcFailed { xid, credit, error } => (xid, credit, Err(RpcError::RdmaError(error))),
             RequesterDecision::Drop(reason) => {
                 // RPCR-ERR-03/06, B.4.5 #17/#18/#20: silently discarded

@@ -298,6 +298,7 @@ impl IwarpQp {
 
 impl Pollable for IwarpQp {
     fn on_event(&self, readable: bool, _writable: bool, closed: bool) -> bool {
+        PROGRESS_EVENTS.fetch_add(1, Ordering::Relaxed);
         if closed {
             self.rx_closed.store(true, Ordering::Release);
         }
@@ -320,7 +321,10 @@ impl Pollable for IwarpQp {
         self.answered.swap(false, Ordering::AcqRel)
     }
     fn still_muted(&self) -> Muted {
-        if self.busy.waiter.load(Ordering::Acquire) {
+        MUTE_CHECKS.fetch_add(1, Ordering::Relaxed);
+        // A declared spinner (`spin_begin`) arms the unmute timer when it ends, as an
+        // inline waiter does when it leaves: no periodic check meanwhile.
+        if self.busy.waiter.load(Ordering::Acquire) || self.busy.declared.load(Ordering::Acquire) > 0 {
             return Muted::Waited;
         }
         if !self.busy.idle_for(BUSY_POLL_IDLE) {
@@ -407,12 +411,41 @@ impl IwarpQp {
 
 impl Progress for IwarpQp {
     fn progress(&self) -> bool {
-        if self.busy.note_poll(BUSY_POLL_GAP, BUSY_POLL_AFTER) && !self.busy.muted.load(Ordering::Acquire) {
+        let polled = self.busy.note_poll(BUSY_POLL_GAP, BUSY_POLL_AFTER);
+        if !self.busy.muted.load(Ordering::Acquire) {
             // An application thread spins on this QP's CQ: it reads the
             // socket itself, so the progress thread need not wake for it.
-            self.mute(true);
+            // A declared spinner's QP was muted when it declared; it is muted
+            // again here if a parked wait handed it back meanwhile.
+            if self.busy.declared.load(Ordering::Acquire) > 0 {
+                self.mute(false);
+            } else if polled {
+                self.mute(true);
+            }
         }
         self.kick()
+    }
+    /// Issue 18: a thread declared it busy-polls this QP's CQ (the RPC caller in
+    /// busy-poll mode): the progress thread is muted for this socket at once and
+    /// stays muted for the whole declaration, however the spinner is preempted
+    /// (the heuristic of [`progress`](Self::progress), 20 µs of polls without a
+    /// 10 µs gap, broke every few calls on 2 shared vCPUs, and each break cost
+    /// the progress thread a wake-up per message). No periodic check meanwhile:
+    /// the end of the declaration arms the unmute timer.
+    fn spin_begin(&self) {
+        self.busy.declared.fetch_add(1, Ordering::AcqRel);
+        self.busy.last.store(now_ns(), Ordering::Release);
+        if !self.busy.muted.load(Ordering::Acquire) {
+            self.mute(false);
+        }
+    }
+    /// The declaration ended: as when an inline waiter leaves, the QP stays muted
+    /// for [`BUSY_POLL_IDLE`] (the spinner's next call is usually microseconds
+    /// away), then the unmute timer hands the socket back to the progress thread.
+    fn spin_end(&self) {
+        self.busy.last.store(now_ns(), Ordering::Release);
+        self.busy.declared.fetch_sub(1, Ordering::AcqRel);
+        self.driver.arm_unmute_timer(BUSY_POLL_IDLE);
     }
     fn parked(&self) {
         self.unmute();
@@ -455,6 +488,26 @@ impl Progress for IwarpQp {
     }
 }
 
+/// Events the progress thread handled for a QP (see [`progress_thread_events`]).
+static PROGRESS_EVENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Mute checks the progress thread made (see [`progress_thread_mute_checks`]).
+static MUTE_CHECKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many socket events (readable, writable, closed) a device's progress thread handled
+/// for the QPs of this process: its runs on their behalf, a diagnostic for tests that
+/// count how often the progress thread works while an application thread polls itself.
+pub fn progress_thread_events() -> u64 {
+    PROGRESS_EVENTS.load(Ordering::Relaxed)
+}
+
+/// How many times a progress thread asked a muted QP of this process whether it is still
+/// muted (every 100 µs while one is busy-polled without a declaration, and when the unmute
+/// timer fires): the progress thread's other runs for QPs, for the same tests.
+pub fn progress_thread_mute_checks() -> u64 {
+    MUTE_CHECKS.load(Ordering::Relaxed)
+}
+
 /// Times an inline CQ waiter woke on a QP socket while another thread drove the QP, and
 /// slept until it was done (see [`inline_waits_for_holder`]).
 static INLINE_WAITS_FOR_HOLDER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -484,6 +537,9 @@ struct BusyPoll {
     muted: std::sync::atomic::AtomicBool,
     /// An application thread sleeps on the socket in an inline CQ wait.
     waiter: std::sync::atomic::AtomicBool,
+    /// Application threads that declared they busy-poll this QP's CQ
+    /// ([`verbs::CompletionQueue::declare_spin`]).
+    declared: std::sync::atomic::AtomicU32,
 }
 
 fn now_ns() -> u64 {
@@ -498,6 +554,7 @@ impl BusyPoll {
             since: 0.into(),
             muted: false.into(),
             waiter: false.into(),
+            declared: 0.into(),
         }
     }
     /// Records a poll; true when the QP is busy-polled (it should be muted).

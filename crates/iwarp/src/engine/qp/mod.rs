@@ -932,5 +932,8 @@ mod rx;
 mod rx_buf;
 mod tx;
 
-pub use io::{IwarpQp, core_lock_waits, inline_waits_for_holder, inline_wakeups, socket_reads};
+pub use io::{
+    IwarpQp, core_lock_waits, inline_waits_for_holder, inline_wakeups, progress_thread_events,
+    progress_thread_mute_checks, socket_reads,
+};
 use tx::frame_copy;

@@ -15,10 +15,12 @@ use crate::xdr::{ChunkSource, Decoder, InsertedChunk};
 use verbs::{RemoteAddr, SendWr, WcStatus, WorkCompletion, WrOpcode};
 
 impl Conn {
-    pub(super) fn on_message(&mut self, msg: &[u8]) -> Result<(), Fatal> {
+    /// A received message `msg` (copied out of its receive buffer): validated, and a Call's
+    /// inline Payload stream kept in it (no second copy) for the procedure.
+    pub(super) fn on_message(&mut self, msg: Vec<u8>) -> Result<(), Fatal> {
         let decision = {
             let failed = self.recovery.lock();
-            validate_call(msg, &self.policy, &failed)
+            validate_call(&msg, &self.policy, &failed)
         };
         match decision {
             ResponderDecision::Drop(reason) => {
@@ -33,7 +35,7 @@ impl Conn {
                 self.rep.send_error(&failed, err)
             }
             ResponderDecision::Process(vc) => {
-                let fixed = FixedHeader::parse(msg).ok_or(Fatal::ShortHeader)?;
+                let fixed = FixedHeader::parse(&msg).ok_or(Fatal::ShortHeader)?;
                 let xid = fixed.xid;
                 let form = match (&vc.payload, vc.read_chunks.is_empty()) {
                     (CallPayload::PositionZero(_), _) => &self.stats.calls_long,
@@ -51,17 +53,33 @@ impl Conn {
                     let mut tx = self.rep.tx();
                     self.rep.note_rdma(&mut tx, xid);
                 }
-                let plan = CallPlan {
+                // where the inline Payload stream lies in `msg` (it is a part of it)
+                let inline_at = match &vc.payload {
+                    CallPayload::Inline(p) => Some(within(&msg, p).ok_or_else(|| p.to_vec())),
+                    CallPayload::PositionZero(_) => None,
+                };
+                let mut plan = CallPlan {
                     fixed,
                     lists: vc.lists().clone(),
-                    inline: match &vc.payload {
-                        CallPayload::Inline(p) => Some(p.to_vec()),
-                        CallPayload::PositionZero(_) => None,
-                    },
+                    inline: None,
                     lens: chunks.iter().map(|c| c.total_len() as usize).collect(),
                     positions: vc.read_chunks.iter().map(|c| c.position).collect(),
                 };
-                match self.pull(&chunks) {
+                let pulled = self.pull(&chunks);
+                drop(chunks);
+                drop(vc);
+                // the Payload stream moves to the front of the received message, which is
+                // cut to it: no allocation, no copy into a second vector (issue 18, session 17)
+                plan.inline = inline_at.map(|at| match at {
+                    Ok(r) => {
+                        let mut m = msg;
+                        m.truncate(r.end);
+                        m.drain(..r.start);
+                        m
+                    }
+                    Err(copy) => copy,
+                });
+                match pulled {
                     Ok(Pulled::Nothing) => self.run_call(plan, CallData::Heap(Vec::new())),
                     Ok(Pulled::Posted(io)) => {
                         // the Read completions continue the Call (`on_read`); the worker
@@ -312,5 +330,31 @@ impl Conn {
             len: total,
             deadline: Instant::now() + self.timeout,
         }))
+    }
+}
+
+/// Where `part` lies in `whole`, if it is a part of it.
+fn within(whole: &[u8], part: &[u8]) -> Option<std::ops::Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= whole.len()).then_some(start..end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::within;
+
+    /// The inline Payload stream of a Call is kept in its received message only when it is a
+    /// part of it (RPCR-FRM-01: the Payload stream follows the header in the Send).
+    #[test]
+    fn within_finds_a_part_and_refuses_anything_else() {
+        let msg: Vec<u8> = (0..64u8).collect();
+        assert_eq!(within(&msg, &msg[28..]), Some(28..64));
+        assert_eq!(within(&msg, &msg[28..28]), Some(28..28));
+        assert_eq!(within(&msg, &msg[..]), Some(0..64));
+        let other = msg.clone();
+        assert_eq!(within(&msg, &other[28..]), None);
+        assert_eq!(within(&msg[..32], &msg[28..40]), None, "runs past the end");
+        assert_eq!(within(&msg[30..], &msg[28..40]), None, "starts before");
     }
 }

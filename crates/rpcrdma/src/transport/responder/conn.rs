@@ -80,7 +80,7 @@ impl Conn {
                 if Instant::now() >= until {
                     tracing::debug!(xid = ?xid_of(&msg), "rpcrdma server: retransmission while its first connection lives");
                 }
-                let r = self.on_message(&msg);
+                let r = self.on_message(msg);
                 if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
                     self.release_stage();
                 }
@@ -161,7 +161,7 @@ impl Conn {
             self.settling = Some((msg, Instant::now() + SETTLE));
             return Ok(true);
         }
-        let r = self.on_message(&msg);
+        let r = self.on_message(msg);
         if self.stage.as_ref().is_some_and(|m| m.len() > KEEP_STAGE) {
             self.release_stage();
         }

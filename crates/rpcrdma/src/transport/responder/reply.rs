@@ -398,7 +398,7 @@ impl Replier {
                 }
             };
             drop(tx);
-            let posted = self.qp.post_send(&wrs);
+            let posted = self.qp.post_send(wrs.as_slice());
             tx = self.tx();
             if let Err(e) = posted {
                 tx.posting = false;
@@ -410,7 +410,7 @@ impl Replier {
 
     /// The work requests of the next queued Reply, if it has a send buffer and room on the
     /// send queue: its Send is in `sending` from now on.
-    fn next_post(&self, tx: &mut Tx) -> Result<Option<Vec<SendWr>>, Fatal> {
+    fn next_post(&self, tx: &mut Tx) -> Result<Option<Posts>, Fatal> {
         let Some(o) = tx.queued.front() else {
             return Ok(None);
         };
@@ -420,7 +420,8 @@ impl Replier {
         }
         let o = tx.queued.pop_front().expect("front");
         let slot = tx.free_slots.pop().expect("a free slot");
-        let mut wrs = Vec::with_capacity(n);
+        // a Reply without Writes (every small call's) is one Send: no vector for it
+        let mut wrs = if n > 1 { Vec::with_capacity(n) } else { Vec::new() };
         if let Some(from) = o.held.region() {
             for (handle, addr, src) in &o.writes {
                 wrs.push(
@@ -445,14 +446,21 @@ impl Replier {
             Some(rkey) => WrOpcode::SendWithInv { invalidate_rkey: rkey },
             None => WrOpcode::Send,
         };
-        wrs.push(SendWr::new(id, opcode, vec![self.send_mr.sge(at, o.msg.len() as u32)]));
+        let send = SendWr::new(id, opcode, vec![self.send_mr.sge(at, o.msg.len() as u32)]);
+        let wrs = if wrs.is_empty() {
+            Posts::One(send)
+        } else {
+            wrs.push(send);
+            Posts::Many(wrs)
+        };
+        let count = wrs.as_slice().len();
         // the Send is in `sending` before it is posted: its completion may be taken by
         // the worker before `post_send` returns
-        tx.send_wrs += wrs.len();
+        tx.send_wrs += count;
         tx.sending.push_back(InFlight {
             id,
             slot,
-            wrs: wrs.len(),
+            wrs: count,
             held: o.held,
             xid: o.xid,
             writes: !o.writes.is_empty(),
@@ -494,5 +502,21 @@ impl Replier {
         }
         tx.recent_rdma.push_back(xid);
         self.recovery.unsettle(xid, self.serial);
+    }
+}
+
+/// The work requests of one Reply, posted together: its Send alone, or its RDMA Writes
+/// and then its Send.
+enum Posts {
+    One(SendWr),
+    Many(Vec<SendWr>),
+}
+
+impl Posts {
+    fn as_slice(&self) -> &[SendWr] {
+        match self {
+            Posts::One(w) => std::slice::from_ref(w),
+            Posts::Many(v) => v,
+        }
     }
 }
