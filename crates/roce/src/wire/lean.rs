@@ -80,6 +80,7 @@ const CLASSES: [Class; 256] = {
 };
 
 /// The lean class of `opcode`.
+#[inline]
 pub(crate) fn class(opcode: Opcode) -> Class {
     CLASSES[usize::from(opcode.0)]
 }
@@ -92,7 +93,7 @@ pub fn parse(b: &[u8]) -> Option<Packet<'_>> {
     if len < Bth::LEN + ICRC_LEN || !len.is_multiple_of(4) {
         return None;
     }
-    let c = CLASSES[usize::from(b[0])];
+    let c = class(Opcode(b[0]));
     // TVer must be 0.
     if c == Class::None || b[1] & 0x0f != 0 {
         return None;
@@ -153,7 +154,7 @@ pub fn parse(b: &[u8]) -> Option<Packet<'_>> {
 /// anything else and wherever the generic emitter returns an error.
 #[inline]
 pub fn emit_header(p: &Packet<'_>, buf: &mut [u8], payload_len: usize) -> Option<usize> {
-    let c = CLASSES[usize::from(p.bth.opcode.0)];
+    let c = class(p.bth.opcode);
     let e = &p.ext;
     if c == Class::None || e.deth.is_some() || e.atomic_eth.is_some() || e.atomic_ack_eth.is_some() || e.ieth.is_some()
     {
@@ -294,7 +295,9 @@ mod tests {
                 syndrome: Syndrome::ACK,
                 msn: 3,
             })),
-            imm_dt: h.contains(HeaderSet::IMM_DT).then_some(x.imm_dt.unwrap_or(ImmDt { imm: 5 })),
+            imm_dt: h
+                .contains(HeaderSet::IMM_DT)
+                .then_some(x.imm_dt.unwrap_or(ImmDt { imm: 5 })),
             ..ExtHeaders::default()
         }
     }
@@ -305,22 +308,24 @@ mod tests {
             any::<(bool, bool, u8, u8, u16)>(),
             any::<(bool, bool, u8, u32, bool, u8, u32)>(),
         )
-            .prop_map(|(op, (se, m, pad, tver, p_key), (fecn, becn, r6, qp, a, r7, psn))| Bth {
-                opcode: Opcode(op),
-                se,
-                m,
-                pad_count: pad,
-                // Mostly 0: the engine's, and the only version that parses.
-                tver: if tver < 200 { 0 } else { tver },
-                p_key,
-                fecn,
-                becn,
-                resv6a: r6,
-                dest_qp: qp,
-                ack_req: a,
-                resv7: r7,
-                psn: Psn::new(psn),
-            })
+            .prop_map(
+                |(op, (se, m, pad, tver, p_key), (fecn, becn, r6, qp, a, r7, psn))| Bth {
+                    opcode: Opcode(op),
+                    se,
+                    m,
+                    pad_count: pad,
+                    // Mostly 0: the engine's, and the only version that parses.
+                    tver: if tver < 200 { 0 } else { tver },
+                    p_key,
+                    fecn,
+                    becn,
+                    resv6a: r6,
+                    dest_qp: qp,
+                    ack_req: a,
+                    resv7: r7,
+                    psn: Psn::new(psn),
+                },
+            )
     }
 
     proptest! {
