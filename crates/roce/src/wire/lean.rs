@@ -212,7 +212,7 @@ pub fn emit_header(p: &Packet<'_>, buf: &mut [u8], payload_len: usize) -> Option
 mod tests {
     use super::*;
     use crate::wire::headers::{AtomicAckEth, AtomicEth, Deth, Ieth};
-    use crate::wire::opcode::{HeaderSet, TABLE};
+    use crate::wire::opcode::HeaderSet;
     use proptest::prelude::*;
 
     /// C3: the class of every opcode the lean pair covers is the opcode table's row
