@@ -87,10 +87,11 @@ impl DevInner {
                     } else {
                         sys::recvmmsg_dontwait(fd, &mut buf)
                     };
-                    buf.idle[sock_i] = matches!(&r, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+                    let empty = matches!(&r, Err(e) if sys::would_block(e));
+                    buf.idle[sock_i] = empty;
                     let got = match r {
                         Ok(n) => n,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(_) if empty => break,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) => {
                             // ICMP errors reported on the socket (port unreachable): nothing
