@@ -5,9 +5,13 @@
 //! Selector octet: bit 0 also runs the ICRC over `data` cut as IP (20 or 40, bit 1) + UDP (8)
 //! + packet; bit 2 compares the lean IPv4 ICRC (`compute_v4_short_packet`, addresses, ID and
 //! ports from the next 14 octets) with the general one.
+//! Always: the lean parser and header emitter of the data path's opcodes (`wire::lean`)
+//! equal the generic, table-driven ones (`Packet::parse_generic`, `emit_header_generic`):
+//! same packet or same error, same header octets, on every input.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use roce::wire::icrc;
+use roce::wire::lean;
 use roce::wire::opcode::sequence_ok;
 use roce::wire::segment::check_payload_len;
 use roce::wire::Packet;
@@ -45,7 +49,25 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    match Packet::parse(rest) {
+    let generic = Packet::parse_generic(rest);
+    if let Some(l) = lean::parse(rest) {
+        assert_eq!(Ok(l), generic);
+    }
+    assert_eq!(Packet::parse(rest), generic);
+    if let Ok(p) = &generic {
+        // Header emit, lean against generic, at the packet's own payload length, at another
+        // one (the selector), and into a buffer one octet short.
+        for (len, room) in [(p.payload.len(), 64), (usize::from(sel) * 17, 64), (p.payload.len(), 11)] {
+            let (mut a, mut g) = ([0x5au8; 64], [0x5au8; 64]);
+            let r = p.emit_header_generic(&mut g[..room], len);
+            if let Some(n) = lean::emit_header(p, &mut a[..room], len) {
+                assert_eq!(Ok(n), r);
+            }
+            assert_eq!(p.emit_header(&mut a[..room], len), r);
+            assert_eq!(a, g);
+        }
+    }
+    match generic {
         Ok(p) => {
             let _ = format!("{p:?}");
             let mut buf = vec![0u8; p.buffer_len()];

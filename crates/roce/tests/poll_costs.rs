@@ -166,11 +166,10 @@ fn a_busy_round_trip_allocates_a_bounded_number_of_times_c3() {
     assert!(polls * 10 <= N, "{polls} allocations in {N} round trips' polls");
 }
 
-/// 64-octet RDMA Writes, 64 posted per call, completions polled by the same thread:
-/// allocations per Write on it.
-#[test]
-fn a_small_write_allocates_a_bounded_number_of_times_c3() {
-    let (x, y) = pair("127.77.21.5", "127.77.21.6");
+/// `rounds` times: 64 64-octet RDMA Writes from `x` to `y` posted in one call, their
+/// completions polled by the same thread (which also polls `y`'s CQ, driving `y`'s device);
+/// allocations in the posts and polls counted into `n`.
+fn write_rounds(x: &End, y: &End, rounds: u64, n: &mut u64) {
     let base = y.mr.addr();
     let rkey = y.mr.rkey();
     let batch = |first: u64| -> Vec<SendWr> {
@@ -188,25 +187,31 @@ fn a_small_write_allocates_a_bounded_number_of_times_c3() {
             })
             .collect()
     };
-    let run = |rounds: u64, n: &mut u64| {
-        for r in 0..rounds {
-            let wrs = batch(r * 64);
-            counted(|| x.qp.post_send(&wrs), n).unwrap();
-            drop(wrs);
-            let mut got = 0;
-            let t0 = Instant::now();
-            while got < 64 {
-                if let Some(wc) = counted(|| x.cq.poll_one(), n) {
-                    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-                    got += 1;
-                }
-                // The responder's device is driven by its progress thread or by these
-                // polls of y's CQ (nothing completes there for a Write).
-                let _ = y.cq.poll_one();
-                assert!(t0.elapsed() < Duration::from_secs(10), "Writes not completed");
+    for r in 0..rounds {
+        let wrs = batch(r * 64);
+        counted(|| x.qp.post_send(&wrs), n).unwrap();
+        drop(wrs);
+        let mut got = 0;
+        let t0 = Instant::now();
+        while got < 64 {
+            if let Some(wc) = counted(|| x.cq.poll_one(), n) {
+                assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                got += 1;
             }
+            // The responder's device is driven by its progress thread or by these
+            // polls of y's CQ (nothing completes there for a Write).
+            let _ = y.cq.poll_one();
+            assert!(t0.elapsed() < Duration::from_secs(10), "Writes not completed");
         }
-    };
+    }
+}
+
+/// 64-octet RDMA Writes, 64 posted per call, completions polled by the same thread:
+/// allocations per Write on it.
+#[test]
+fn a_small_write_allocates_a_bounded_number_of_times_c3() {
+    let (x, y) = pair("127.77.21.5", "127.77.21.6");
+    let run = |rounds: u64, n: &mut u64| write_rounds(&x, &y, rounds, n);
     let mut n = 0;
     run(4, &mut n); // warm-up
     const ROUNDS: u64 = 40;
@@ -306,4 +311,42 @@ fn a_message_after_an_empty_poll_is_received_by_one_recvmsg_c3() {
     );
     // Session 13's code: 0 of them recvmsg.
     assert!(single > 0);
+}
+
+/// The receive path hands a GSO/GRO train's run of packets for one QP to it under one lock
+/// and finds the QP without a look-up in the device's map once it has received for it
+/// (issue 13, session 17): a stream of 64-octet Writes (trains of tens of packets) takes
+/// the responder's QP lock about once per datagram, not once per packet as before, and
+/// looks a QP up a bounded number of times, not once per drain. Every packet is still
+/// checked (ICRC, PSN, rkey: C3, IBA vol. 1 §9.7.4.1.5): `icrc_err` 0, no NAK, every Write
+/// completes in order with success.
+#[test]
+fn a_write_train_is_placed_under_one_qp_lock_c3() {
+    let (x, y) = pair("127.77.21.9", "127.77.21.10");
+    let mut n = 0;
+    write_rounds(&x, &y, 4, &mut n); // warm-up
+    let names = ["rcvd_pkts", "rx_datagrams", "rx_qp_locks", "rx_qp_lookups"];
+    let at = |d: &Device| names.map(|k| c(d, k));
+    let (x0, y0) = (at(&x.dev), at(&y.dev));
+    const ROUNDS: u64 = 40;
+    write_rounds(&x, &y, ROUNDS, &mut n);
+    let (x1, y1) = (at(&x.dev), at(&y.dev));
+    let d = |a: [u64; 4], b: [u64; 4]| -> [u64; 4] { std::array::from_fn(|i| b[i] - a[i]) };
+    let ([xp, xd, xl, xk], [yp, yd, yl, yk]) = (d(x0, x1), d(y0, y1));
+    eprintln!(
+        "{} Writes: responder {yp} packets in {yd} datagrams, {yl} QP locks, {yk} look-ups; \
+         requester {xp} packets in {xd} datagrams, {xl} QP locks, {xk} look-ups",
+        ROUNDS * 64
+    );
+    assert!(yp >= ROUNDS * 64, "every Write arrived: {yp} packets");
+    // One lock per datagram at most (a train's packets are all for the one QP).
+    assert!(yl <= yd, "{yl} QP locks for {yd} datagrams ({yp} packets)");
+    assert!(xl <= xd, "{xl} QP locks for {xd} datagrams ({xp} packets)");
+    // Trains: 64 Writes per post leave in a few GSO trains (not a lock per packet).
+    assert!(yl * 4 <= yp, "{yl} QP locks for {yp} packets");
+    // The test thread, the two progress threads: each looks a QP up once, then finds it in
+    // its cache (bounded, not per drain or per datagram).
+    assert!(xk + yk <= 8, "{xk} + {yk} QP look-ups for {} datagrams", xd + yd);
+    assert_eq!(c(&x.dev, "icrc_err") + c(&y.dev, "icrc_err"), 0);
+    assert_eq!(c(&x.dev, "rcvd_seq_err") + c(&y.dev, "rcvd_seq_err"), 0);
 }

@@ -228,6 +228,22 @@ pub(crate) struct DevCounters {
     /// Times an application thread's receive deferred transmissions while the progress
     /// thread was not muted, and woke it so that they leave within its 1 ms check.
     pub deferred_wakes: AtomicU64,
+    /// Look-ups of an RC QP in the device's map by the receive path (a QP the thread
+    /// received for last, or that this drain already handed packets to, is not looked up).
+    pub rx_qp_lookups: AtomicU64,
+    /// Times the receive path locked an RC QP to hand it packets: once per run of packets
+    /// for the same QP in a GSO/GRO train, once per single datagram.
+    pub rx_qp_locks: AtomicU64,
+}
+
+/// RC QPs a thread's receive path remembers ([`DevInner::qp_cached`]).
+const RX_QP_CACHE: usize = 4;
+
+thread_local! {
+    /// The RC QPs this thread's receive path handed packets to last, newest first: (the
+    /// device's address, the QP number, the QP).
+    static LAST_RX_QPS: std::cell::RefCell<[(usize, u32, Weak<qp::QpShared>); RX_QP_CACHE]> =
+        const { std::cell::RefCell::new([(0, 0, Weak::new()), (0, 0, Weak::new()), (0, 0, Weak::new()), (0, 0, Weak::new())]) };
 }
 
 impl DevCounters {
@@ -405,6 +421,33 @@ impl DevInner {
 
     pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<qp::QpShared>> {
         self.qps.read().unwrap().get(&qpn).and_then(Weak::upgrade)
+    }
+
+    /// [`DevInner::qp`] for the receive path: one of the RC QPs this thread received for
+    /// last (up to [`RX_QP_CACHE`], held weakly: a destroyed QP's state is not kept alive by
+    /// them, and while a QP lives no other QP of its device has its number), else the map
+    /// (counted in `rx_qp_lookups`). A thread that drives both ends of a connection (a
+    /// test, a loopback bench) receives for two QPs in turn.
+    pub(crate) fn qp_cached(&self, qpn: u32) -> Option<Arc<qp::QpShared>> {
+        let dev = self as *const DevInner as usize;
+        let hit = LAST_RX_QPS.with_borrow(|c| {
+            c.iter()
+                .find(|e| e.0 == dev && e.1 == qpn)
+                .and_then(|e| e.2.upgrade())
+                .filter(|q| q.qpn == qpn && std::ptr::eq(Arc::as_ptr(q.dev()), self))
+        });
+        if hit.is_some() {
+            return hit;
+        }
+        self.counters.rx_qp_lookups.fetch_add(1, Ordering::Relaxed);
+        let q = self.qp(qpn)?;
+        LAST_RX_QPS.with_borrow_mut(|c| {
+            // The oldest entry goes; a stale one (same device and number) is replaced.
+            let at = c.iter().position(|e| e.0 == dev && e.1 == qpn).unwrap_or(c.len() - 1);
+            c[..=at].rotate_right(1);
+            c[0] = (dev, qpn, Arc::downgrade(&q));
+        });
+        Some(q)
     }
 
     fn alloc_qpn(&self) -> u32 {

@@ -243,6 +243,8 @@ impl Provider for RoceProvider {
             ("rx_polled_unmuted", ld(&c.rx_polled_unmuted)),
             ("progress_flushes", ld(&c.progress_flushes)),
             ("deferred_wakes", ld(&c.deferred_wakes)),
+            ("rx_qp_lookups", ld(&c.rx_qp_lookups)),
+            ("rx_qp_locks", ld(&c.rx_qp_locks)),
             // Payload octets of RC packets: copied in user space on the way out (0: sent
             // from the registered memory), handed to the kernel by reference, and copied
             // once into memory on the way in (tests/copies_per_octet.rs).

@@ -12,7 +12,6 @@ use verbs::{AhAttr, AsyncEvent, CompletionQueue, Error, QpAttr, QpState, RecvWr,
 
 use super::DevInner;
 use crate::rc::{RcConfig, RcError, RcQp};
-use crate::wire::Packet;
 
 /// Packets sent with one `sendmmsg` at most: four full GSO trains of 4 KiB packets (15
 /// each fit in [`super::sys::GSO_MAX_BYTES`]), so a 1 MiB Write at MTU 4096 is 18 trains
@@ -105,9 +104,27 @@ impl QpShared {
         self.inner.lock().unwrap().core.stats().clone()
     }
 
-    /// A packet for this QP (ICRC checked, parsed).
-    pub(crate) fn on_packet(&self, now: Instant, p: &Packet<'_>) {
-        self.lock().core.handle_packet(now, p);
+    /// The device this QP is on.
+    pub(crate) fn dev(&self) -> &Arc<DevInner> {
+        &self.dev
+    }
+
+    /// Hands packets for this QP (ICRC checked, parsed) to its core through `place`, under
+    /// one lock (the receive path hands a train's run of packets for this QP in one call,
+    /// issue 13). `deliver` (an application thread's receive, whose sends are deferred):
+    /// the completions go into the CQs before the lock is released, their waiters woken
+    /// after; otherwise the device services the QP once its drain is done.
+    pub(crate) fn on_packets(&self, now: Instant, deliver: bool, place: impl FnOnce(&mut RcQp)) {
+        self.dev.counters.rx_qp_locks.fetch_add(1, Ordering::Relaxed);
+        if deliver {
+            verbs::provider::defer_cq_wakeups(|| {
+                let mut g = self.lock();
+                place(&mut g.core);
+                self.service_tx(&mut g, now, false);
+            })
+        } else {
+            place(&mut self.lock().core);
+        }
     }
 
     /// Locks the QP, counting the times the lock was held by another thread
@@ -145,15 +162,6 @@ impl QpShared {
         verbs::provider::defer_cq_wakeups(|| {
             let mut g = self.lock();
             self.service(&mut g, Instant::now());
-        })
-    }
-
-    /// Delivers the core's completions and queues its timer, sending nothing (the device
-    /// sends this QP's packets later: `DevInner::flush_deferred`).
-    pub(crate) fn deliver_locked(&self) {
-        verbs::provider::defer_cq_wakeups(|| {
-            let mut g = self.lock();
-            self.service_tx(&mut g, Instant::now(), false);
         })
     }
 

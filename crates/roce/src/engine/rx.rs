@@ -87,10 +87,11 @@ impl DevInner {
                     } else {
                         sys::recvmmsg_dontwait(fd, &mut buf)
                     };
-                    buf.idle[sock_i] = matches!(&r, Err(e) if e.kind() == io::ErrorKind::WouldBlock);
+                    let empty = matches!(&r, Err(e) if sys::would_block(e));
+                    buf.idle[sock_i] = empty;
                     let got = match r {
                         Ok(n) => n,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(_) if empty => break,
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Err(e) => {
                             // ICMP errors reported on the socket (port unreachable): nothing
@@ -128,13 +129,20 @@ impl DevInner {
                             seg => d.len().div_ceil(usize::from(seg)),
                         };
                         if is_raw {
-                            self.on_ip_datagram(now, d, &mut touched);
+                            self.on_ip_datagram(now, d, &mut touched, defer);
                         } else if let Ok(from) = buf.from(i) {
                             match buf.seg[i] {
-                                0 => {
-                                    self.on_datagram(now, from, self.local.ip(), Rx::Solve, buf.ip[i], d, &mut touched)
-                                }
-                                seg => self.on_train(now, from, usize::from(seg), buf.ip[i], d, &mut touched),
+                                0 => self.on_datagram(
+                                    now,
+                                    from,
+                                    self.local.ip(),
+                                    Rx::Solve,
+                                    buf.ip[i],
+                                    d,
+                                    &mut touched,
+                                    defer,
+                                ),
+                                seg => self.on_train(now, from, usize::from(seg), buf.ip[i], d, &mut touched, defer),
                             }
                         }
                         // Let ACKs and responses out now and then during a long burst (every
@@ -160,9 +168,8 @@ impl DevInner {
             if touched.is_empty() {
                 // Nothing to deliver or defer: an empty poll takes no further lock.
             } else if defer {
-                for q in &touched {
-                    q.deliver_locked();
-                }
+                // Their completions are delivered: under the lock that placed the packets
+                // (`QpShared::on_packets`).
                 let mut d = self.deferred.lock().unwrap();
                 if d.is_empty() {
                     let now = now.unwrap_or_else(Instant::now);
@@ -227,7 +234,7 @@ impl DevInner {
 
     /// An IPv4 datagram from the raw socket (the filter passed only UDP to our address and
     /// port 4791): the ICRC is checked against the headers it came with.
-    fn on_ip_datagram(&self, now: Instant, d: &[u8], touched: &mut Vec<Arc<qp::QpShared>>) {
+    fn on_ip_datagram(&self, now: Instant, d: &[u8], touched: &mut Vec<Arc<qp::QpShared>>, defer: bool) {
         const IP: usize = 20;
         const UDP: usize = 8;
         if d.len() < IP + UDP || d[0] != 0x45 {
@@ -254,6 +261,7 @@ impl DevInner {
             None,
             &d[IP + UDP..IP + udp_len],
             touched,
+            defer,
         );
     }
 
@@ -264,6 +272,12 @@ impl DevInner {
     /// is ours and packet k must verify with ID k exactly; any other train (a GRO merge of a
     /// foreign sender's packets) has each packet's ID solved for, as single datagrams from
     /// the UDP socket do.
+    ///
+    /// The packets that follow one for an RC QP and are RC packets for the same QP (a
+    /// ping-pong's reply and ACK, a burst of Writes) are checked, parsed and handed to it
+    /// under the one lock that QP was taken with: one look-up and one lock per run of the
+    /// train, not per packet (issue 13, session 17).
+    #[allow(clippy::too_many_arguments)]
     fn on_train(
         &self,
         now: Instant,
@@ -272,31 +286,60 @@ impl DevInner {
         ip: Option<sys::RxIp>,
         d: &[u8],
         touched: &mut Vec<Arc<qp::QpShared>>,
+        defer: bool,
     ) {
         let dst = self.local.ip();
         let mut ours = None;
-        for (k, pkt) in d.chunks(seg).enumerate() {
-            let how = match (from.ip(), dst, ours) {
-                (IpAddr::V4(_), IpAddr::V4(_), None) => {
-                    // The check that tells whose train it is, is the first packet's ICRC
-                    // check too: one pass, not two (it was checked again with ID 0).
-                    self.counters
-                        .icrc_rx_octets
-                        .fetch_add(pkt.len() as u64, Ordering::Relaxed);
-                    let is_ours = icrc_verify_id(from.ip(), dst, from.port(), crate::wire::ROCEV2_UDP_PORT, 0, pkt);
-                    ours = Some(is_ours);
-                    if is_ours { Rx::Checked } else { Rx::Solve }
-                }
-                (IpAddr::V4(_), IpAddr::V4(_), Some(true)) => Rx::Id(k as u16),
-                _ => Rx::Solve,
+        let mut pkts = d.chunks(seg).enumerate().peekable();
+        while let Some((k, pkt)) = pkts.next() {
+            let how = self.train_rx(from, dst, &mut ours, k, pkt);
+            let Some(p) = self.rx_packet(from, dst, how, pkt) else {
+                continue;
             };
-            self.on_datagram(now, from, dst, how, ip, pkt, touched);
+            let Some(q) = self.rx_dispatch(from, dst, ip, pkt.len(), &p, touched) else {
+                continue;
+            };
+            q.on_packets(now, defer, |core| {
+                core.handle_packet(now, &p);
+                while let Some(&(k, pkt)) = pkts.peek() {
+                    if rc_dest_qp(pkt) != Some(q.qpn) {
+                        break;
+                    }
+                    pkts.next();
+                    let how = self.train_rx(from, dst, &mut ours, k, pkt);
+                    // An RC opcode (no DETH) to this QP's number (not the GSI's): the
+                    // packet `rx_dispatch` would hand to this QP, if it checks and parses.
+                    if let Some(p) = self.rx_packet(from, dst, how, pkt) {
+                        core.handle_packet(now, &p);
+                    }
+                }
+            });
+        }
+    }
+
+    /// How packet `k` of a train is ICRC-checked (see [`DevInner::on_train`]); `ours` is
+    /// what the first packet's check said of the train.
+    fn train_rx(&self, from: SocketAddr, dst: IpAddr, ours: &mut Option<bool>, k: usize, pkt: &[u8]) -> Rx<'static> {
+        match (from.ip(), dst, *ours) {
+            (IpAddr::V4(_), IpAddr::V4(_), None) => {
+                // The check that tells whose train it is, is the first packet's ICRC
+                // check too: one pass, not two (it was checked again with ID 0).
+                self.counters
+                    .icrc_rx_octets
+                    .fetch_add(pkt.len() as u64, Ordering::Relaxed);
+                let is_ours = icrc_verify_id(from.ip(), dst, from.port(), crate::wire::ROCEV2_UDP_PORT, 0, pkt);
+                *ours = Some(is_ours);
+                if is_ours { Rx::Checked } else { Rx::Solve }
+            }
+            (IpAddr::V4(_), IpAddr::V4(_), Some(true)) => Rx::Id(k as u16),
+            _ => Rx::Solve,
         }
     }
 
     /// One RoCEv2 packet (a UDP payload) from `from` to `dst` (our address or a multicast
     /// group), its ICRC checked as `rx` says; `ip` is its TTL and TOS when a UDP socket
-    /// reported them (a UD receive's GRH shows them).
+    /// reported them (a UD receive's GRH shows them). `defer`: an application thread's
+    /// receive (completions delivered at once, sends deferred).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn on_datagram(
         &self,
@@ -307,7 +350,23 @@ impl DevInner {
         ip: Option<sys::RxIp>,
         pkt: &[u8],
         touched: &mut Vec<Arc<qp::QpShared>>,
+        defer: bool,
     ) {
+        let ip_hdr = match rx {
+            Rx::Headers(ip, _) => Some(ip),
+            _ => None,
+        };
+        let Some(p) = self.rx_packet(from, dst, rx, pkt) else {
+            return;
+        };
+        if let Some(q) = self.rx_dispatch_hdr(from, dst, ip_hdr, ip, pkt.len(), &p, touched) {
+            q.on_packets(now, defer, |core| core.handle_packet(now, &p));
+        }
+    }
+
+    /// Counts a received packet, checks its ICRC as `rx` says and parses it: `None` (counted)
+    /// if either fails.
+    fn rx_packet<'p>(&self, from: SocketAddr, dst: IpAddr, rx: Rx<'_>, pkt: &'p [u8]) -> Option<Packet<'p>> {
         self.counters.rcvd_pkts.fetch_add(1, Ordering::Relaxed);
         let sport = from.port();
         let dport = crate::wire::ROCEV2_UDP_PORT;
@@ -316,34 +375,62 @@ impl DevInner {
                 .icrc_rx_octets
                 .fetch_add(pkt.len() as u64, Ordering::Relaxed);
         };
-        let (ok, ip_hdr) = match rx {
+        let ok = match rx {
             Rx::Headers(ip, udp) => {
                 crc_pass();
-                (icrc::verify(ip, udp, pkt).is_ok(), Some(ip))
+                icrc::verify(ip, udp, pkt).is_ok()
             }
-            Rx::Solve => (self.check_single(from.ip(), dst, sport, dport, pkt), None),
+            Rx::Solve => self.check_single(from.ip(), dst, sport, dport, pkt),
             Rx::Id(id) => {
                 crc_pass();
-                (icrc_verify_id(from.ip(), dst, sport, dport, id, pkt), None)
+                icrc_verify_id(from.ip(), dst, sport, dport, id, pkt)
             }
-            Rx::Checked => (true, None),
+            Rx::Checked => true,
         };
         if !ok {
             self.counters.icrc_err.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
-        let p = match Packet::parse(pkt) {
-            Ok(p) => p,
+        match Packet::parse(pkt) {
+            Ok(p) => Some(p),
             Err(e) => {
                 tracing::trace!(device = %self.cfg.name, error = %e, "malformed packet dropped");
                 self.counters.malformed.fetch_add(1, Ordering::Relaxed);
-                return;
+                None
             }
-        };
+        }
+    }
+
+    /// [`DevInner::rx_dispatch_hdr`] of a packet from a UDP socket.
+    fn rx_dispatch<'t>(
+        &self,
+        from: SocketAddr,
+        dst: IpAddr,
+        ip: Option<sys::RxIp>,
+        pkt_len: usize,
+        p: &Packet<'_>,
+        touched: &'t mut Vec<Arc<qp::QpShared>>,
+    ) -> Option<&'t Arc<qp::QpShared>> {
+        self.rx_dispatch_hdr(from, dst, None, ip, pkt_len, p, touched)
+    }
+
+    /// Hands a checked, parsed packet to the GSI handler or its UD QPs, or returns the RC
+    /// QP it is for (entered in `touched`); unknown QPs are counted.
+    #[allow(clippy::too_many_arguments)]
+    fn rx_dispatch_hdr<'t>(
+        &self,
+        from: SocketAddr,
+        dst: IpAddr,
+        ip_hdr: Option<&[u8]>,
+        ip: Option<sys::RxIp>,
+        pkt_len: usize,
+        p: &Packet<'_>,
+        touched: &'t mut Vec<Arc<qp::QpShared>>,
+    ) -> Option<&'t Arc<qp::QpShared>> {
         let dqp = p.bth.dest_qp;
         if dqp == 1 {
-            self.on_gsi(from, &p);
-            return;
+            self.on_gsi(from, p);
+            return None;
         }
         if p.ext.deth.is_some() {
             // UD: one QP, or every QP attached to the group the datagram came to.
@@ -359,25 +446,23 @@ impl DevInner {
             if targets.is_empty() {
                 self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
             } else {
-                self.on_ud_packet(from, dst, ip_hdr, ip, pkt.len(), &p, &targets);
+                self.on_ud_packet(from, dst, ip_hdr, ip, pkt_len, p, &targets);
             }
-            return;
+            return None;
         }
         // A QP this drain already handed packets to (a train's later packets, a burst of
         // Writes): no map lookup, no reference count traffic per packet (issue 13).
-        if let Some(q) = touched.iter().find(|t| t.qpn == dqp) {
-            q.on_packet(now, &p);
-            return;
+        if let Some(i) = touched.iter().position(|t| t.qpn == dqp) {
+            return Some(&touched[i]);
         }
-        match self.qp(dqp) {
+        match self.qp_cached(dqp) {
             Some(q) => {
-                q.on_packet(now, &p);
-                if !touched.iter().any(|t| Arc::ptr_eq(t, &q)) {
-                    touched.push(q);
-                }
+                touched.push(q);
+                touched.last()
             }
             None => {
                 self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                None
             }
         }
     }
@@ -435,6 +520,14 @@ impl DevInner {
             h.on_mad(Gid::from_ip(from.ip()), d.src_qp, p.bth.p_key, p.payload);
         }
     }
+}
+
+/// The destination QP of an RC packet (an RC opcode, so no DETH; not the GSI's QP 1),
+/// read from its BTH before it is checked or parsed; `None` for anything else.
+fn rc_dest_qp(pkt: &[u8]) -> Option<u32> {
+    let b = pkt.get(..crate::wire::Bth::LEN)?;
+    let qpn = u32::from_be_bytes([0, b[5], b[6], b[7]]);
+    (b[0] & 0xe0 == 0 && qpn != 1).then_some(qpn)
 }
 
 /// How a received packet's ICRC is checked.

@@ -620,6 +620,14 @@ pub(crate) fn recvmsg_one_dontwait(fd: BorrowedFd<'_>, b: &mut RxBatch) -> io::R
     recv_dontwait(fd, b, true)
 }
 
+/// Whether `e` is `EAGAIN`/`EWOULDBLOCK` (a non-blocking socket found empty): the errno
+/// compared first, which costs a busy poller's empty poll less than `kind()`'s mapping of
+/// every errno (three of them per empty poll were ~50 instructions, issue 13).
+#[inline]
+pub(crate) fn would_block(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EAGAIN) || e.kind() == io::ErrorKind::WouldBlock
+}
+
 fn recv_dontwait(fd: BorrowedFd<'_>, b: &mut RxBatch, one: bool) -> io::Result<usize> {
     let n = b.hdrs.len();
     let dirty = b.dirty;
@@ -653,7 +661,7 @@ fn recv_dontwait(fd: BorrowedFd<'_>, b: &mut RxBatch, one: bool) -> io::Result<u
     if r < 0 {
         let e = io::Error::last_os_error();
         // EAGAIN (the empty poll) wrote nothing; after any other error re-arm them all.
-        if e.kind() != io::ErrorKind::WouldBlock {
+        if !would_block(&e) {
             b.dirty = n;
         }
         return Err(e);

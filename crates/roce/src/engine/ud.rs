@@ -439,7 +439,7 @@ impl DevInner {
                         any = true;
                         for i in 0..n {
                             if let (Some(d), Ok(from)) = (buf.data(i), buf.from(i)) {
-                                self.on_datagram(now, from, group, super::Rx::Solve, buf.ip[i], d, &mut touched);
+                                self.on_datagram(now, from, group, super::Rx::Solve, buf.ip[i], d, &mut touched, false);
                             }
                         }
                     }

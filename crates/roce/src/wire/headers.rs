@@ -411,6 +411,7 @@ impl Syndrome {
 }
 
 impl From<u8> for Syndrome {
+    #[inline]
     fn from(v: u8) -> Syndrome {
         let value = v & 0x1f;
         match v >> 5 {
@@ -425,6 +426,7 @@ impl From<u8> for Syndrome {
 }
 
 impl From<Syndrome> for u8 {
+    #[inline]
     fn from(s: Syndrome) -> u8 {
         match s {
             Syndrome::Ack { credits } => credits.0 & 0x1f,

@@ -145,8 +145,19 @@ pub enum EmitError {
 
 impl<'a> Packet<'a> {
     /// Parse one UDP payload. The ICRC is read, not checked: that needs the IP and UDP
-    /// headers ([`super::icrc::verify`]).
+    /// headers ([`super::icrc::verify`]). The data path's opcodes (BTH alone or with one
+    /// ImmDt, RETH or AETH) go through [`super::lean::parse`], the rest (and every malformed
+    /// packet, for its typed error) through [`Packet::parse_generic`]: the same result.
+    #[inline]
     pub fn parse(udp_payload: &'a [u8]) -> Result<Packet<'a>, ParseError> {
+        match super::lean::parse(udp_payload) {
+            Some(p) => Ok(p),
+            None => Self::parse_generic(udp_payload),
+        }
+    }
+
+    /// [`Packet::parse`] by the opcode table alone, for every opcode.
+    pub fn parse_generic(udp_payload: &'a [u8]) -> Result<Packet<'a>, ParseError> {
         let len = udp_payload.len();
         if len < Bth::LEN + ICRC_LEN {
             return Err(ParseError::TooShort { len });
@@ -293,8 +304,19 @@ impl<'a> Packet<'a> {
     /// payload of `payload_len` octets goes elsewhere (the engine sends it from the
     /// registered memory, an iovec of its own); the BTH pad count is that payload's. The
     /// packet's own [`Packet::payload`] must be empty or `payload_len` long. Returns the
-    /// header length ([`OpInfo::header_len`]).
+    /// header length ([`OpInfo::header_len`]). The data path's opcodes are written by
+    /// [`super::lean::emit_header`], the rest (and every error) by
+    /// [`Packet::emit_header_generic`]: the same octets.
+    #[inline]
     pub fn emit_header(&self, buf: &mut [u8], payload_len: usize) -> Result<usize, EmitError> {
+        match super::lean::emit_header(self, buf, payload_len) {
+            Some(n) => Ok(n),
+            None => self.emit_header_generic(buf, payload_len),
+        }
+    }
+
+    /// [`Packet::emit_header`] by the opcode table alone, for every opcode.
+    pub fn emit_header_generic(&self, buf: &mut [u8], payload_len: usize) -> Result<usize, EmitError> {
         let info = self.check()?;
         if !info.payload && payload_len != 0 {
             return Err(EmitError::UnexpectedPayload {

@@ -32,11 +32,13 @@ impl Psn {
     pub const HALF: u32 = 1 << 23;
 
     /// The PSN of `v`, masked to 24 bits.
+    #[inline]
     pub const fn new(v: u32) -> Psn {
         Psn(v & Self::MASK)
     }
 
     /// The 24-bit PSN value.
+    #[inline]
     pub const fn value(self) -> u32 {
         self.0
     }

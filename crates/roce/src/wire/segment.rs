@@ -11,6 +11,7 @@ use verbs::Mtu;
 use super::opcode::{OpInfo, Opcode, Position};
 
 /// Pad octets after `len` payload octets (0..=3), the BTH PadCnt.
+#[inline]
 pub const fn pad_count(len: usize) -> u8 {
     (len.wrapping_neg() & 3) as u8
 }
