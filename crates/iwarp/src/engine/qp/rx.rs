@@ -204,7 +204,15 @@ impl Proto {
         } else {
             let r = self
                 .mem
-                .check(stag, self.pd, self.qpn, to, len as u64, Access::REMOTE_WRITE)
+                .check_cached(
+                    &mut self.rkeys,
+                    stag,
+                    self.pd,
+                    self.qpn,
+                    to,
+                    len as u64,
+                    Access::REMOTE_WRITE,
+                )
                 .map_err(|e| Fatal::new(ddp_tagged_cause(e)))?;
             Some((r.buffer, r.offset))
         };
@@ -394,7 +402,7 @@ impl Proto {
                 return Err(Fatal::new(cause::DDP_ERR_U_NO_BUFFER));
             };
             // Into the list resolved at post time: no allocation on arrival.
-            match self.resolve_into(&wqe.sges, Access::LOCAL_WRITE, &mut wqe.pieces) {
+            match self.resolve_recv(&wqe.sges, &mut wqe.pieces) {
                 Ok(cap) => wqe.cap = cap,
                 Err(e) => {
                     // The receive's memory went away after it was posted:
@@ -502,7 +510,8 @@ impl Proto {
         }
         let r = self
             .mem
-            .check(
+            .check_cached(
+                &mut self.rkeys,
                 rr.src_stag,
                 self.pd,
                 self.qpn,
