@@ -49,8 +49,9 @@ pub(super) struct Lean {
     len: usize,
     /// Completion owed when they are (None: a Read Request, whose slot is queued).
     done: Option<LeanDone>,
-    /// The lkeys' snapshot (one per QP: the requester's local buffers).
-    lkeys: MrCache,
+    /// The lkeys' snapshot (one per QP: the requester's local buffers, also the check of
+    /// a Read's sink when its response arrives).
+    pub(super) lkeys: MrCache,
     buf: [u8; LEAN_BUF],
 }
 

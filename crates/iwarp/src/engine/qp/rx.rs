@@ -285,9 +285,22 @@ impl Proto {
                     return Err(Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS));
                 }
                 let target = (sink.buf.clone(), sink.off + head.received);
+                // Through the requester's snapshot of its lkeys (the lean path's): the same
+                // checks, no look-up while no registration changed (SEC-STAG-02).
                 if head.received == 0
                     && let Some(sge) = *sge
-                    && self.resolve(std::slice::from_ref(&sge), Access::LOCAL_WRITE).is_err()
+                    && self
+                        .mem
+                        .check_cached(
+                            &mut self.lean.lkeys,
+                            sge.lkey,
+                            self.pd,
+                            self.qpn,
+                            sge.addr,
+                            sge.length as u64,
+                            Access::LOCAL_WRITE,
+                        )
+                        .is_err()
                 {
                     // The sink was deregistered while the Read was outstanding.
                     if let Some(id) = head.slot {
