@@ -1292,8 +1292,7 @@ fn a_lean_post_naming_a_deregistered_region_is_refused_sec_stag_02() {
     let mut s = side_in(&pd, 9, false, 4);
     let mem = s.reg_mr(4096, Access::LOCAL_READ);
     let sge = mem.sge(0, 8);
-    s.post_send_one(SendWr::new(1, WrOpcode::Send, vec![sge.clone()]))
-        .unwrap();
+    s.post_send_one(SendWr::new(1, WrOpcode::Send, vec![sge])).unwrap();
     assert!(!s.take_output().is_empty());
     assert_eq!(s.poll_cq().map(|w| w.status), Some(WcStatus::Success));
     drop(mem);

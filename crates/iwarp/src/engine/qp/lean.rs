@@ -224,7 +224,7 @@ impl Proto {
                     slot: Some(id),
                     kind: OrqKind::Read {
                         sink: piece.expect("a Read's sink is checked: total > 0"),
-                        sge: Some(s.clone()),
+                        sge: Some(*s),
                         sink_stag: s.lkey,
                         sink_to: s.addr,
                     },
