@@ -208,10 +208,17 @@ impl IwarpQp {
                 _ => {
                     rx.make_room();
                     let asked = rx.buf.len() - rx.end;
-                    (&self.sock).read(&mut rx.buf[rx.end..]).map(|n| {
-                        rx.end += n;
-                        (n, asked)
-                    })
+                    // EAGAIN and EINTR told from errno, no `io::Error` built and decoded for
+                    // the empty read of every busy poll (issue 18, session 17).
+                    match crate::engine::sockio::recv(fd, &mut rx.buf[rx.end..]) {
+                        crate::engine::sockio::Recv::Data(n) => {
+                            rx.end += n;
+                            Ok((n, asked))
+                        }
+                        crate::engine::sockio::Recv::WouldBlock => break,
+                        crate::engine::sockio::Recv::Interrupted => continue,
+                        crate::engine::sockio::Recv::Failed(e) => Err(e),
+                    }
                 }
             };
             match res {
