@@ -12,6 +12,7 @@
 //! | --- | --- |
 //! | `mod.rs` | the state (`Proto` and its queues), posting work requests, completions in order, the error state and sending the one Terminate |
 //! | `tx.rs` | work requests and responses to RDMAP messages, DDP segmentation (`wire::ddp::segment_len`), MPA framing onto the gather list |
+//! | `lean.rs` | the lean path of a small one-segment Send, Write or Read Request posted to an idle queue: framed straight from the work request (`Framer::emit_segment`), one `writev`, the completion straight into the CQ |
 //! | `rx.rs` | ULPDUs through `wire::ddp` / `wire::rdmap` parsing, then DDP sequencing and buffer checks, Read/atomic and memory checks, placement, receive completions, the peer's Terminate |
 //! | `rx_buf.rs` | the receive buffer, no I/O: the deframer, ULPDUs to `rx.rs`, direct placement of large tagged segments |
 //! | `io.rs` | the socket: `read` into the buffer, `readv` of a directly placed payload, `writev`, progress hooks and busy polling |
