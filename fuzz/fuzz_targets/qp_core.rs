@@ -11,7 +11,9 @@
 //!   requests (Send, Write, Read, FetchAdd with arbitrary sizes) posted on
 //!   one with an arbitrary MULPDU; after the exchange settles no Terminate
 //!   was sent, every completion succeeded and the data arrived (segmentation
-//!   and reassembly agree, RDMAP-LLP-04).
+//!   and reassembly agree, RDMAP-LLP-04). With selector bit 7 they are posted
+//!   one by one through `post_send_one`, so small ones on an idle queue take
+//!   the lean path (`engine/qp/lean.rs`).
 #![no_main]
 use iwarp::engine::qp::harness::{self, Scripted, Side, SideConfig, check_output};
 use libfuzzer_sys::fuzz_target;
@@ -106,7 +108,18 @@ fn back_to_back(sel: u8, input: &[u8]) {
         })
         .collect();
     b.post_recv(&rwrs).unwrap();
-    a.post_send(&wrs).unwrap();
+    if sel & 0x80 != 0 {
+        // One at a time through `post_send_one` (the lean path when the queue is idle,
+        // issue 18), the exchange settled after those whose first octet has bit 2 set.
+        for (wr, op) in wrs.iter().zip(input.chunks_exact(4)) {
+            a.post_send_one(wr.clone()).unwrap();
+            if op[0] & 4 != 0 {
+                assert!(harness::settle(&mut a, &mut b), "the cores did not settle");
+            }
+        }
+    } else {
+        a.post_send(&wrs).unwrap();
+    }
     assert!(harness::settle(&mut a, &mut b), "the cores did not settle");
     assert_eq!((a.state(), b.state()), (QpState::Rts, QpState::Rts));
     let mut done = 0;

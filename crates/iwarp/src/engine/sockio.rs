@@ -55,6 +55,35 @@ pub fn recv_into(buf: &Buffer, fd: RawFd, off: usize, len: usize) -> std::io::Re
     }
 }
 
+/// What one `recv(2)` into a slice found ([`recv`]).
+pub enum Recv {
+    /// Octets read (0: end of stream).
+    Data(usize),
+    /// Nothing to read (`EAGAIN`): the common answer to a spinning poller.
+    WouldBlock,
+    /// A signal came first (`EINTR`).
+    Interrupted,
+    /// Any other error.
+    Failed(std::io::Error),
+}
+
+/// `recv(2)` from `fd` into `buf` (the `recvfrom` system call `Read for &TcpStream` makes),
+/// telling `EAGAIN` and `EINTR` apart from `errno` without building and decoding an
+/// `io::Error` for them: most reads of a busy poller find nothing (issue 18, session 17).
+pub fn recv(fd: RawFd, buf: &mut [u8]) -> Recv {
+    // SAFETY: `buf` is a borrowed mutable slice; the kernel writes at most its length.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0) };
+    if n >= 0 {
+        return Recv::Data(n as usize);
+    }
+    // SAFETY: `errno` is this thread's, set by the call that just failed; read only.
+    match unsafe { *libc::__errno_location() } {
+        libc::EAGAIN => Recv::WouldBlock,
+        libc::EINTR => Recv::Interrupted,
+        code => Recv::Failed(std::io::Error::from_raw_os_error(code)),
+    }
+}
+
 /// One element of a gather list for [`writev`].
 #[derive(Clone, Copy)]
 pub enum IoPart<'a> {

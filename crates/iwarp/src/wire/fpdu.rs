@@ -405,6 +405,54 @@ impl Framer {
         self.emit(ulpdu.len(), &mut out[start..], |b| b.copy_from_slice(ulpdu))
     }
 
+    /// The lean framer of a one-segment message (issue 18, session 17): one whole FPDU
+    /// straight into `out`, the ULPDU being the DDP header `h`, then `rdmap_hdr`, then
+    /// `payload_len` octets `fill` writes in place; then pad and CRC (when on). The same
+    /// octets as [`Framer::emit`] of that ULPDU (tested, and compared by the fuzz target
+    /// `mpa_frame`) without its general layout: only without markers
+    /// ([`EmitError::MarkersActive`]); nothing is framed on error.
+    pub fn emit_segment<F: FnOnce(&mut [u8])>(
+        &mut self,
+        h: &super::ddp::Header,
+        rdmap_hdr: &[u8],
+        payload_len: usize,
+        out: &mut [u8],
+        fill: F,
+    ) -> Result<usize, EmitError> {
+        if self.markers {
+            return Err(EmitError::MarkersActive);
+        }
+        let ddp_len = h.header_len();
+        let hdr_end = HEADER_LEN + ddp_len + rdmap_hdr.len();
+        let ulpdu_len = hdr_end - HEADER_LEN + payload_len;
+        if ulpdu_len > MAX_ULPDU_LEN {
+            return Err(EmitError::UlpduTooLong(ulpdu_len));
+        }
+        let pay_end = hdr_end + payload_len;
+        let crc_at = pay_end + pad_len(ulpdu_len);
+        let total = crc_at + CRC_LEN;
+        let Some(out) = out.get_mut(..total) else {
+            return Err(EmitError::BufferTooSmall {
+                need: total,
+                have: out.len(),
+            });
+        };
+        out[..HEADER_LEN].copy_from_slice(&(ulpdu_len as u16).to_be_bytes());
+        // The header length was taken from `h`: emit cannot run short.
+        let _ = h.emit(&mut out[HEADER_LEN..HEADER_LEN + ddp_len]);
+        out[HEADER_LEN + ddp_len..hdr_end].copy_from_slice(rdmap_hdr);
+        fill(&mut out[hdr_end..pay_end]);
+        out[pay_end..crc_at].fill(0);
+        let crc = if self.crc {
+            to_wire(crc32c(&out[..crc_at]))
+        } else {
+            [0; CRC_LEN]
+        };
+        out[crc_at..].copy_from_slice(&crc);
+        self.pos += total as u64;
+        Ok(total)
+    }
+
     /// Starts an FPDU whose ULPDU the caller sends itself (e.g. `writev`
     /// straight from a registered buffer): send [`TxFpdu::header`], then the
     /// ULPDU (passing each piece to [`TxFpdu::update`] when CRCs are on),
@@ -815,5 +863,92 @@ mod tests {
             prop_assert_eq!(v.ulpdu(), &u[..]);
             prop_assert_eq!(v.verify_crc(), crc);
         }
+    }
+
+    /// The lean one-segment framer writes the octets the general one does (issue 18,
+    /// session 17; RFC 5044 §4.1 length, pad, CRC, RFC 5041 §4 headers): every
+    /// tagged/untagged header form, RDMAP headers of 0, 4 (Send with Invalidate's place is
+    /// in the DDP header; 4 stands for an odd length) and 28 octets (Read Request), payloads
+    /// 0-300 (every pad), CRC on and off, and the stream position they leave behind.
+    #[test]
+    fn lean_segment_equals_the_general_framer_mpa_fpdu() {
+        use crate::wire::ddp::{Addr, Header};
+        let headers = [
+            Header {
+                last: true,
+                rdmap_ctrl: 0x43,
+                addr: Addr::Untagged {
+                    qn: 0,
+                    msn: 0x0102_0304,
+                    mo: 0,
+                    inv_stag: 0xdead_beef,
+                },
+            },
+            Header {
+                last: true,
+                rdmap_ctrl: 0x41,
+                addr: Addr::Untagged {
+                    qn: 1,
+                    msn: 7,
+                    mo: 0,
+                    inv_stag: 0,
+                },
+            },
+            Header {
+                last: true,
+                rdmap_ctrl: 0x40,
+                addr: Addr::Tagged {
+                    stag: 0x1234_5678,
+                    to: 0x0011_2233_4455_6677,
+                },
+            },
+            Header {
+                last: false,
+                rdmap_ctrl: 0x40,
+                addr: Addr::Tagged { stag: 1, to: 0 },
+            },
+        ];
+        let mut cases = 0;
+        for crc in [false, true] {
+            for h in &headers {
+                for rh_len in [0usize, 4, 28] {
+                    let rh: Vec<u8> = (0..rh_len).map(|i| (i * 7 + 1) as u8).collect();
+                    for len in 0..=300usize {
+                        let payload: Vec<u8> = (0..len).map(|i| (i * 13 + len) as u8).collect();
+                        let (mut g, mut l) = (Framer::new(crc, false), Framer::new(crc, false));
+                        // Positions not at 0: a stream already under way.
+                        for f in [&mut g, &mut l] {
+                            f.emit_vec(&[1, 2, 3], &mut Vec::new()).unwrap();
+                        }
+                        let dl = h.header_len();
+                        let ulpdu_len = dl + rh_len + len;
+                        let mut general = vec![0xAAu8; g.wire_len(ulpdu_len).unwrap()];
+                        g.emit(ulpdu_len, &mut general, |u| {
+                            h.emit(u).unwrap();
+                            u[dl..dl + rh_len].copy_from_slice(&rh);
+                            u[dl + rh_len..].copy_from_slice(&payload);
+                        })
+                        .unwrap();
+                        let mut lean = vec![0x55u8; 400];
+                        let n = l
+                            .emit_segment(h, &rh, len, &mut lean, |p| p.copy_from_slice(&payload))
+                            .unwrap();
+                        assert_eq!(&lean[..n], &general[..], "crc {crc} {h:?} rh {rh_len} len {len}");
+                        assert_eq!(l.stream_pos(), g.stream_pos());
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert_eq!(cases, 2 * 4 * 3 * 301);
+        // Declines what it does not do, framing nothing.
+        let mut m = Framer::new(false, true);
+        let r = m.emit_segment(&headers[0], &[], 8, &mut [0u8; 64], |_| {});
+        assert!(matches!(r, Err(EmitError::MarkersActive)));
+        assert_eq!(m.stream_pos(), 0);
+        let mut f = Framer::new(true, false);
+        let r = f.emit_segment(&headers[0], &[], 100, &mut [0u8; 64], |_| {});
+        assert!(matches!(r, Err(EmitError::BufferTooSmall { .. })));
+        assert_eq!(f.stream_pos(), 0);
     }
 }

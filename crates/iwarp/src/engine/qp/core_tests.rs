@@ -1150,3 +1150,165 @@ fn a_send_whose_region_goes_away_before_it_is_framed_fails_sec_stag_02() {
     let wc = s.poll_cq().expect("the Send's completion");
     assert_eq!((wc.wr_id, wc.status), (6, WcStatus::LocProtErr));
 }
+
+/// The small one-segment work requests of the latency benches, with the flags that
+/// change their headers, over one region of `len` octets at `mr`'s address.
+fn lean_cases(mr: &MemoryRegion, remote: RemoteAddr) -> Vec<SendWr> {
+    let mut v = Vec::new();
+    let mut id = 100;
+    let mut add = |opcode: WrOpcode, len: u32, flags: SendFlags| {
+        id += 1;
+        let mut w = SendWr::new(id, opcode, if len == 0 { vec![] } else { vec![mr.sge(3, len)] });
+        w.flags = flags;
+        v.push(w);
+    };
+    for len in [0, 1, 8, 64, 255, 256, 257] {
+        add(WrOpcode::Send, len, SendFlags::SIGNALED);
+    }
+    add(WrOpcode::Send, 8, SendFlags::SIGNALED | SendFlags::SOLICITED);
+    add(WrOpcode::Send, 8, SendFlags::empty());
+    add(
+        WrOpcode::SendWithInv {
+            invalidate_rkey: 0x1234_5678,
+        },
+        8,
+        SendFlags::SIGNALED | SendFlags::SOLICITED,
+    );
+    for len in [8, 64, 256, 300] {
+        add(WrOpcode::RdmaWrite { remote }, len, SendFlags::SIGNALED);
+    }
+    // A Read, then a Send behind it (it may not complete first: the general path).
+    add(WrOpcode::RdmaRead { remote }, 64, SendFlags::SIGNALED);
+    add(WrOpcode::Send, 8, SendFlags::SIGNALED);
+    add(WrOpcode::RdmaRead { remote }, 8, SendFlags::SIGNALED | SendFlags::FENCE);
+    v
+}
+
+/// RDMAP-SND-01, RDMAP-WR-01, RDMAP-RD-01, MPA-FPDU (issue 18, session 17): a work
+/// request posted on the lean path (`post_send_owned`, `lean.rs`) puts on the wire the
+/// octets the general path frames for it (MSN per queue, QN, MO 0, L, STag/TO, the Read
+/// Request's header, pad, CRC on and off), and completes alike, in order; the lean path
+/// ran for the small one-segment requests it is for, not for the others.
+#[test]
+fn the_lean_path_sends_the_octets_the_general_path_does_rdmap_snd_01() {
+    for crc in [false, true] {
+        let dev = device();
+        let pd = dev.alloc_pd().unwrap();
+        let mut general = side_in(&pd, 3, crc, 4);
+        let mut lean = side_in(&pd, 3, crc, 4);
+        let mem = general.reg_mr(4096, Access::LOCAL_WRITE);
+        mem.write(0, &pattern(4096, 9)).unwrap();
+        let remote = RemoteAddr {
+            addr: 0x10_0000,
+            rkey: 0xabcd_ef01,
+        };
+        let (mut lean_ran, mut lean_expected) = (0, 0);
+        for wr in lean_cases(&mem, remote) {
+            let small = wr
+                .sg_list
+                .first()
+                .is_none_or(|s| s.length as usize <= lean::LEAN_PAYLOAD);
+            let behind_read = !lean.p.slots.is_empty();
+            let read_fenced = matches!(wr.opcode, WrOpcode::RdmaRead { .. }) && !lean.p.orq.is_empty();
+            let is_read = matches!(wr.opcode, WrOpcode::RdmaRead { .. });
+            if small && !read_fenced && (is_read || !behind_read) {
+                lean_expected += 1;
+            }
+            general.post_send(std::slice::from_ref(&wr)).unwrap();
+            let before = lean::lean_posts();
+            lean.post_send_one(wr.clone()).unwrap();
+            lean_ran += lean::lean_posts() - before;
+            let (g, l) = (general.take_output(), lean.take_output());
+            assert_eq!(l, g, "crc {crc}, wr {} ({:?})", wr.wr_id, wr.opcode);
+            let g: Vec<_> = std::iter::from_fn(|| general.poll_cq())
+                .map(|w| format!("{w:?}"))
+                .collect();
+            let l: Vec<_> = std::iter::from_fn(|| lean.poll_cq())
+                .map(|w| format!("{w:?}"))
+                .collect();
+            assert_eq!(l, g, "completions of wr {}", wr.wr_id);
+        }
+        assert_eq!(lean_ran, lean_expected, "the lean path ran for the small requests only");
+        assert_eq!(lean_ran, 13, "the cases' small one-segment requests");
+        assert_eq!((general.p.state, lean.p.state), (QpState::Rts, QpState::Rts));
+    }
+}
+
+/// RDMAP-ORD-14 (issue 18, session 17): a lean message the socket took only part of
+/// (or none of: `EAGAIN`) moves onto the general transmit queue; the rest leaves after
+/// it, before anything posted later, and it completes only when its last octet left.
+#[test]
+fn a_lean_message_written_in_part_completes_when_the_rest_left_rdmap_ord_14() {
+    for taken in [0usize, 1, 5, 31] {
+        let dev = device();
+        let pd = dev.alloc_pd().unwrap();
+        let mut s = side_in(&pd, 9, true, 4);
+        let mem = s.reg_mr(4096, Access::LOCAL_READ);
+        mem.write(0, b"0123456789abcdef").unwrap();
+        s.post_send_one(SendWr::new(1, WrOpcode::Send, vec![mem.sge(0, 16)]))
+            .unwrap();
+        let whole = s.p.lean_bytes().to_vec();
+        assert_eq!(whole.len(), 2 + 18 + 16 + 4, "framed on the lean path (no pad)");
+        s.p.lean_written(taken);
+        assert!(s.poll_cq().is_none(), "not complete before its last octet left");
+        s.post_send_one(SendWr::new(2, WrOpcode::Send, vec![mem.sge(0, 4)]))
+            .unwrap();
+        assert!(s.p.lean_bytes().is_empty(), "queued behind it: the general path");
+        let rest = s.take_output();
+        assert_eq!(&rest[..whole.len() - taken], &whole[taken..], "the rest first");
+        let ids: Vec<_> = std::iter::from_fn(|| s.poll_cq())
+            .map(|w| (w.wr_id, w.status))
+            .collect();
+        assert_eq!(ids, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+        // The stream parses: the second Send carries the next MSN.
+        let mut d = Deframer::new(DeframerConfig {
+            crc: true,
+            ..Default::default()
+        });
+        let mut stream = whole[..taken].to_vec();
+        stream.extend_from_slice(&rest);
+        let (mut msns, mut at) = (Vec::new(), 0);
+        while at < stream.len() {
+            let (used, u) = d.next_fpdu(&stream[at..]).expect("the FPDUs deframe, CRC checked");
+            at += used;
+            if let Some(u) = u
+                && let Ok(h) = Header::parse(u)
+                && let Addr::Untagged { msn, .. } = h.addr
+            {
+                msns.push(msn);
+            }
+        }
+        assert_eq!(msns, [1, 2]);
+    }
+}
+
+/// SEC-STAG-02 (issue 18, session 17): the lean path checks an lkey through the QP's
+/// snapshot of its registration, which a deregistration invalidates: a post naming a
+/// region that went away is refused (`bad_wr`, local protection) and sends nothing.
+#[test]
+fn a_lean_post_naming_a_deregistered_region_is_refused_sec_stag_02() {
+    let dev = device();
+    let pd = dev.alloc_pd().unwrap();
+    let mut s = side_in(&pd, 9, false, 4);
+    let mem = s.reg_mr(4096, Access::LOCAL_READ);
+    let sge = mem.sge(0, 8);
+    s.post_send_one(SendWr::new(1, WrOpcode::Send, vec![sge])).unwrap();
+    assert!(!s.take_output().is_empty());
+    assert_eq!(s.poll_cq().map(|w| w.status), Some(WcStatus::Success));
+    drop(mem);
+    let before = lean::lean_posts();
+    let r = s.post_send_one(SendWr::new(2, WrOpcode::Send, vec![sge]));
+    assert!(
+        matches!(
+            r,
+            Err(Error::BadWr {
+                error: WrError::LocalProtection { .. },
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    assert_eq!(lean::lean_posts(), before);
+    assert!(s.take_output().is_empty(), "nothing sent");
+    assert!(s.poll_cq().is_none());
+}

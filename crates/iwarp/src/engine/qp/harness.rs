@@ -162,6 +162,14 @@ impl Side {
         r
     }
 
+    /// `post_send_owned` on the core (`QueuePair::post_send_one`): a small one-segment
+    /// message to an idle queue takes the lean path (`lean.rs`), framed at once.
+    pub fn post_send_one(&mut self, wr: SendWr) -> Result<()> {
+        let r = self.p.post_send_owned(wr);
+        self.p.expire_posted();
+        r
+    }
+
     /// `post_recv` on the core.
     pub fn post_recv(&mut self, wrs: &[RecvWr]) -> Result<()> {
         self.p.post_recv(wrs)
@@ -209,8 +217,10 @@ impl Side {
     /// Frames what the core has to send and takes it off its transmit
     /// queue, as a `writev` that took everything.
     pub fn take_output(&mut self) -> Vec<u8> {
+        // A lean message first, as `IwarpQp::pump_tx` writes it, taken whole.
+        let mut bytes = self.p.lean_bytes().to_vec();
+        self.p.lean_written(bytes.len());
         self.p.fill_tx();
-        let mut bytes = Vec::new();
         let n = self.p.tx_queue().copy_pending(&mut bytes);
         if n > 0 {
             self.p.consumed_out(n);

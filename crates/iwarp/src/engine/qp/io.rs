@@ -8,6 +8,7 @@
 
 use super::rx_buf::{RxIo, TAGGED_FPDU_HEAD};
 use super::*;
+use crate::engine::sockio::IoPart;
 use verbs::provider::CqProviderExt;
 
 struct Core {
@@ -207,10 +208,17 @@ impl IwarpQp {
                 _ => {
                     rx.make_room();
                     let asked = rx.buf.len() - rx.end;
-                    (&self.sock).read(&mut rx.buf[rx.end..]).map(|n| {
-                        rx.end += n;
-                        (n, asked)
-                    })
+                    // EAGAIN and EINTR told from errno, no `io::Error` built and decoded for
+                    // the empty read of every busy poll (issue 18, session 17).
+                    match crate::engine::sockio::recv(fd, &mut rx.buf[rx.end..]) {
+                        crate::engine::sockio::Recv::Data(n) => {
+                            rx.end += n;
+                            Ok((n, asked))
+                        }
+                        crate::engine::sockio::Recv::WouldBlock => break,
+                        crate::engine::sockio::Recv::Interrupted => continue,
+                        crate::engine::sockio::Recv::Failed(e) => Err(e),
+                    }
                 }
             };
             match res {
@@ -246,6 +254,20 @@ impl IwarpQp {
     /// Frames pending work and writes it until the socket would block.
     fn pump_tx(&self, p: &mut Proto) -> bool {
         let mut any = false;
+        if p.lean_pending() {
+            // A lean message (`lean.rs`): one writev of its one FPDU; what the socket did
+            // not take goes onto the transmit queue below, as does an error's handling.
+            any = true;
+            let fd = self.sock.as_raw_fd();
+            loop {
+                match crate::engine::sockio::writev(fd, &[IoPart::Bytes(p.lean_bytes())]) {
+                    Ok(n) => p.lean_written(n),
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => p.lean_written(0),
+                }
+                break;
+            }
+        }
         loop {
             any |= p.fill_tx();
             if p.tx_pending() == 0 {

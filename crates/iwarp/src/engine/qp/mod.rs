@@ -12,6 +12,7 @@
 //! | --- | --- |
 //! | `mod.rs` | the state (`Proto` and its queues), posting work requests, completions in order, the error state and sending the one Terminate |
 //! | `tx.rs` | work requests and responses to RDMAP messages, DDP segmentation (`wire::ddp::segment_len`), MPA framing onto the gather list |
+//! | `lean.rs` | the lean path of a small one-segment Send, Write or Read Request posted to an idle queue: framed straight from the work request (`Framer::emit_segment`), one `writev`, the completion straight into the CQ |
 //! | `rx.rs` | ULPDUs through `wire::ddp` / `wire::rdmap` parsing, then DDP sequencing and buffer checks, Read/atomic and memory checks, placement, receive completions, the peer's Terminate |
 //! | `rx_buf.rs` | the receive buffer, no I/O: the deframer, ULPDUs to `rx.rs`, direct placement of large tagged segments |
 //! | `io.rs` | the socket: `read` into the buffer, `readv` of a directly placed payload, `writev`, progress hooks and busy polling |
@@ -309,6 +310,14 @@ pub(crate) struct Proto {
     /// reuse (`retire_recv`): a receive costs no allocation when posted and no free on
     /// the path from arrival to its completion (issue 18, session 14).
     spare_recvs: Vec<RecvWqe>,
+    /// The lean path of small one-segment messages (`lean.rs`, issue 18, session 17).
+    lean: Box<lean::Lean>,
+    /// Snapshot of the receive buffers' registration (`post_recv`, a Send's arrival) and
+    /// of the rkeys a peer's Writes and Read Requests name: the same checks as the
+    /// table's without its lock and look-up while no registration changed (issue 18,
+    /// session 17; `MemTable::check_cached`, SEC-STAG-02).
+    rx_lkeys: verbs::mem::MrCache,
+    rkeys: verbs::mem::MrCache,
     ird: u32,
     next_atomic_id: u32,
     rtr: Option<RtrRole>,
@@ -476,6 +485,9 @@ impl Proto {
             spare_pieces: Vec::new(),
             posted: None,
             spare_recvs: Vec::new(),
+            lean: lean::Lean::new(),
+            rx_lkeys: Default::default(),
+            rkeys: Default::default(),
             ird: neg.ird,
             next_atomic_id: 1,
             rtr: neg.rtr,
@@ -541,6 +553,41 @@ impl Proto {
         Ok(total)
     }
 
+    /// [`resolve_into`](Self::resolve_into) of a receive WQE's SGEs through the receive
+    /// side's snapshot (`rx_lkeys`): the same checks, no look-up while the table is
+    /// unchanged.
+    fn resolve_recv(&mut self, sges: &[verbs::Sge], pieces: &mut Vec<Piece>) -> std::result::Result<usize, WrError> {
+        pieces.clear();
+        let mut total = 0usize;
+        for s in sges {
+            if s.length == 0 {
+                continue;
+            }
+            let r = self
+                .mem
+                .check_cached(
+                    &mut self.rx_lkeys,
+                    s.lkey,
+                    self.pd,
+                    self.qpn,
+                    s.addr,
+                    s.length as u64,
+                    Access::LOCAL_WRITE,
+                )
+                .map_err(|error| WrError::LocalProtection { lkey: s.lkey, error })?;
+            total = total.checked_add(s.length as usize).ok_or(WrError::TooLong {
+                len: u64::MAX,
+                max: usize::MAX as u64,
+            })?;
+            pieces.push(Piece {
+                buf: r.buffer,
+                off: r.offset,
+                len: s.length as usize,
+            });
+        }
+        Ok(total)
+    }
+
     /// Nothing to frame is queued: a work request posted now is the next message.
     fn tx_idle(&self) -> bool {
         self.cur.is_none() && self.follow.is_none() && self.rtr.is_none() && self.irq.is_empty() && self.sq.is_empty()
@@ -572,7 +619,7 @@ impl Proto {
     }
 
     fn outstanding_send_wrs(&self) -> usize {
-        self.slots.len()
+        self.slots.len() + usize::from(self.lean_pending())
     }
 
     /// Posts send work requests. In the Error state they are accepted and
@@ -581,6 +628,7 @@ impl Proto {
     /// posts before it polls still learns why the QP failed from the
     /// completion and event that came first (issue 12 point 9).
     pub(crate) fn post_send(&mut self, wrs: &[SendWr]) -> Result<()> {
+        self.unlean(0);
         if self.state == QpState::Err {
             for wr in wrs {
                 let id = self.next_slot;
@@ -618,6 +666,9 @@ impl Proto {
     pub(crate) fn post_send_owned(&mut self, wr: SendWr) -> Result<()> {
         if self.state == QpState::Err {
             return self.post_send(std::slice::from_ref(&wr));
+        }
+        if self.try_lean(&wr) {
+            return Ok(());
         }
         let (id, inline) = self.queue_send(0, &wr)?;
         self.sq.push_back((id, wr, inline));
@@ -758,9 +809,7 @@ impl Proto {
                 pieces: Vec::with_capacity(wr.sg_list.len()),
                 cap: 0,
             });
-            wqe.cap = self
-                .resolve_into(&wr.sg_list, Access::LOCAL_WRITE, &mut wqe.pieces)
-                .map_err(bad)?;
+            wqe.cap = self.resolve_recv(&wr.sg_list, &mut wqe.pieces).map_err(bad)?;
             wqe.wr_id = wr.wr_id;
             wqe.sges.clear();
             wqe.sges.extend_from_slice(&wr.sg_list);
@@ -837,6 +886,7 @@ impl Proto {
     }
 
     fn enter_error(&mut self) {
+        self.unlean(0);
         self.publish_error_state();
         self.expire_posted();
         self.sq.clear();
@@ -869,6 +919,8 @@ impl Proto {
             return;
         }
         self.term_sent = true;
+        // A lean message framed and not yet written goes first (stream order).
+        self.unlean(0);
         tracing::info!(qp = self.qpn, "sending Terminate: {}", f.cause);
         let off = if f.echo {
             offending.and_then(Offending::from_ulpdu)
@@ -928,12 +980,18 @@ pub(crate) mod handle;
 #[cfg(any(test, feature = "fuzz"))]
 pub mod harness;
 mod io;
+mod lean;
 mod rx;
 mod rx_buf;
 mod tx;
 
+<<<<<<< HEAD
 pub use io::{
     IwarpQp, core_lock_waits, inline_waits_for_holder, inline_wakeups, progress_thread_events,
     progress_thread_mute_checks, socket_reads,
 };
+=======
+pub use io::{IwarpQp, core_lock_waits, inline_waits_for_holder, inline_wakeups, socket_reads};
+pub use lean::lean_posts;
+>>>>>>> s17-iwlean
 use tx::frame_copy;

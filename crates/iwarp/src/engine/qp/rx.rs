@@ -204,7 +204,15 @@ impl Proto {
         } else {
             let r = self
                 .mem
-                .check(stag, self.pd, self.qpn, to, len as u64, Access::REMOTE_WRITE)
+                .check_cached(
+                    &mut self.rkeys,
+                    stag,
+                    self.pd,
+                    self.qpn,
+                    to,
+                    len as u64,
+                    Access::REMOTE_WRITE,
+                )
                 .map_err(|e| Fatal::new(ddp_tagged_cause(e)))?;
             Some((r.buffer, r.offset))
         };
@@ -277,9 +285,22 @@ impl Proto {
                     return Err(Fatal::new(cause::DDP_ERR_T_BASE_BOUNDS));
                 }
                 let target = (sink.buf.clone(), sink.off + head.received);
+                // Through the requester's snapshot of its lkeys (the lean path's): the same
+                // checks, no look-up while no registration changed (SEC-STAG-02).
                 if head.received == 0
                     && let Some(sge) = *sge
-                    && self.resolve(std::slice::from_ref(&sge), Access::LOCAL_WRITE).is_err()
+                    && self
+                        .mem
+                        .check_cached(
+                            &mut self.lean.lkeys,
+                            sge.lkey,
+                            self.pd,
+                            self.qpn,
+                            sge.addr,
+                            sge.length as u64,
+                            Access::LOCAL_WRITE,
+                        )
+                        .is_err()
                 {
                     // The sink was deregistered while the Read was outstanding.
                     if let Some(id) = head.slot {
@@ -394,7 +415,7 @@ impl Proto {
                 return Err(Fatal::new(cause::DDP_ERR_U_NO_BUFFER));
             };
             // Into the list resolved at post time: no allocation on arrival.
-            match self.resolve_into(&wqe.sges, Access::LOCAL_WRITE, &mut wqe.pieces) {
+            match self.resolve_recv(&wqe.sges, &mut wqe.pieces) {
                 Ok(cap) => wqe.cap = cap,
                 Err(e) => {
                     // The receive's memory went away after it was posted:
@@ -502,7 +523,8 @@ impl Proto {
         }
         let r = self
             .mem
-            .check(
+            .check_cached(
+                &mut self.rkeys,
                 rr.src_stag,
                 self.pd,
                 self.qpn,

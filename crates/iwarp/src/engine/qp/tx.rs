@@ -334,6 +334,10 @@ impl Proto {
             // Nothing to frame: the common case of a busy poll that finds nothing (issue 18).
             return false;
         }
+        if self.lean_pending() {
+            // A lean message not written yet goes before anything framed now (stream order).
+            self.unlean(0);
+        }
         let mut any = false;
         while self.tx.pending() < TX_HIGH_WATER {
             if self.cur.is_none() {
