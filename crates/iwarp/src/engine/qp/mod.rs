@@ -985,13 +985,9 @@ mod rx;
 mod rx_buf;
 mod tx;
 
-<<<<<<< HEAD
 pub use io::{
     IwarpQp, core_lock_waits, inline_waits_for_holder, inline_wakeups, progress_thread_events,
     progress_thread_mute_checks, socket_reads,
 };
-=======
-pub use io::{IwarpQp, core_lock_waits, inline_waits_for_holder, inline_wakeups, socket_reads};
 pub use lean::lean_posts;
->>>>>>> s17-iwlean
 use tx::frame_copy;
