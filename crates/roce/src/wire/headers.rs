@@ -101,7 +101,13 @@ impl Bth {
     /// Parses the 12 BTH octets at the front of `b`, returning the header and the octets after it.
     pub fn parse(b: &[u8]) -> Result<(Bth, &[u8]), Truncated> {
         let (h, rest) = take("BTH", b, Self::LEN)?;
-        let bth = Bth {
+        Ok((Self::from_octets(h), rest))
+    }
+
+    /// The BTH in the first 12 octets of `h` (at least that long: the caller checked).
+    #[inline]
+    pub(crate) fn from_octets(h: &[u8]) -> Bth {
+        Bth {
             opcode: Opcode(h[0]),
             se: h[1] & 0x80 != 0,
             m: h[1] & 0x40 != 0,
@@ -115,8 +121,7 @@ impl Bth {
             ack_req: h[8] & 0x80 != 0,
             resv7: h[8] & 0x7f,
             psn: Psn::new(be::u24_at(h, 9)),
-        };
-        Ok((bth, rest))
+        }
     }
 
     /// Out-of-range field values are masked to their width.

@@ -18,7 +18,6 @@
 
 use super::headers::{Aeth, Bth, Reth, Syndrome};
 use super::packet::{ExtHeaders, Packet};
-use super::psn::Psn;
 use super::segment::pad_count;
 use super::{ICRC_LEN, ImmDt, Opcode, be};
 
@@ -108,21 +107,8 @@ pub fn parse(b: &[u8]) -> Option<Packet<'_>> {
     if (!c.payload() && after != 0) || pad > after {
         return None;
     }
-    let bth = Bth {
-        opcode: Opcode(b[0]),
-        se: b[1] & 0x80 != 0,
-        m: b[1] & 0x40 != 0,
-        pad_count: (b[1] >> 4) & 0x3,
-        tver: 0,
-        p_key: be::u16_at(b, 2),
-        fecn: b[4] & 0x80 != 0,
-        becn: b[4] & 0x40 != 0,
-        resv6a: b[4] & 0x3f,
-        dest_qp: be::u24_at(b, 5),
-        ack_req: b[8] & 0x80 != 0,
-        resv7: b[8] & 0x7f,
-        psn: Psn::new(be::u24_at(b, 9)),
-    };
+    // TVer was checked 0 above.
+    let bth = Bth::from_octets(b);
     let mut ext = ExtHeaders::default();
     match c {
         Class::Imm => ext.imm_dt = Some(ImmDt { imm: be::u32_at(b, 12) }),
@@ -213,6 +199,7 @@ mod tests {
     use super::*;
     use crate::wire::headers::{AtomicAckEth, AtomicEth, Deth, Ieth};
     use crate::wire::opcode::HeaderSet;
+    use crate::wire::psn::Psn;
     use proptest::prelude::*;
 
     /// C3: the class of every opcode the lean pair covers is the opcode table's row

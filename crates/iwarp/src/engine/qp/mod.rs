@@ -530,62 +530,20 @@ impl Proto {
         need: Access,
         pieces: &mut Vec<Piece>,
     ) -> std::result::Result<usize, WrError> {
-        pieces.clear();
-        let mut total = 0usize;
-        for s in sges {
-            if s.length == 0 {
-                continue;
-            }
-            let r = self
-                .mem
-                .check(s.lkey, self.pd, self.qpn, s.addr, s.length as u64, need)
-                .map_err(|error| WrError::LocalProtection { lkey: s.lkey, error })?;
-            total = total.checked_add(s.length as usize).ok_or(WrError::TooLong {
-                len: u64::MAX,
-                max: usize::MAX as u64,
-            })?;
-            pieces.push(Piece {
-                buf: r.buffer,
-                off: r.offset,
-                len: s.length as usize,
-            });
-        }
-        Ok(total)
+        let (mem, pd, qpn) = (&self.mem, self.pd, self.qpn);
+        collect_pieces(sges, pieces, |s| {
+            mem.check(s.lkey, pd, qpn, s.addr, s.length as u64, need)
+        })
     }
 
     /// [`resolve_into`](Self::resolve_into) of a receive WQE's SGEs through the receive
     /// side's snapshot (`rx_lkeys`): the same checks, no look-up while the table is
     /// unchanged.
     fn resolve_recv(&mut self, sges: &[verbs::Sge], pieces: &mut Vec<Piece>) -> std::result::Result<usize, WrError> {
-        pieces.clear();
-        let mut total = 0usize;
-        for s in sges {
-            if s.length == 0 {
-                continue;
-            }
-            let r = self
-                .mem
-                .check_cached(
-                    &mut self.rx_lkeys,
-                    s.lkey,
-                    self.pd,
-                    self.qpn,
-                    s.addr,
-                    s.length as u64,
-                    Access::LOCAL_WRITE,
-                )
-                .map_err(|error| WrError::LocalProtection { lkey: s.lkey, error })?;
-            total = total.checked_add(s.length as usize).ok_or(WrError::TooLong {
-                len: u64::MAX,
-                max: usize::MAX as u64,
-            })?;
-            pieces.push(Piece {
-                buf: r.buffer,
-                off: r.offset,
-                len: s.length as usize,
-            });
-        }
-        Ok(total)
+        let (mem, cache, pd, qpn) = (&self.mem, &mut self.rx_lkeys, self.pd, self.qpn);
+        collect_pieces(sges, pieces, |s| {
+            mem.check_cached(cache, s.lkey, pd, qpn, s.addr, s.length as u64, Access::LOCAL_WRITE)
+        })
     }
 
     /// Nothing to frame is queued: a work request posted now is the next message.
@@ -972,6 +930,34 @@ fn code_state(c: u8) -> QpState {
         QpState::Sqe,
         QpState::Err,
     ][c.min(6) as usize]
+}
+
+/// The non-empty SGEs of a work request as pieces of registered memory, each checked by
+/// `check` (key, PD, rights, bounds: SEC-STAG-01), into `pieces` (emptied first); their
+/// total length.
+fn collect_pieces(
+    sges: &[verbs::Sge],
+    pieces: &mut Vec<Piece>,
+    mut check: impl FnMut(&verbs::Sge) -> std::result::Result<verbs::mem::Resolved, verbs::mem::AccessError>,
+) -> std::result::Result<usize, WrError> {
+    pieces.clear();
+    let mut total = 0usize;
+    for s in sges {
+        if s.length == 0 {
+            continue;
+        }
+        let r = check(s).map_err(|error| WrError::LocalProtection { lkey: s.lkey, error })?;
+        total = total.checked_add(s.length as usize).ok_or(WrError::TooLong {
+            len: u64::MAX,
+            max: usize::MAX as u64,
+        })?;
+        pieces.push(Piece {
+            buf: r.buffer,
+            off: r.offset,
+            len: s.length as usize,
+        });
+    }
+    Ok(total)
 }
 
 #[cfg(test)]
