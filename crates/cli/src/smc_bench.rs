@@ -74,8 +74,8 @@ pub struct BenchArgs {
     /// source is 127.0.0.1).
     #[arg(long)]
     prefix_len: Option<u8>,
-    /// RMB element size (16 KiB to 512 KiB, a power of two).
-    #[arg(long, default_value_t = 64 * 1024)]
+    /// RMB element size (16K to 512K, a power of two: the CLC's sizes, A1.6).
+    #[arg(long, default_value_t = 64 * 1024, value_parser = crate::units::rmbe_size)]
     rmbe: u32,
 }
 

@@ -165,8 +165,8 @@ struct DaemonArgs {
     /// passes $SOFTRDMA_SMC_IDLE_EXIT when it starts one).
     #[arg(long, default_value_t = 30)]
     idle_exit: u64,
-    /// RMB element size (16 KiB to 512 KiB, a power of two).
-    #[arg(long, default_value_t = 256 * 1024)]
+    /// RMB element size (16K to 512K, a power of two: the CLC's sizes, A1.6).
+    #[arg(long, default_value_t = 256 * 1024, value_parser = crate::units::rmbe_size)]
     rmbe: u32,
 }
 

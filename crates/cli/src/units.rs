@@ -13,6 +13,18 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         })
 }
 
+/// An SMC-R RMB element size: a [`parse_size`] that is a power of two from 16 KiB to
+/// 512 KiB (the CLC's compressed sizes 0..5, requirements A1.6), as a clap value parser.
+pub fn rmbe_size(s: &str) -> Result<u32, String> {
+    let n = parse_size(s)?;
+    if !(16 << 10..=512 << 10).contains(&n) || !n.is_power_of_two() {
+        return Err(format!(
+            "RMB element size {s:?}: must be a power of two from 16K to 512K (16K, 32K, 64K, 128K, 256K, 512K)"
+        ));
+    }
+    Ok(n as u32)
+}
+
 /// A count of at least 1 (iterations, calls), as a clap value parser.
 pub fn count(s: &str) -> Result<u64, String> {
     match s.trim().parse::<u64>() {
@@ -24,7 +36,17 @@ pub fn count(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{count, parse_size};
+    use super::{count, parse_size, rmbe_size};
+
+    #[test]
+    fn rmbe_sizes_are_the_clc_ones_a1_6() {
+        assert_eq!(rmbe_size("16K"), Ok(16 << 10));
+        assert_eq!(rmbe_size("65536"), Ok(64 << 10));
+        assert_eq!(rmbe_size("512KiB"), Ok(512 << 10));
+        for bad in ["8K", "1M", "100000", "48K", "0", "x"] {
+            assert!(rmbe_size(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn counts() {
