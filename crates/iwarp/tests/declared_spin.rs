@@ -15,22 +15,7 @@ use std::time::Duration;
 use verbs::*;
 
 mod pair;
-use pair::{T, pair};
-
-fn recv_again(qp: &QueuePair, mr: &MemoryRegion, id: u64) {
-    qp.post_recv(&[RecvWr {
-        wr_id: id,
-        sg_list: vec![mr.sge(0, 64)],
-    }])
-    .unwrap()
-}
-
-/// Sleeps on `cq` inline (the peer's side: its QP is muted while it waits).
-fn wait(cq: &CompletionQueue) -> WorkCompletion {
-    let wc = cq.wait_spin(Duration::ZERO, Some(T)).expect("a completion within T");
-    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-    wc
-}
+use pair::{T, next_event, pair, recv_again, serial, wait_inline as wait};
 
 /// Polls `cq` until it has a completion, pausing `pause` before each poll after the first
 /// (a spinner that keeps being preempted); panics after `T`.
@@ -127,20 +112,6 @@ fn a_declared_spinner_keeps_the_progress_thread_asleep_rdmap_snd_01() {
     );
 }
 
-/// Sleeps on completion events until `cq` has a completion and takes it; `poll` on a
-/// non-empty CQ does not drive progress, so this thread never reads a socket.
-fn next_event(cq: &CompletionQueue) -> WorkCompletion {
-    loop {
-        cq.req_notify(false);
-        if !cq.is_empty() {
-            let mut v = Vec::new();
-            assert_eq!(cq.poll(&mut v, 1), 1);
-            return v.pop().unwrap();
-        }
-        assert!(cq.get_event(Some(T)), "no completion event within {T:?}");
-    }
-}
-
 /// The declared spinner goes away (the declaration is dropped): what comes next is the
 /// progress thread's to read. A Read of the spinner's memory is answered with nobody
 /// polling, and a message for it reaches a thread that sleeps on completion events
@@ -235,11 +206,4 @@ fn nested_declarations_and_a_sleep_in_between_lose_nothing_rdmap_snd_01() {
     assert_eq!(wait(&p.cq_a).opcode, WcOpcode::Send);
     let wc = next_event(&p.cq_b);
     assert_eq!((wc.opcode, wc.wr_id), (WcOpcode::Recv, 99));
-}
-
-/// The tests of this file one at a time: their counters are process-wide.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use verbs::*;
 
 mod pair;
-use pair::{T, pair};
+use pair::{T, next_event, pair, recv_again, serial, wait_inline as wait};
 
 /// Voluntary context switches of the whole process so far (every thread,
 /// exited ones included): one each time a thread blocks.
@@ -30,21 +30,6 @@ fn voluntary_switches() -> u64 {
         ru
     };
     ru.ru_nvcsw as u64
-}
-
-fn recv_again(qp: &QueuePair, mr: &MemoryRegion, id: u64) {
-    qp.post_recv(&[RecvWr {
-        wr_id: id,
-        sg_list: vec![mr.sge(0, 64)],
-    }])
-    .unwrap()
-}
-
-/// Sleeps on `cq` as `softrdma bench --lat --events` does (no busy polling).
-fn wait(cq: &CompletionQueue) -> WorkCompletion {
-    let wc = cq.wait_spin(Duration::ZERO, Some(T)).expect("a completion within T");
-    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
-    wc
 }
 
 #[test]
@@ -189,20 +174,6 @@ fn the_progress_thread_takes_the_socket_back_when_the_waiter_leaves_rdmap_read_0
     }
 }
 
-/// Sleeps on completion events until `cq` has a completion and takes it; `poll` on a
-/// non-empty CQ does not drive progress, so this thread never reads a socket.
-fn next_event(cq: &CompletionQueue) -> WorkCompletion {
-    loop {
-        cq.req_notify(false);
-        if !cq.is_empty() {
-            let mut v = Vec::new();
-            assert_eq!(cq.poll(&mut v, 1), 1);
-            return v.pop().unwrap();
-        }
-        assert!(cq.get_event(Some(T)), "no completion event within {T:?}");
-    }
-}
-
 /// The peer closes while a thread waits inline: the wait ends with the flushed receive
 /// (the ended stream stays readable, so it must not become a loop of empty polls).
 #[test]
@@ -228,11 +199,4 @@ fn a_close_ends_an_inline_wait_rdmap_snd_01() {
     );
     let reads = iwarp::engine::qp::socket_reads() - reads0;
     assert!(reads < 50, "{reads} socket reads around one close");
-}
-
-/// The tests of this file one at a time: their counters are process-wide.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }

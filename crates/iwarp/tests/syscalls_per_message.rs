@@ -14,21 +14,7 @@ use std::time::Duration;
 use verbs::*;
 
 mod pair;
-use pair::{T, pair};
-
-/// Sleeps until `cq` has a completion and takes it. `poll` on a non-empty
-/// CQ does not drive progress, so this thread itself never reads the socket.
-fn next(cq: &CompletionQueue) -> WorkCompletion {
-    loop {
-        cq.req_notify(false);
-        if !cq.is_empty() {
-            let mut v = Vec::new();
-            assert_eq!(cq.poll(&mut v, 1), 1);
-            return v.pop().unwrap();
-        }
-        assert!(cq.get_event(Some(T)), "no completion within {T:?}");
-    }
-}
+use pair::{T, next_event, pair, recv_again};
 
 #[test]
 fn send_ping_pong_reads_the_socket_once_per_message_rdmap_snd_01() {
@@ -45,7 +31,7 @@ fn send_ping_pong_reads_the_socket_once_per_message_rdmap_snd_01() {
         // The echo side: every message received is sent back (after reposting).
         scope.spawn(|| {
             for i in 1..=ROUND_TRIPS {
-                let wc = next(&p.cq_b);
+                let wc = next_event(&p.cq_b);
                 assert_eq!(
                     (wc.status, wc.opcode, wc.byte_len),
                     (WcStatus::Success, WcOpcode::Recv, 8)
@@ -53,7 +39,7 @@ fn send_ping_pong_reads_the_socket_once_per_message_rdmap_snd_01() {
                 recv_again(&p.b, &mb, i);
                 p.b.post_send_one(SendWr::new(i, WrOpcode::Send, vec![mb.sge(0, 8)]))
                     .unwrap();
-                assert_eq!(next(&p.cq_b).opcode, WcOpcode::Send);
+                assert_eq!(next_event(&p.cq_b).opcode, WcOpcode::Send);
             }
         });
         for i in 1..=ROUND_TRIPS {
@@ -63,7 +49,7 @@ fn send_ping_pong_reads_the_socket_once_per_message_rdmap_snd_01() {
             let mut got_recv = false;
             let mut got_send = false;
             while !(got_recv && got_send) {
-                let wc = next(&p.cq_a);
+                let wc = next_event(&p.cq_a);
                 assert_eq!(wc.status, WcStatus::Success);
                 match wc.opcode {
                     WcOpcode::Send => got_send = true,
@@ -101,14 +87,6 @@ fn send_ping_pong_reads_the_socket_once_per_message_rdmap_snd_01() {
     );
 }
 
-fn recv_again(qp: &QueuePair, mr: &MemoryRegion, id: u64) {
-    qp.post_recv(&[RecvWr {
-        wr_id: id,
-        sg_list: vec![mr.sge(0, 64)],
-    }])
-    .unwrap()
-}
-
 /// The other half of reading only until a short read: a peer that sends and
 /// closes at once puts the data and the end of stream behind one epoll edge;
 /// the short read of the data must not leave the close unread (it raises no
@@ -124,7 +102,7 @@ fn data_followed_at_once_by_a_close_is_seen_to_the_end_rdmap_snd_01() {
         p.a.post_send_one(SendWr::new(1, WrOpcode::Send, vec![ma.sge(0, 8)]))
             .unwrap();
         p.a.disconnect();
-        let wc = next(&p.cq_b);
+        let wc = next_event(&p.cq_b);
         assert_eq!(
             (wc.status, wc.opcode),
             (WcStatus::Success, WcOpcode::Recv),

@@ -56,3 +56,41 @@ pub fn pair_with(cfg: iwarp::IwarpConfig, pd_b_separate: bool) -> Pair {
 pub fn pair() -> Pair {
     pair_with(iwarp::IwarpConfig::default(), false)
 }
+
+/// Posts a 64-octet receive at the start of `mr` with `id`.
+pub fn recv_again(qp: &QueuePair, mr: &MemoryRegion, id: u64) {
+    qp.post_recv(&[RecvWr {
+        wr_id: id,
+        sg_list: vec![mr.sge(0, 64)],
+    }])
+    .unwrap()
+}
+
+/// Sleeps on `cq` inline, as `softrdma bench --lat --events` does (no busy polling; the
+/// QP is muted while it waits), and checks the completion succeeded.
+pub fn wait_inline(cq: &CompletionQueue) -> WorkCompletion {
+    let wc = cq.wait_spin(Duration::ZERO, Some(T)).expect("a completion within T");
+    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+    wc
+}
+
+/// Sleeps on completion events until `cq` has a completion and takes it; `poll` on a
+/// non-empty CQ does not drive progress, so this thread never reads a socket.
+pub fn next_event(cq: &CompletionQueue) -> WorkCompletion {
+    loop {
+        cq.req_notify(false);
+        if !cq.is_empty() {
+            let mut v = Vec::new();
+            assert_eq!(cq.poll(&mut v, 1), 1);
+            return v.pop().unwrap();
+        }
+        assert!(cq.get_event(Some(T)), "no completion event within {T:?}");
+    }
+}
+
+/// The tests of one test binary one at a time, where they read process-wide counters.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
